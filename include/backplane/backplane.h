@@ -1,0 +1,20 @@
+/* backplane.h - umbrella header: the whole public API of libbackplane. */
+#ifndef BACKPLANE_H
+#define BACKPLANE_H
+
+#include <backplane/bp-core.h>
+#include <backplane/bp-tensor.h>
+#include <backplane/bp-graph.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The plugin directory this library was configured with (./configure --with-plugindir). */
+BP_API const char *bp_default_plugin_dir(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,335 @@
+/* bp-tensor.h - element types, tensors, contexts and the op builders. */
+#ifndef BACKPLANE_BP_TENSOR_H
+#define BACKPLANE_BP_TENSOR_H
+
+#include <backplane/bp-core.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BP_MAX_DIMS 4
+#define BP_MAX_SRC 4
+#define BP_MAX_OP_PARAMS 64 /* bytes */
+#define BP_MAX_NAME 64      /* bytes, including the terminating NUL */
+
+/* ---- Element types ---------------------------------------------------------------------- */
+
+enum bp_type {
+    BP_TYPE_F32 = 0,
+    BP_TYPE_F16 = 1,
+    BP_TYPE_BF16 = 2,
+    BP_TYPE_I32 = 3,
+    BP_TYPE_Q8_0 = 4, /* blocks of 32: fp16 scale + 32 int8 */
+    BP_TYPE_Q4_0 = 5, /* blocks of 32: fp16 scale + 32 4-bit values, offset 8 */
+    BP_TYPE_COUNT
+};
+
+#define BP_QK8_0 32
+#define BP_QK4_0 32
+
+/* On-disk and in-memory layout of the quantised blocks (identical to ggml's). */
+struct bp_block_q8_0 {
+    uint16_t d; /* fp16 scale */
+    int8_t qs[BP_QK8_0];
+};
+struct bp_block_q4_0 {
+    uint16_t d;               /* fp16 scale */
+    uint8_t qs[BP_QK4_0 / 2]; /* element j in the low nibble of qs[j], element j+16 in the high */
+};
+
+/* Converts n elements (n a multiple of the block size) of a row to or from float. */
+typedef void (*bp_to_float_fn)(const void *src, float *dst, int64_t n);
+typedef void (*bp_from_float_fn)(const float *src, void *dst, int64_t n);
+
+struct bp_type_traits {
+    const char *name;       /* "f32", "q4_0", ... */
+    int64_t block_size;     /* elements per block: 1 for plain types, 32 for Q8_0/Q4_0 */
+    size_t type_size;       /* bytes per block */
+    bool is_quantized;
+    bp_to_float_fn to_float;
+    bp_from_float_fn from_float;
+};
+
+/* NULL (with bp_last_error set) for a value outside the enum. Static storage. */
+BP_API const struct bp_type_traits *bp_type_get_traits(enum bp_type type);
+/* "f32" ...; "invalid" for a value outside the enum. */
+BP_API const char *bp_type_name(enum bp_type type);
+/* Case-insensitive; BP_ERR_NOT_FOUND for an unknown name. */
+BP_API enum bp_status bp_type_from_name(const char *name, enum bp_type *out);
+BP_API size_t bp_type_size(enum bp_type type);
+BP_API int64_t bp_type_block_size(enum bp_type type);
+/* Bytes of a row of ne0 elements; 0 when ne0 is not a multiple of the block size. */
+BP_API size_t bp_row_size(enum bp_type type, int64_t ne0);
+
+/* Scalar conversions, round-to-nearest-even, NaN and Inf preserved. A half or bfloat NaN
+ * converts to float and back bit for bit. */
+BP_API float bp_fp16_to_fp32(uint16_t h);
+BP_API uint16_t bp_fp32_to_fp16(float f);
+BP_API float bp_bf16_to_fp32(uint16_t h);
+BP_API uint16_t bp_fp32_to_bf16(float f);
+
+/* ---- Ops -------------------------------------------------------------------------------- */
+
+/* X(name, n_src, is_view): one row per op; is_view ops only move strides, they compute nothing.
+ * n_src is the number of required sources (optional ones, such as soft_max's mask, excluded). */
+#define BP_OP_MAP(X)         \
+    X(NONE, 0, false)        \
+    X(DUP, 1, false)         \
+    X(CPY, 2, false)         \
+    X(CONT, 1, false)        \
+    X(RESHAPE, 1, true)      \
+    X(VIEW, 1, true)         \
+    X(PERMUTE, 1, true)      \
+    X(TRANSPOSE, 1, true)    \
+    X(GET_ROWS, 2, false)    \
+    X(SET_ROWS, 3, false)    \
+    X(ADD, 2, false)         \
+    X(SUB, 2, false)         \
+    X(MUL, 2, false)         \
+    X(DIV, 2, false)         \
+    X(SCALE, 1, false)       \
+    X(UNARY, 1, false)       \
+    X(SUM_ROWS, 1, false)    \
+    X(MEAN, 1, false)        \
+    X(ARGMAX, 1, false)      \
+    X(NORM, 1, false)        \
+    X(RMS_NORM, 1, false)    \
+    X(MUL_MAT, 2, false)     \
+    X(SOFT_MAX, 1, false)    \
+    X(ROPE, 2, false)        \
+    X(CONCAT, 2, false)      \
+    X(GLU, 1, false)
+
+enum bp_op {
+#define BP_OP_ENUM(name, n_src, is_view) BP_OP_##name,
+    BP_OP_MAP(BP_OP_ENUM)
+#undef BP_OP_ENUM
+    BP_OP_COUNT
+};
+
+#define BP_UNARY_OP_MAP(X) X(NEG) X(ABS) X(RELU) X(GELU) X(SILU) X(SIGMOID) X(TANH) X(EXP) X(SQR) X(SQRT)
+
+enum bp_unary_op {
+#define BP_UNARY_ENUM(name) BP_UNARY_OP_##name,
+    BP_UNARY_OP_MAP(BP_UNARY_ENUM)
+#undef BP_UNARY_ENUM
+    BP_UNARY_OP_COUNT
+};
+
+enum bp_glu_op {
+    BP_GLU_OP_SWIGLU = 0, /* silu(gate) * up */
+    BP_GLU_OP_GEGLU = 1,  /* gelu(gate) * up */
+    BP_GLU_OP_COUNT
+};
+
+enum bp_rope_mode {
+    BP_ROPE_NORMAL = 0, /* rotates adjacent pairs (x[2i], x[2i+1]) */
+    BP_ROPE_NEOX = 2,   /* rotates the two halves (x[i], x[i + n_dims/2]) */
+};
+
+/* "ADD", "MUL_MAT", ...; "INVALID" out of range. */
+BP_API const char *bp_op_name(enum bp_op op);
+BP_API int bp_op_n_src(enum bp_op op);
+BP_API bool bp_op_is_view(enum bp_op op);
+BP_API const char *bp_unary_op_name(enum bp_unary_op op);
+BP_API const char *bp_glu_op_name(enum bp_glu_op op);
+
+/* ---- Tensors ---------------------------------------------------------------------------- */
+
+enum bp_tensor_flag {
+    BP_TENSOR_FLAG_INPUT = 1,  /* filled by the user before compute */
+    BP_TENSOR_FLAG_OUTPUT = 2, /* read by the user after compute: never overwritten by reuse */
+    BP_TENSOR_FLAG_PARAM = 4,  /* a trainable parameter / weight */
+};
+
+struct bp_buffer;
+
+/*
+ * A tensor is transparent: kernels read its fields directly. ne[0] is the innermost,
+ * contiguous dimension; nb[i] is the byte stride of dimension i (nb[0] is the element or block
+ * size). Unused dimensions have ne = 1. The data lives in a buffer (see bp-backend.h); a view
+ * (view_src != NULL) shares the data of view_src at byte offset view_offs and owns nothing.
+ */
+struct bp_tensor {
+    enum bp_type type;
+    enum bp_op op;
+    int64_t ne[BP_MAX_DIMS];
+    size_t nb[BP_MAX_DIMS];
+
+    /* Op parameters, read through bp_get_op_params_*(); layout per op in runtime/ops.c. */
+    int32_t op_params[BP_MAX_OP_PARAMS / sizeof(int32_t)];
+    uint32_t flags; /* enum bp_tensor_flag */
+
+    struct bp_tensor *src[BP_MAX_SRC];
+    struct bp_tensor *view_src; /* the tensor that owns the data, never itself a view */
+    size_t view_offs;           /* byte offset into view_src's data */
+
+    struct bp_buffer *buffer; /* NULL until allocated */
+    void *data;               /* address inside buffer (host or device), NULL until allocated */
+    void *extra;              /* for the backend that holds the buffer */
+
+    char name[BP_MAX_NAME];
+};
+
+typedef struct bp_tensor bp_tensor;
+typedef struct bp_context bp_context;
+
+/* A context holds the metadata of up to max_tensors tensors (never their data). Running out is
+ * a BP_ERR_CAPACITY error. Caller frees with bp_context_free, which frees every tensor in it. */
+BP_API bp_context *bp_context_new(size_t max_tensors);
+BP_API void bp_context_free(bp_context *ctx);
+BP_API size_t bp_context_n_tensors(const bp_context *ctx);
+BP_API size_t bp_context_capacity(const bp_context *ctx);
+/* The i-th tensor created in the context, NULL when out of range. Owned by the context. */
+BP_API bp_tensor *bp_context_get_tensor(const bp_context *ctx, size_t i);
+/* First tensor with this name, NULL (no error) when none has it. */
+BP_API bp_tensor *bp_context_find_tensor(const bp_context *ctx, const char *name);
+
+/* New tensors: ne[i] >= 0, at most 4 dims, ne[0] a multiple of the type's block size.
+ * Owned by the context. NULL on error. */
+BP_API bp_tensor *bp_new_tensor(bp_context *ctx, enum bp_type type, int n_dims, const int64_t *ne);
+BP_API bp_tensor *bp_new_tensor_1d(bp_context *ctx, enum bp_type type, int64_t ne0);
+BP_API bp_tensor *bp_new_tensor_2d(bp_context *ctx, enum bp_type type, int64_t ne0, int64_t ne1);
+BP_API bp_tensor *bp_new_tensor_3d(bp_context *ctx, enum bp_type type, int64_t ne0, int64_t ne1,
+                                   int64_t ne2);
+BP_API bp_tensor *bp_new_tensor_4d(bp_context *ctx, enum bp_type type, int64_t ne0, int64_t ne1,
+                                   int64_t ne2, int64_t ne3);
+
+/* Names are truncated to BP_MAX_NAME - 1 bytes. Returns t. */
+BP_API bp_tensor *bp_set_name(bp_tensor *t, const char *name);
+BP_API bp_tensor *bp_format_name(bp_tensor *t, const char *fmt, ...) BP_PRINTF(2, 3);
+BP_API const char *bp_get_name(const bp_tensor *t);
+BP_API void bp_set_input(bp_tensor *t);
+BP_API void bp_set_output(bp_tensor *t);
+BP_API void bp_set_param(bp_tensor *t);
+
+/* Shape queries. */
+BP_API int64_t bp_nelements(const bp_tensor *t);
+BP_API int64_t bp_nrows(const bp_tensor *t); /* ne[1] * ne[2] * ne[3] */
+/* Bytes spanned from the first to one past the last element, strides included. */
+BP_API size_t bp_nbytes(const bp_tensor *t);
+BP_API int bp_n_dims(const bp_tensor *t); /* index of the last dimension > 1, plus one; >= 1 */
+BP_API bool bp_is_contiguous(const bp_tensor *t);
+BP_API bool bp_is_transposed(const bp_tensor *t); /* nb[0] > nb[1] */
+BP_API bool bp_is_permuted(const bp_tensor *t);
+BP_API bool bp_is_view(const bp_tensor *t);
+BP_API bool bp_are_same_shape(const bp_tensor *a, const bp_tensor *b);
+BP_API bool bp_can_repeat(const bp_tensor *small, const bp_tensor *big); /* big.ne[i] % small.ne[i] == 0 */
+/* "[4, 3, 1, 1]" into buf (at least 96 bytes); returns buf. */
+BP_API const char *bp_format_shape(const bp_tensor *t, char *buf, size_t size);
+
+/* Op parameters stored in the tensor (no bounds checks beyond BP_MAX_OP_PARAMS). */
+BP_API int32_t bp_get_op_param_i32(const bp_tensor *t, int i);
+BP_API float bp_get_op_param_f32(const bp_tensor *t, int i);
+BP_API enum bp_unary_op bp_get_unary_op(const bp_tensor *t);
+BP_API enum bp_glu_op bp_get_glu_op(const bp_tensor *t);
+
+/* ---- Op builders -------------------------------------------------------------------------
+ * Each builder validates types and shapes and returns a new tensor owned by ctx, or NULL with
+ * bp_last_error() naming the op and the offending shapes. Builders only describe work; a
+ * backend computes it when the graph is run. */
+
+/* Copies. dup: same type and shape, contiguous. cpy: writes a into b (converting the type;
+ * same element count) and returns a view of b. cont: contiguous copy of a, optionally reshaped. */
+BP_API bp_tensor *bp_dup(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_cpy(bp_context *ctx, bp_tensor *a, bp_tensor *b);
+BP_API bp_tensor *bp_cont(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_cont_4d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2,
+                             int64_t ne3);
+
+/* Views (share a's data). reshape needs a contiguous a and the same element count. view_Nd
+ * takes the new sizes, the byte strides of dimensions 1.. and a byte offset, and refuses a view
+ * that would reach outside the data of the tensor that owns it. permute: source axis i becomes
+ * result axis p_i. transpose swaps axes 0 and 1. */
+BP_API bp_tensor *bp_reshape(bp_context *ctx, bp_tensor *a, int n_dims, const int64_t *ne);
+BP_API bp_tensor *bp_reshape_1d(bp_context *ctx, bp_tensor *a, int64_t ne0);
+BP_API bp_tensor *bp_reshape_2d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1);
+BP_API bp_tensor *bp_reshape_3d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2);
+BP_API bp_tensor *bp_reshape_4d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2,
+                                int64_t ne3);
+BP_API bp_tensor *bp_view_1d(bp_context *ctx, bp_tensor *a, int64_t ne0, size_t offset);
+BP_API bp_tensor *bp_view_2d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, size_t nb1,
+                             size_t offset);
+BP_API bp_tensor *bp_view_3d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2,
+                             size_t nb1, size_t nb2, size_t offset);
+BP_API bp_tensor *bp_view_4d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2,
+                             int64_t ne3, size_t nb1, size_t nb2, size_t nb3, size_t offset);
+BP_API bp_tensor *bp_permute(bp_context *ctx, bp_tensor *a, int p0, int p1, int p2, int p3);
+BP_API bp_tensor *bp_transpose(bp_context *ctx, bp_tensor *a);
+
+/* Rows. get_rows(a [E, R, B, C], ids I32 [n, B, C]) -> F32 [E, n, B, C].
+ * set_rows(dst [E, R, B, C], src F32 [E, n, B, C], ids I32 [n, b, c] with B % b == 0 and
+ * C % c == 0) writes row ids[i] of dst from row i of src and returns a view of dst. */
+BP_API bp_tensor *bp_get_rows(bp_context *ctx, bp_tensor *a, bp_tensor *ids);
+BP_API bp_tensor *bp_set_rows(bp_context *ctx, bp_tensor *dst, bp_tensor *src, bp_tensor *ids);
+
+/* Element-wise binary ops on F32: b is repeated over a (a.ne[i] % b.ne[i] == 0); the result
+ * has a's shape. The _inplace forms write into a and return a view of it. */
+BP_API bp_tensor *bp_add(bp_context *ctx, bp_tensor *a, bp_tensor *b);
+BP_API bp_tensor *bp_sub(bp_context *ctx, bp_tensor *a, bp_tensor *b);
+BP_API bp_tensor *bp_mul(bp_context *ctx, bp_tensor *a, bp_tensor *b);
+BP_API bp_tensor *bp_div(bp_context *ctx, bp_tensor *a, bp_tensor *b);
+BP_API bp_tensor *bp_add_inplace(bp_context *ctx, bp_tensor *a, bp_tensor *b);
+BP_API bp_tensor *bp_sub_inplace(bp_context *ctx, bp_tensor *a, bp_tensor *b);
+BP_API bp_tensor *bp_mul_inplace(bp_context *ctx, bp_tensor *a, bp_tensor *b);
+BP_API bp_tensor *bp_div_inplace(bp_context *ctx, bp_tensor *a, bp_tensor *b);
+
+/* a * s, F32. */
+BP_API bp_tensor *bp_scale(bp_context *ctx, bp_tensor *a, float s);
+BP_API bp_tensor *bp_scale_inplace(bp_context *ctx, bp_tensor *a, float s);
+
+/* Element-wise unary functions on F32. */
+BP_API bp_tensor *bp_unary(bp_context *ctx, bp_tensor *a, enum bp_unary_op op);
+BP_API bp_tensor *bp_unary_inplace(bp_context *ctx, bp_tensor *a, enum bp_unary_op op);
+BP_API bp_tensor *bp_neg(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_abs(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_relu(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_gelu(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_silu(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_sigmoid(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_tanh(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_exp(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_sqr(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_sqrt(bp_context *ctx, bp_tensor *a);
+
+/* Row reductions over ne[0], F32 in. sum_rows and mean give F32 [1, ne1, ne2, ne3]; argmax
+ * gives I32 [1, ne1, ne2, ne3] (the first index of the maximum). */
+BP_API bp_tensor *bp_sum_rows(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_mean(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_argmax(bp_context *ctx, bp_tensor *a);
+
+/* Row normalisations over ne[0], F32, eps > 0 (finite). norm: (x - mean) / sqrt(var + eps);
+ * rms_norm: x / sqrt(mean(x^2) + eps). */
+BP_API bp_tensor *bp_norm(bp_context *ctx, bp_tensor *a, float eps);
+BP_API bp_tensor *bp_rms_norm(bp_context *ctx, bp_tensor *a, float eps);
+
+/* mul_mat(a [K, M, A2, A3] any type but I32, b F32 [K, N, B2, B3]) -> F32 [M, N, B2, B3] with
+ * r[m, n] = sum_k a[k, m] * b[k, n]; B2 % A2 == 0 and B3 % A3 == 0 (a is broadcast). */
+BP_API bp_tensor *bp_mul_mat(bp_context *ctx, bp_tensor *a, bp_tensor *b);
+
+/* softmax along ne[0] of a*scale + mask. a F32; mask optional (NULL), F32 or F16 with
+ * mask.ne[0] == a.ne[0], mask.ne[1] >= a.ne[1], and a.ne[2], a.ne[3] multiples of mask's.
+ * Rows that are all -inf give zeros. */
+BP_API bp_tensor *bp_soft_max(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_soft_max_ext(bp_context *ctx, bp_tensor *a, bp_tensor *mask, float scale);
+
+/* rope(x F32 [head_dim, n_head, n_tok, 1], pos I32 [n_tok]): rotates the first n_dims (even,
+ * <= head_dim) values of each head by pos * freq_scale * base^(-2i/n_dims). */
+BP_API bp_tensor *bp_rope(bp_context *ctx, bp_tensor *x, bp_tensor *pos, int n_dims,
+                          enum bp_rope_mode mode, float freq_base, float freq_scale);
+
+/* concat(a, b, dim): same type, equal sizes except along dim, 0 <= dim < 4. */
+BP_API bp_tensor *bp_concat(bp_context *ctx, bp_tensor *a, bp_tensor *b, int dim);
+
+/* Gated linear units, F32. With b: act(a) * b, same shapes. Without b (NULL): a.ne[0] is even,
+ * its first half is the gate and its second half the value; the result has half of ne[0]. */
+BP_API bp_tensor *bp_glu(bp_context *ctx, bp_tensor *a, bp_tensor *b, enum bp_glu_op op);
+BP_API bp_tensor *bp_swiglu(bp_context *ctx, bp_tensor *gate, bp_tensor *up);
+BP_API bp_tensor *bp_geglu(bp_context *ctx, bp_tensor *gate, bp_tensor *up);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

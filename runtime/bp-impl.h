@@ -1,0 +1,59 @@
+/* bp-impl.h - private to runtime/: internal helpers shared between the library's files.
+ * Never installed and never included by plugins, which see only include/backplane/. */
+#ifndef BACKPLANE_BP_IMPL_H
+#define BACKPLANE_BP_IMPL_H
+
+#include <backplane/backplane.h>
+
+/* Broken internal invariant: print where and abort. Never for anything a user controls. */
+#define BP_ASSERT(cond)                                                                        \
+    do {                                                                                       \
+        if (!(cond))                                                                           \
+            bp__assert_fail(__FILE__, __LINE__, #cond);                                        \
+    } while (0)
+
+void bp__assert_fail(const char *file, int line, const char *cond) __attribute__((noreturn));
+
+/* Records status and a one-sentence message for bp_last_error() on this thread and returns
+ * status, so that error paths read `return bp__error(BP_ERR_SHAPE, "...", ...);`. */
+enum bp_status bp__error(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3);
+enum bp_status bp__verror(enum bp_status status, const char *fmt, va_list ap);
+
+/* The library's one allocation path, so out-of-memory handling can be exercised by tests.
+ * On failure they set bp_last_error() (naming `what`) and return NULL. */
+void *bp__malloc(size_t size, const char *what);
+void *bp__calloc(size_t n, size_t size, const char *what);
+void *bp__realloc(void *p, size_t size, const char *what);
+void bp__free(void *p);
+char *bp__strdup(const char *s, const char *what);
+
+/* Overflow-checked size arithmetic: false when the result does not fit. */
+static inline bool bp__mul_size(size_t a, size_t b, size_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool bp__add_size(size_t a, size_t b, size_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* Op-table lookups used by builders and the graph (runtime/ops.c). */
+bool bp__op_valid(enum bp_op op);
+
+/* Makes a new tensor in ctx with shape ne and contiguous strides, or NULL (error set). Used by
+ * the builders; `op_name` goes into the error message. */
+bp_tensor *bp__new_tensor_impl(bp_context *ctx, enum bp_type type, const int64_t ne[BP_MAX_DIMS],
+                               const char *op_name);
+/* A view of a with a's shape and strides (view_src/view_offs set to reach a's data). */
+bp_tensor *bp__view_of(bp_context *ctx, bp_tensor *a, const char *op_name);
+
+/* Like bp__error but returns NULL, for constructors and builders. */
+void *bp__error_null(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3);
+
+/* A printable description of a tensor for error messages: "'name' f32 [4, 3, 1, 1]". Returned
+ * by value so it can be used inline in one printf call. */
+struct bp__tdesc {
+    char s[BP_MAX_NAME + 128];
+};
+struct bp__tdesc bp__describe(const bp_tensor *t);
+#endif

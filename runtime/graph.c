@@ -1,0 +1,311 @@
+/* graph.c - graphs: build in topological order from outputs, leafs vs nodes, use counts, views.
+ *
+ * Building walks sources depth-first with an explicit stack (a chain of ten thousand ops must
+ * not overflow the C stack) and appends each tensor after all of its sources. A pointer hash
+ * set, sized once at creation, remembers which tensors are already in the graph and how many
+ * node sources point at each one. A build that runs out of room is undone completely: the node
+ * and leaf counts are restored and the hash set is rebuilt from them. */
+#include "config.h"
+
+#include <limits.h>
+#include <string.h>
+
+#include "bp-impl.h"
+
+struct frame {
+    bp_tensor *t;
+    int next; /* next source slot to visit: 0..BP_MAX_SRC-1 sources, BP_MAX_SRC is view_src */
+};
+
+struct bp_graph {
+    size_t capacity; /* nodes and leafs each */
+    int n_nodes;
+    int n_leafs;
+    bp_tensor **nodes;
+    bp_tensor **leafs;
+
+    size_t hash_size; /* power of two, at least twice the most entries (2 * capacity) */
+    const bp_tensor **keys;
+    int *uses;
+
+    struct frame *stack; /* 2 * capacity + 1 frames: every frame is a distinct new tensor */
+};
+
+static size_t hash_ptr(const void *p, size_t size)
+{
+    uintptr_t x = (uintptr_t)p;
+    x ^= x >> 17;
+    x *= (uintptr_t)0x9E3779B97F4A7C15ull;
+    x ^= x >> 29;
+    return (size_t)x & (size - 1);
+}
+
+/* The slot holding p, or the empty slot where it would go. */
+static size_t hash_slot(const bp_graph *g, const bp_tensor *p)
+{
+    size_t i = hash_ptr(p, g->hash_size);
+    while (g->keys[i] != NULL && g->keys[i] != p)
+        i = (i + 1) & (g->hash_size - 1);
+    return i;
+}
+
+static bool hash_has(const bp_graph *g, const bp_tensor *p)
+{
+    return g->keys[hash_slot(g, p)] == p;
+}
+
+static void hash_insert(bp_graph *g, const bp_tensor *p)
+{
+    size_t i = hash_slot(g, p);
+    g->keys[i] = p;
+}
+
+static void count_uses(bp_graph *g, const bp_tensor *node)
+{
+    for (int s = 0; s < BP_MAX_SRC; s++) {
+        if (node->src[s] == NULL)
+            continue;
+        /* A source outside the graph (possible in a graph view) has no slot to count in. */
+        size_t slot = hash_slot(g, node->src[s]);
+        if (g->keys[slot] == node->src[s])
+            g->uses[slot]++;
+    }
+}
+
+/* Rebuilds the hash set and use counts from the node and leaf arrays. */
+static void rehash(bp_graph *g)
+{
+    memset(g->keys, 0, g->hash_size * sizeof(*g->keys));
+    memset(g->uses, 0, g->hash_size * sizeof(*g->uses));
+    for (int i = 0; i < g->n_leafs; i++)
+        hash_insert(g, g->leafs[i]);
+    for (int i = 0; i < g->n_nodes; i++)
+        hash_insert(g, g->nodes[i]);
+    for (int i = 0; i < g->n_nodes; i++)
+        count_uses(g, g->nodes[i]);
+}
+
+bp_graph *bp_graph_new(size_t capacity)
+{
+    if (capacity == 0 || capacity > INT_MAX / 4)
+        return bp__error_null(BP_ERR_INVALID_ARG,
+                              "bp_graph_new: capacity %zu is out of range (1 to %d)", capacity,
+                              INT_MAX / 4);
+    bp_graph *g = bp__calloc(1, sizeof(*g), "a graph");
+    if (g == NULL)
+        return NULL;
+    g->capacity = capacity;
+    g->hash_size = 1;
+    while (g->hash_size < 4 * capacity)
+        g->hash_size <<= 1;
+
+    g->nodes = bp__calloc(capacity, sizeof(*g->nodes), "graph nodes");
+    if (g->nodes == NULL)
+        goto fail;
+    g->leafs = bp__calloc(capacity, sizeof(*g->leafs), "graph leafs");
+    if (g->leafs == NULL)
+        goto fail;
+    g->keys = bp__calloc(g->hash_size, sizeof(*g->keys), "the graph's tensor set");
+    if (g->keys == NULL)
+        goto fail;
+    g->uses = bp__calloc(g->hash_size, sizeof(*g->uses), "the graph's use counts");
+    if (g->uses == NULL)
+        goto fail;
+    g->stack = bp__calloc(2 * capacity + 1, sizeof(*g->stack), "the graph build stack");
+    if (g->stack == NULL)
+        goto fail;
+    return g;
+
+fail:
+    bp_graph_free(g);
+    return NULL;
+}
+
+void bp_graph_free(bp_graph *g)
+{
+    if (g == NULL)
+        return;
+    bp__free(g->stack);
+    bp__free(g->uses);
+    bp__free(g->keys);
+    bp__free(g->leafs);
+    bp__free(g->nodes);
+    bp__free(g);
+}
+
+void bp_graph_reset(bp_graph *g)
+{
+    if (g == NULL)
+        return;
+    g->n_nodes = 0;
+    g->n_leafs = 0;
+    rehash(g);
+}
+
+/* Appends t as a node or a leaf; false when that list is full. */
+static bool append(bp_graph *g, bp_tensor *t)
+{
+    if (t->op == BP_OP_NONE) {
+        if ((size_t)g->n_leafs >= g->capacity)
+            return false;
+        g->leafs[g->n_leafs++] = t;
+    } else {
+        if ((size_t)g->n_nodes >= g->capacity)
+            return false;
+        g->nodes[g->n_nodes++] = t;
+        count_uses(g, t);
+    }
+    return true;
+}
+
+static bp_tensor *child(const bp_tensor *t, int slot)
+{
+    return slot < BP_MAX_SRC ? t->src[slot] : t->view_src;
+}
+
+enum bp_status bp_graph_build_forward(bp_graph *g, bp_tensor *out)
+{
+    if (g == NULL || out == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_graph_build_forward: graph and output must not "
+                         "be NULL");
+    if (hash_has(g, out))
+        return BP_OK;
+
+    const int saved_nodes = g->n_nodes, saved_leafs = g->n_leafs;
+    const size_t max_entries = 2 * g->capacity;
+    size_t entries = (size_t)saved_nodes + (size_t)saved_leafs;
+    enum bp_status st = BP_OK;
+    const bp_tensor *culprit = out;
+    int depth = 0;
+
+    hash_insert(g, out);
+    entries++;
+    g->stack[depth++] = (struct frame){out, 0};
+
+    while (depth > 0) {
+        struct frame *f = &g->stack[depth - 1];
+        bp_tensor *t = f->t;
+        if (!bp__op_valid(t->op)) {
+            st = BP_ERR_INVALID_ARG;
+            culprit = t;
+            break;
+        }
+        if (f->next <= BP_MAX_SRC) {
+            bp_tensor *c = child(t, f->next++);
+            if (c != NULL && !hash_has(g, c)) {
+                if (entries >= max_entries) {
+                    st = BP_ERR_CAPACITY;
+                    culprit = c;
+                    break;
+                }
+                hash_insert(g, c);
+                entries++;
+                g->stack[depth++] = (struct frame){c, 0};
+            }
+            continue;
+        }
+        if (!append(g, t)) {
+            st = BP_ERR_CAPACITY;
+            culprit = t;
+            break;
+        }
+        depth--;
+    }
+
+    if (st == BP_OK)
+        return BP_OK;
+
+    g->n_nodes = saved_nodes;
+    g->n_leafs = saved_leafs;
+    rehash(g);
+    if (st == BP_ERR_INVALID_ARG)
+        return bp__error(st, "bp_graph_build_forward: tensor %s has an invalid op %d",
+                         bp__describe(culprit).s, (int)culprit->op);
+    return bp__error(st,
+                     "bp_graph_build_forward: graph is full (%zu nodes and %zu leafs) while adding "
+                     "%s; create it with a larger capacity",
+                     g->capacity, g->capacity, bp__describe(culprit).s);
+}
+
+size_t bp_graph_capacity(const bp_graph *g)
+{
+    return g ? g->capacity : 0;
+}
+
+int bp_graph_n_nodes(const bp_graph *g)
+{
+    return g ? g->n_nodes : 0;
+}
+
+int bp_graph_n_leafs(const bp_graph *g)
+{
+    return g ? g->n_leafs : 0;
+}
+
+static bp_tensor *index_list(bp_tensor **list, int n, int i)
+{
+    if (i < 0)
+        i += n;
+    return i >= 0 && i < n ? list[i] : NULL;
+}
+
+bp_tensor *bp_graph_node(const bp_graph *g, int i)
+{
+    return g ? index_list(g->nodes, g->n_nodes, i) : NULL;
+}
+
+bp_tensor *bp_graph_leaf(const bp_graph *g, int i)
+{
+    return g ? index_list(g->leafs, g->n_leafs, i) : NULL;
+}
+
+bool bp_graph_contains(const bp_graph *g, const bp_tensor *t)
+{
+    return g != NULL && t != NULL && hash_has(g, t);
+}
+
+int bp_graph_use_count(const bp_graph *g, const bp_tensor *t)
+{
+    if (g == NULL || t == NULL)
+        return 0;
+    size_t slot = hash_slot(g, t);
+    return g->keys[slot] == t ? g->uses[slot] : 0;
+}
+
+bp_tensor *bp_graph_find(const bp_graph *g, const char *name)
+{
+    if (g == NULL || name == NULL)
+        return NULL;
+    for (int i = 0; i < g->n_leafs; i++) {
+        if (strcmp(g->leafs[i]->name, name) == 0)
+            return g->leafs[i];
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (strcmp(g->nodes[i]->name, name) == 0)
+            return g->nodes[i];
+    }
+    return NULL;
+}
+
+bp_graph *bp_graph_view(const bp_graph *g, int i0, int i1)
+{
+    if (g == NULL)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_graph_view: graph is NULL");
+    if (i0 < 0 || i1 < i0 || i1 > g->n_nodes)
+        return bp__error_null(BP_ERR_OUT_OF_BOUNDS,
+                              "bp_graph_view: node range [%d, %d) is not inside the graph's %d "
+                              "nodes",
+                              i0, i1, g->n_nodes);
+    size_t cap = (size_t)(i1 - i0);
+    if (cap < (size_t)g->n_leafs)
+        cap = (size_t)g->n_leafs;
+    bp_graph *v = bp_graph_new(cap ? cap : 1);
+    if (v == NULL)
+        return NULL;
+    memcpy(v->nodes, g->nodes + i0, (size_t)(i1 - i0) * sizeof(*v->nodes));
+    memcpy(v->leafs, g->leafs, (size_t)g->n_leafs * sizeof(*v->leafs));
+    v->n_nodes = i1 - i0;
+    v->n_leafs = g->n_leafs;
+    rehash(v);
+    return v;
+}

@@ -1,0 +1,533 @@
+/* ops.c - the op table and the builders of every computing op.
+ *
+ * Each builder checks its sources' types and shapes and either returns a new tensor describing
+ * the op or NULL with an error naming the op and the shapes involved. Nothing is computed here.
+ *
+ * Op parameter layout (tensor.op_params, int32 slots; floats stored bit for bit):
+ *   VIEW      [0..1] byte offset (size_t)          PERMUTE  [0..3] axes
+ *   SCALE     [0] scale (f32)                      UNARY    [0] enum bp_unary_op
+ *   NORM, RMS_NORM [0] eps (f32)                   SOFT_MAX [0] scale (f32)
+ *   ROPE      [0] n_dims, [1] mode, [2] freq_base (f32), [3] freq_scale (f32)
+ *   CONCAT    [0] dim                              GLU      [0] enum bp_glu_op, [1] 1 if split
+ */
+#include "config.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "bp-impl.h"
+
+struct op_info {
+    const char *name;
+    int n_src;
+    bool is_view;
+};
+
+static const struct op_info op_table[BP_OP_COUNT] = {
+#define BP_OP_ROW(name, n_src, is_view) [BP_OP_##name] = {#name, n_src, is_view},
+    BP_OP_MAP(BP_OP_ROW)
+#undef BP_OP_ROW
+};
+
+static const char *const unary_names[BP_UNARY_OP_COUNT] = {
+#define BP_UNARY_ROW(name) [BP_UNARY_OP_##name] = #name,
+    BP_UNARY_OP_MAP(BP_UNARY_ROW)
+#undef BP_UNARY_ROW
+};
+
+bool bp__op_valid(enum bp_op op)
+{
+    return (unsigned)op < BP_OP_COUNT;
+}
+
+const char *bp_op_name(enum bp_op op)
+{
+    return bp__op_valid(op) ? op_table[op].name : "INVALID";
+}
+
+int bp_op_n_src(enum bp_op op)
+{
+    return bp__op_valid(op) ? op_table[op].n_src : 0;
+}
+
+bool bp_op_is_view(enum bp_op op)
+{
+    return bp__op_valid(op) && op_table[op].is_view;
+}
+
+const char *bp_unary_op_name(enum bp_unary_op op)
+{
+    return (unsigned)op < BP_UNARY_OP_COUNT ? unary_names[op] : "INVALID";
+}
+
+const char *bp_glu_op_name(enum bp_glu_op op)
+{
+    switch (op) {
+    case BP_GLU_OP_SWIGLU:
+        return "SWIGLU";
+    case BP_GLU_OP_GEGLU:
+        return "GEGLU";
+    default:
+        return "INVALID";
+    }
+}
+
+static void set_param_f32(bp_tensor *t, int i, float v)
+{
+    memcpy(&t->op_params[i], &v, sizeof(v));
+}
+
+/* Common check: every listed source must be non-NULL. */
+#define REQUIRE_SRC(op, t)                                                                     \
+    do {                                                                                       \
+        if ((t) == NULL)                                                                       \
+            return bp__error_null(BP_ERR_INVALID_ARG, "%s: source '%s' is NULL", op, #t);      \
+    } while (0)
+
+static bp_tensor *require_type(const char *op, const char *role, const bp_tensor *t,
+                               enum bp_type want)
+{
+    if (t->type != want)
+        return bp__error_null(BP_ERR_TYPE, "%s: %s %s must be %s", op, role, bp__describe(t).s,
+                              bp_type_name(want));
+    return (bp_tensor *)t;
+}
+
+/* A new tensor of the given type and shape that computes op from a (and optionally b). */
+static bp_tensor *make(bp_context *ctx, const char *opname, enum bp_op op, enum bp_type type,
+                       int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3)
+{
+    bp_tensor *t = bp__new_tensor_impl(ctx, type, (int64_t[]){ne0, ne1, ne2, ne3}, opname);
+    if (t != NULL)
+        t->op = op;
+    return t;
+}
+
+/* Result with a's shape: a fresh tensor, or a view of a for in-place ops. */
+static bp_tensor *make_like(bp_context *ctx, const char *opname, enum bp_op op, bp_tensor *a,
+                            bool inplace)
+{
+    if (!inplace)
+        return make(ctx, opname, op, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+    bp_tensor *t = bp__view_of(ctx, a, opname);
+    if (t != NULL)
+        t->op = op;
+    return t;
+}
+
+/* ---- Rows ------------------------------------------------------------------------------- */
+
+bp_tensor *bp_get_rows(bp_context *ctx, bp_tensor *a, bp_tensor *ids)
+{
+    REQUIRE_SRC("bp_get_rows", a);
+    REQUIRE_SRC("bp_get_rows", ids);
+    if (!require_type("bp_get_rows", "ids", ids, BP_TYPE_I32))
+        return NULL;
+    if (a->type == BP_TYPE_I32)
+        return bp__error_null(BP_ERR_TYPE, "bp_get_rows: table %s must be a float or quantised type",
+                              bp__describe(a).s);
+    if (ids->ne[3] != 1 || a->ne[2] != ids->ne[1] || a->ne[3] != ids->ne[2])
+        return bp__error_null(BP_ERR_SHAPE,
+                              "bp_get_rows: ids %s must be [n, %lld, %lld, 1] to index table %s",
+                              bp__describe(ids).s, (long long)a->ne[2], (long long)a->ne[3],
+                              bp__describe(a).s);
+    bp_tensor *t = make(ctx, "bp_get_rows", BP_OP_GET_ROWS, BP_TYPE_F32, a->ne[0], ids->ne[0],
+                        ids->ne[1], ids->ne[2]);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = a;
+    t->src[1] = ids;
+    return t;
+}
+
+bp_tensor *bp_set_rows(bp_context *ctx, bp_tensor *dst, bp_tensor *src, bp_tensor *ids)
+{
+    REQUIRE_SRC("bp_set_rows", dst);
+    REQUIRE_SRC("bp_set_rows", src);
+    REQUIRE_SRC("bp_set_rows", ids);
+    if (!require_type("bp_set_rows", "src", src, BP_TYPE_F32) ||
+        !require_type("bp_set_rows", "ids", ids, BP_TYPE_I32))
+        return NULL;
+    if (dst->type == BP_TYPE_I32)
+        return bp__error_null(BP_ERR_TYPE, "bp_set_rows: destination %s must be a float or "
+                              "quantised type", bp__describe(dst).s);
+    if (src->ne[0] != dst->ne[0] || src->ne[2] != dst->ne[2] || src->ne[3] != dst->ne[3])
+        return bp__error_null(BP_ERR_SHAPE,
+                              "bp_set_rows: rows of src %s do not fit destination %s (ne0, ne2 and "
+                              "ne3 must match)",
+                              bp__describe(src).s, bp__describe(dst).s);
+    if (ids->ne[0] != src->ne[1] || ids->ne[3] != 1 || ids->ne[1] == 0 || ids->ne[2] == 0 ||
+        src->ne[2] % ids->ne[1] != 0 || src->ne[3] % ids->ne[2] != 0)
+        return bp__error_null(BP_ERR_SHAPE,
+                              "bp_set_rows: ids %s must be [%lld, b, c, 1] with b dividing %lld and "
+                              "c dividing %lld, for src %s",
+                              bp__describe(ids).s, (long long)src->ne[1], (long long)src->ne[2],
+                              (long long)src->ne[3], bp__describe(src).s);
+    bp_tensor *t = bp__view_of(ctx, dst, "bp_set_rows");
+    if (t == NULL)
+        return NULL;
+    t->op = BP_OP_SET_ROWS;
+    t->src[0] = dst;
+    t->src[1] = src;
+    t->src[2] = ids;
+    return t;
+}
+
+/* ---- Element-wise ----------------------------------------------------------------------- */
+
+static bp_tensor *binary(bp_context *ctx, const char *opname, enum bp_op op, bp_tensor *a,
+                         bp_tensor *b, bool inplace)
+{
+    REQUIRE_SRC(opname, a);
+    REQUIRE_SRC(opname, b);
+    if (a->type != BP_TYPE_F32 || b->type != BP_TYPE_F32)
+        return bp__error_null(BP_ERR_TYPE, "%s: operands %s and %s must both be f32", opname,
+                              bp__describe(a).s, bp__describe(b).s);
+    if (!bp_can_repeat(b, a))
+        return bp__error_null(BP_ERR_SHAPE,
+                              "%s: cannot broadcast %s over %s (each size of the first operand "
+                              "must be a multiple of the second's)",
+                              opname, bp__describe(b).s, bp__describe(a).s);
+    bp_tensor *t = make_like(ctx, opname, op, a, inplace);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = a;
+    t->src[1] = b;
+    return t;
+}
+
+bp_tensor *bp_add(bp_context *ctx, bp_tensor *a, bp_tensor *b)
+{
+    return binary(ctx, "bp_add", BP_OP_ADD, a, b, false);
+}
+bp_tensor *bp_sub(bp_context *ctx, bp_tensor *a, bp_tensor *b)
+{
+    return binary(ctx, "bp_sub", BP_OP_SUB, a, b, false);
+}
+bp_tensor *bp_mul(bp_context *ctx, bp_tensor *a, bp_tensor *b)
+{
+    return binary(ctx, "bp_mul", BP_OP_MUL, a, b, false);
+}
+bp_tensor *bp_div(bp_context *ctx, bp_tensor *a, bp_tensor *b)
+{
+    return binary(ctx, "bp_div", BP_OP_DIV, a, b, false);
+}
+bp_tensor *bp_add_inplace(bp_context *ctx, bp_tensor *a, bp_tensor *b)
+{
+    return binary(ctx, "bp_add_inplace", BP_OP_ADD, a, b, true);
+}
+bp_tensor *bp_sub_inplace(bp_context *ctx, bp_tensor *a, bp_tensor *b)
+{
+    return binary(ctx, "bp_sub_inplace", BP_OP_SUB, a, b, true);
+}
+bp_tensor *bp_mul_inplace(bp_context *ctx, bp_tensor *a, bp_tensor *b)
+{
+    return binary(ctx, "bp_mul_inplace", BP_OP_MUL, a, b, true);
+}
+bp_tensor *bp_div_inplace(bp_context *ctx, bp_tensor *a, bp_tensor *b)
+{
+    return binary(ctx, "bp_div_inplace", BP_OP_DIV, a, b, true);
+}
+
+static bp_tensor *scale_impl(bp_context *ctx, const char *opname, bp_tensor *a, float s,
+                             bool inplace)
+{
+    REQUIRE_SRC(opname, a);
+    if (!require_type(opname, "operand", a, BP_TYPE_F32))
+        return NULL;
+    bp_tensor *t = make_like(ctx, opname, BP_OP_SCALE, a, inplace);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = a;
+    set_param_f32(t, 0, s);
+    return t;
+}
+
+bp_tensor *bp_scale(bp_context *ctx, bp_tensor *a, float s)
+{
+    return scale_impl(ctx, "bp_scale", a, s, false);
+}
+
+bp_tensor *bp_scale_inplace(bp_context *ctx, bp_tensor *a, float s)
+{
+    return scale_impl(ctx, "bp_scale_inplace", a, s, true);
+}
+
+static bp_tensor *unary_impl(bp_context *ctx, bp_tensor *a, enum bp_unary_op op, bool inplace)
+{
+    const char *opname = inplace ? "bp_unary_inplace" : "bp_unary";
+    REQUIRE_SRC(opname, a);
+    if ((unsigned)op >= BP_UNARY_OP_COUNT)
+        return bp__error_null(BP_ERR_INVALID_ARG, "%s: %d is not a unary op (valid: 0..%d)",
+                              opname, (int)op, BP_UNARY_OP_COUNT - 1);
+    if (a->type != BP_TYPE_F32)
+        return bp__error_null(BP_ERR_TYPE, "%s: %s operand %s must be f32", opname,
+                              bp_unary_op_name(op), bp__describe(a).s);
+    bp_tensor *t = make_like(ctx, opname, BP_OP_UNARY, a, inplace);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = a;
+    t->op_params[0] = (int32_t)op;
+    return t;
+}
+
+bp_tensor *bp_unary(bp_context *ctx, bp_tensor *a, enum bp_unary_op op)
+{
+    return unary_impl(ctx, a, op, false);
+}
+
+bp_tensor *bp_unary_inplace(bp_context *ctx, bp_tensor *a, enum bp_unary_op op)
+{
+    return unary_impl(ctx, a, op, true);
+}
+
+#define BP_UNARY_SHORTHAND(fn, OP)                                                             \
+    bp_tensor *fn(bp_context *ctx, bp_tensor *a)                                               \
+    {                                                                                          \
+        return unary_impl(ctx, a, BP_UNARY_OP_##OP, false);                                    \
+    }
+BP_UNARY_SHORTHAND(bp_neg, NEG)
+BP_UNARY_SHORTHAND(bp_abs, ABS)
+BP_UNARY_SHORTHAND(bp_relu, RELU)
+BP_UNARY_SHORTHAND(bp_gelu, GELU)
+BP_UNARY_SHORTHAND(bp_silu, SILU)
+BP_UNARY_SHORTHAND(bp_sigmoid, SIGMOID)
+BP_UNARY_SHORTHAND(bp_tanh, TANH)
+BP_UNARY_SHORTHAND(bp_exp, EXP)
+BP_UNARY_SHORTHAND(bp_sqr, SQR)
+BP_UNARY_SHORTHAND(bp_sqrt, SQRT)
+#undef BP_UNARY_SHORTHAND
+
+/* ---- Row reductions and normalisations -------------------------------------------------- */
+
+static bp_tensor *reduce_rows(bp_context *ctx, const char *opname, enum bp_op op, bp_tensor *a,
+                              enum bp_type out_type)
+{
+    REQUIRE_SRC(opname, a);
+    if (!require_type(opname, "operand", a, BP_TYPE_F32))
+        return NULL;
+    if (op == BP_OP_ARGMAX && a->ne[0] == 0)
+        return bp__error_null(BP_ERR_SHAPE, "%s: rows of %s are empty, so they have no maximum",
+                              opname, bp__describe(a).s);
+    bp_tensor *t = make(ctx, opname, op, out_type, 1, a->ne[1], a->ne[2], a->ne[3]);
+    if (t != NULL)
+        t->src[0] = a;
+    return t;
+}
+
+bp_tensor *bp_sum_rows(bp_context *ctx, bp_tensor *a)
+{
+    return reduce_rows(ctx, "bp_sum_rows", BP_OP_SUM_ROWS, a, BP_TYPE_F32);
+}
+
+bp_tensor *bp_mean(bp_context *ctx, bp_tensor *a)
+{
+    return reduce_rows(ctx, "bp_mean", BP_OP_MEAN, a, BP_TYPE_F32);
+}
+
+bp_tensor *bp_argmax(bp_context *ctx, bp_tensor *a)
+{
+    return reduce_rows(ctx, "bp_argmax", BP_OP_ARGMAX, a, BP_TYPE_I32);
+}
+
+static bp_tensor *norm_impl(bp_context *ctx, const char *opname, enum bp_op op, bp_tensor *a,
+                            float eps)
+{
+    REQUIRE_SRC(opname, a);
+    if (!require_type(opname, "operand", a, BP_TYPE_F32))
+        return NULL;
+    if (!(eps >= 0.0f) || isinf(eps))
+        return bp__error_null(BP_ERR_INVALID_ARG, "%s: eps %g for %s must be finite and >= 0",
+                              opname, (double)eps, bp__describe(a).s);
+    bp_tensor *t = make_like(ctx, opname, op, a, false);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = a;
+    set_param_f32(t, 0, eps);
+    return t;
+}
+
+bp_tensor *bp_norm(bp_context *ctx, bp_tensor *a, float eps)
+{
+    return norm_impl(ctx, "bp_norm", BP_OP_NORM, a, eps);
+}
+
+bp_tensor *bp_rms_norm(bp_context *ctx, bp_tensor *a, float eps)
+{
+    return norm_impl(ctx, "bp_rms_norm", BP_OP_RMS_NORM, a, eps);
+}
+
+/* ---- Matrix multiplication -------------------------------------------------------------- */
+
+bp_tensor *bp_mul_mat(bp_context *ctx, bp_tensor *a, bp_tensor *b)
+{
+    REQUIRE_SRC("bp_mul_mat", a);
+    REQUIRE_SRC("bp_mul_mat", b);
+    if (a->type == BP_TYPE_I32)
+        return bp__error_null(BP_ERR_TYPE, "bp_mul_mat: weights %s must be a float or quantised "
+                              "type", bp__describe(a).s);
+    if (!require_type("bp_mul_mat", "activations", b, BP_TYPE_F32))
+        return NULL;
+    if (a->ne[0] != b->ne[0])
+        return bp__error_null(BP_ERR_SHAPE,
+                              "bp_mul_mat: inner dimensions differ: %s has K = %lld but %s has "
+                              "K = %lld",
+                              bp__describe(a).s, (long long)a->ne[0], bp__describe(b).s,
+                              (long long)b->ne[0]);
+    if (a->ne[2] == 0 || a->ne[3] == 0 || b->ne[2] % a->ne[2] != 0 || b->ne[3] % a->ne[3] != 0)
+        return bp__error_null(BP_ERR_SHAPE,
+                              "bp_mul_mat: batch dimensions of %s must be multiples of those of %s",
+                              bp__describe(b).s, bp__describe(a).s);
+    bp_tensor *t = make(ctx, "bp_mul_mat", BP_OP_MUL_MAT, BP_TYPE_F32, a->ne[1], b->ne[1],
+                        b->ne[2], b->ne[3]);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = a;
+    t->src[1] = b;
+    return t;
+}
+
+/* ---- Attention pieces ------------------------------------------------------------------- */
+
+bp_tensor *bp_soft_max(bp_context *ctx, bp_tensor *a)
+{
+    return bp_soft_max_ext(ctx, a, NULL, 1.0f);
+}
+
+bp_tensor *bp_soft_max_ext(bp_context *ctx, bp_tensor *a, bp_tensor *mask, float scale)
+{
+    REQUIRE_SRC("bp_soft_max", a);
+    if (!require_type("bp_soft_max", "operand", a, BP_TYPE_F32))
+        return NULL;
+    if (!isfinite(scale))
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_soft_max: scale %g for %s is not finite",
+                              (double)scale, bp__describe(a).s);
+    if (mask != NULL) {
+        if (mask->type != BP_TYPE_F32 && mask->type != BP_TYPE_F16)
+            return bp__error_null(BP_ERR_TYPE, "bp_soft_max: mask %s must be f32 or f16",
+                                  bp__describe(mask).s);
+        if (mask->ne[0] != a->ne[0] || mask->ne[1] < a->ne[1] || mask->ne[2] == 0 ||
+            mask->ne[3] == 0 || a->ne[2] % mask->ne[2] != 0 || a->ne[3] % mask->ne[3] != 0)
+            return bp__error_null(BP_ERR_SHAPE,
+                                  "bp_soft_max: mask %s does not cover %s (need the same ne0, at "
+                                  "least as many rows, and ne2/ne3 dividing the input's)",
+                                  bp__describe(mask).s, bp__describe(a).s);
+    }
+    bp_tensor *t = make_like(ctx, "bp_soft_max", BP_OP_SOFT_MAX, a, false);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = a;
+    t->src[1] = mask;
+    set_param_f32(t, 0, scale);
+    return t;
+}
+
+bp_tensor *bp_rope(bp_context *ctx, bp_tensor *x, bp_tensor *pos, int n_dims,
+                   enum bp_rope_mode mode, float freq_base, float freq_scale)
+{
+    REQUIRE_SRC("bp_rope", x);
+    REQUIRE_SRC("bp_rope", pos);
+    if (!require_type("bp_rope", "input", x, BP_TYPE_F32) ||
+        !require_type("bp_rope", "positions", pos, BP_TYPE_I32))
+        return NULL;
+    if (pos->ne[0] != x->ne[2] || bp_nelements(pos) != pos->ne[0])
+        return bp__error_null(BP_ERR_SHAPE,
+                              "bp_rope: positions %s must be a vector of one position per token "
+                              "(%lld) of %s",
+                              bp__describe(pos).s, (long long)x->ne[2], bp__describe(x).s);
+    if (n_dims <= 0 || n_dims % 2 != 0 || n_dims > x->ne[0])
+        return bp__error_null(BP_ERR_INVALID_ARG,
+                              "bp_rope: n_dims %d must be even, positive and at most the head size "
+                              "%lld of %s",
+                              n_dims, (long long)x->ne[0], bp__describe(x).s);
+    if (mode != BP_ROPE_NORMAL && mode != BP_ROPE_NEOX)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_rope: mode %d is neither BP_ROPE_NORMAL nor "
+                              "BP_ROPE_NEOX", (int)mode);
+    if (!(freq_base > 0.0f) || !isfinite(freq_base) || !(freq_scale > 0.0f) ||
+        !isfinite(freq_scale))
+        return bp__error_null(BP_ERR_INVALID_ARG,
+                              "bp_rope: freq_base %g and freq_scale %g must be finite and positive",
+                              (double)freq_base, (double)freq_scale);
+    bp_tensor *t = make_like(ctx, "bp_rope", BP_OP_ROPE, x, false);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = x;
+    t->src[1] = pos;
+    t->op_params[0] = n_dims;
+    t->op_params[1] = (int32_t)mode;
+    set_param_f32(t, 2, freq_base);
+    set_param_f32(t, 3, freq_scale);
+    return t;
+}
+
+bp_tensor *bp_concat(bp_context *ctx, bp_tensor *a, bp_tensor *b, int dim)
+{
+    REQUIRE_SRC("bp_concat", a);
+    REQUIRE_SRC("bp_concat", b);
+    if (dim < 0 || dim >= BP_MAX_DIMS)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_concat: dim %d is not 0..3", dim);
+    if (a->type != b->type || bp_type_block_size(a->type) != 1)
+        return bp__error_null(BP_ERR_TYPE,
+                              "bp_concat: %s and %s must have the same, non-quantised type",
+                              bp__describe(a).s, bp__describe(b).s);
+    int64_t ne[BP_MAX_DIMS];
+    for (int i = 0; i < BP_MAX_DIMS; i++) {
+        if (i != dim && a->ne[i] != b->ne[i])
+            return bp__error_null(BP_ERR_SHAPE,
+                                  "bp_concat: %s and %s differ in dimension %d, not only in the "
+                                  "concatenated dimension %d",
+                                  bp__describe(a).s, bp__describe(b).s, i, dim);
+        ne[i] = i == dim ? a->ne[i] + b->ne[i] : a->ne[i];
+    }
+    bp_tensor *t = make(ctx, "bp_concat", BP_OP_CONCAT, a->type, ne[0], ne[1], ne[2], ne[3]);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = a;
+    t->src[1] = b;
+    t->op_params[0] = dim;
+    return t;
+}
+
+bp_tensor *bp_glu(bp_context *ctx, bp_tensor *a, bp_tensor *b, enum bp_glu_op op)
+{
+    REQUIRE_SRC("bp_glu", a);
+    if ((unsigned)op >= BP_GLU_OP_COUNT)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_glu: %d is not a GLU op (valid: 0..%d)",
+                              (int)op, BP_GLU_OP_COUNT - 1);
+    if (!require_type("bp_glu", "gate", a, BP_TYPE_F32))
+        return NULL;
+    bp_tensor *t;
+    if (b != NULL) {
+        if (!require_type("bp_glu", "value", b, BP_TYPE_F32))
+            return NULL;
+        if (!bp_are_same_shape(a, b))
+            return bp__error_null(BP_ERR_SHAPE, "bp_glu: gate %s and value %s differ in shape",
+                                  bp__describe(a).s, bp__describe(b).s);
+        t = make_like(ctx, "bp_glu", BP_OP_GLU, a, false);
+    } else {
+        if (a->ne[0] % 2 != 0)
+            return bp__error_null(BP_ERR_SHAPE,
+                                  "bp_glu: %s has an odd row length, so it cannot be split into "
+                                  "gate and value halves",
+                                  bp__describe(a).s);
+        t = make(ctx, "bp_glu", BP_OP_GLU, BP_TYPE_F32, a->ne[0] / 2, a->ne[1], a->ne[2],
+                 a->ne[3]);
+    }
+    if (t == NULL)
+        return NULL;
+    t->src[0] = a;
+    t->src[1] = b;
+    t->op_params[0] = (int32_t)op;
+    t->op_params[1] = b == NULL;
+    return t;
+}
+
+bp_tensor *bp_swiglu(bp_context *ctx, bp_tensor *gate, bp_tensor *up)
+{
+    return bp_glu(ctx, gate, up, BP_GLU_OP_SWIGLU);
+}
+
+bp_tensor *bp_geglu(bp_context *ctx, bp_tensor *gate, bp_tensor *up)
+{
+    return bp_glu(ctx, gate, up, BP_GLU_OP_GEGLU);
+}

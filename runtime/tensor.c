@@ -1,0 +1,374 @@
+/* tensor.c - contexts, tensor creation, names, flags and shape queries.
+ *
+ * A context is one fixed array of tensor structs allocated up front: tensors never move, so
+ * pointers to them stay valid for the life of the context, and running out of room is a clean
+ * BP_ERR_CAPACITY instead of a reallocation that would invalidate every pointer. */
+#include "config.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "bp-impl.h"
+
+struct bp_context {
+    size_t capacity;
+    size_t n_tensors;
+    bp_tensor *tensors;
+};
+
+bp_context *bp_context_new(size_t max_tensors)
+{
+    if (max_tensors == 0)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_context_new: max_tensors must be at least 1");
+
+    bp_context *ctx = bp__calloc(1, sizeof(*ctx), "a tensor context");
+    if (ctx == NULL)
+        return NULL;
+    ctx->tensors = bp__calloc(max_tensors, sizeof(bp_tensor), "the tensors of a context");
+    if (ctx->tensors == NULL) {
+        bp__free(ctx);
+        return NULL;
+    }
+    ctx->capacity = max_tensors;
+    return ctx;
+}
+
+void bp_context_free(bp_context *ctx)
+{
+    if (ctx == NULL)
+        return;
+    bp__free(ctx->tensors);
+    bp__free(ctx);
+}
+
+size_t bp_context_n_tensors(const bp_context *ctx)
+{
+    return ctx ? ctx->n_tensors : 0;
+}
+
+size_t bp_context_capacity(const bp_context *ctx)
+{
+    return ctx ? ctx->capacity : 0;
+}
+
+bp_tensor *bp_context_get_tensor(const bp_context *ctx, size_t i)
+{
+    if (ctx == NULL || i >= ctx->n_tensors)
+        return NULL;
+    return &ctx->tensors[i];
+}
+
+bp_tensor *bp_context_find_tensor(const bp_context *ctx, const char *name)
+{
+    if (ctx == NULL || name == NULL)
+        return NULL;
+    for (size_t i = 0; i < ctx->n_tensors; i++) {
+        if (strcmp(ctx->tensors[i].name, name) == 0)
+            return &ctx->tensors[i];
+    }
+    return NULL;
+}
+
+/* Contiguous strides for shape ne. False when the byte size does not fit in size_t. */
+static bool contiguous_strides(enum bp_type type, const int64_t ne[BP_MAX_DIMS],
+                               size_t nb[BP_MAX_DIMS])
+{
+    nb[0] = bp_type_size(type);
+    size_t row = bp_row_size(type, ne[0]);
+    if (ne[0] != 0 && row == 0)
+        return false;
+    nb[1] = row;
+    for (int i = 2; i < BP_MAX_DIMS; i++) {
+        if (!bp__mul_size(nb[i - 1], (size_t)ne[i - 1], &nb[i]))
+            return false;
+    }
+    size_t total;
+    return bp__mul_size(nb[3], (size_t)ne[3], &total);
+}
+
+bp_tensor *bp__new_tensor_impl(bp_context *ctx, enum bp_type type, const int64_t ne[BP_MAX_DIMS],
+                               const char *op_name)
+{
+    if (ctx == NULL)
+        return bp__error_null(BP_ERR_INVALID_ARG, "%s: context is NULL", op_name);
+    const struct bp_type_traits *tr = bp_type_get_traits(type);
+    if (tr == NULL)
+        return bp__error_null(BP_ERR_TYPE, "%s: type %d is not a backplane type", op_name,
+                              (int)type);
+    for (int i = 0; i < BP_MAX_DIMS; i++) {
+        if (ne[i] < 0)
+            return bp__error_null(BP_ERR_SHAPE,
+                                  "%s: dimension %d has negative size %lld", op_name, i,
+                                  (long long)ne[i]);
+    }
+    if (ne[0] % tr->block_size != 0)
+        return bp__error_null(BP_ERR_SHAPE,
+                              "%s: row length %lld of a %s tensor is not a multiple of its "
+                              "block size %lld",
+                              op_name, (long long)ne[0], tr->name, (long long)tr->block_size);
+    size_t nb[BP_MAX_DIMS];
+    if (!contiguous_strides(type, ne, nb))
+        return bp__error_null(BP_ERR_SHAPE,
+                              "%s: a %s tensor of [%lld, %lld, %lld, %lld] elements is too large "
+                              "to address",
+                              op_name, tr->name, (long long)ne[0], (long long)ne[1],
+                              (long long)ne[2], (long long)ne[3]);
+    if (ctx->n_tensors >= ctx->capacity)
+        return bp__error_null(BP_ERR_CAPACITY,
+                              "%s: the context is full (%zu tensors); create it with a larger "
+                              "max_tensors",
+                              op_name, ctx->capacity);
+
+    bp_tensor *t = &ctx->tensors[ctx->n_tensors++];
+    memset(t, 0, sizeof(*t));
+    t->type = type;
+    t->op = BP_OP_NONE;
+    for (int i = 0; i < BP_MAX_DIMS; i++) {
+        t->ne[i] = ne[i];
+        t->nb[i] = nb[i];
+    }
+    return t;
+}
+
+bp_tensor *bp__view_of(bp_context *ctx, bp_tensor *a, const char *op_name)
+{
+    int64_t ne[BP_MAX_DIMS] = {a->ne[0], a->ne[1], a->ne[2], a->ne[3]};
+    bp_tensor *t = bp__new_tensor_impl(ctx, a->type, ne, op_name);
+    if (t == NULL)
+        return NULL;
+    memcpy(t->nb, a->nb, sizeof(t->nb));
+    t->view_src = a->view_src ? a->view_src : a;
+    t->view_offs = a->view_offs;
+    t->buffer = a->buffer;
+    if (a->data != NULL)
+        t->data = a->data;
+    return t;
+}
+
+bp_tensor *bp_new_tensor(bp_context *ctx, enum bp_type type, int n_dims, const int64_t *ne)
+{
+    if (n_dims < 1 || n_dims > BP_MAX_DIMS)
+        return bp__error_null(BP_ERR_SHAPE, "bp_new_tensor: n_dims is %d, expected 1 to %d",
+                              n_dims, BP_MAX_DIMS);
+    if (ne == NULL)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_new_tensor: ne is NULL");
+    int64_t full[BP_MAX_DIMS] = {1, 1, 1, 1};
+    for (int i = 0; i < n_dims; i++)
+        full[i] = ne[i];
+    return bp__new_tensor_impl(ctx, type, full, "bp_new_tensor");
+}
+
+bp_tensor *bp_new_tensor_1d(bp_context *ctx, enum bp_type type, int64_t ne0)
+{
+    return bp_new_tensor(ctx, type, 1, (int64_t[]){ne0});
+}
+
+bp_tensor *bp_new_tensor_2d(bp_context *ctx, enum bp_type type, int64_t ne0, int64_t ne1)
+{
+    return bp_new_tensor(ctx, type, 2, (int64_t[]){ne0, ne1});
+}
+
+bp_tensor *bp_new_tensor_3d(bp_context *ctx, enum bp_type type, int64_t ne0, int64_t ne1,
+                            int64_t ne2)
+{
+    return bp_new_tensor(ctx, type, 3, (int64_t[]){ne0, ne1, ne2});
+}
+
+bp_tensor *bp_new_tensor_4d(bp_context *ctx, enum bp_type type, int64_t ne0, int64_t ne1,
+                            int64_t ne2, int64_t ne3)
+{
+    return bp_new_tensor(ctx, type, 4, (int64_t[]){ne0, ne1, ne2, ne3});
+}
+
+/* ---- Names and flags -------------------------------------------------------------------- */
+
+bp_tensor *bp_set_name(bp_tensor *t, const char *name)
+{
+    if (t == NULL)
+        return NULL;
+    snprintf(t->name, sizeof(t->name), "%s", name ? name : "");
+    return t;
+}
+
+bp_tensor *bp_format_name(bp_tensor *t, const char *fmt, ...)
+{
+    if (t == NULL || fmt == NULL)
+        return t;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->name, sizeof(t->name), fmt, ap);
+    va_end(ap);
+    return t;
+}
+
+const char *bp_get_name(const bp_tensor *t)
+{
+    return t ? t->name : "";
+}
+
+void bp_set_input(bp_tensor *t)
+{
+    if (t)
+        t->flags |= BP_TENSOR_FLAG_INPUT;
+}
+
+void bp_set_output(bp_tensor *t)
+{
+    if (t)
+        t->flags |= BP_TENSOR_FLAG_OUTPUT;
+}
+
+void bp_set_param(bp_tensor *t)
+{
+    if (t)
+        t->flags |= BP_TENSOR_FLAG_PARAM;
+}
+
+/* ---- Shape queries ---------------------------------------------------------------------- */
+
+int64_t bp_nelements(const bp_tensor *t)
+{
+    if (t == NULL)
+        return 0;
+    return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+}
+
+int64_t bp_nrows(const bp_tensor *t)
+{
+    if (t == NULL)
+        return 0;
+    return t->ne[1] * t->ne[2] * t->ne[3];
+}
+
+size_t bp_nbytes(const bp_tensor *t)
+{
+    if (t == NULL)
+        return 0;
+    for (int i = 0; i < BP_MAX_DIMS; i++) {
+        if (t->ne[i] <= 0)
+            return 0;
+    }
+    int64_t blck = bp_type_block_size(t->type);
+    size_t n = (size_t)(t->ne[0] / blck) * t->nb[0];
+    if (blck == 1)
+        n = bp_type_size(t->type) + (size_t)(t->ne[0] - 1) * t->nb[0];
+    for (int i = 1; i < BP_MAX_DIMS; i++)
+        n += (size_t)(t->ne[i] - 1) * t->nb[i];
+    return n;
+}
+
+int bp_n_dims(const bp_tensor *t)
+{
+    if (t == NULL)
+        return 0;
+    for (int i = BP_MAX_DIMS - 1; i >= 1; i--) {
+        if (t->ne[i] > 1)
+            return i + 1;
+    }
+    return 1;
+}
+
+bool bp_is_contiguous(const bp_tensor *t)
+{
+    if (t == NULL)
+        return false;
+    size_t next = bp_type_size(t->type);
+    for (int i = 0; i < BP_MAX_DIMS; i++) {
+        /* A dimension of size 1 is never stepped over, so its stride does not matter. */
+        if (t->ne[i] != 1 && t->nb[i] != next)
+            return false;
+        next *= (size_t)(i == 0 ? t->ne[0] / bp_type_block_size(t->type) : t->ne[i]);
+    }
+    return true;
+}
+
+bool bp_is_transposed(const bp_tensor *t)
+{
+    if (t == NULL)
+        return false;
+    return t->nb[0] > t->nb[1];
+}
+
+bool bp_is_permuted(const bp_tensor *t)
+{
+    if (t == NULL)
+        return false;
+    return t->nb[0] > t->nb[1] || t->nb[1] > t->nb[2] || t->nb[2] > t->nb[3];
+}
+
+bool bp_is_view(const bp_tensor *t)
+{
+    if (t == NULL)
+        return false;
+    return t->view_src != NULL;
+}
+
+bool bp_are_same_shape(const bp_tensor *a, const bp_tensor *b)
+{
+    if (a == NULL || b == NULL)
+        return false;
+    for (int i = 0; i < BP_MAX_DIMS; i++) {
+        if (a->ne[i] != b->ne[i])
+            return false;
+    }
+    return true;
+}
+
+bool bp_can_repeat(const bp_tensor *small, const bp_tensor *big)
+{
+    if (small == NULL || big == NULL)
+        return false;
+    for (int i = 0; i < BP_MAX_DIMS; i++) {
+        if (small->ne[i] == 0 ? big->ne[i] != 0 : big->ne[i] % small->ne[i] != 0)
+            return false;
+    }
+    return true;
+}
+
+const char *bp_format_shape(const bp_tensor *t, char *buf, size_t size)
+{
+    if (buf == NULL || size == 0)
+        return buf;
+    if (t == NULL)
+        snprintf(buf, size, "(null)");
+    else
+        snprintf(buf, size, "[%lld, %lld, %lld, %lld]", (long long)t->ne[0], (long long)t->ne[1],
+                 (long long)t->ne[2], (long long)t->ne[3]);
+    return buf;
+}
+
+struct bp__tdesc bp__describe(const bp_tensor *t)
+{
+    struct bp__tdesc d;
+    char shape[96];
+    bp_format_shape(t, shape, sizeof(shape));
+    if (t == NULL)
+        snprintf(d.s, sizeof(d.s), "(null)");
+    else if (t->name[0] != '\0')
+        snprintf(d.s, sizeof(d.s), "'%s' %s %s", t->name, bp_type_name(t->type), shape);
+    else
+        snprintf(d.s, sizeof(d.s), "%s %s", bp_type_name(t->type), shape);
+    return d;
+}
+
+int32_t bp_get_op_param_i32(const bp_tensor *t, int i)
+{
+    return t->op_params[i];
+}
+
+float bp_get_op_param_f32(const bp_tensor *t, int i)
+{
+    float f;
+    memcpy(&f, &t->op_params[i], sizeof(f));
+    return f;
+}
+
+enum bp_unary_op bp_get_unary_op(const bp_tensor *t)
+{
+    return (enum bp_unary_op)t->op_params[0];
+}
+
+enum bp_glu_op bp_get_glu_op(const bp_tensor *t)
+{
+    return (enum bp_glu_op)t->op_params[0];
+}

@@ -1,0 +1,290 @@
+/* types.c - the element type table, half/bfloat conversions and Q8_0/Q4_0 (de)quantisation.
+ *
+ * The float conversions are integer bit manipulation rather than compiler or F16C intrinsics,
+ * so the library built for the baseline ISA gives the same answer on every machine. They round
+ * to nearest, ties to even, keep the sign of zero, turn overflow into infinity and keep NaN
+ * payloads where the narrow format can hold them (a narrow NaN survives float and back). */
+#include "config.h"
+
+#include <math.h>
+#include <string.h>
+#include <strings.h>
+
+#include "bp-impl.h"
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof(x));
+    return x;
+}
+
+static float f32_from_bits(uint32_t x)
+{
+    float f;
+    memcpy(&f, &x, sizeof(f));
+    return f;
+}
+
+float bp_fp16_to_fp32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+
+    if (exp == 0x1f) /* Inf or NaN: widen the payload */
+        return f32_from_bits(sign | 0x7f800000u | (man << 13));
+    if (exp != 0) /* normal: rebias 15 -> 127 */
+        return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
+    if (man == 0)
+        return f32_from_bits(sign);
+    /* Subnormal half: man * 2^-24 is a normal float; shift the leading one into place. */
+    int shift = 0;
+    while ((man & 0x400) == 0) {
+        man <<= 1;
+        shift++;
+    }
+    return f32_from_bits(sign | ((uint32_t)(113 - shift) << 23) | ((man & 0x3ff) << 13));
+}
+
+uint16_t bp_fp32_to_fp16(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffffu;
+
+    if (ax > 0x7f800000u) { /* NaN: keep the top payload bits, never let it become Inf */
+        uint32_t payload = (ax >> 13) & 0x3ff;
+        return (uint16_t)(sign | 0x7c00 | (payload ? payload : 0x200));
+    }
+    if (ax >= 0x477ff000u) /* >= 65520 rounds past the largest half (65504): Inf */
+        return sign | 0x7c00;
+    if (ax >= 0x38800000u) { /* normal half: rebias 127 -> 15 and round off 13 bits */
+        uint32_t r = ax - 0x38000000u;
+        uint32_t q = r >> 13, rem = r & 0x1fff;
+        if (rem > 0x1000 || (rem == 0x1000 && (q & 1)))
+            q++; /* a carry into the exponent is still the right encoding */
+        return (uint16_t)(sign | q);
+    }
+    if (ax < 0x33000000u) /* below 2^-25, half the smallest subnormal: zero */
+        return sign;
+    /* Subnormal half: count units of 2^-24 with the implicit bit made explicit. */
+    uint32_t e = ax >> 23;
+    uint32_t m = (ax & 0x7fffff) | 0x800000;
+    uint32_t shift = 126 - e; /* 14..24 */
+    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1)))
+        q++;
+    return (uint16_t)(sign | q);
+}
+
+float bp_bf16_to_fp32(uint16_t h)
+{
+    return f32_from_bits((uint32_t)h << 16);
+}
+
+uint16_t bp_fp32_to_bf16(float f)
+{
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) { /* NaN: truncate, keeping it a NaN */
+        uint16_t h = (uint16_t)(x >> 16);
+        return (h & 0x7f) ? h : (uint16_t)(h | 0x40);
+    }
+    /* Round to nearest even; overflow carries into the exponent and lands on Inf. */
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+}
+
+/* ---- Row conversions -------------------------------------------------------------------- */
+
+static void f32_to_float(const void *src, float *dst, int64_t n)
+{
+    memmove(dst, src, (size_t)n * sizeof(float));
+}
+
+static void f32_from_float(const float *src, void *dst, int64_t n)
+{
+    memmove(dst, src, (size_t)n * sizeof(float));
+}
+
+static void f16_to_float(const void *src, float *dst, int64_t n)
+{
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = bp_fp16_to_fp32(s[i]);
+}
+
+static void f16_from_float(const float *src, void *dst, int64_t n)
+{
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++)
+        d[i] = bp_fp32_to_fp16(src[i]);
+}
+
+static void bf16_to_float(const void *src, float *dst, int64_t n)
+{
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = bp_bf16_to_fp32(s[i]);
+}
+
+static void bf16_from_float(const float *src, void *dst, int64_t n)
+{
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++)
+        d[i] = bp_fp32_to_bf16(src[i]);
+}
+
+static void i32_to_float(const void *src, float *dst, int64_t n)
+{
+    const int32_t *s = src;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = (float)s[i];
+}
+
+/* Nearest integer, saturating at the int32 range; NaN becomes 0. */
+static void i32_from_float(const float *src, void *dst, int64_t n)
+{
+    int32_t *d = dst;
+    for (int64_t i = 0; i < n; i++) {
+        float v = src[i];
+        if (isnan(v))
+            d[i] = 0;
+        else if (v >= 2147483647.0f)
+            d[i] = INT32_MAX;
+        else if (v <= -2147483648.0f)
+            d[i] = INT32_MIN;
+        else
+            d[i] = (int32_t)lrintf(v);
+    }
+}
+
+static void q8_0_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct bp_block_q8_0 *b = src;
+    for (int64_t i = 0; i < n / BP_QK8_0; i++) {
+        float d = bp_fp16_to_fp32(b[i].d);
+        for (int j = 0; j < BP_QK8_0; j++)
+            dst[i * BP_QK8_0 + j] = d * (float)b[i].qs[j];
+    }
+}
+
+/* Symmetric 8-bit: d = max|x| / 127, q = round(x / d). */
+static void q8_0_from_float(const float *src, void *dst, int64_t n)
+{
+    struct bp_block_q8_0 *b = dst;
+    for (int64_t i = 0; i < n / BP_QK8_0; i++) {
+        const float *x = src + i * BP_QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < BP_QK8_0; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = bp_fp32_to_fp16(d);
+        for (int j = 0; j < BP_QK8_0; j++)
+            b[i].qs[j] = (int8_t)lrintf(x[j] * id);
+    }
+}
+
+static void q4_0_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct bp_block_q4_0 *b = src;
+    for (int64_t i = 0; i < n / BP_QK4_0; i++) {
+        float d = bp_fp16_to_fp32(b[i].d);
+        for (int j = 0; j < BP_QK4_0 / 2; j++) {
+            dst[i * BP_QK4_0 + j] = d * (float)((b[i].qs[j] & 0x0f) - 8);
+            dst[i * BP_QK4_0 + j + BP_QK4_0 / 2] = d * (float)((b[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+/* 4-bit with offset 8: the value of largest magnitude maps to -8 exactly (d = max / -8), which
+ * gives one more level on its side than a symmetric scale would. */
+static void q4_0_from_float(const float *src, void *dst, int64_t n)
+{
+    struct bp_block_q4_0 *b = dst;
+    for (int64_t i = 0; i < n / BP_QK4_0; i++) {
+        const float *x = src + i * BP_QK4_0;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < BP_QK4_0; j++) {
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        float d = max / -8.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = bp_fp32_to_fp16(d);
+        for (int j = 0; j < BP_QK4_0 / 2; j++) {
+            int q0 = (int)(x[j] * id + 8.5f);
+            int q1 = (int)(x[j + BP_QK4_0 / 2] * id + 8.5f);
+            q0 = q0 < 0 ? 0 : q0 > 15 ? 15 : q0;
+            q1 = q1 < 0 ? 0 : q1 > 15 ? 15 : q1;
+            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+static const struct bp_type_traits type_traits[BP_TYPE_COUNT] = {
+    [BP_TYPE_F32] = {"f32", 1, sizeof(float), false, f32_to_float, f32_from_float},
+    [BP_TYPE_F16] = {"f16", 1, sizeof(uint16_t), false, f16_to_float, f16_from_float},
+    [BP_TYPE_BF16] = {"bf16", 1, sizeof(uint16_t), false, bf16_to_float, bf16_from_float},
+    [BP_TYPE_I32] = {"i32", 1, sizeof(int32_t), false, i32_to_float, i32_from_float},
+    [BP_TYPE_Q8_0] = {"q8_0", BP_QK8_0, sizeof(struct bp_block_q8_0), true, q8_0_to_float,
+                      q8_0_from_float},
+    [BP_TYPE_Q4_0] = {"q4_0", BP_QK4_0, sizeof(struct bp_block_q4_0), true, q4_0_to_float,
+                      q4_0_from_float},
+};
+
+_Static_assert(sizeof(struct bp_block_q8_0) == 34, "Q8_0 block layout");
+_Static_assert(sizeof(struct bp_block_q4_0) == 18, "Q4_0 block layout");
+
+static bool type_valid(enum bp_type type)
+{
+    return (unsigned)type < BP_TYPE_COUNT;
+}
+
+const struct bp_type_traits *bp_type_get_traits(enum bp_type type)
+{
+    if (!type_valid(type)) {
+        bp__error(BP_ERR_TYPE, "type %d is not a backplane type (valid: 0..%d)", (int)type,
+                  BP_TYPE_COUNT - 1);
+        return NULL;
+    }
+    return &type_traits[type];
+}
+
+const char *bp_type_name(enum bp_type type)
+{
+    return type_valid(type) ? type_traits[type].name : "invalid";
+}
+
+enum bp_status bp_type_from_name(const char *name, enum bp_type *out)
+{
+    if (name == NULL || out == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_type_from_name: name and out must not be NULL");
+    for (int t = 0; t < BP_TYPE_COUNT; t++) {
+        if (strcasecmp(name, type_traits[t].name) == 0) {
+            *out = (enum bp_type)t;
+            return BP_OK;
+        }
+    }
+    return bp__error(BP_ERR_NOT_FOUND,
+                     "unknown type name '%s' (expected f32, f16, bf16, i32, q8_0 or q4_0)", name);
+}
+
+size_t bp_type_size(enum bp_type type)
+{
+    return type_valid(type) ? type_traits[type].type_size : 0;
+}
+
+int64_t bp_type_block_size(enum bp_type type)
+{
+    return type_valid(type) ? type_traits[type].block_size : 0;
+}
+
+size_t bp_row_size(enum bp_type type, int64_t ne0)
+{
+    if (!type_valid(type) || ne0 < 0 || ne0 % type_traits[type].block_size != 0)
+        return 0;
+    return (size_t)(ne0 / type_traits[type].block_size) * type_traits[type].type_size;
+}

@@ -1,0 +1,150 @@
+/* test-status.c - status codes, per-thread last error, logging, version. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "test-util.h"
+
+START_TEST(test_status_names_and_texts)
+{
+    ck_assert_str_eq(bp_status_name(BP_OK), "BP_OK");
+    ck_assert_str_eq(bp_status_name(BP_ERR_SHAPE), "BP_ERR_SHAPE");
+    ck_assert_str_eq(bp_status_name(BP_ERR_BUSY), "BP_ERR_BUSY");
+    ck_assert_str_eq(bp_strerror(BP_ERR_OUT_OF_MEMORY), "out of memory");
+    ck_assert_str_eq(bp_status_name((enum bp_status)12345), "BP_UNKNOWN_STATUS");
+    ck_assert_str_eq(bp_strerror((enum bp_status)-999), "unknown status");
+    /* Every code in the table has a distinct name and a non-empty text. */
+#define CHECK_ROW(name, value, text)                                                          \
+    ck_assert_str_eq(bp_status_name(BP_##name), "BP_" #name);                                 \
+    ck_assert_str_eq(bp_strerror(BP_##name), text);                                           \
+    ck_assert_int_eq((int)BP_##name, value);
+    BP_STATUS_MAP(CHECK_ROW)
+#undef CHECK_ROW
+}
+END_TEST
+
+START_TEST(test_error_is_set_and_cleared)
+{
+    bp_clear_error();
+    ck_assert_str_eq(bp_last_error(), "");
+    ck_assert_int_eq(bp_last_status(), BP_OK);
+    ck_assert_ptr_null(bp_context_new(0));
+    ck_assert_int_eq(bp_last_status(), BP_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "max_tensors"));
+    bp_clear_error();
+    ck_assert_str_eq(bp_last_error(), "");
+}
+END_TEST
+
+static void *thread_fails(void *arg)
+{
+    (void)arg;
+    bp_clear_error();
+    enum bp_type t;
+    enum bp_status st = bp_type_from_name("no-such-type", &t);
+    static char copy[256];
+    snprintf(copy, sizeof(copy), "%d|%s", (int)st, bp_last_error());
+    return copy;
+}
+
+START_TEST(test_error_is_per_thread)
+{
+    bp_clear_error();
+    ck_assert_ptr_null(bp_context_new(0));
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, thread_fails, NULL), 0);
+    void *res;
+    ck_assert_int_eq(pthread_join(th, &res), 0);
+    ck_assert_ptr_nonnull(strstr((const char *)res, "no-such-type"));
+    /* This thread still sees its own error, not the other thread's. */
+    ck_assert_int_eq(bp_last_status(), BP_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "max_tensors"));
+}
+END_TEST
+
+struct log_capture {
+    int count;
+    enum bp_log_level last_level;
+    char last[256];
+};
+
+static void capture(enum bp_log_level level, const char *msg, void *user)
+{
+    struct log_capture *c = user;
+    c->count++;
+    c->last_level = level;
+    snprintf(c->last, sizeof(c->last), "%s", msg);
+}
+
+START_TEST(test_log_callback_and_level)
+{
+    struct log_capture c = {0};
+    bp_log_set_callback(capture, &c);
+    bp_log_set_level(BP_LOG_INFO);
+    bp_log(BP_LOG_DEBUG, "hidden %d", 1);
+    ck_assert_int_eq(c.count, 0);
+    bp_log(BP_LOG_WARN, "shown %d\n", 2);
+    ck_assert_int_eq(c.count, 1);
+    ck_assert_int_eq(c.last_level, BP_LOG_WARN);
+    ck_assert_str_eq(c.last, "shown 2"); /* trailing newline stripped */
+
+    /* At debug level every recorded error is logged too. */
+    bp_log_set_level(BP_LOG_DEBUG);
+    ck_assert_ptr_null(bp_context_new(0));
+    ck_assert_int_eq(c.count, 2);
+    ck_assert_ptr_nonnull(strstr(c.last, "max_tensors"));
+
+    bp_log_set_level(BP_LOG_NONE);
+    bp_log(BP_LOG_ERROR, "silenced");
+    ck_assert_int_eq(c.count, 2);
+    bp_log_set_level((enum bp_log_level)99); /* clamped */
+    ck_assert_int_eq(bp_log_get_level(), BP_LOG_NONE);
+    bp_log_set_callback(NULL, NULL);
+}
+END_TEST
+
+/* Fork mode gives each test a fresh process, so the level is read from the environment here. */
+START_TEST(test_log_level_from_env)
+{
+    setenv("BP_LOG_LEVEL", "ERROR", 1);
+    ck_assert_int_eq(bp_log_get_level(), BP_LOG_ERROR);
+}
+END_TEST
+
+START_TEST(test_log_level_from_env_numeric)
+{
+    setenv("BP_LOG_LEVEL", "0", 1);
+    ck_assert_int_eq(bp_log_get_level(), BP_LOG_DEBUG);
+}
+END_TEST
+
+START_TEST(test_log_level_bad_env_keeps_default)
+{
+    setenv("BP_LOG_LEVEL", "loud", 1);
+    ck_assert_int_eq(bp_log_get_level(), BP_LOG_WARN);
+}
+END_TEST
+
+START_TEST(test_version)
+{
+    ck_assert_str_eq(bp_version(), BP_VERSION_STRING);
+    ck_assert_uint_eq(bp_version_hex(), BP_VERSION_HEX);
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%d.%d.%d", BP_VERSION_MAJOR, BP_VERSION_MINOR, BP_VERSION_PATCH);
+    ck_assert_str_eq(buf, BP_VERSION_STRING);
+    ck_assert_int_gt((int)strlen(bp_default_plugin_dir()), 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("status");
+    BP_TCASE(s, test_status_names_and_texts, 10);
+    BP_TCASE(s, test_error_is_set_and_cleared, 10);
+    BP_TCASE(s, test_error_is_per_thread, 10);
+    BP_TCASE(s, test_log_callback_and_level, 10);
+    BP_TCASE(s, test_log_level_from_env, 10);
+    BP_TCASE(s, test_log_level_from_env_numeric, 10);
+    BP_TCASE(s, test_log_level_bad_env_keeps_default, 10);
+    BP_TCASE(s, test_version, 10);
+    return bp_test_run(s);
+}
