@@ -37,6 +37,18 @@ static inline bool bp__add_size(size_t a, size_t b, size_t *out)
     return !__builtin_add_overflow(a, b, out);
 }
 
+/* Product of the four sizes; false when it does not fit in int64_t. */
+static inline bool bp__count_elements(const int64_t ne[4], int64_t *out)
+{
+    int64_t n = 1;
+    for (int i = 0; i < 4; i++) {
+        if (__builtin_mul_overflow(n, ne[i], &n))
+            return false;
+    }
+    *out = n;
+    return true;
+}
+
 /* Op-table lookups used by builders and the graph (runtime/ops.c). */
 bool bp__op_valid(enum bp_op op);
 

@@ -107,7 +107,8 @@ bp_tensor *bp__new_tensor_impl(bp_context *ctx, enum bp_type type, const int64_t
                               "block size %lld",
                               op_name, (long long)ne[0], tr->name, (long long)tr->block_size);
     size_t nb[BP_MAX_DIMS];
-    if (!contiguous_strides(type, ne, nb))
+    int64_t count;
+    if (!bp__count_elements(ne, &count) || !contiguous_strides(type, ne, nb))
         return bp__error_null(BP_ERR_SHAPE,
                               "%s: a %s tensor of [%lld, %lld, %lld, %lld] elements is too large "
                               "to address",

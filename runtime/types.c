@@ -284,7 +284,10 @@ int64_t bp_type_block_size(enum bp_type type)
 
 size_t bp_row_size(enum bp_type type, int64_t ne0)
 {
-    if (!type_valid(type) || ne0 < 0 || ne0 % type_traits[type].block_size != 0)
+    size_t size;
+    if (!type_valid(type) || ne0 < 0 || ne0 % type_traits[type].block_size != 0 ||
+        !bp__mul_size((size_t)(ne0 / type_traits[type].block_size), type_traits[type].type_size,
+                      &size))
         return 0;
-    return (size_t)(ne0 / type_traits[type].block_size) * type_traits[type].type_size;
+    return size;
 }

@@ -64,7 +64,9 @@ bp_tensor *bp_cont_4d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, i
     if (a == NULL)
         return bp__error_null(BP_ERR_INVALID_ARG, "bp_cont: source tensor is NULL");
     int64_t ne[BP_MAX_DIMS] = {ne0, ne1, ne2, ne3};
-    if (ne0 < 0 || ne1 < 0 || ne2 < 0 || ne3 < 0 || ne0 * ne1 * ne2 * ne3 != bp_nelements(a))
+    int64_t count;
+    if (ne0 < 0 || ne1 < 0 || ne2 < 0 || ne3 < 0 || !bp__count_elements(ne, &count) ||
+        count != bp_nelements(a))
         return bp__error_null(BP_ERR_SHAPE,
                               "bp_cont: cannot lay out %s as [%lld, %lld, %lld, %lld]: the element "
                               "counts differ",
@@ -116,14 +118,14 @@ bp_tensor *bp_reshape(bp_context *ctx, bp_tensor *a, int n_dims, const int64_t *
         return bp__error_null(BP_ERR_SHAPE, "bp_reshape: n_dims is %d, expected 1 to %d", n_dims,
                               BP_MAX_DIMS);
     int64_t full[BP_MAX_DIMS] = {1, 1, 1, 1};
-    int64_t n = 1;
+    int64_t n = -1;
     for (int i = 0; i < n_dims; i++) {
         if (ne[i] < 0)
             return bp__error_null(BP_ERR_SHAPE, "bp_reshape: dimension %d has negative size %lld",
                                   i, (long long)ne[i]);
         full[i] = ne[i];
-        n *= ne[i];
     }
+    bp__count_elements(full, &n); /* n stays -1 on overflow, which never matches */
     if (!bp_is_contiguous(a))
         return bp__error_null(BP_ERR_SHAPE,
                               "bp_reshape: %s is not contiguous; apply bp_cont first",

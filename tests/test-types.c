@@ -279,7 +279,9 @@ static float rnd(void)
 }
 
 /* Random rows of several blocks: every element within the format's error bound of its block,
- * all-zero blocks exact. */
+ * all-zero blocks exact. Q8_0 is symmetric: half a step (plus the fp16 rounding of the scale).
+ * Q4_0 maps the extreme value to -8 steps, so values on the other side can reach only +7 steps
+ * and may be clamped by up to one whole step. */
 START_TEST(test_quantised_rows_error_bounds)
 {
     enum { N = 32 * 40 };
@@ -292,6 +294,7 @@ START_TEST(test_quantised_rows_error_bounds)
 
     enum bp_type types[2] = {BP_TYPE_Q8_0, BP_TYPE_Q4_0};
     double steps[2] = {127.0, 8.0};
+    double bound[2] = {0.6, 1.01}; /* in steps */
     for (int k = 0; k < 2; k++) {
         const struct bp_type_traits *tr = bp_type_get_traits(types[k]);
         tr->from_float(x, buf, N);
@@ -303,7 +306,7 @@ START_TEST(test_quantised_rows_error_bounds)
             double d = amax / steps[k];
             for (int j = 0; j < 32; j++) {
                 int i = blk * 32 + j;
-                ck_assert_msg(fabs(y[i] - x[i]) <= 0.6 * d + 1e-7, "%s block %d elem %d: %g vs %g",
+                ck_assert_msg(fabs(y[i] - x[i]) <= bound[k] * d + 1e-7, "%s block %d elem %d: %g vs %g",
                               tr->name, blk, j, (double)y[i], (double)x[i]);
             }
         }

@@ -59,7 +59,8 @@ BP_API const char *bp_type_name(enum bp_type type);
 BP_API enum bp_status bp_type_from_name(const char *name, enum bp_type *out);
 BP_API size_t bp_type_size(enum bp_type type);
 BP_API int64_t bp_type_block_size(enum bp_type type);
-/* Bytes of a row of ne0 elements; 0 when ne0 is not a multiple of the block size. */
+/* Bytes of a row of ne0 elements; 0 when ne0 is not a multiple of the block size or the size
+ * does not fit in size_t. */
 BP_API size_t bp_row_size(enum bp_type type, int64_t ne0);
 
 /* Scalar conversions, round-to-nearest-even, NaN and Inf preserved. A half or bfloat NaN
