@@ -1,0 +1,76 @@
+#!/bin/sh
+# dev.sh - build backplane from a git checkout on a Debian machine, installing what is missing.
+#
+#   tools/dev.sh run     build everything, then run the main job (the `backplane` tool)
+#   tools/dev.sh check   build everything, run `make check` and `make distcheck`
+#
+# Builds out of tree in ./build with warnings as errors. BP_CONFIGURE_FLAGS adds configure flags.
+set -eu
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+jobs=${BP_JOBS:-$(nproc 2>/dev/null || echo 2)}
+
+install_deps() {
+    missing=""
+    for p in $(grep -v '^#' tools/build-deps.txt); do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+    done
+    [ -z "$missing" ] && return 0
+    echo "dev.sh: installing build dependencies:$missing"
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo=sudo
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
+}
+
+build() {
+    install_deps
+    [ -x configure ] && [ configure -nt configure.ac ] && [ configure -nt Makefile.am ] || ./bootstrap
+    mkdir -p build
+    cd build
+    if [ ! -f Makefile ] || [ ../configure -nt Makefile ]; then
+        # shellcheck disable=SC2086
+        ../configure --enable-werror ${BP_CONFIGURE_FLAGS:-}
+    fi
+    make -j"$jobs"
+}
+
+# The Check summary of each suite, then one total line.
+summarize() {
+    total=0 failed=0
+    for log in tests/*.log; do
+        line=$(grep -E '^[0-9]+%: Checks: ' "$log" || true)
+        [ -n "$line" ] || continue
+        echo "$line"
+        n=$(echo "$line" | sed -E 's/.*Checks: ([0-9]+).*/\1/')
+        f=$(echo "$line" | sed -E 's/.*Failures: ([0-9]+), Errors: ([0-9]+).*/\1 \2/')
+        total=$((total + n))
+        failed=$((failed + ${f% *} + ${f#* }))
+    done
+    echo "checks: $((total - failed)) passed, $failed failed"
+}
+
+case "${1:-}" in
+run)
+    build
+    ./tools/backplane version
+    ./tools/backplane list
+    ;;
+check)
+    build
+    status=0
+    make -j"$jobs" check || status=$?
+    if [ "$status" -ne 0 ]; then
+        cat test-suite.log
+        summarize
+        exit "$status"
+    fi
+    make -j"$jobs" distcheck
+    summarize
+    ;;
+*)
+    echo "usage: tools/dev.sh run|check" >&2
+    exit 2
+    ;;
+esac
