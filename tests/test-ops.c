@@ -150,6 +150,7 @@ START_TEST(test_scale_and_unary)
     ck_assert_ptr_eq(bp_scale_inplace(ctx, a, 2.0f)->view_src, a);
     ck_assert_rejected(bp_scale(ctx, i32(5, 1, 1), 2.0f), BP_ERR_TYPE, "bp_scale");
     ck_assert_rejected(bp_scale(ctx, NULL, 2.0f), BP_ERR_INVALID_ARG, "NULL");
+    ck_assert_rejected(bp_scale_inplace(ctx, i32(5, 1, 1), 2.0f), BP_ERR_TYPE, "bp_scale_inplace");
 
     bp_tensor *(*const fns[BP_UNARY_OP_COUNT])(bp_context *, bp_tensor *) = {
         [BP_UNARY_OP_NEG] = bp_neg,   [BP_UNARY_OP_ABS] = bp_abs,
@@ -169,6 +170,8 @@ START_TEST(test_scale_and_unary)
     ck_assert_ptr_eq(bp_unary_inplace(ctx, a, BP_UNARY_OP_EXP)->view_src, a);
     ck_assert_rejected(bp_unary(ctx, a, BP_UNARY_OP_COUNT), BP_ERR_INVALID_ARG, "not a unary op");
     ck_assert_rejected(bp_unary(ctx, a, (enum bp_unary_op)-1), BP_ERR_INVALID_ARG, "-1");
+    ck_assert_rejected(bp_unary_inplace(ctx, i32(5, 1, 1), BP_UNARY_OP_EXP), BP_ERR_TYPE,
+                       "bp_unary_inplace");
 }
 END_TEST
 
@@ -302,6 +305,7 @@ START_TEST(test_glu)
     ck_assert_rejected(bp_glu(ctx, g, u, BP_GLU_OP_COUNT), BP_ERR_INVALID_ARG, "not a GLU op");
     ck_assert_rejected(bp_swiglu(ctx, i32(12, 3, 1), NULL), BP_ERR_TYPE, "gate");
     ck_assert_rejected(bp_swiglu(ctx, NULL, u), BP_ERR_INVALID_ARG, "NULL");
+    ck_assert_rejected(bp_geglu(ctx, g, i32(12, 3, 1)), BP_ERR_TYPE, "value");
 }
 END_TEST
 

@@ -78,6 +78,9 @@ START_TEST(test_new_tensor_rejects)
     ck_assert_rejected(bp_new_tensor_4d(ctx, BP_TYPE_F32, INT64_MAX / 2, 4, 4, 4), BP_ERR_SHAPE,
                        "too large");
     ck_assert_rejected(bp_new_tensor_1d(NULL, BP_TYPE_F32, 4), BP_ERR_INVALID_ARG, "context");
+    ck_assert_rejected(bp_new_tensor_2d(ctx, BP_TYPE_Q4_0, 16, 2), BP_ERR_SHAPE, "block size");
+    ck_assert_rejected(bp_new_tensor_3d(ctx, BP_TYPE_F32, 1, -2, 1), BP_ERR_SHAPE, "dimension 1");
+    ck_assert_rejected(bp_new_tensor_4d(ctx, BP_TYPE_F32, 1, 1, 1, -3), BP_ERR_SHAPE, "dimension 3");
     ck_assert_uint_eq(bp_context_n_tensors(ctx), 0);
     bp_context_free(ctx);
 }
@@ -154,6 +157,8 @@ START_TEST(test_reshape)
     ck_assert_rejected(bp_reshape_1d(ctx, t, 24), BP_ERR_SHAPE, "not contiguous");
     ck_assert_rejected(bp_reshape_2d(ctx, a, -6, -4), BP_ERR_SHAPE, "negative");
     ck_assert_rejected(bp_reshape(ctx, a, 7, (int64_t[]){24}), BP_ERR_SHAPE, "n_dims");
+    ck_assert_rejected(bp_reshape_3d(ctx, a, 2, 2, 2), BP_ERR_SHAPE, "8 elements");
+    ck_assert_rejected(bp_reshape_4d(ctx, a, 2, 2, 2, 4), BP_ERR_SHAPE, "32 elements");
     ck_assert_rejected(bp_reshape_1d(ctx, NULL, 24), BP_ERR_INVALID_ARG, "NULL");
     bp_tensor *q = bp_new_tensor_2d(ctx, BP_TYPE_Q8_0, 64, 2);
     ck_assert_rejected(bp_reshape_2d(ctx, q, 16, 8), BP_ERR_SHAPE, "block size");
@@ -194,6 +199,10 @@ START_TEST(test_views)
     ck_assert_rejected(bp_view_2d(ctx, a, 2, 2, 6, 0), BP_ERR_INVALID_ARG, "stride");
     ck_assert_rejected(bp_view_1d(ctx, a, -1, 0), BP_ERR_SHAPE, "negative");
     ck_assert_rejected(bp_view_1d(ctx, NULL, 1, 0), BP_ERR_INVALID_ARG, "NULL");
+    ck_assert_rejected(bp_view_3d(ctx, a, 8, 4, 4, a->nb[1], a->nb[2], 0), BP_ERR_OUT_OF_BOUNDS,
+                       "past the end");
+    ck_assert_rejected(bp_view_4d(ctx, a, 8, 4, 3, 2, a->nb[1], a->nb[2], 8, 0),
+                       BP_ERR_OUT_OF_BOUNDS, "past the end");
     ck_assert_uint_eq(bp_context_n_tensors(ctx), before); /* refused views use no slot */
     bp_context_free(ctx);
 }
