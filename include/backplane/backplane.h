@@ -5,6 +5,8 @@
 #include <backplane/bp-core.h>
 #include <backplane/bp-tensor.h>
 #include <backplane/bp-graph.h>
+#include <backplane/bp-backend.h>
+#include <backplane/bp-alloc.h>
 
 #ifdef __cplusplus
 extern "C" {

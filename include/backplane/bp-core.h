@@ -57,7 +57,7 @@ BP_API const char *bp_strerror(enum bp_status status);
 /*
  * The last error of the calling thread: one sentence naming what was wrong (the op, tensor,
  * file or plugin). Valid until the next failing call on this thread; "" when there is none.
- * Successful calls do not clear it: check return values first, then read the message.
+ * Only meaningful after a call reported failure: check return values first, then read it.
  */
 BP_API const char *bp_last_error(void);
 /* The status that went with bp_last_error(), BP_OK when there is none. */

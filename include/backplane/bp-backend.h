@@ -1,0 +1,180 @@
+/* bp-backend.h - buffer types, buffers, backends, devices, registries and events: the user side
+ * of the backend API. Plugin authors implement these objects through bp-plugin.h. */
+#ifndef BACKPLANE_BP_BACKEND_H
+#define BACKPLANE_BP_BACKEND_H
+
+#include <backplane/bp-graph.h>
+#include <backplane/bp-tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct bp_buffer_type bp_buffer_type;
+typedef struct bp_buffer bp_buffer;
+typedef struct bp_backend bp_backend;
+typedef struct bp_device bp_device;
+typedef struct bp_registry bp_registry;
+typedef struct bp_event bp_event;
+
+/* What a buffer holds; schedulers use it to keep ops next to their weights. */
+enum bp_buffer_usage {
+    BP_BUFFER_USAGE_ANY = 0,
+    BP_BUFFER_USAGE_WEIGHTS = 1,
+    BP_BUFFER_USAGE_COMPUTE = 2,
+};
+
+enum bp_device_type {
+    BP_DEVICE_TYPE_CPU = 0,
+    BP_DEVICE_TYPE_GPU = 1,
+    BP_DEVICE_TYPE_ACCEL = 2,
+    BP_DEVICE_TYPE_META = 3,
+};
+
+struct bp_device_caps {
+    bool async;                /* async set/get/copy and graph compute */
+    bool host_buffer;          /* offers a pinned host buffer type */
+    bool buffer_from_host_ptr; /* can wrap user memory as a buffer */
+    bool events;               /* event record/wait/synchronize */
+};
+
+struct bp_device_props {
+    const char *name;
+    const char *description;
+    size_t memory_free;
+    size_t memory_total;
+    enum bp_device_type type;
+    struct bp_device_caps caps;
+};
+
+/* ---- Buffer types ----------------------------------------------------------------------- */
+
+BP_API const char *bp_buffer_type_name(bp_buffer_type *buft);
+BP_API size_t bp_buffer_type_alignment(bp_buffer_type *buft);
+/* Largest single buffer; SIZE_MAX when the type sets no limit. */
+BP_API size_t bp_buffer_type_max_size(bp_buffer_type *buft);
+/* Bytes this buffer type needs for t (at least bp_nbytes(t); some types pad). */
+BP_API size_t bp_buffer_type_alloc_size(bp_buffer_type *buft, const bp_tensor *t);
+BP_API bool bp_buffer_type_is_host(bp_buffer_type *buft);
+/* The device this type belongs to; NULL for the runtime's host buffer type. */
+BP_API bp_device *bp_buffer_type_device(bp_buffer_type *buft);
+/* A new buffer of size bytes (0 is valid). Caller frees with bp_buffer_free. */
+BP_API bp_buffer *bp_buffer_type_alloc(bp_buffer_type *buft, size_t size);
+
+/* The runtime's own host-memory buffer type (64-byte aligned). Static; never freed. */
+BP_API bp_buffer_type *bp_host_buffer_type(void);
+/* Wraps size bytes of caller memory at ptr (aligned to at least 64 bytes when tensors will be
+ * placed in it by the allocators) as a host buffer. The memory stays the caller's: freeing the
+ * buffer does not free it. Caller frees the buffer with bp_buffer_free. */
+BP_API bp_buffer *bp_buffer_from_host_ptr(void *ptr, size_t size);
+
+/* ---- Buffers ---------------------------------------------------------------------------- */
+
+BP_API void bp_buffer_free(bp_buffer *buf); /* NULL: no-op */
+BP_API void *bp_buffer_get_base(bp_buffer *buf);
+BP_API size_t bp_buffer_get_size(bp_buffer *buf);
+BP_API size_t bp_buffer_get_alignment(bp_buffer *buf);
+BP_API bp_buffer_type *bp_buffer_get_type(bp_buffer *buf);
+BP_API bool bp_buffer_is_host(bp_buffer *buf);
+/* Sets every byte of the buffer to value. */
+BP_API enum bp_status bp_buffer_clear(bp_buffer *buf, uint8_t value);
+BP_API void bp_buffer_set_usage(bp_buffer *buf, enum bp_buffer_usage usage);
+BP_API enum bp_buffer_usage bp_buffer_get_usage(bp_buffer *buf);
+/* Places t (not a view) at addr inside buf: addr must be aligned and t must fit. Used by the
+ * allocators; views are placed with bp_tensor_init_view once their source has memory. */
+BP_API enum bp_status bp_buffer_place_tensor(bp_buffer *buf, bp_tensor *t, void *addr);
+/* Gives view t the memory of its view_src (which must already be placed). */
+BP_API enum bp_status bp_tensor_init_view(bp_tensor *t);
+
+/* ---- Tensor data ------------------------------------------------------------------------ *
+ * offset and size are bytes within the tensor's data (which must be contiguous for these
+ * calls to mean what they say: bytes [offset, offset + size) of bp_nbytes(t)). A tensor
+ * without a buffer, or a range outside the tensor, is an error and nothing is copied. */
+BP_API enum bp_status bp_tensor_set(bp_tensor *t, const void *data, size_t offset, size_t size);
+BP_API enum bp_status bp_tensor_get(const bp_tensor *t, void *data, size_t offset, size_t size);
+BP_API enum bp_status bp_tensor_memset(bp_tensor *t, uint8_t value, size_t offset, size_t size);
+/* 2-D strided copies: `rows` pieces of `width` bytes; piece i is at offset + i * t_stride in the
+ * tensor and at i * data_stride in data. */
+BP_API enum bp_status bp_tensor_set_2d(bp_tensor *t, const void *data, size_t offset, size_t width,
+                                       size_t rows, size_t t_stride, size_t data_stride);
+BP_API enum bp_status bp_tensor_get_2d(const bp_tensor *t, void *data, size_t offset, size_t width,
+                                       size_t rows, size_t t_stride, size_t data_stride);
+/* Copies all of src into dst (same byte size, both placed): directly when dst's buffer can
+ * copy from src's, through host memory otherwise. */
+BP_API enum bp_status bp_tensor_copy(const bp_tensor *src, bp_tensor *dst);
+
+/* ---- Backends --------------------------------------------------------------------------- */
+
+BP_API const char *bp_backend_name(bp_backend *backend);
+BP_API void bp_backend_free(bp_backend *backend); /* NULL: no-op */
+BP_API bp_device *bp_backend_get_device(bp_backend *backend);
+BP_API bp_buffer_type *bp_backend_get_default_buffer_type(bp_backend *backend);
+BP_API bp_buffer *bp_backend_alloc_buffer(bp_backend *backend, size_t size);
+/* Waits until every queued operation of the backend has finished. */
+BP_API enum bp_status bp_backend_synchronize(bp_backend *backend);
+/* Queues the graph (returns before it finishes on asynchronous backends)... */
+BP_API enum bp_status bp_backend_graph_compute_async(bp_backend *backend, bp_graph *graph);
+/* ...or computes it and waits. */
+BP_API enum bp_status bp_backend_graph_compute(bp_backend *backend, bp_graph *graph);
+BP_API bool bp_backend_supports_op(bp_backend *backend, const bp_tensor *op);
+BP_API bool bp_backend_supports_buft(bp_backend *backend, bp_buffer_type *buft);
+/* Whether the backend wants to run op even though its weights live elsewhere. */
+BP_API bool bp_backend_offload_op(bp_backend *backend, const bp_tensor *op);
+/* Queued variants of set/get/copy; synchronous fallback on backends without async support.
+ * The caller keeps data valid until bp_backend_synchronize. */
+BP_API enum bp_status bp_backend_tensor_set_async(bp_backend *backend, bp_tensor *t,
+                                                  const void *data, size_t offset, size_t size);
+BP_API enum bp_status bp_backend_tensor_get_async(bp_backend *backend, const bp_tensor *t,
+                                                  void *data, size_t offset, size_t size);
+BP_API enum bp_status bp_backend_tensor_copy_async(bp_backend *src_backend,
+                                                   bp_backend *dst_backend, const bp_tensor *src,
+                                                   bp_tensor *dst);
+
+/* ---- Devices ---------------------------------------------------------------------------- */
+
+BP_API const char *bp_device_name(bp_device *dev);
+BP_API const char *bp_device_description(bp_device *dev);
+BP_API enum bp_device_type bp_device_get_type(bp_device *dev);
+BP_API const char *bp_device_type_name(enum bp_device_type type);
+BP_API void bp_device_memory(bp_device *dev, size_t *free_bytes, size_t *total_bytes);
+BP_API void bp_device_get_props(bp_device *dev, struct bp_device_props *props);
+BP_API bp_registry *bp_device_get_registry(bp_device *dev);
+/* A backend on dev; params is "key=value,key=value" or NULL. Caller frees with bp_backend_free. */
+BP_API bp_backend *bp_device_init_backend(bp_device *dev, const char *params);
+BP_API bp_buffer_type *bp_device_get_buffer_type(bp_device *dev);
+/* A pinned host buffer type of the device, NULL (with an error) when it has none. */
+BP_API bp_buffer_type *bp_device_get_host_buffer_type(bp_device *dev);
+/* Caller memory wrapped as a buffer of the device; NULL when unsupported. */
+BP_API bp_buffer *bp_device_buffer_from_host_ptr(bp_device *dev, void *ptr, size_t size,
+                                                 size_t max_tensor_size);
+BP_API bool bp_device_supports_op(bp_device *dev, const bp_tensor *op);
+BP_API bool bp_device_supports_buft(bp_device *dev, bp_buffer_type *buft);
+BP_API bool bp_device_offload_op(bp_device *dev, const bp_tensor *op);
+
+/* ---- Events ----------------------------------------------------------------------------- */
+
+/* NULL (with an error) when the device has no events. Caller frees with bp_event_free. */
+BP_API bp_event *bp_event_new(bp_device *dev);
+BP_API void bp_event_free(bp_event *event);
+/* Marks the point in backend's queue that event stands for. */
+BP_API enum bp_status bp_event_record(bp_event *event, bp_backend *backend);
+/* Makes backend's later work wait until the event has happened. */
+BP_API enum bp_status bp_event_wait(bp_backend *backend, bp_event *event);
+/* Blocks the caller until the event has happened. */
+BP_API enum bp_status bp_event_synchronize(bp_event *event);
+
+/* ---- Registries ------------------------------------------------------------------------- */
+
+BP_API const char *bp_registry_name(bp_registry *reg);
+BP_API size_t bp_registry_device_count(bp_registry *reg);
+BP_API bp_device *bp_registry_get_device(bp_registry *reg, size_t index);
+/* A named optional feature ("bp_cpu_set_n_threads", "bp_comm_init", ...); NULL without an error
+ * being an failure when the registry does not have it. Cast to the documented type. */
+BP_API void *bp_registry_get_proc_address(bp_registry *reg, const char *name);
+BP_API void bp_registry_api_version(bp_registry *reg, int *major, int *minor);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,157 @@
+/* bp-plugin.h - what a plugin author implements: the interface structs and the constructors
+ * that wrap a plugin's implementation into runtime objects.
+ *
+ * Every interface struct begins with its own size (set it to sizeof the struct as compiled
+ * against this header). The runtime never reads a member that lies beyond the size the plugin
+ * declared, so a plugin built against an older, shorter struct keeps working: members it does
+ * not have count as "not supported". Members marked optional may also be NULL; the runtime
+ * supplies the default written next to them. The runtime owns the objects it returns from the
+ * constructors below and calls the interface's free member (when present) to let the plugin
+ * release its context. */
+#ifndef BACKPLANE_BP_PLUGIN_H
+#define BACKPLANE_BP_PLUGIN_H
+
+#include <backplane/bp-backend.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The plugin API version a plugin is compiled against. A plugin needs the same major version
+ * as the runtime and a minor version no newer than the runtime's. */
+#define BP_PLUGIN_API_MAJOR 1
+#define BP_PLUGIN_API_MINOR 0
+
+/* True when iface (a pointer to an interface struct of type T) declares member m and sets it. */
+#define BP_IFACE_HAS(T, iface, m)                                                              \
+    ((iface)->struct_size >= offsetof(T, m) + sizeof(((T *)0)->m) && (iface)->m != NULL)
+
+struct bp_buffer_type_iface {
+    size_t struct_size;
+    const char *(*get_name)(bp_buffer_type *buft);
+    /* Returns a buffer made with bp_buffer_new, or NULL after bp_set_error. */
+    bp_buffer *(*alloc_buffer)(bp_buffer_type *buft, size_t size);
+    size_t (*get_alignment)(bp_buffer_type *buft);
+    size_t (*get_max_size)(bp_buffer_type *buft);                        /* optional: SIZE_MAX */
+    size_t (*get_alloc_size)(bp_buffer_type *buft, const bp_tensor *t); /* optional: bp_nbytes */
+    bool (*is_host)(bp_buffer_type *buft);                               /* optional: false */
+    void (*free)(bp_buffer_type *buft);                                  /* optional */
+};
+
+/* Offsets and sizes are bytes within the tensor's data; the runtime has checked the bounds. */
+struct bp_buffer_iface {
+    size_t struct_size;
+    void (*free_buffer)(bp_buffer *buf); /* optional: releases the context */
+    void *(*get_base)(bp_buffer *buf);
+    enum bp_status (*init_tensor)(bp_buffer *buf, bp_tensor *t); /* optional */
+    enum bp_status (*memset_tensor)(bp_buffer *buf, bp_tensor *t, uint8_t value, size_t offset,
+                                    size_t size);
+    enum bp_status (*set_tensor)(bp_buffer *buf, bp_tensor *t, const void *data, size_t offset,
+                                 size_t size);
+    enum bp_status (*get_tensor)(bp_buffer *buf, const bp_tensor *t, void *data, size_t offset,
+                                 size_t size);
+    /* optional: copy src (in any buffer) into dst (in buf) directly; false when it cannot, and
+     * the runtime then copies through host memory. */
+    bool (*cpy_tensor)(bp_buffer *buf, const bp_tensor *src, bp_tensor *dst);
+    enum bp_status (*clear)(bp_buffer *buf, uint8_t value);
+    /* optional: strided copies; the runtime loops over rows otherwise. */
+    enum bp_status (*set_tensor_2d)(bp_buffer *buf, bp_tensor *t, const void *data, size_t offset,
+                                    size_t width, size_t rows, size_t t_stride,
+                                    size_t data_stride);
+    enum bp_status (*get_tensor_2d)(bp_buffer *buf, const bp_tensor *t, void *data, size_t offset,
+                                    size_t width, size_t rows, size_t t_stride,
+                                    size_t data_stride);
+};
+
+struct bp_backend_iface {
+    size_t struct_size;
+    const char *(*get_name)(bp_backend *backend);
+    void (*free)(bp_backend *backend); /* optional: releases the context */
+    /* optional: synchronous set/get/copy are used instead */
+    enum bp_status (*set_tensor_async)(bp_backend *backend, bp_tensor *t, const void *data,
+                                       size_t offset, size_t size);
+    enum bp_status (*get_tensor_async)(bp_backend *backend, const bp_tensor *t, void *data,
+                                       size_t offset, size_t size);
+    /* optional: queue a copy from src to dst (dst on this backend); false when it cannot */
+    bool (*cpy_tensor_async)(bp_backend *src_backend, bp_backend *dst_backend,
+                             const bp_tensor *src, bp_tensor *dst);
+    enum bp_status (*synchronize)(bp_backend *backend); /* optional: nothing to wait for */
+    /* Queues (or runs) every node of the graph; the tensors are placed in buffers the
+     * backend's device supports. */
+    enum bp_status (*graph_compute)(bp_backend *backend, bp_graph *graph);
+    /* optional, required for devices that have events */
+    enum bp_status (*event_record)(bp_backend *backend, void *event);
+    enum bp_status (*event_wait)(bp_backend *backend, void *event);
+};
+
+struct bp_device_iface {
+    size_t struct_size;
+    const char *(*get_name)(bp_device *dev);
+    const char *(*get_description)(bp_device *dev);
+    void (*get_memory)(bp_device *dev, size_t *free_bytes, size_t *total_bytes);
+    enum bp_device_type (*get_type)(bp_device *dev);
+    /* optional: {async = false, and the others from which members are present} */
+    void (*get_caps)(bp_device *dev, struct bp_device_caps *caps);
+    /* Returns a backend made with bp_backend_new, or NULL after bp_set_error. */
+    bp_backend *(*init_backend)(bp_device *dev, const char *params);
+    bp_buffer_type *(*get_buffer_type)(bp_device *dev);
+    bp_buffer_type *(*get_host_buffer_type)(bp_device *dev); /* optional */
+    bp_buffer *(*buffer_from_host_ptr)(bp_device *dev, void *ptr, size_t size,
+                                       size_t max_tensor_size); /* optional */
+    bool (*supports_op)(bp_device *dev, const bp_tensor *op);
+    bool (*supports_buft)(bp_device *dev, bp_buffer_type *buft);
+    bool (*offload_op)(bp_device *dev, const bp_tensor *op); /* optional: false */
+    /* optional: events are opaque plugin pointers */
+    void *(*event_new)(bp_device *dev);
+    void (*event_free)(bp_device *dev, void *event);
+    enum bp_status (*event_synchronize)(bp_device *dev, void *event);
+    void (*free)(bp_device *dev); /* optional: releases the context */
+};
+
+struct bp_registry_iface {
+    size_t struct_size;
+    const char *(*get_name)(bp_registry *reg);
+    size_t (*get_device_count)(bp_registry *reg);
+    bp_device *(*get_device)(bp_registry *reg, size_t index);
+    void *(*get_proc_address)(bp_registry *reg, const char *name); /* optional: none */
+    void (*free)(bp_registry *reg); /* optional: releases the context */
+};
+
+/* Constructors. Each checks the interface (struct size, required members) and returns NULL
+ * with an error naming what is missing. Objects made for a device or registry are freed with
+ * it: the registry frees its devices, a device its buffer types. */
+BP_API bp_registry *bp_registry_new_versioned(const struct bp_registry_iface *iface,
+                                              int api_major, int api_minor, void *context);
+#define bp_registry_new(iface, context)                                                        \
+    bp_registry_new_versioned((iface), BP_PLUGIN_API_MAJOR, BP_PLUGIN_API_MINOR, (context))
+/* Frees the registry, its devices and their buffer types (for plugin init failure paths and
+ * the loader). */
+BP_API void bp_registry_free(bp_registry *reg);
+BP_API bp_device *bp_device_new(bp_registry *reg, const struct bp_device_iface *iface,
+                                void *context);
+/* dev may be NULL for a buffer type that belongs to no device; the caller then frees it with
+ * bp_buffer_type_free. */
+BP_API bp_buffer_type *bp_buffer_type_new(bp_device *dev, const struct bp_buffer_type_iface *iface,
+                                          void *context);
+BP_API void bp_buffer_type_free(bp_buffer_type *buft);
+/* For a buffer type's alloc_buffer: the user frees it with bp_buffer_free. */
+BP_API bp_buffer *bp_buffer_new(bp_buffer_type *buft, const struct bp_buffer_iface *iface,
+                                void *context, size_t size);
+/* For a device's init_backend: the user frees it with bp_backend_free. */
+BP_API bp_backend *bp_backend_new(bp_device *dev, const struct bp_backend_iface *iface,
+                                  void *context);
+
+BP_API void *bp_registry_get_context(bp_registry *reg);
+BP_API void *bp_device_get_context(bp_device *dev);
+BP_API void *bp_buffer_type_get_context(bp_buffer_type *buft);
+BP_API void *bp_buffer_get_context(bp_buffer *buf);
+BP_API void *bp_backend_get_context(bp_backend *backend);
+
+/* Records an error for bp_last_error() from plugin code; returns status. */
+BP_API enum bp_status bp_set_error(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

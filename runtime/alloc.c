@@ -1,0 +1,557 @@
+/* alloc.c - placing tensors in buffers: the linear allocator and the graph allocator.
+ *
+ * The graph allocator plans before it places. Planning walks the nodes in execution order with
+ * one simulated free list per buffer type: a node gets memory when it is computed and gives it
+ * back when its last consumer has run (a view keeps its source alive until the view's own
+ * consumers are done). The high-water mark of each free list is the compute buffer that type
+ * needs. Placing then points every tensor at base + planned offset. Planning a graph again gives
+ * the same layout, so a buffer reserved with a worst-case graph fits the smaller graphs that
+ * follow it; when one does not fit, the buffer is reallocated and the event counted. */
+#include "config.h"
+
+#include <string.h>
+
+#include "backend-impl.h"
+#include <backplane/bp-alloc.h>
+
+static size_t align_up(size_t n, size_t align)
+{
+    return align <= 1 ? n : (n + align - 1) / align * align;
+}
+
+/* ---- Linear allocator ------------------------------------------------------------------- */
+
+struct bp_tallocr bp_tallocr_init(bp_buffer *buffer)
+{
+    struct bp_tallocr ta = {buffer, buffer ? bp_buffer_get_alignment(buffer) : 1, 0};
+    return ta;
+}
+
+enum bp_status bp_tallocr_alloc(struct bp_tallocr *ta, bp_tensor *t)
+{
+    if (ta == NULL || ta->buffer == NULL || t == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_tallocr_alloc: allocator, buffer and tensor must "
+                         "not be NULL");
+    if (t->view_src != NULL)
+        return bp__error(BP_ERR_INVALID_ARG,
+                         "bp_tallocr_alloc: %s is a view and shares its source's memory",
+                         bp__describe(t).s);
+    size_t size = bp_buffer_type_alloc_size(ta->buffer->buft, t);
+    size_t offset = align_up(ta->offset, ta->alignment), end;
+    size_t cap = bp_buffer_get_size(ta->buffer);
+    if (!bp__add_size(offset, size, &end) || end > cap)
+        return bp__error(BP_ERR_OUT_OF_MEMORY,
+                         "bp_tallocr_alloc: %s needs %zu bytes at offset %zu but the buffer has "
+                         "%zu bytes",
+                         bp__describe(t).s, size, offset, cap);
+    enum bp_status st =
+        bp__place_tensor(ta->buffer, t, (char *)bp_buffer_get_base(ta->buffer) + offset);
+    if (st == BP_OK)
+        ta->offset = end;
+    return st;
+}
+
+bp_buffer *bp_alloc_ctx_tensors(bp_context *ctx, bp_buffer_type *buft)
+{
+    if (ctx == NULL || buft == NULL)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_alloc_ctx_tensors: context and buffer type "
+                              "must not be NULL");
+    size_t align = bp_buffer_type_alignment(buft), total = 0;
+    size_t n = bp_context_n_tensors(ctx);
+    for (size_t i = 0; i < n; i++) {
+        bp_tensor *t = bp_context_get_tensor(ctx, i);
+        if (t->data != NULL || t->view_src != NULL)
+            continue;
+        size_t sz = align_up(bp_buffer_type_alloc_size(buft, t), align);
+        if (!bp__add_size(align_up(total, align), sz, &total))
+            return bp__error_null(BP_ERR_OUT_OF_MEMORY, "bp_alloc_ctx_tensors: the tensors' total "
+                                  "size overflows");
+    }
+    bp_buffer *buf = bp_buffer_type_alloc(buft, total);
+    if (buf == NULL)
+        return NULL;
+    struct bp_tallocr ta = bp_tallocr_init(buf);
+    for (size_t i = 0; i < n; i++) {
+        bp_tensor *t = bp_context_get_tensor(ctx, i);
+        if (t->data == NULL && t->view_src == NULL && bp_tallocr_alloc(&ta, t) != BP_OK)
+            goto fail;
+    }
+    for (size_t i = 0; i < n; i++) {
+        bp_tensor *t = bp_context_get_tensor(ctx, i);
+        if (t->view_src != NULL && t->data == NULL && t->view_src->data != NULL &&
+            bp_tensor_init_view(t) != BP_OK)
+            goto fail;
+    }
+    return buf;
+
+fail:
+    /* Unplace what was placed so no tensor points into the freed buffer. */
+    for (size_t i = 0; i < n; i++) {
+        bp_tensor *t = bp_context_get_tensor(ctx, i);
+        if (t->buffer == buf) {
+            t->buffer = NULL;
+            t->data = NULL;
+        }
+    }
+    bp_buffer_free(buf);
+    return NULL;
+}
+
+/* ---- Graph allocator: simulated free lists ---------------------------------------------- */
+
+struct block {
+    size_t offset;
+    size_t size;
+};
+
+/* Free space of one buffer type, sorted by offset; the last block is the open-ended tail. */
+struct free_list {
+    size_t alignment;
+    struct block *blocks;
+    int n;
+    int cap;
+    size_t high_water;
+};
+
+#define TAIL_END (SIZE_MAX / 2)
+
+static void fl_reset(struct free_list *fl)
+{
+    fl->n = 1;
+    fl->blocks[0] = (struct block){0, TAIL_END};
+    fl->high_water = 0;
+}
+
+/* Best fit among the closed blocks, else the tail. Sizes are already aligned. */
+static size_t fl_alloc(struct free_list *fl, size_t size)
+{
+    if (size == 0)
+        return 0;
+    int best = -1;
+    for (int i = 0; i < fl->n - 1; i++) {
+        if (fl->blocks[i].size >= size && (best < 0 || fl->blocks[i].size < fl->blocks[best].size))
+            best = i;
+    }
+    if (best < 0)
+        best = fl->n - 1;
+    struct block *b = &fl->blocks[best];
+    size_t offset = b->offset;
+    b->offset += size;
+    b->size -= size;
+    if (b->size == 0 && best != fl->n - 1) {
+        memmove(b, b + 1, (size_t)(fl->n - best - 1) * sizeof(*b));
+        fl->n--;
+    }
+    if (offset + size > fl->high_water)
+        fl->high_water = offset + size;
+    return offset;
+}
+
+static void fl_free(struct free_list *fl, size_t offset, size_t size)
+{
+    if (size == 0)
+        return;
+    int i = 0;
+    while (i < fl->n && fl->blocks[i].offset < offset)
+        i++;
+    bool merge_prev = i > 0 && fl->blocks[i - 1].offset + fl->blocks[i - 1].size == offset;
+    bool merge_next = i < fl->n && offset + size == fl->blocks[i].offset;
+    if (merge_prev && merge_next) {
+        fl->blocks[i - 1].size += size + fl->blocks[i].size;
+        memmove(&fl->blocks[i], &fl->blocks[i + 1], (size_t)(fl->n - i - 1) * sizeof(struct block));
+        fl->n--;
+    } else if (merge_prev) {
+        fl->blocks[i - 1].size += size;
+    } else if (merge_next) {
+        fl->blocks[i].offset = offset;
+        fl->blocks[i].size += size;
+    } else {
+        BP_ASSERT(fl->n < fl->cap);
+        memmove(&fl->blocks[i + 1], &fl->blocks[i], (size_t)(fl->n - i) * sizeof(struct block));
+        fl->blocks[i] = (struct block){offset, size};
+        fl->n++;
+    }
+}
+
+/* ---- Graph allocator -------------------------------------------------------------------- */
+
+struct tinfo {
+    const bp_tensor *t;
+    int n_children; /* consumers not yet computed */
+    int n_views;    /* views whose consumers are not all computed */
+    int buft;
+    size_t offset;
+    size_t size;
+    bool planned;   /* has memory planned by this allocator */
+    bool live;      /* that memory is currently held */
+    bool may_free;  /* not handed on to an in-place consumer, not pinned */
+};
+
+struct bp_gallocr {
+    int n_bufts;
+    bp_buffer_type **bufts;
+    bp_buffer **buffers;
+    struct free_list *lists;
+
+    struct tinfo *infos; /* hash set by tensor pointer */
+    size_t hash_size;
+
+    bp_buffer **old; /* buffers this allocator freed: tensors may still point into them */
+    size_t n_old;
+    int n_reallocs;
+};
+
+bp_gallocr *bp_gallocr_new(bp_buffer_type *const *bufts, int n)
+{
+    if (bufts == NULL || n <= 0)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_gallocr_new: need at least one buffer type");
+    for (int i = 0; i < n; i++) {
+        if (bufts[i] == NULL)
+            return bp__error_null(BP_ERR_INVALID_ARG, "bp_gallocr_new: buffer type %d is NULL", i);
+    }
+    bp_gallocr *ga = bp__calloc(1, sizeof(*ga), "a graph allocator");
+    if (ga == NULL)
+        return NULL;
+    ga->n_bufts = n;
+    ga->bufts = bp__calloc((size_t)n, sizeof(*ga->bufts), "graph allocator buffer types");
+    ga->buffers = bp__calloc((size_t)n, sizeof(*ga->buffers), "graph allocator buffers");
+    ga->lists = bp__calloc((size_t)n, sizeof(*ga->lists), "graph allocator free lists");
+    if (ga->bufts == NULL || ga->buffers == NULL || ga->lists == NULL) {
+        bp_gallocr_free(ga);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        ga->bufts[i] = bufts[i];
+        ga->lists[i].alignment = bp_buffer_type_alignment(bufts[i]);
+    }
+    return ga;
+}
+
+void bp_gallocr_free(bp_gallocr *ga)
+{
+    if (ga == NULL)
+        return;
+    for (int i = 0; i < ga->n_bufts; i++) {
+        if (ga->buffers)
+            bp_buffer_free(ga->buffers[i]);
+        if (ga->lists)
+            bp__free(ga->lists[i].blocks);
+    }
+    bp__free(ga->old);
+    bp__free(ga->infos);
+    bp__free(ga->lists);
+    bp__free(ga->buffers);
+    bp__free(ga->bufts);
+    bp__free(ga);
+}
+
+static struct tinfo *info_of(bp_gallocr *ga, const bp_tensor *t)
+{
+    uintptr_t x = (uintptr_t)t;
+    size_t i = (size_t)((x >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (ga->hash_size - 1);
+    while (ga->infos[i].t != NULL && ga->infos[i].t != t)
+        i = (i + 1) & (ga->hash_size - 1);
+    if (ga->infos[i].t == NULL) {
+        memset(&ga->infos[i], 0, sizeof(ga->infos[i]));
+        ga->infos[i].t = t;
+    }
+    return &ga->infos[i];
+}
+
+static bool owns_buffer(const bp_gallocr *ga, const bp_buffer *buf)
+{
+    if (buf == NULL)
+        return false;
+    for (int i = 0; i < ga->n_bufts; i++) {
+        if (ga->buffers[i] == buf)
+            return true;
+    }
+    for (size_t i = 0; i < ga->n_old; i++) {
+        if (ga->old[i] == buf)
+            return true;
+    }
+    return false;
+}
+
+/* Memory of its own that this allocator must provide (not a view, not placed elsewhere). */
+static bool needs_memory(const bp_gallocr *ga, const bp_tensor *t)
+{
+    return t->view_src == NULL && (t->data == NULL || owns_buffer(ga, t->buffer));
+}
+
+static bool pinned(const bp_tensor *t)
+{
+    return t->op == BP_OP_NONE || (t->flags & (BP_TENSOR_FLAG_INPUT | BP_TENSOR_FLAG_OUTPUT));
+}
+
+static void plan_alloc(bp_gallocr *ga, struct tinfo *ti, const bp_tensor *t)
+{
+    struct free_list *fl = &ga->lists[ti->buft];
+    ti->size = align_up(bp_buffer_type_alloc_size(ga->bufts[ti->buft], t), fl->alignment);
+    ti->offset = fl_alloc(fl, ti->size);
+    ti->planned = ti->live = true;
+    ti->may_free = !pinned(t);
+}
+
+static void plan_release(bp_gallocr *ga, struct tinfo *ti)
+{
+    if (!ti->live || !ti->may_free)
+        return;
+    fl_free(&ga->lists[ti->buft], ti->offset, ti->size);
+    ti->live = false;
+}
+
+/* Ops that read element i of each source only to write element i of the result. */
+static bool elementwise(const bp_tensor *t)
+{
+    switch (t->op) {
+    case BP_OP_ADD:
+    case BP_OP_SUB:
+    case BP_OP_MUL:
+    case BP_OP_DIV:
+    case BP_OP_SCALE:
+    case BP_OP_UNARY:
+        return true;
+    case BP_OP_GLU:
+        return t->src[1] != NULL;
+    default:
+        return false;
+    }
+}
+
+static bool same_layout(const bp_tensor *a, const bp_tensor *b)
+{
+    if (a->type != b->type)
+        return false;
+    for (int i = 0; i < BP_MAX_DIMS; i++) {
+        if (a->ne[i] != b->ne[i] || a->nb[i] != b->nb[i])
+            return false;
+    }
+    return true;
+}
+
+/* Takes over the memory of a source that this node is the last user of. */
+static bool plan_inplace(bp_gallocr *ga, struct tinfo *ti, const bp_tensor *node)
+{
+    if (!elementwise(node))
+        return false;
+    for (int s = 0; s < 2; s++) {
+        const bp_tensor *p = node->src[s];
+        if (p == NULL || p->view_src != NULL || pinned(p) || !same_layout(p, node))
+            continue;
+        struct tinfo *pi = info_of(ga, p);
+        if (!pi->live || !pi->may_free || pi->n_children != 1 || pi->n_views != 0 ||
+            pi->buft != ti->buft)
+            continue;
+        ti->offset = pi->offset;
+        ti->size = pi->size;
+        ti->planned = ti->live = true;
+        ti->may_free = !pinned(node);
+        pi->may_free = false; /* the memory is the node's now */
+        return true;
+    }
+    return false;
+}
+
+static enum bp_status check_ids(const bp_gallocr *ga, const bp_graph *g, const int *node_ids,
+                                const int *leaf_ids)
+{
+    for (int i = 0; node_ids && i < bp_graph_n_nodes(g); i++) {
+        if (node_ids[i] < 0 || node_ids[i] >= ga->n_bufts)
+            return bp__error(BP_ERR_INVALID_ARG,
+                             "graph allocator: node %d %s has buffer type id %d, but there are %d",
+                             i, bp__describe(bp_graph_node(g, i)).s, node_ids[i], ga->n_bufts);
+    }
+    for (int i = 0; leaf_ids && i < bp_graph_n_leafs(g); i++) {
+        if (leaf_ids[i] < 0 || leaf_ids[i] >= ga->n_bufts)
+            return bp__error(BP_ERR_INVALID_ARG,
+                             "graph allocator: leaf %d %s has buffer type id %d, but there are %d",
+                             i, bp__describe(bp_graph_leaf(g, i)).s, leaf_ids[i], ga->n_bufts);
+    }
+    return BP_OK;
+}
+
+static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, const int *leaf_ids)
+{
+    const int n_nodes = bp_graph_n_nodes(g), n_leafs = bp_graph_n_leafs(g);
+    enum bp_status st = check_ids(ga, g, node_ids, leaf_ids);
+    if (st != BP_OK)
+        return st;
+
+    /* Room for every tensor the graph can mention, at most half full. */
+    size_t want = 1, mentions = (size_t)n_nodes * (BP_MAX_SRC + 2) + (size_t)n_leafs + 1;
+    while (want < 2 * mentions)
+        want <<= 1;
+    if (want > ga->hash_size) {
+        struct tinfo *grown = bp__realloc(ga->infos, want * sizeof(*grown), "allocator state");
+        if (grown == NULL)
+            return BP_ERR_OUT_OF_MEMORY;
+        ga->infos = grown;
+        ga->hash_size = want;
+    }
+    memset(ga->infos, 0, ga->hash_size * sizeof(*ga->infos));
+    int blocks = n_nodes + n_leafs + 2;
+    for (int i = 0; i < ga->n_bufts; i++) {
+        struct free_list *fl = &ga->lists[i];
+        if (fl->cap < blocks) {
+            struct block *grown = bp__realloc(fl->blocks, (size_t)blocks * sizeof(*grown),
+                                              "allocator free list");
+            if (grown == NULL)
+                return BP_ERR_OUT_OF_MEMORY;
+            fl->blocks = grown;
+            fl->cap = blocks;
+        }
+        fl_reset(fl);
+    }
+
+    /* Count consumers and views. */
+    for (int i = 0; i < n_nodes; i++) {
+        bp_tensor *node = bp_graph_node(g, i);
+        info_of(ga, node)->buft = node_ids ? node_ids[i] : 0;
+        for (int s = 0; s < BP_MAX_SRC; s++) {
+            bp_tensor *src = node->src[s];
+            if (src == NULL)
+                continue;
+            if (!bp_graph_contains(g, src) && src->data == NULL)
+                return bp__error(BP_ERR_INVALID_ARG,
+                                 "graph allocator: source %s of node %s is not in the graph and "
+                                 "has no memory",
+                                 bp__describe(src).s, bp__describe(node).s);
+            info_of(ga, src)->n_children++;
+        }
+        if (node->view_src != NULL)
+            info_of(ga, node->view_src)->n_views++;
+    }
+
+    /* Leafs and inputs live for the whole graph: give them memory before any node. */
+    for (int i = 0; i < n_leafs; i++) {
+        bp_tensor *leaf = bp_graph_leaf(g, i);
+        struct tinfo *ti = info_of(ga, leaf);
+        ti->buft = leaf_ids ? leaf_ids[i] : 0;
+        if (needs_memory(ga, leaf))
+            plan_alloc(ga, ti, leaf);
+    }
+    for (int i = 0; i < n_nodes; i++) {
+        bp_tensor *node = bp_graph_node(g, i);
+        struct tinfo *ti = info_of(ga, node);
+        if ((node->flags & BP_TENSOR_FLAG_INPUT) && needs_memory(ga, node))
+            plan_alloc(ga, ti, node);
+    }
+
+    for (int i = 0; i < n_nodes; i++) {
+        bp_tensor *node = bp_graph_node(g, i);
+        struct tinfo *ti = info_of(ga, node);
+        if (node->view_src != NULL)
+            ti->buft = info_of(ga, node->view_src)->buft;
+        else if (!ti->planned && needs_memory(ga, node) && !plan_inplace(ga, ti, node))
+            plan_alloc(ga, ti, node);
+
+        /* This node has run: sources it was the last consumer of give their memory back. */
+        for (int s = 0; s < BP_MAX_SRC; s++) {
+            bp_tensor *src = node->src[s];
+            if (src == NULL)
+                continue;
+            struct tinfo *pi = info_of(ga, src);
+            if (--pi->n_children > 0 || pi->n_views > 0)
+                continue;
+            if (src->view_src != NULL) {
+                struct tinfo *vi = info_of(ga, src->view_src);
+                if (--vi->n_views == 0 && vi->n_children == 0)
+                    plan_release(ga, vi);
+            } else {
+                plan_release(ga, pi);
+            }
+        }
+    }
+    return BP_OK;
+}
+
+/* Replaces buffer id with one of at least size bytes. */
+static enum bp_status grow(bp_gallocr *ga, int id, size_t size)
+{
+    bp_buffer *buf = bp_buffer_type_alloc(ga->bufts[id], size);
+    if (buf == NULL)
+        return bp_last_status() != BP_OK ? bp_last_status() : BP_ERR_OUT_OF_MEMORY;
+    bp_buffer_set_usage(buf, BP_BUFFER_USAGE_COMPUTE);
+    if (ga->buffers[id] != NULL) {
+        bp_buffer **old = bp__realloc(ga->old, (ga->n_old + 1) * sizeof(*old), "allocator history");
+        if (old == NULL) {
+            bp_buffer_free(buf);
+            return BP_ERR_OUT_OF_MEMORY;
+        }
+        ga->old = old;
+        ga->old[ga->n_old++] = ga->buffers[id];
+        bp_buffer_free(ga->buffers[id]);
+    }
+    ga->buffers[id] = buf;
+    bp_log(BP_LOG_DEBUG, "graph allocator: %s compute buffer is %zu bytes",
+           bp_buffer_type_name(ga->bufts[id]), size);
+    return BP_OK;
+}
+
+enum bp_status bp_gallocr_reserve(bp_gallocr *ga, bp_graph *graph, const int *node_ids,
+                                  const int *leaf_ids)
+{
+    if (ga == NULL || graph == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_gallocr_reserve: allocator and graph must not be "
+                         "NULL");
+    enum bp_status st = plan(ga, graph, node_ids, leaf_ids);
+    for (int i = 0; st == BP_OK && i < ga->n_bufts; i++) {
+        size_t need = ga->lists[i].high_water;
+        if (ga->buffers[i] == NULL || bp_buffer_get_size(ga->buffers[i]) < need)
+            st = grow(ga, i, need);
+    }
+    return st;
+}
+
+static enum bp_status place(bp_gallocr *ga, bp_tensor *t)
+{
+    struct tinfo *ti = info_of(ga, t);
+    if (t->view_src != NULL) {
+        if (t->view_src->data == NULL || (t->data != NULL && !owns_buffer(ga, t->buffer)))
+            return BP_OK;
+        return bp_tensor_init_view(t);
+    }
+    if (!ti->planned)
+        return BP_OK;
+    bp_buffer *buf = ga->buffers[ti->buft];
+    return bp__place_tensor(buf, t, (char *)bp_buffer_get_base(buf) + ti->offset);
+}
+
+enum bp_status bp_gallocr_alloc_graph(bp_gallocr *ga, bp_graph *graph, const int *node_ids,
+                                      const int *leaf_ids)
+{
+    if (ga == NULL || graph == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_gallocr_alloc_graph: allocator and graph must "
+                         "not be NULL");
+    enum bp_status st = plan(ga, graph, node_ids, leaf_ids);
+    for (int i = 0; st == BP_OK && i < ga->n_bufts; i++) {
+        size_t need = ga->lists[i].high_water;
+        if (ga->buffers[i] != NULL && bp_buffer_get_size(ga->buffers[i]) >= need)
+            continue;
+        if (ga->buffers[i] != NULL) {
+            ga->n_reallocs++;
+            bp_log(BP_LOG_DEBUG, "graph allocator: graph needs %zu bytes of %s, more than the "
+                   "%zu reserved; reallocating", need, bp_buffer_type_name(ga->bufts[i]),
+                   bp_buffer_get_size(ga->buffers[i]));
+        }
+        st = grow(ga, i, need);
+    }
+    for (int i = 0; st == BP_OK && i < bp_graph_n_leafs(graph); i++)
+        st = place(ga, bp_graph_leaf(graph, i));
+    for (int i = 0; st == BP_OK && i < bp_graph_n_nodes(graph); i++)
+        st = place(ga, bp_graph_node(graph, i));
+    return st;
+}
+
+size_t bp_gallocr_buffer_size(bp_gallocr *ga, int id)
+{
+    if (ga == NULL || id < 0 || id >= ga->n_bufts || ga->buffers[id] == NULL)
+        return 0;
+    return bp_buffer_get_size(ga->buffers[id]);
+}
+
+int bp_gallocr_n_reallocs(bp_gallocr *ga)
+{
+    return ga ? ga->n_reallocs : 0;
+}

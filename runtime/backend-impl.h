@@ -1,0 +1,57 @@
+/* backend-impl.h - private to runtime/: the layout of the backend objects behind the opaque
+ * handles of bp-backend.h. Plugins never see these; they go through bp-plugin.h. */
+#ifndef BACKPLANE_BACKEND_IMPL_H
+#define BACKPLANE_BACKEND_IMPL_H
+
+#include <backplane/bp-plugin.h>
+
+#include "bp-impl.h"
+
+struct bp_registry {
+    const struct bp_registry_iface *iface;
+    void *context;
+    int api_major;
+    int api_minor;
+    bp_device **devices; /* made with bp_device_new for this registry, freed with it */
+    size_t n_devices;
+};
+
+struct bp_device {
+    const struct bp_device_iface *iface;
+    void *context;
+    bp_registry *reg;
+    bp_buffer_type **bufts; /* made with bp_buffer_type_new for this device, freed with it */
+    size_t n_bufts;
+};
+
+struct bp_buffer_type {
+    const struct bp_buffer_type_iface *iface;
+    void *context;
+    bp_device *device;
+};
+
+struct bp_buffer {
+    const struct bp_buffer_iface *iface;
+    void *context;
+    bp_buffer_type *buft;
+    size_t size;
+    enum bp_buffer_usage usage;
+};
+
+struct bp_backend {
+    const struct bp_backend_iface *iface;
+    void *context;
+    bp_device *device;
+};
+
+struct bp_event {
+    bp_device *device;
+    void *handle;
+};
+
+#define BP_HAS(T, iface, m) BP_IFACE_HAS(T, iface, m)
+
+/* Places t at addr in buf without the public bounds checks (the allocators have done them). */
+enum bp_status bp__place_tensor(bp_buffer *buf, bp_tensor *t, void *addr);
+
+#endif

@@ -1,0 +1,685 @@
+/* backend.c - the public wrappers of the backend API: argument checks, bounds checks and the
+ * defaults for optional interface members, then a call into the plugin.
+ *
+ * Every check a plugin would otherwise have to repeat happens here, once: a plugin's set_tensor
+ * is only ever called with a placed tensor and a range inside it. */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend-impl.h"
+
+#define CHECK_HANDLE(h, fn, ret)                                                               \
+    do {                                                                                       \
+        if ((h) == NULL) {                                                                     \
+            bp__error(BP_ERR_INVALID_ARG, "%s: %s is NULL", fn, #h);                           \
+            return ret;                                                                        \
+        }                                                                                      \
+    } while (0)
+
+/* A plugin call that returned NULL or failed without saying why still leaves a message. */
+static void default_error(enum bp_status status, const char *fmt, const char *name)
+{
+    if (bp_last_status() == BP_OK)
+        bp__error(status, fmt, name);
+}
+
+/* ---- Buffer types ----------------------------------------------------------------------- */
+
+const char *bp_buffer_type_name(bp_buffer_type *buft)
+{
+    CHECK_HANDLE(buft, "bp_buffer_type_name", "");
+    return buft->iface->get_name(buft);
+}
+
+size_t bp_buffer_type_alignment(bp_buffer_type *buft)
+{
+    CHECK_HANDLE(buft, "bp_buffer_type_alignment", 0);
+    return buft->iface->get_alignment(buft);
+}
+
+size_t bp_buffer_type_max_size(bp_buffer_type *buft)
+{
+    CHECK_HANDLE(buft, "bp_buffer_type_max_size", 0);
+    if (BP_HAS(struct bp_buffer_type_iface, buft->iface, get_max_size))
+        return buft->iface->get_max_size(buft);
+    return SIZE_MAX;
+}
+
+size_t bp_buffer_type_alloc_size(bp_buffer_type *buft, const bp_tensor *t)
+{
+    CHECK_HANDLE(buft, "bp_buffer_type_alloc_size", 0);
+    CHECK_HANDLE(t, "bp_buffer_type_alloc_size", 0);
+    if (BP_HAS(struct bp_buffer_type_iface, buft->iface, get_alloc_size))
+        return buft->iface->get_alloc_size(buft, t);
+    return bp_nbytes(t);
+}
+
+bool bp_buffer_type_is_host(bp_buffer_type *buft)
+{
+    if (buft == NULL)
+        return false;
+    return BP_HAS(struct bp_buffer_type_iface, buft->iface, is_host) && buft->iface->is_host(buft);
+}
+
+bp_device *bp_buffer_type_device(bp_buffer_type *buft)
+{
+    return buft ? buft->device : NULL;
+}
+
+bp_buffer *bp_buffer_type_alloc(bp_buffer_type *buft, size_t size)
+{
+    CHECK_HANDLE(buft, "bp_buffer_type_alloc", NULL);
+    size_t max = bp_buffer_type_max_size(buft);
+    if (size > max)
+        return bp__error_null(BP_ERR_OUT_OF_MEMORY,
+                              "buffer type %s cannot allocate %zu bytes: its largest buffer is %zu "
+                              "bytes",
+                              bp_buffer_type_name(buft), size, max);
+    bp_clear_error();
+    bp_buffer *buf = buft->iface->alloc_buffer(buft, size);
+    if (buf == NULL)
+        default_error(BP_ERR_OUT_OF_MEMORY, "buffer type %s failed to allocate a buffer",
+                      bp_buffer_type_name(buft));
+    return buf;
+}
+
+/* ---- Buffers ---------------------------------------------------------------------------- */
+
+void bp_buffer_free(bp_buffer *buf)
+{
+    if (buf == NULL)
+        return;
+    if (BP_HAS(struct bp_buffer_iface, buf->iface, free_buffer))
+        buf->iface->free_buffer(buf);
+    bp__free(buf);
+}
+
+void *bp_buffer_get_base(bp_buffer *buf)
+{
+    CHECK_HANDLE(buf, "bp_buffer_get_base", NULL);
+    return buf->iface->get_base(buf);
+}
+
+size_t bp_buffer_get_size(bp_buffer *buf)
+{
+    return buf ? buf->size : 0;
+}
+
+size_t bp_buffer_get_alignment(bp_buffer *buf)
+{
+    CHECK_HANDLE(buf, "bp_buffer_get_alignment", 0);
+    return bp_buffer_type_alignment(buf->buft);
+}
+
+bp_buffer_type *bp_buffer_get_type(bp_buffer *buf)
+{
+    return buf ? buf->buft : NULL;
+}
+
+bool bp_buffer_is_host(bp_buffer *buf)
+{
+    return buf != NULL && bp_buffer_type_is_host(buf->buft);
+}
+
+enum bp_status bp_buffer_clear(bp_buffer *buf, uint8_t value)
+{
+    CHECK_HANDLE(buf, "bp_buffer_clear", BP_ERR_INVALID_ARG);
+    if (buf->size == 0)
+        return BP_OK;
+    return buf->iface->clear(buf, value);
+}
+
+void bp_buffer_set_usage(bp_buffer *buf, enum bp_buffer_usage usage)
+{
+    if (buf != NULL)
+        buf->usage = usage;
+}
+
+enum bp_buffer_usage bp_buffer_get_usage(bp_buffer *buf)
+{
+    return buf ? buf->usage : BP_BUFFER_USAGE_ANY;
+}
+
+enum bp_status bp__place_tensor(bp_buffer *buf, bp_tensor *t, void *addr)
+{
+    t->buffer = buf;
+    t->data = addr;
+    if (BP_HAS(struct bp_buffer_iface, buf->iface, init_tensor))
+        return buf->iface->init_tensor(buf, t);
+    return BP_OK;
+}
+
+enum bp_status bp_buffer_place_tensor(bp_buffer *buf, bp_tensor *t, void *addr)
+{
+    CHECK_HANDLE(buf, "bp_buffer_place_tensor", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(t, "bp_buffer_place_tensor", BP_ERR_INVALID_ARG);
+    if (t->view_src != NULL)
+        return bp__error(BP_ERR_INVALID_ARG,
+                         "bp_buffer_place_tensor: %s is a view; place its source and call "
+                         "bp_tensor_init_view",
+                         bp__describe(t).s);
+    char *base = bp_buffer_get_base(buf);
+    size_t align = bp_buffer_get_alignment(buf);
+    size_t need = bp_buffer_type_alloc_size(buf->buft, t);
+    uintptr_t a = (uintptr_t)addr, b = (uintptr_t)base;
+    if (a < b || a - b > buf->size || need > buf->size - (a - b))
+        return bp__error(BP_ERR_OUT_OF_BOUNDS,
+                         "bp_buffer_place_tensor: %s (%zu bytes) does not fit in buffer %s of "
+                         "%zu bytes at that address",
+                         bp__describe(t).s, need, bp_buffer_type_name(buf->buft), buf->size);
+    if (align > 1 && (a - b) % align != 0)
+        return bp__error(BP_ERR_INVALID_ARG,
+                         "bp_buffer_place_tensor: offset %zu for %s is not a multiple of the "
+                         "buffer's alignment %zu",
+                         (size_t)(a - b), bp__describe(t).s, align);
+    return bp__place_tensor(buf, t, addr);
+}
+
+enum bp_status bp_tensor_init_view(bp_tensor *t)
+{
+    CHECK_HANDLE(t, "bp_tensor_init_view", BP_ERR_INVALID_ARG);
+    if (t->view_src == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_tensor_init_view: %s is not a view",
+                         bp__describe(t).s);
+    if (t->view_src->buffer == NULL || t->view_src->data == NULL)
+        return bp__error(BP_ERR_INVALID_ARG,
+                         "bp_tensor_init_view: the source %s of view %s has no memory yet",
+                         bp__describe(t->view_src).s, bp__describe(t).s);
+    return bp__place_tensor(t->view_src->buffer, t, (char *)t->view_src->data + t->view_offs);
+}
+
+/* ---- Tensor data ------------------------------------------------------------------------ */
+
+/* The tensor is placed and bytes [offset, offset + size) lie inside it. */
+static enum bp_status check_range(const char *fn, const bp_tensor *t, size_t offset, size_t size)
+{
+    if (t == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "%s: tensor is NULL", fn);
+    if (t->buffer == NULL || t->data == NULL)
+        return bp__error(BP_ERR_INVALID_ARG,
+                         "%s: tensor %s has no buffer; allocate it (bp_alloc_ctx_tensors or a "
+                         "graph allocator) first",
+                         fn, bp__describe(t).s);
+    size_t end, nbytes = bp_nbytes(t);
+    if (!bp__add_size(offset, size, &end) || end > nbytes)
+        return bp__error(BP_ERR_OUT_OF_BOUNDS,
+                         "%s: bytes [%zu, %zu + %zu) are outside tensor %s of %zu bytes", fn,
+                         offset, offset, size, bp__describe(t).s, nbytes);
+    return BP_OK;
+}
+
+static enum bp_status check_range_2d(const char *fn, const bp_tensor *t, const void *data,
+                                     size_t offset, size_t width, size_t rows, size_t t_stride)
+{
+    if (data == NULL && rows > 0 && width > 0)
+        return bp__error(BP_ERR_INVALID_ARG, "%s: data is NULL", fn);
+    if (rows == 0 || width == 0)
+        return check_range(fn, t, offset, 0);
+    size_t span, last;
+    if (!bp__mul_size(rows - 1, t_stride, &last) || !bp__add_size(last, width, &span))
+        return bp__error(BP_ERR_OUT_OF_BOUNDS, "%s: %zu rows of stride %zu overflow", fn, rows,
+                         t_stride);
+    if (t_stride < width && rows > 1)
+        return bp__error(BP_ERR_INVALID_ARG,
+                         "%s: tensor stride %zu is smaller than the row width %zu", fn, t_stride,
+                         width);
+    return check_range(fn, t, offset, span);
+}
+
+enum bp_status bp_tensor_set(bp_tensor *t, const void *data, size_t offset, size_t size)
+{
+    enum bp_status st = check_range("bp_tensor_set", t, offset, size);
+    if (st != BP_OK || size == 0)
+        return st;
+    if (data == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_tensor_set: data is NULL");
+    return t->buffer->iface->set_tensor(t->buffer, t, data, offset, size);
+}
+
+enum bp_status bp_tensor_get(const bp_tensor *t, void *data, size_t offset, size_t size)
+{
+    enum bp_status st = check_range("bp_tensor_get", t, offset, size);
+    if (st != BP_OK || size == 0)
+        return st;
+    if (data == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_tensor_get: data is NULL");
+    return t->buffer->iface->get_tensor(t->buffer, t, data, offset, size);
+}
+
+enum bp_status bp_tensor_memset(bp_tensor *t, uint8_t value, size_t offset, size_t size)
+{
+    enum bp_status st = check_range("bp_tensor_memset", t, offset, size);
+    if (st != BP_OK || size == 0)
+        return st;
+    return t->buffer->iface->memset_tensor(t->buffer, t, value, offset, size);
+}
+
+enum bp_status bp_tensor_set_2d(bp_tensor *t, const void *data, size_t offset, size_t width,
+                                size_t rows, size_t t_stride, size_t data_stride)
+{
+    enum bp_status st =
+        check_range_2d("bp_tensor_set_2d", t, data, offset, width, rows, t_stride);
+    if (st != BP_OK || rows == 0 || width == 0)
+        return st;
+    bp_buffer *buf = t->buffer;
+    if (BP_HAS(struct bp_buffer_iface, buf->iface, set_tensor_2d))
+        return buf->iface->set_tensor_2d(buf, t, data, offset, width, rows, t_stride,
+                                         data_stride);
+    for (size_t i = 0; i < rows && st == BP_OK; i++)
+        st = buf->iface->set_tensor(buf, t, (const char *)data + i * data_stride,
+                                    offset + i * t_stride, width);
+    return st;
+}
+
+enum bp_status bp_tensor_get_2d(const bp_tensor *t, void *data, size_t offset, size_t width,
+                                size_t rows, size_t t_stride, size_t data_stride)
+{
+    enum bp_status st =
+        check_range_2d("bp_tensor_get_2d", t, data, offset, width, rows, t_stride);
+    if (st != BP_OK || rows == 0 || width == 0)
+        return st;
+    bp_buffer *buf = t->buffer;
+    if (BP_HAS(struct bp_buffer_iface, buf->iface, get_tensor_2d))
+        return buf->iface->get_tensor_2d(buf, t, data, offset, width, rows, t_stride,
+                                         data_stride);
+    for (size_t i = 0; i < rows && st == BP_OK; i++)
+        st = buf->iface->get_tensor(buf, t, (char *)data + i * data_stride,
+                                    offset + i * t_stride, width);
+    return st;
+}
+
+enum bp_status bp_tensor_copy(const bp_tensor *src, bp_tensor *dst)
+{
+    enum bp_status st = check_range("bp_tensor_copy", src, 0, 0);
+    if (st == BP_OK)
+        st = check_range("bp_tensor_copy", dst, 0, 0);
+    if (st != BP_OK)
+        return st;
+    size_t n = bp_nbytes(src);
+    if (n != bp_nbytes(dst))
+        return bp__error(BP_ERR_SHAPE, "bp_tensor_copy: %s (%zu bytes) and %s (%zu bytes) differ "
+                         "in size", bp__describe(src).s, n, bp__describe(dst).s, bp_nbytes(dst));
+    if (src == dst || n == 0)
+        return BP_OK;
+    if (bp_buffer_is_host(src->buffer))
+        return bp_tensor_set(dst, src->data, 0, n);
+    if (bp_buffer_is_host(dst->buffer))
+        return bp_tensor_get(src, dst->data, 0, n);
+    if (BP_HAS(struct bp_buffer_iface, dst->buffer->iface, cpy_tensor) &&
+        dst->buffer->iface->cpy_tensor(dst->buffer, src, dst))
+        return BP_OK;
+    /* Neither side is host memory and there is no direct path: stage through the host. */
+    void *tmp = bp__malloc(n, "a host staging copy");
+    if (tmp == NULL)
+        return BP_ERR_OUT_OF_MEMORY;
+    st = bp_tensor_get(src, tmp, 0, n);
+    if (st == BP_OK)
+        st = bp_tensor_set(dst, tmp, 0, n);
+    bp__free(tmp);
+    return st;
+}
+
+/* ---- Backends --------------------------------------------------------------------------- */
+
+const char *bp_backend_name(bp_backend *backend)
+{
+    CHECK_HANDLE(backend, "bp_backend_name", "");
+    return backend->iface->get_name(backend);
+}
+
+void bp_backend_free(bp_backend *backend)
+{
+    if (backend == NULL)
+        return;
+    if (BP_HAS(struct bp_backend_iface, backend->iface, free))
+        backend->iface->free(backend);
+    bp__free(backend);
+}
+
+bp_device *bp_backend_get_device(bp_backend *backend)
+{
+    return backend ? backend->device : NULL;
+}
+
+bp_buffer_type *bp_backend_get_default_buffer_type(bp_backend *backend)
+{
+    CHECK_HANDLE(backend, "bp_backend_get_default_buffer_type", NULL);
+    return bp_device_get_buffer_type(backend->device);
+}
+
+bp_buffer *bp_backend_alloc_buffer(bp_backend *backend, size_t size)
+{
+    CHECK_HANDLE(backend, "bp_backend_alloc_buffer", NULL);
+    return bp_buffer_type_alloc(bp_backend_get_default_buffer_type(backend), size);
+}
+
+enum bp_status bp_backend_synchronize(bp_backend *backend)
+{
+    CHECK_HANDLE(backend, "bp_backend_synchronize", BP_ERR_INVALID_ARG);
+    if (BP_HAS(struct bp_backend_iface, backend->iface, synchronize))
+        return backend->iface->synchronize(backend);
+    return BP_OK;
+}
+
+enum bp_status bp_backend_graph_compute_async(bp_backend *backend, bp_graph *graph)
+{
+    CHECK_HANDLE(backend, "bp_backend_graph_compute", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(graph, "bp_backend_graph_compute", BP_ERR_INVALID_ARG);
+    bp_clear_error();
+    enum bp_status st = backend->iface->graph_compute(backend, graph);
+    if (st != BP_OK && bp_last_status() == BP_OK)
+        bp__error(st, "backend %s failed to compute a graph (%s)", bp_backend_name(backend),
+                  bp_strerror(st));
+    return st;
+}
+
+enum bp_status bp_backend_graph_compute(bp_backend *backend, bp_graph *graph)
+{
+    enum bp_status st = bp_backend_graph_compute_async(backend, graph);
+    if (st != BP_OK)
+        return st;
+    return bp_backend_synchronize(backend);
+}
+
+bool bp_backend_supports_op(bp_backend *backend, const bp_tensor *op)
+{
+    return backend != NULL && bp_device_supports_op(backend->device, op);
+}
+
+bool bp_backend_supports_buft(bp_backend *backend, bp_buffer_type *buft)
+{
+    return backend != NULL && bp_device_supports_buft(backend->device, buft);
+}
+
+bool bp_backend_offload_op(bp_backend *backend, const bp_tensor *op)
+{
+    return backend != NULL && bp_device_offload_op(backend->device, op);
+}
+
+enum bp_status bp_backend_tensor_set_async(bp_backend *backend, bp_tensor *t, const void *data,
+                                           size_t offset, size_t size)
+{
+    CHECK_HANDLE(backend, "bp_backend_tensor_set_async", BP_ERR_INVALID_ARG);
+    enum bp_status st = check_range("bp_backend_tensor_set_async", t, offset, size);
+    if (st != BP_OK || size == 0)
+        return st;
+    if (data == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_backend_tensor_set_async: data is NULL");
+    if (BP_HAS(struct bp_backend_iface, backend->iface, set_tensor_async))
+        return backend->iface->set_tensor_async(backend, t, data, offset, size);
+    return t->buffer->iface->set_tensor(t->buffer, t, data, offset, size);
+}
+
+enum bp_status bp_backend_tensor_get_async(bp_backend *backend, const bp_tensor *t, void *data,
+                                           size_t offset, size_t size)
+{
+    CHECK_HANDLE(backend, "bp_backend_tensor_get_async", BP_ERR_INVALID_ARG);
+    enum bp_status st = check_range("bp_backend_tensor_get_async", t, offset, size);
+    if (st != BP_OK || size == 0)
+        return st;
+    if (data == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_backend_tensor_get_async: data is NULL");
+    if (BP_HAS(struct bp_backend_iface, backend->iface, get_tensor_async))
+        return backend->iface->get_tensor_async(backend, t, data, offset, size);
+    return t->buffer->iface->get_tensor(t->buffer, t, data, offset, size);
+}
+
+enum bp_status bp_backend_tensor_copy_async(bp_backend *src_backend, bp_backend *dst_backend,
+                                            const bp_tensor *src, bp_tensor *dst)
+{
+    CHECK_HANDLE(src_backend, "bp_backend_tensor_copy_async", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(dst_backend, "bp_backend_tensor_copy_async", BP_ERR_INVALID_ARG);
+    enum bp_status st = check_range("bp_backend_tensor_copy_async", src, 0, 0);
+    if (st == BP_OK)
+        st = check_range("bp_backend_tensor_copy_async", dst, 0, 0);
+    if (st != BP_OK)
+        return st;
+    if (bp_nbytes(src) != bp_nbytes(dst))
+        return bp_tensor_copy(src, dst); /* reports the size mismatch */
+    if (BP_HAS(struct bp_backend_iface, dst_backend->iface, cpy_tensor_async) &&
+        dst_backend->iface->cpy_tensor_async(src_backend, dst_backend, src, dst))
+        return BP_OK;
+    /* No queued path: finish what both backends have queued, then copy synchronously. */
+    st = bp_backend_synchronize(src_backend);
+    if (st == BP_OK)
+        st = bp_backend_synchronize(dst_backend);
+    if (st == BP_OK)
+        st = bp_tensor_copy(src, dst);
+    return st;
+}
+
+/* ---- Devices ---------------------------------------------------------------------------- */
+
+const char *bp_device_name(bp_device *dev)
+{
+    CHECK_HANDLE(dev, "bp_device_name", "");
+    return dev->iface->get_name(dev);
+}
+
+const char *bp_device_description(bp_device *dev)
+{
+    CHECK_HANDLE(dev, "bp_device_description", "");
+    return dev->iface->get_description(dev);
+}
+
+enum bp_device_type bp_device_get_type(bp_device *dev)
+{
+    CHECK_HANDLE(dev, "bp_device_get_type", BP_DEVICE_TYPE_CPU);
+    return dev->iface->get_type(dev);
+}
+
+const char *bp_device_type_name(enum bp_device_type type)
+{
+    switch (type) {
+    case BP_DEVICE_TYPE_CPU:
+        return "CPU";
+    case BP_DEVICE_TYPE_GPU:
+        return "GPU";
+    case BP_DEVICE_TYPE_ACCEL:
+        return "ACCEL";
+    case BP_DEVICE_TYPE_META:
+        return "META";
+    }
+    return "INVALID";
+}
+
+void bp_device_memory(bp_device *dev, size_t *free_bytes, size_t *total_bytes)
+{
+    size_t f = 0, t = 0;
+    if (dev != NULL)
+        dev->iface->get_memory(dev, &f, &t);
+    else
+        bp__error(BP_ERR_INVALID_ARG, "bp_device_memory: dev is NULL");
+    if (free_bytes)
+        *free_bytes = f;
+    if (total_bytes)
+        *total_bytes = t;
+}
+
+void bp_device_get_props(bp_device *dev, struct bp_device_props *props)
+{
+    if (props == NULL)
+        return;
+    memset(props, 0, sizeof(*props));
+    if (dev == NULL) {
+        bp__error(BP_ERR_INVALID_ARG, "bp_device_get_props: dev is NULL");
+        props->name = props->description = "";
+        return;
+    }
+    props->name = bp_device_name(dev);
+    props->description = bp_device_description(dev);
+    bp_device_memory(dev, &props->memory_free, &props->memory_total);
+    props->type = bp_device_get_type(dev);
+    if (BP_HAS(struct bp_device_iface, dev->iface, get_caps)) {
+        dev->iface->get_caps(dev, &props->caps);
+    } else {
+        props->caps.host_buffer = BP_HAS(struct bp_device_iface, dev->iface, get_host_buffer_type);
+        props->caps.buffer_from_host_ptr =
+            BP_HAS(struct bp_device_iface, dev->iface, buffer_from_host_ptr);
+        props->caps.events = BP_HAS(struct bp_device_iface, dev->iface, event_new);
+    }
+}
+
+bp_registry *bp_device_get_registry(bp_device *dev)
+{
+    return dev ? dev->reg : NULL;
+}
+
+bp_backend *bp_device_init_backend(bp_device *dev, const char *params)
+{
+    CHECK_HANDLE(dev, "bp_device_init_backend", NULL);
+    bp_clear_error();
+    bp_backend *be = dev->iface->init_backend(dev, params);
+    if (be == NULL)
+        default_error(BP_ERR_BACKEND, "device %s could not create a backend (the plugin gave no "
+                      "reason)", bp_device_name(dev));
+    return be;
+}
+
+bp_buffer_type *bp_device_get_buffer_type(bp_device *dev)
+{
+    CHECK_HANDLE(dev, "bp_device_get_buffer_type", NULL);
+    return dev->iface->get_buffer_type(dev);
+}
+
+bp_buffer_type *bp_device_get_host_buffer_type(bp_device *dev)
+{
+    CHECK_HANDLE(dev, "bp_device_get_host_buffer_type", NULL);
+    if (!BP_HAS(struct bp_device_iface, dev->iface, get_host_buffer_type))
+        return bp__error_null(BP_ERR_UNSUPPORTED, "device %s has no host buffer type",
+                              bp_device_name(dev));
+    return dev->iface->get_host_buffer_type(dev);
+}
+
+bp_buffer *bp_device_buffer_from_host_ptr(bp_device *dev, void *ptr, size_t size,
+                                          size_t max_tensor_size)
+{
+    CHECK_HANDLE(dev, "bp_device_buffer_from_host_ptr", NULL);
+    if (!BP_HAS(struct bp_device_iface, dev->iface, buffer_from_host_ptr))
+        return bp__error_null(BP_ERR_UNSUPPORTED,
+                              "device %s cannot use host memory as a buffer",
+                              bp_device_name(dev));
+    if (ptr == NULL && size > 0)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_device_buffer_from_host_ptr: ptr is NULL");
+    return dev->iface->buffer_from_host_ptr(dev, ptr, size, max_tensor_size);
+}
+
+bool bp_device_supports_op(bp_device *dev, const bp_tensor *op)
+{
+    return dev != NULL && op != NULL && dev->iface->supports_op(dev, op);
+}
+
+bool bp_device_supports_buft(bp_device *dev, bp_buffer_type *buft)
+{
+    return dev != NULL && buft != NULL && dev->iface->supports_buft(dev, buft);
+}
+
+bool bp_device_offload_op(bp_device *dev, const bp_tensor *op)
+{
+    return dev != NULL && op != NULL && BP_HAS(struct bp_device_iface, dev->iface, offload_op) &&
+           dev->iface->offload_op(dev, op);
+}
+
+/* ---- Events ----------------------------------------------------------------------------- */
+
+bp_event *bp_event_new(bp_device *dev)
+{
+    CHECK_HANDLE(dev, "bp_event_new", NULL);
+    if (!BP_HAS(struct bp_device_iface, dev->iface, event_new))
+        return bp__error_null(BP_ERR_UNSUPPORTED, "device %s has no events", bp_device_name(dev));
+    bp_event *ev = bp__calloc(1, sizeof(*ev), "an event");
+    if (ev == NULL)
+        return NULL;
+    bp_clear_error();
+    ev->handle = dev->iface->event_new(dev);
+    if (ev->handle == NULL) {
+        default_error(BP_ERR_BACKEND, "device %s could not create an event", bp_device_name(dev));
+        bp__free(ev);
+        return NULL;
+    }
+    ev->device = dev;
+    return ev;
+}
+
+void bp_event_free(bp_event *event)
+{
+    if (event == NULL)
+        return;
+    event->device->iface->event_free(event->device, event->handle);
+    bp__free(event);
+}
+
+enum bp_status bp_event_record(bp_event *event, bp_backend *backend)
+{
+    CHECK_HANDLE(event, "bp_event_record", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(backend, "bp_event_record", BP_ERR_INVALID_ARG);
+    if (backend->device != event->device)
+        return bp__error(BP_ERR_INVALID_ARG,
+                         "bp_event_record: the event belongs to device %s, the backend to %s",
+                         bp_device_name(event->device), bp_device_name(backend->device));
+    if (!BP_HAS(struct bp_backend_iface, backend->iface, event_record))
+        return bp__error(BP_ERR_UNSUPPORTED, "backend %s cannot record events",
+                         bp_backend_name(backend));
+    return backend->iface->event_record(backend, event->handle);
+}
+
+enum bp_status bp_event_wait(bp_backend *backend, bp_event *event)
+{
+    CHECK_HANDLE(event, "bp_event_wait", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(backend, "bp_event_wait", BP_ERR_INVALID_ARG);
+    if (BP_HAS(struct bp_backend_iface, backend->iface, event_wait) &&
+        backend->device->reg == event->device->reg)
+        return backend->iface->event_wait(backend, event->handle);
+    /* A backend of another plugin cannot queue a wait on this event: block instead. */
+    return bp_event_synchronize(event);
+}
+
+enum bp_status bp_event_synchronize(bp_event *event)
+{
+    CHECK_HANDLE(event, "bp_event_synchronize", BP_ERR_INVALID_ARG);
+    return event->device->iface->event_synchronize(event->device, event->handle);
+}
+
+/* ---- Registries ------------------------------------------------------------------------- */
+
+const char *bp_registry_name(bp_registry *reg)
+{
+    CHECK_HANDLE(reg, "bp_registry_name", "");
+    return reg->iface->get_name(reg);
+}
+
+size_t bp_registry_device_count(bp_registry *reg)
+{
+    CHECK_HANDLE(reg, "bp_registry_device_count", 0);
+    return reg->iface->get_device_count(reg);
+}
+
+bp_device *bp_registry_get_device(bp_registry *reg, size_t index)
+{
+    CHECK_HANDLE(reg, "bp_registry_get_device", NULL);
+    size_t n = bp_registry_device_count(reg);
+    if (index >= n)
+        return bp__error_null(BP_ERR_OUT_OF_BOUNDS,
+                              "registry %s has %zu devices; there is no device %zu",
+                              bp_registry_name(reg), n, index);
+    return reg->iface->get_device(reg, index);
+}
+
+void *bp_registry_get_proc_address(bp_registry *reg, const char *name)
+{
+    CHECK_HANDLE(reg, "bp_registry_get_proc_address", NULL);
+    CHECK_HANDLE(name, "bp_registry_get_proc_address", NULL);
+    if (!BP_HAS(struct bp_registry_iface, reg->iface, get_proc_address))
+        return NULL;
+    return reg->iface->get_proc_address(reg, name);
+}
+
+void bp_registry_api_version(bp_registry *reg, int *major, int *minor)
+{
+    if (major)
+        *major = reg ? reg->api_major : 0;
+    if (minor)
+        *minor = reg ? reg->api_minor : 0;
+}
