@@ -1,0 +1,337 @@
+/* test-device.c - private to tests/: the fake accelerator of test-device.h. */
+#include "test-device.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref.h"
+
+struct test_device_stats test_device_stats;
+
+struct accel {
+    size_t max_buffer;
+    bp_registry *reg;
+    bp_device *dev;
+    bp_buffer_type *buft;
+};
+
+/* ---- Buffers ---------------------------------------------------------------------------- */
+
+static void *buf_base(bp_buffer *buf)
+{
+    return bp_buffer_get_context(buf);
+}
+
+static void buf_free(bp_buffer *buf)
+{
+    test_device_stats.buffers_freed++;
+    free(bp_buffer_get_context(buf));
+}
+
+static enum bp_status buf_memset(bp_buffer *buf, bp_tensor *t, uint8_t v, size_t off, size_t n)
+{
+    (void)buf;
+    test_device_stats.memset_calls++;
+    memset((char *)t->data + off, v, n);
+    return BP_OK;
+}
+
+static enum bp_status buf_set(bp_buffer *buf, bp_tensor *t, const void *d, size_t off, size_t n)
+{
+    (void)buf;
+    test_device_stats.set_calls++;
+    memcpy((char *)t->data + off, d, n);
+    return BP_OK;
+}
+
+static enum bp_status buf_get(bp_buffer *buf, const bp_tensor *t, void *d, size_t off, size_t n)
+{
+    (void)buf;
+    test_device_stats.get_calls++;
+    memcpy(d, (const char *)t->data + off, n);
+    return BP_OK;
+}
+
+/* Direct copies only between buffers of this device, as a GPU's device-to-device copy. */
+static bool buf_cpy(bp_buffer *buf, const bp_tensor *src, bp_tensor *dst)
+{
+    if (bp_buffer_get_type(src->buffer) != bp_buffer_get_type(buf))
+        return false;
+    test_device_stats.cpy_calls++;
+    memcpy(dst->data, src->data, bp_nbytes(src));
+    return true;
+}
+
+static enum bp_status buf_clear(bp_buffer *buf, uint8_t v)
+{
+    test_device_stats.clear_calls++;
+    memset(bp_buffer_get_context(buf), v, bp_buffer_get_size(buf));
+    return BP_OK;
+}
+
+static const struct bp_buffer_iface accel_buffer_iface = {
+    .struct_size = sizeof(struct bp_buffer_iface),
+    .free_buffer = buf_free,
+    .get_base = buf_base,
+    .memset_tensor = buf_memset,
+    .set_tensor = buf_set,
+    .get_tensor = buf_get,
+    .cpy_tensor = buf_cpy,
+    .clear = buf_clear,
+};
+
+static const char *buft_name(bp_buffer_type *buft)
+{
+    (void)buft;
+    return "TestAccel";
+}
+
+static size_t buft_alignment(bp_buffer_type *buft)
+{
+    (void)buft;
+    return 128;
+}
+
+static size_t buft_max_size(bp_buffer_type *buft)
+{
+    struct accel *a = bp_buffer_type_get_context(buft);
+    return a->max_buffer ? a->max_buffer : SIZE_MAX;
+}
+
+/* Pads every tensor to a multiple of 256 bytes, as some devices do. */
+static size_t buft_alloc_size(bp_buffer_type *buft, const bp_tensor *t)
+{
+    (void)buft;
+    return (bp_nbytes(t) + 255) / 256 * 256;
+}
+
+static bp_buffer *buft_alloc(bp_buffer_type *buft, size_t size)
+{
+    void *mem = aligned_alloc(128, size ? (size + 127) / 128 * 128 : 128);
+    if (mem == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "TestAccel: out of device memory");
+        return NULL;
+    }
+    bp_buffer *buf = bp_buffer_new(buft, &accel_buffer_iface, mem, size);
+    if (buf == NULL)
+        free(mem);
+    return buf;
+}
+
+static const struct bp_buffer_type_iface accel_buft_iface = {
+    .struct_size = sizeof(struct bp_buffer_type_iface),
+    .get_name = buft_name,
+    .alloc_buffer = buft_alloc,
+    .get_alignment = buft_alignment,
+    .get_max_size = buft_max_size,
+    .get_alloc_size = buft_alloc_size,
+};
+
+/* ---- Backend ---------------------------------------------------------------------------- */
+
+static const char *be_name(bp_backend *be)
+{
+    (void)be;
+    return "ACCEL0";
+}
+
+static void be_free(bp_backend *be)
+{
+    test_device_stats.backends_freed++;
+    free(bp_backend_get_context(be));
+}
+
+static enum bp_status be_sync(bp_backend *be)
+{
+    (void)be;
+    test_device_stats.syncs++;
+    return BP_OK;
+}
+
+static enum bp_status be_compute(bp_backend *be, bp_graph *g)
+{
+    (void)be;
+    test_device_stats.computes++;
+    if (!ref_compute_graph(g))
+        return bp_set_error(BP_ERR_UNSUPPORTED, "TestAccel: the graph has an op it cannot run");
+    return BP_OK;
+}
+
+static enum bp_status be_event_record(bp_backend *be, void *event)
+{
+    (void)be;
+    test_device_stats.events_recorded++;
+    *(int *)event = 1;
+    return BP_OK;
+}
+
+static enum bp_status be_event_wait(bp_backend *be, void *event)
+{
+    (void)be;
+    (void)event;
+    test_device_stats.events_waited++;
+    return BP_OK;
+}
+
+static const struct bp_backend_iface accel_backend_iface = {
+    .struct_size = sizeof(struct bp_backend_iface),
+    .get_name = be_name,
+    .free = be_free,
+    .synchronize = be_sync,
+    .graph_compute = be_compute,
+    .event_record = be_event_record,
+    .event_wait = be_event_wait,
+};
+
+/* ---- Device ----------------------------------------------------------------------------- */
+
+static const char *dev_name(bp_device *dev)
+{
+    (void)dev;
+    return "ACCEL0";
+}
+
+static const char *dev_desc(bp_device *dev)
+{
+    (void)dev;
+    return "backplane test accelerator";
+}
+
+static void dev_memory(bp_device *dev, size_t *f, size_t *t)
+{
+    (void)dev;
+    *f = 3u << 20;
+    *t = 4u << 20;
+}
+
+static enum bp_device_type dev_type(bp_device *dev)
+{
+    (void)dev;
+    return BP_DEVICE_TYPE_ACCEL;
+}
+
+/* params: "fail" makes creation fail without a reason, anything else is accepted. */
+static bp_backend *dev_init_backend(bp_device *dev, const char *params)
+{
+    if (params != NULL && strcmp(params, "fail") == 0)
+        return NULL;
+    int *ctx = malloc(sizeof(int));
+    bp_backend *be = bp_backend_new(dev, &accel_backend_iface, ctx);
+    if (be == NULL)
+        free(ctx);
+    return be;
+}
+
+static bp_buffer_type *dev_buft(bp_device *dev)
+{
+    struct accel *a = bp_device_get_context(dev);
+    return a->buft;
+}
+
+static bool dev_supports_op(bp_device *dev, const bp_tensor *op)
+{
+    (void)dev;
+    return op->op != BP_OP_ROPE; /* one op it says no to */
+}
+
+static bool dev_supports_buft(bp_device *dev, bp_buffer_type *buft)
+{
+    return buft == dev_buft(dev);
+}
+
+static void *dev_event_new(bp_device *dev)
+{
+    (void)dev;
+    return calloc(1, sizeof(int));
+}
+
+static void dev_event_free(bp_device *dev, void *event)
+{
+    (void)dev;
+    free(event);
+}
+
+static enum bp_status dev_event_sync(bp_device *dev, void *event)
+{
+    (void)dev;
+    return *(int *)event ? BP_OK : bp_set_error(BP_ERR_BACKEND, "TestAccel: event never recorded");
+}
+
+static const struct bp_device_iface accel_device_iface = {
+    .struct_size = sizeof(struct bp_device_iface),
+    .get_name = dev_name,
+    .get_description = dev_desc,
+    .get_memory = dev_memory,
+    .get_type = dev_type,
+    .init_backend = dev_init_backend,
+    .get_buffer_type = dev_buft,
+    .supports_op = dev_supports_op,
+    .supports_buft = dev_supports_buft,
+    .event_new = dev_event_new,
+    .event_free = dev_event_free,
+    .event_synchronize = dev_event_sync,
+};
+
+/* ---- Registry --------------------------------------------------------------------------- */
+
+static const char *reg_name(bp_registry *reg)
+{
+    (void)reg;
+    return "TestAccel";
+}
+
+static size_t reg_count(bp_registry *reg)
+{
+    (void)reg;
+    return 1;
+}
+
+static bp_device *reg_device(bp_registry *reg, size_t i)
+{
+    (void)i;
+    struct accel *a = bp_registry_get_context(reg);
+    return a->dev;
+}
+
+int test_device_answer(void)
+{
+    return 42;
+}
+
+static void *reg_proc(bp_registry *reg, const char *name)
+{
+    (void)reg;
+    return strcmp(name, "test_device_answer") == 0 ? (void *)test_device_answer : NULL;
+}
+
+static void reg_free(bp_registry *reg)
+{
+    free(bp_registry_get_context(reg));
+}
+
+static const struct bp_registry_iface accel_registry_iface = {
+    .struct_size = sizeof(struct bp_registry_iface),
+    .get_name = reg_name,
+    .get_device_count = reg_count,
+    .get_device = reg_device,
+    .get_proc_address = reg_proc,
+    .free = reg_free,
+};
+
+bp_registry *test_device_registry_new(size_t max_buffer)
+{
+    struct accel *a = calloc(1, sizeof(*a));
+    a->max_buffer = max_buffer;
+    a->reg = bp_registry_new(&accel_registry_iface, a);
+    if (a->reg == NULL) {
+        free(a);
+        return NULL;
+    }
+    a->dev = bp_device_new(a->reg, &accel_device_iface, a);
+    a->buft = a->dev ? bp_buffer_type_new(a->dev, &accel_buft_iface, a) : NULL;
+    if (a->buft == NULL) {
+        bp_registry_free(a->reg); /* frees a through reg_free */
+        return NULL;
+    }
+    return a->reg;
+}

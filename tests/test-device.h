@@ -1,0 +1,25 @@
+/* test-device.h - private to tests/: an in-process "accelerator" registry for exercising the
+ * backend API and allocators without a real plugin. Its memory is ordinary host memory, but its
+ * buffer type says it is not host memory, so the runtime must go through the buffer interface
+ * (and stage copies through the host) exactly as it would for a GPU. Compute uses the reference
+ * kernels. */
+#ifndef BP_TEST_DEVICE_H
+#define BP_TEST_DEVICE_H
+
+#include <backplane/bp-plugin.h>
+
+struct test_device_stats {
+    int set_calls, get_calls, memset_calls, clear_calls, cpy_calls;
+    int computes, syncs, events_recorded, events_waited;
+    int backends_freed, buffers_freed;
+};
+
+extern struct test_device_stats test_device_stats;
+
+/* A registry "TestAccel" with one device "ACCEL0". max_buffer caps buffer sizes (0: no cap).
+ * Caller frees with bp_registry_free. */
+bp_registry *test_device_registry_new(size_t max_buffer);
+/* The proc address the registry offers, for the get_proc_address test. */
+int test_device_answer(void);
+
+#endif
