@@ -3,7 +3,7 @@
  * The graph allocator plans before it places. Planning walks the nodes in execution order with
  * one simulated free list per buffer type: a node gets memory when it is computed and gives it
  * back when its last consumer has run (a view keeps its source alive until the view's own
- * consumers are done). The high-water mark of each free list is the compute buffer that type
+ * consumers are done), or takes over the memory of a source it is the last consumer of. The high-water mark of each free list is the compute buffer that type
  * needs. Placing then points every tensor at base + planned offset. Planning a graph again gives
  * the same layout, so a buffer reserved with a worst-case graph fits the smaller graphs that
  * follow it; when one does not fit, the buffer is reallocated and the event counted. */
@@ -301,21 +301,29 @@ static void plan_release(bp_gallocr *ga, struct tinfo *ti)
     ti->live = false;
 }
 
-/* Ops that read element i of each source only to write element i of the result. */
-static bool elementwise(const bp_tensor *t)
+/* Ops whose result may take the memory of a source with the same layout (the contract in
+ * bp-plugin.h): element-wise ops, where any same-shaped source qualifies, and row-wise ops that
+ * read a whole row of src[0] before writing it, where only src[0] does. Returns how many
+ * leading sources qualify (0: none). */
+static int inplace_sources(const bp_tensor *t)
 {
     switch (t->op) {
     case BP_OP_ADD:
     case BP_OP_SUB:
     case BP_OP_MUL:
     case BP_OP_DIV:
+        return 2;
+    case BP_OP_GLU:
+        return t->src[1] != NULL ? 2 : 0;
     case BP_OP_SCALE:
     case BP_OP_UNARY:
-        return true;
-    case BP_OP_GLU:
-        return t->src[1] != NULL;
+    case BP_OP_NORM:
+    case BP_OP_RMS_NORM:
+    case BP_OP_SOFT_MAX:
+    case BP_OP_ROPE:
+        return 1;
     default:
-        return false;
+        return 0;
     }
 }
 
@@ -333,9 +341,8 @@ static bool same_layout(const bp_tensor *a, const bp_tensor *b)
 /* Takes over the memory of a source that this node is the last user of. */
 static bool plan_inplace(bp_gallocr *ga, struct tinfo *ti, const bp_tensor *node)
 {
-    if (!elementwise(node))
-        return false;
-    for (int s = 0; s < 2; s++) {
+    const int n_src = inplace_sources(node);
+    for (int s = 0; s < n_src; s++) {
         const bp_tensor *p = node->src[s];
         if (p == NULL || p->view_src != NULL || pinned(p) || !same_layout(p, node))
             continue;

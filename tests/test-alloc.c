@@ -327,7 +327,9 @@ static bp_tensor *random_graph(bp_context *ctx, uint64_t seed)
                     : bp_sqr(ctx, a);
             break;
         default:
-            t = rnd(&r) % 2 ? bp_sum_rows(ctx, a) : bp_soft_max(ctx, a);
+            t = rnd(&r) % 3 == 0 ? bp_sum_rows(ctx, a)
+                : rnd(&r) % 2      ? bp_soft_max(ctx, a)
+                                   : bp_rms_norm(ctx, a, 1e-5f);
             break;
         }
         ck_assert_ptr_nonnull(t);

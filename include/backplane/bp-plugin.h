@@ -63,6 +63,12 @@ struct bp_buffer_iface {
                                     size_t data_stride);
 };
 
+/* In-place contract. The graph allocator may place a node at exactly the memory of a source
+ * with the same type, shape and strides when that node is the source's last consumer: any
+ * same-shaped source of ADD, SUB, MUL, DIV and two-tensor GLU; src[0] of SCALE, UNARY, NORM,
+ * RMS_NORM, SOFT_MAX and ROPE. Kernels for these ops must give the right result when dst and
+ * that source are the same memory (read an element, or a whole row for the row-wise ops,
+ * before writing it). */
 struct bp_backend_iface {
     size_t struct_size;
     const char *(*get_name)(bp_backend *backend);
