@@ -7,9 +7,12 @@
 
 #include "bp-impl.h"
 
+struct bp_plugin;
+
 struct bp_registry {
     const struct bp_registry_iface *iface;
     void *context;
+    struct bp_plugin *plugin; /* the loaded plugin it came from; NULL when made in-process */
     int api_major;
     int api_minor;
     bp_device **devices; /* made with bp_device_new for this registry, freed with it */
@@ -33,6 +36,7 @@ struct bp_buffer_type {
 struct bp_buffer {
     const struct bp_buffer_iface *iface;
     void *context;
+    struct bp_plugin *plugin; /* holds a reference while the buffer lives */
     bp_buffer_type *buft;
     size_t size;
     enum bp_buffer_usage usage;
@@ -41,15 +45,27 @@ struct bp_buffer {
 struct bp_backend {
     const struct bp_backend_iface *iface;
     void *context;
+    struct bp_plugin *plugin; /* holds a reference while the backend lives */
     bp_device *device;
 };
 
 struct bp_event {
+    struct bp_plugin *plugin; /* holds a reference while the event lives */
     bp_device *device;
     void *handle;
 };
 
 #define BP_HAS(T, iface, m) BP_IFACE_HAS(T, iface, m)
+
+/* Reference counting of loaded plugins (loader.c): objects that run plugin code take a
+ * reference when made and drop it when freed, so a plugin in use cannot be unloaded. NULL (an
+ * in-process registry) is ignored. */
+struct bp_plugin *bp__plugin_of_device(bp_device *dev);
+void bp__plugin_ref(struct bp_plugin *p);
+void bp__plugin_unref(struct bp_plugin *p);
+/* Copies up to max loaded registries, in load order, into out (running discovery first if it
+ * has not run); returns how many are loaded. */
+size_t bp__registry_snapshot(bp_registry **out, size_t max);
 
 /* Places t at addr in buf without the public bounds checks (the allocators have done them). */
 enum bp_status bp__place_tensor(bp_buffer *buf, bp_tensor *t, void *addr);

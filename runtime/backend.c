@@ -93,6 +93,7 @@ void bp_buffer_free(bp_buffer *buf)
         return;
     if (BP_HAS(struct bp_buffer_iface, buf->iface, free_buffer))
         buf->iface->free_buffer(buf);
+    bp__plugin_unref(buf->plugin);
     bp__free(buf);
 }
 
@@ -335,6 +336,7 @@ void bp_backend_free(bp_backend *backend)
         return;
     if (BP_HAS(struct bp_backend_iface, backend->iface, free))
         backend->iface->free(backend);
+    bp__plugin_unref(backend->plugin);
     bp__free(backend);
 }
 
@@ -600,6 +602,8 @@ bp_event *bp_event_new(bp_device *dev)
         return NULL;
     }
     ev->device = dev;
+    ev->plugin = bp__plugin_of_device(dev);
+    bp__plugin_ref(ev->plugin);
     return ev;
 }
 
@@ -608,6 +612,7 @@ void bp_event_free(bp_event *event)
     if (event == NULL)
         return;
     event->device->iface->event_free(event->device, event->handle);
+    bp__plugin_unref(event->plugin);
     bp__free(event);
 }
 

@@ -169,6 +169,8 @@ bp_buffer *bp_buffer_new(bp_buffer_type *buft, const struct bp_buffer_iface *ifa
         return NULL;
     buf->iface = iface;
     buf->context = context;
+    buf->plugin = bp__plugin_of_device(buft->device);
+    bp__plugin_ref(buf->plugin);
     buf->buft = buft;
     buf->size = size;
     buf->usage = BP_BUFFER_USAGE_ANY;
@@ -188,6 +190,8 @@ bp_backend *bp_backend_new(bp_device *dev, const struct bp_backend_iface *iface,
     be->iface = iface;
     be->context = context;
     be->device = dev;
+    be->plugin = bp__plugin_of_device(dev);
+    bp__plugin_ref(be->plugin);
     return be;
 }
 

@@ -1,6 +1,7 @@
 /* test-device.c - private to tests/: the fake accelerator of test-device.h. */
 #include "test-device.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,11 +9,24 @@
 
 struct test_device_stats test_device_stats;
 
-struct accel {
-    size_t max_buffer;
-    bp_registry *reg;
+#define MAX_DEVICES 4
+
+struct accel;
+
+/* One device: its name, and the buffer type made for it. */
+struct accel_dev {
+    struct accel *a;
+    char name[32];
     bp_device *dev;
     bp_buffer_type *buft;
+};
+
+struct accel {
+    size_t max_buffer;
+    char reg_name[32];
+    bp_registry *reg;
+    int n_devices;
+    struct accel_dev devs[MAX_DEVICES];
 };
 
 /* ---- Buffers ---------------------------------------------------------------------------- */
@@ -94,8 +108,8 @@ static size_t buft_alignment(bp_buffer_type *buft)
 
 static size_t buft_max_size(bp_buffer_type *buft)
 {
-    struct accel *a = bp_buffer_type_get_context(buft);
-    return a->max_buffer ? a->max_buffer : SIZE_MAX;
+    struct accel_dev *d = bp_buffer_type_get_context(buft);
+    return d->a->max_buffer ? d->a->max_buffer : SIZE_MAX;
 }
 
 /* Pads every tensor to a multiple of 256 bytes, as some devices do. */
@@ -131,8 +145,8 @@ static const struct bp_buffer_type_iface accel_buft_iface = {
 
 static const char *be_name(bp_backend *be)
 {
-    (void)be;
-    return "ACCEL0";
+    struct accel_dev *d = bp_device_get_context(bp_backend_get_device(be));
+    return d->name;
 }
 
 static void be_free(bp_backend *be)
@@ -187,8 +201,8 @@ static const struct bp_backend_iface accel_backend_iface = {
 
 static const char *dev_name(bp_device *dev)
 {
-    (void)dev;
-    return "ACCEL0";
+    struct accel_dev *d = bp_device_get_context(dev);
+    return d->name;
 }
 
 static const char *dev_desc(bp_device *dev)
@@ -224,8 +238,8 @@ static bp_backend *dev_init_backend(bp_device *dev, const char *params)
 
 static bp_buffer_type *dev_buft(bp_device *dev)
 {
-    struct accel *a = bp_device_get_context(dev);
-    return a->buft;
+    struct accel_dev *d = bp_device_get_context(dev);
+    return d->buft;
 }
 
 static bool dev_supports_op(bp_device *dev, const bp_tensor *op)
@@ -276,21 +290,20 @@ static const struct bp_device_iface accel_device_iface = {
 
 static const char *reg_name(bp_registry *reg)
 {
-    (void)reg;
-    return "TestAccel";
+    struct accel *a = bp_registry_get_context(reg);
+    return a->reg_name;
 }
 
 static size_t reg_count(bp_registry *reg)
 {
-    (void)reg;
-    return 1;
+    struct accel *a = bp_registry_get_context(reg);
+    return (size_t)a->n_devices;
 }
 
 static bp_device *reg_device(bp_registry *reg, size_t i)
 {
-    (void)i;
     struct accel *a = bp_registry_get_context(reg);
-    return a->dev;
+    return a->devs[i].dev;
 }
 
 int test_device_answer(void)
@@ -318,20 +331,37 @@ static const struct bp_registry_iface accel_registry_iface = {
     .free = reg_free,
 };
 
-bp_registry *test_device_registry_new(size_t max_buffer)
+bp_registry *test_device_registry_new_named(const char *reg_name, const char *dev_prefix,
+                                            int n_devices, size_t max_buffer)
 {
+    if (n_devices < 0 || n_devices > MAX_DEVICES)
+        return NULL;
     struct accel *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return NULL;
     a->max_buffer = max_buffer;
+    a->n_devices = n_devices;
+    snprintf(a->reg_name, sizeof(a->reg_name), "%s", reg_name);
     a->reg = bp_registry_new(&accel_registry_iface, a);
     if (a->reg == NULL) {
         free(a);
         return NULL;
     }
-    a->dev = bp_device_new(a->reg, &accel_device_iface, a);
-    a->buft = a->dev ? bp_buffer_type_new(a->dev, &accel_buft_iface, a) : NULL;
-    if (a->buft == NULL) {
-        bp_registry_free(a->reg); /* frees a through reg_free */
-        return NULL;
+    for (int i = 0; i < n_devices; i++) {
+        struct accel_dev *d = &a->devs[i];
+        d->a = a;
+        snprintf(d->name, sizeof(d->name), "%s%d", dev_prefix, i);
+        d->dev = bp_device_new(a->reg, &accel_device_iface, d);
+        d->buft = d->dev ? bp_buffer_type_new(d->dev, &accel_buft_iface, d) : NULL;
+        if (d->buft == NULL) {
+            bp_registry_free(a->reg); /* frees a through reg_free */
+            return NULL;
+        }
     }
     return a->reg;
+}
+
+bp_registry *test_device_registry_new(size_t max_buffer)
+{
+    return test_device_registry_new_named("TestAccel", "ACCEL", 1, max_buffer);
 }

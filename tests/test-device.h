@@ -19,6 +19,9 @@ extern struct test_device_stats test_device_stats;
 /* A registry "TestAccel" with one device "ACCEL0". max_buffer caps buffer sizes (0: no cap).
  * Caller frees with bp_registry_free. */
 bp_registry *test_device_registry_new(size_t max_buffer);
+/* The same with another registry name and n_devices devices named <dev_prefix>0, 1, ... */
+bp_registry *test_device_registry_new_named(const char *reg_name, const char *dev_prefix,
+                                            int n_devices, size_t max_buffer);
 /* The proc address the registry offers, for the get_proc_address test. */
 int test_device_answer(void);
 

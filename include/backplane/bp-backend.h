@@ -173,6 +173,84 @@ BP_API bp_device *bp_registry_get_device(bp_registry *reg, size_t index);
 BP_API void *bp_registry_get_proc_address(bp_registry *reg, const char *name);
 BP_API void bp_registry_api_version(bp_registry *reg, int *major, int *minor);
 
+/* ---- Plugins ---------------------------------------------------------------------------- *
+ * Discovery looks at every file named backplane-<name>[-<variant>].so in each directory of
+ * BP_PLUGIN_PATH (colon-separated; ignored in setuid/setgid processes), then in the configured
+ * plugin directory (bp_default_plugin_dir(), or BP_PLUGIN_SYSTEM_PATH when set; empty = none).
+ * BP_PLUGINS_ONLY / BP_PLUGINS_DISABLE (comma-separated <name>s) filter before anything is
+ * opened. For each <name> the variant with the highest non-zero score is loaded. Every file and
+ * directory considered gets a record in the load report. The lookups below run discovery once
+ * (thread-safe) if it has not run yet. */
+
+typedef struct bp_plugin bp_plugin;
+
+enum bp_plugin_status {
+    BP_PLUGIN_LOADED = 0,       /* in use */
+    BP_PLUGIN_NOT_SELECTED = 1, /* a better variant (or an earlier file of the name) won */
+    BP_PLUGIN_CANNOT_RUN = 2,   /* score 0 or CPU features missing */
+    BP_PLUGIN_FILTERED = 3,     /* BP_PLUGINS_ONLY / BP_PLUGINS_DISABLE: never opened */
+    BP_PLUGIN_REFUSED = 4,      /* unsafe permissions or owner, not a regular file, bad name */
+    BP_PLUGIN_FAILED = 5,       /* dlopen, entry point, ABI, init or duplicate-name failure */
+    BP_PLUGIN_UNLOADED = 6,     /* was loaded, then unloaded */
+};
+
+struct bp_plugin_record {
+    const char *path;    /* file or directory */
+    const char *name;    /* <name> from the file name ("" for a directory) */
+    const char *variant; /* <variant> or "" */
+    int score;           /* -1 when never asked */
+    enum bp_plugin_status status;
+    const char *message; /* why (one sentence), or what was loaded */
+};
+
+BP_API const char *bp_plugin_status_name(enum bp_plugin_status status);
+
+/* Runs discovery once; later calls return the first result. BP_OK even when some plugins were
+ * refused: the report says why. */
+BP_API enum bp_status bp_plugin_load_all(void);
+/* Considers the plugins of one directory (the environment filters still apply). */
+BP_API enum bp_status bp_plugin_load_all_from(const char *dir);
+/* Loads one file regardless of its directory; NULL with an error (and a report record) when
+ * it cannot be loaded. Owned by the runtime. */
+BP_API bp_plugin *bp_plugin_load(const char *path);
+/* BP_ERR_BUSY while a buffer, backend or event of the plugin is alive; otherwise frees its
+ * registry and devices (their pointers become invalid) and closes the shared object. */
+BP_API enum bp_status bp_plugin_unload(bp_plugin *plugin);
+BP_API size_t bp_plugin_count(void);
+BP_API bp_plugin *bp_plugin_get(size_t index);
+BP_API bp_plugin *bp_plugin_by_name(const char *name); /* case-insensitive <name> */
+BP_API const char *bp_plugin_name(bp_plugin *plugin);
+BP_API const char *bp_plugin_variant(bp_plugin *plugin);
+BP_API const char *bp_plugin_path(bp_plugin *plugin);
+BP_API bp_registry *bp_plugin_get_registry(bp_plugin *plugin);
+/* Buffers, backends and events currently holding the plugin. */
+BP_API int bp_plugin_refcount(bp_plugin *plugin);
+
+/* The load report: one record per file or directory considered, in order. A record stays
+ * valid for the life of the process. */
+BP_API size_t bp_plugin_report_count(void);
+BP_API const struct bp_plugin_record *bp_plugin_report_get(size_t index);
+
+/* ---- Selection by name ------------------------------------------------------------------ */
+
+BP_API size_t bp_registry_count(void);
+BP_API bp_registry *bp_registry_get(size_t index);
+/* Case-insensitive; NULL with an error listing the registries that exist. */
+BP_API bp_registry *bp_registry_by_name(const char *name);
+/* All devices of all registries, in load order. */
+BP_API size_t bp_device_count(void);
+BP_API bp_device *bp_device_get(size_t index);
+/* Case-insensitive; NULL with an error listing the devices that exist. */
+BP_API bp_device *bp_device_by_name(const char *name);
+/* The first device of that type, NULL with an error when there is none. */
+BP_API bp_device *bp_device_by_type(enum bp_device_type type);
+/* A backend on the device (or first device of the registry) called name: "CPU", "CUDA0",
+ * "Meta(CPU0,CPU1)". Caller frees with bp_backend_free. */
+BP_API bp_backend *bp_backend_init_by_name(const char *name, const char *params);
+BP_API bp_backend *bp_backend_init_by_type(enum bp_device_type type, const char *params);
+/* The first GPU, else the first accelerator, else the first CPU device. */
+BP_API bp_backend *bp_backend_init_best(void);
+
 #ifdef __cplusplus
 }
 #endif
