@@ -1,4 +1,9 @@
-/* backplane.c - the `backplane` command-line tool: version, list (grown by later features). */
+/* backplane.c - the `backplane` command-line tool.
+ *
+ *   backplane version         library version
+ *   backplane list [--json]   every plugin file considered and why, and every device
+ *   backplane ops             the types and ops the runtime knows
+ */
 #include "config.h"
 
 #include <stdio.h>
@@ -12,19 +17,23 @@ static void usage(FILE *f)
     fprintf(f, "usage: backplane <command>\n"
                "\n"
                "commands:\n"
-               "  version   print the library version\n"
-               "  list      list the types, ops and plugin directories the runtime knows\n"
-               "  help      print this message\n");
+               "  version        print the library version\n"
+               "  list [--json]  list every plugin considered (and why it did or did not load)\n"
+               "                 and every device\n"
+               "  ops            list the element types and ops the runtime knows\n"
+               "  help           print this message\n"
+               "\n"
+               "environment: BP_PLUGIN_PATH, BP_PLUGINS_ONLY, BP_PLUGINS_DISABLE, BP_CPU_DISABLE,\n"
+               "BP_LOG_LEVEL (see README.md)\n");
 }
 
 static int cmd_version(void)
 {
-    printf("backplane %s (library %s, built against %s)\n", BP_VERSION_STRING, bp_version(),
-           BP_VERSION_STRING);
+    printf("backplane %s (library %s)\n", BP_VERSION_STRING, bp_version());
     return bp_version_hex() == BP_VERSION_HEX ? 0 : 1;
 }
 
-static int cmd_list(void)
+static int cmd_ops(void)
 {
     printf("types:\n");
     for (int t = 0; t < BP_TYPE_COUNT; t++) {
@@ -32,7 +41,6 @@ static int cmd_list(void)
         printf("  %-5s block %2lld  %2zu bytes/block%s\n", tr->name, (long long)tr->block_size,
                tr->type_size, tr->is_quantized ? "  quantised" : "");
     }
-
     printf("ops:\n ");
     for (int op = 0; op < BP_OP_COUNT; op++)
         printf(" %s", bp_op_name((enum bp_op)op));
@@ -40,14 +48,129 @@ static int cmd_list(void)
     for (int op = 0; op < BP_UNARY_OP_COUNT; op++)
         printf(" %s", bp_unary_op_name((enum bp_unary_op)op));
     printf("\n");
+    return 0;
+}
 
-    /* The loader (a later part) searches BP_PLUGIN_PATH first, then the configured directory. */
-    printf("plugin search path:\n");
+static void caps_string(const struct bp_device_caps *c, char *out, size_t n)
+{
+    snprintf(out, n, "%s%s%s%s", c->async ? "async " : "", c->host_buffer ? "host-buffer " : "",
+             c->buffer_from_host_ptr ? "host-ptr " : "", c->events ? "events " : "");
+    size_t len = strlen(out);
+    if (len > 0)
+        out[len - 1] = '\0';
+    else
+        snprintf(out, n, "-");
+}
+
+static void list_text(void)
+{
     const char *env = getenv("BP_PLUGIN_PATH");
+    printf("plugin search path:\n");
     if (env != NULL && env[0] != '\0')
         printf("  %s (BP_PLUGIN_PATH)\n", env);
-    printf("  %s (configured)\n", bp_default_plugin_dir());
-    printf("devices: none (the plugin loader is not part of this build yet)\n");
+    const char *sys = getenv("BP_PLUGIN_SYSTEM_PATH");
+    printf("  %s (%s)\n", sys ? (sys[0] ? sys : "(none)") : bp_default_plugin_dir(),
+           sys ? "BP_PLUGIN_SYSTEM_PATH" : "configured");
+
+    size_t nr = bp_plugin_report_count();
+    printf("\nplugins considered: %zu\n", nr);
+    for (size_t i = 0; i < nr; i++) {
+        const struct bp_plugin_record *r = bp_plugin_report_get(i);
+        char score[16] = "-";
+        if (r->score >= 0)
+            snprintf(score, sizeof(score), "%d", r->score);
+        printf("  %-16s %s\n", bp_plugin_status_name(r->status), r->path);
+        printf("  %-16s name %s%s%s, score %s: %s\n", "", r->name[0] ? r->name : "-",
+               r->variant[0] ? ", variant " : "", r->variant, score, r->message);
+    }
+
+    size_t nd = bp_device_count();
+    printf("\ndevices: %zu\n", nd);
+    for (size_t i = 0; i < nd; i++) {
+        struct bp_device_props p;
+        bp_device_get_props(bp_device_get(i), &p);
+        char caps[64];
+        caps_string(&p.caps, caps, sizeof(caps));
+        printf("  %-10s %-5s %s\n", p.name, bp_device_type_name(p.type), p.description);
+        printf("  %-10s memory %.1f of %.1f MiB free, caps: %s, registry %s\n", "",
+               (double)p.memory_free / (1 << 20), (double)p.memory_total / (1 << 20), caps,
+               bp_registry_name(bp_device_get_registry(bp_device_get(i))));
+    }
+}
+
+static void json_string(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
+static void list_json(void)
+{
+    printf("{\n  \"version\": ");
+    json_string(bp_version());
+    printf(",\n  \"plugins\": [");
+    size_t nr = bp_plugin_report_count();
+    for (size_t i = 0; i < nr; i++) {
+        const struct bp_plugin_record *r = bp_plugin_report_get(i);
+        printf("%s\n    {\"path\": ", i ? "," : "");
+        json_string(r->path);
+        printf(", \"name\": ");
+        json_string(r->name);
+        printf(", \"variant\": ");
+        json_string(r->variant);
+        printf(", \"score\": %d, \"status\": ", r->score);
+        json_string(bp_plugin_status_name(r->status));
+        printf(", \"message\": ");
+        json_string(r->message);
+        printf("}");
+    }
+    printf("%s],\n  \"devices\": [", nr ? "\n  " : "");
+    size_t nd = bp_device_count();
+    for (size_t i = 0; i < nd; i++) {
+        struct bp_device_props p;
+        bp_device *d = bp_device_get(i);
+        bp_device_get_props(d, &p);
+        printf("%s\n    {\"name\": ", i ? "," : "");
+        json_string(p.name);
+        printf(", \"description\": ");
+        json_string(p.description);
+        printf(", \"type\": ");
+        json_string(bp_device_type_name(p.type));
+        printf(", \"registry\": ");
+        json_string(bp_registry_name(bp_device_get_registry(d)));
+        printf(", \"memory_free\": %zu, \"memory_total\": %zu", p.memory_free, p.memory_total);
+        printf(", \"caps\": {\"async\": %s, \"host_buffer\": %s, \"buffer_from_host_ptr\": %s, "
+               "\"events\": %s}}",
+               p.caps.async ? "true" : "false", p.caps.host_buffer ? "true" : "false",
+               p.caps.buffer_from_host_ptr ? "true" : "false", p.caps.events ? "true" : "false");
+    }
+    printf("%s]\n}\n", nd ? "\n  " : "");
+}
+
+static int cmd_list(int argc, char **argv)
+{
+    bool json = false;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) {
+            json = true;
+        } else {
+            fprintf(stderr, "backplane list: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    bp_plugin_load_all();
+    if (json)
+        list_json();
+    else
+        list_text();
     return 0;
 }
 
@@ -60,7 +183,9 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0)
         return cmd_version();
     if (strcmp(argv[1], "list") == 0)
-        return cmd_list();
+        return cmd_list(argc, argv);
+    if (strcmp(argv[1], "ops") == 0)
+        return cmd_ops();
     if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
         return 0;

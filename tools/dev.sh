@@ -36,17 +36,28 @@ build() {
     make -j"$jobs"
 }
 
-# The Check summary of each suite, then one total line.
+# The summary line of each suite (Check's, or a script's "N passed, M failed"), then a total.
 summarize() {
     total=0 failed=0
     for log in tests/*.log; do
         line=$(grep -E '^[0-9]+%: Checks: ' "$log" || true)
-        [ -n "$line" ] || continue
-        echo "$line"
-        n=$(echo "$line" | sed -E 's/.*Checks: ([0-9]+).*/\1/')
-        f=$(echo "$line" | sed -E 's/.*Failures: ([0-9]+), Errors: ([0-9]+).*/\1 \2/')
-        total=$((total + n))
-        failed=$((failed + ${f% *} + ${f#* }))
+        if [ -n "$line" ]; then
+            echo "$line"
+            n=$(echo "$line" | sed -E 's/.*Checks: ([0-9]+).*/\1/')
+            f=$(echo "$line" | sed -E 's/.*Failures: ([0-9]+), Errors: ([0-9]+).*/\1 \2/')
+            total=$((total + n))
+            failed=$((failed + ${f% *} + ${f#* }))
+            continue
+        fi
+        line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" || true)
+        if [ -n "$line" ]; then
+            echo "$(basename "$log" .log): $line"
+            p=${line%% passed*}
+            f=${line#*, }
+            f=${f%% failed*}
+            total=$((total + p + f))
+            failed=$((failed + f))
+        fi
     done
     echo "checks: $((total - failed)) passed, $failed failed"
 }
