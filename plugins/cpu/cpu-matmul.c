@@ -1,0 +1,453 @@
+/* cpu-matmul.c - MUL_MAT on the CPU: dst[m, n] = sum_k a[k, m] * b[k, n].
+ *
+ * Two strategies, chosen per node:
+ *
+ * Packed GEMM (N >= BP_CPU_GEMM_MIN_N): the classic blocked scheme. For each K block, every
+ * thread packs the whole B block into column panels of NR (shared, one copy), then packs its
+ * own rows of A into row panels of MR (converting F16/BF16 and dequantising Q8_0/Q4_0 to f32 on
+ * the way, so every weight type reaches the same micro-kernel), and the micro-kernel keeps an
+ * MR x NR tile of C in registers: per k, MR/16 vector loads of A and NR broadcasts of B feed
+ * MR/16 * NR fused multiply-adds. Panels are contiguous, so the loads stream from L1/L2.
+ *
+ * Dot products (small N, matrix-vector): each thread walks its rows of A exactly once and
+ * multiplies each against every column of B (which stays in L1): F32/F16/BF16 with f32 FMAs,
+ * Q8_0/Q4_0 against B quantised on the fly to Q8_0 (by all threads, before a barrier) with
+ * 8-bit integer dot products. This streams the weights once, which is what bounds N = 1.
+ *
+ * Each build variant compiles this file with its own ISA flags; the #if blocks choose the
+ * widest code the variant may use. */
+#include "config.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "cpu-impl.h"
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+#define MR 32
+#define NR 12
+#elif defined(__AVX2__) && defined(__FMA__)
+#define MR 16
+#define NR 6
+#else
+#define MR 8
+#define NR 4
+#endif
+
+#define KC 256   /* K block: B micro-panel (KC x NR) stays in L1 */
+#define MC 128   /* rows of A packed at a time (MC x KC in L2) */
+#define BP_CPU_GEMM_MIN_N 8
+
+/* ---- Micro-kernel ----------------------------------------------------------------------- */
+
+/* C[MR x NR] (column stride ldc) = (accumulate ? C : 0) + Apanel[KC x MR] * Bpanel[KC x NR]. */
+static void micro_kernel(int64_t kc, const float *restrict ap, const float *restrict bp,
+                         float *restrict c, int64_t ldc, bool accumulate)
+{
+#if defined(__AVX512F__)
+    __m512 acc0[NR], acc1[NR];
+#pragma GCC unroll 12
+    for (int j = 0; j < NR; j++) {
+        acc0[j] = accumulate ? _mm512_loadu_ps(c + j * ldc) : _mm512_setzero_ps();
+        acc1[j] = accumulate ? _mm512_loadu_ps(c + j * ldc + 16) : _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const __m512 a0 = _mm512_load_ps(ap + k * MR), a1 = _mm512_load_ps(ap + k * MR + 16);
+#pragma GCC unroll 12
+        for (int j = 0; j < NR; j++) {
+            const __m512 b = _mm512_set1_ps(bp[k * NR + j]);
+            acc0[j] = _mm512_fmadd_ps(a0, b, acc0[j]);
+            acc1[j] = _mm512_fmadd_ps(a1, b, acc1[j]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int j = 0; j < NR; j++) {
+        _mm512_storeu_ps(c + j * ldc, acc0[j]);
+        _mm512_storeu_ps(c + j * ldc + 16, acc1[j]);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc0[NR], acc1[NR];
+#pragma GCC unroll 6
+    for (int j = 0; j < NR; j++) {
+        acc0[j] = accumulate ? _mm256_loadu_ps(c + j * ldc) : _mm256_setzero_ps();
+        acc1[j] = accumulate ? _mm256_loadu_ps(c + j * ldc + 8) : _mm256_setzero_ps();
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const __m256 a0 = _mm256_load_ps(ap + k * MR), a1 = _mm256_load_ps(ap + k * MR + 8);
+#pragma GCC unroll 6
+        for (int j = 0; j < NR; j++) {
+            const __m256 b = _mm256_broadcast_ss(bp + k * NR + j);
+            acc0[j] = _mm256_fmadd_ps(a0, b, acc0[j]);
+            acc1[j] = _mm256_fmadd_ps(a1, b, acc1[j]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int j = 0; j < NR; j++) {
+        _mm256_storeu_ps(c + j * ldc, acc0[j]);
+        _mm256_storeu_ps(c + j * ldc + 8, acc1[j]);
+    }
+#else
+    float acc[NR][MR];
+    for (int j = 0; j < NR; j++)
+        for (int i = 0; i < MR; i++)
+            acc[j][i] = accumulate ? c[j * ldc + i] : 0.0f;
+    for (int64_t k = 0; k < kc; k++)
+        for (int j = 0; j < NR; j++)
+            for (int i = 0; i < MR; i++)
+                acc[j][i] += ap[k * MR + i] * bp[k * NR + j];
+    for (int j = 0; j < NR; j++)
+        for (int i = 0; i < MR; i++)
+            c[j * ldc + i] = acc[j][i];
+#endif
+}
+
+/* ---- Packing ---------------------------------------------------------------------------- */
+
+/* A rows [m0, m0 + mc) x k [k0, k0 + kc) into panels of MR rows: panel p holds, for each k, MR
+ * consecutive floats (rows past mc are zero). tmp holds one converted row segment. */
+static void pack_a(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc, int64_t k0,
+                   int64_t kc, float *restrict out, float *restrict tmp)
+{
+    const size_t row_bytes_per_block = bp_type_size(a->type);
+    const int64_t blck = bp_type_block_size(a->type);
+    for (int64_t p = 0; p < mc; p += MR) {
+        float *panel = out + p * kc;
+        const int64_t rows = mc - p < MR ? mc - p : MR;
+        for (int64_t i = 0; i < rows; i++) {
+            const char *row = abase + (m0 + p + i) * (int64_t)a->nb[1];
+            const float *src;
+            if (a->type == BP_TYPE_F32) {
+                src = (const float *)row + k0;
+            } else {
+                bp_cpu_to_float(a->type, row + k0 / blck * (int64_t)row_bytes_per_block, tmp, kc);
+                src = tmp;
+            }
+            for (int64_t k = 0; k < kc; k++)
+                panel[k * MR + i] = src[k];
+        }
+        for (int64_t i = rows; i < MR; i++)
+            for (int64_t k = 0; k < kc; k++)
+                panel[k * MR + i] = 0.0f;
+    }
+}
+
+/* B columns [n0, n0 + nc) x k [k0, k0 + kc) into panels of NR columns (zero past nc). */
+static void pack_b(const bp_tensor *b, const char *bbase, int64_t n0, int64_t nc, int64_t k0,
+                   int64_t kc, float *restrict out)
+{
+    for (int64_t p = 0; p < nc; p += NR) {
+        float *panel = out + p * kc;
+        const int64_t cols = nc - p < NR ? nc - p : NR;
+        for (int64_t j = 0; j < cols; j++) {
+            const float *src = (const float *)(bbase + (n0 + p + j) * (int64_t)b->nb[1]) + k0;
+            for (int64_t k = 0; k < kc; k++)
+                panel[k * NR + j] = src[k];
+        }
+        for (int64_t j = cols; j < NR; j++)
+            for (int64_t k = 0; k < kc; k++)
+                panel[k * NR + j] = 0.0f;
+    }
+}
+
+static int64_t round_up(int64_t x, int64_t m)
+{
+    return (x + m - 1) / m * m;
+}
+
+/* ---- Packed GEMM driver ----------------------------------------------------------------- */
+
+static void gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                       const struct bp_cpu_params *p, float *bpack, float *apack, float *tmp)
+{
+    const bp_tensor *a = dst->src[0], *b = dst->src[1];
+    const int64_t M = dst->ne[0], N = dst->ne[1], K = a->ne[0];
+    const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
+    const int64_t Np = round_up(N, NR);
+
+    /* Rows of this thread: whole MR panels, as even as possible. */
+    int64_t pm0, pm1;
+    bp_cpu_split((M + MR - 1) / MR, p->ith, p->nth, &pm0, &pm1);
+    const int64_t m_begin = pm0 * MR, m_end = pm1 * MR < M ? pm1 * MR : M;
+
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = K - k0 < KC ? K - k0 : KC;
+        /* Everyone packs a share of B's panels, then waits for the rest. */
+        int64_t q0, q1;
+        bp_cpu_split(Np / NR, p->ith, p->nth, &q0, &q1);
+        for (int64_t q = q0; q < q1; q++) {
+            int64_t n0 = q * NR, nc = N - n0 < NR ? N - n0 : NR;
+            pack_b(b, bbase, n0, nc, k0, kc, bpack + n0 * kc);
+        }
+        bp_cpu_pool_barrier(p->pool);
+
+        for (int64_t mc0 = m_begin; mc0 < m_end; mc0 += MC) {
+            const int64_t mc = m_end - mc0 < MC ? m_end - mc0 : MC;
+            pack_a(a, abase, mc0, mc, k0, kc, apack, tmp);
+            for (int64_t n0 = 0; n0 < N; n0 += NR) {
+                const float *bpanel = bpack + n0 * kc;
+                const int64_t nc = N - n0 < NR ? N - n0 : NR;
+                for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+                    const int64_t mr = mc - i0 < MR ? mc - i0 : MR;
+                    float *c = (float *)cbase + (mc0 + i0) + n0 * ldc;
+                    if (mr == MR && nc == NR) {
+                        micro_kernel(kc, apack + i0 * kc, bpanel, c, ldc, k0 > 0);
+                    } else {
+                        /* Edge tile: compute into a full tile, copy back the valid part. */
+                        float edge[NR * MR];
+                        for (int64_t j = 0; j < nc && k0 > 0; j++)
+                            memcpy(edge + j * MR, c + j * ldc, (size_t)mr * sizeof(float));
+                        micro_kernel(kc, apack + i0 * kc, bpanel, edge, MR, k0 > 0);
+                        for (int64_t j = 0; j < nc; j++)
+                            memcpy(c + j * ldc, edge + j * MR, (size_t)mr * sizeof(float));
+                    }
+                }
+            }
+        }
+        /* B's panels are rewritten for the next K block only after everyone is done. */
+        bp_cpu_pool_barrier(p->pool);
+    }
+}
+
+/* ---- Dot-product path ------------------------------------------------------------------- */
+
+#if defined(__AVX512F__)
+BP_CPU_INLINE float hsum512(__m512 v)
+{
+    return _mm512_reduce_add_ps(v);
+}
+#endif
+#if defined(__AVX2__)
+BP_CPU_INLINE float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+float bp_cpu_dot_f32(const float *x, const float *y, int64_t n)
+{
+    int64_t i = 0;
+    float sum = 0.0f;
+#if defined(__AVX512F__)
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), s1);
+    }
+    sum = hsum512(_mm512_add_ps(s0, s1));
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), s1);
+    }
+    sum = hsum256(_mm256_add_ps(s0, s1));
+#endif
+    for (; i < n; i++)
+        sum += x[i] * y[i];
+    return sum;
+}
+
+#define RD 4 /* rows of A per dot-product step: B's columns are read once per RD rows */
+
+/* dst[m, n] for rows [m0, m1) and every n, A rows of f32/f16/bf16. */
+static void dot_rows_float(const bp_tensor *a, const char *abase, const bp_tensor *b,
+                           const char *bbase, char *cbase, int64_t ldc, int64_t m0, int64_t m1,
+                           int64_t N, float *tmp)
+{
+    const int64_t K = a->ne[0];
+    for (int64_t m = m0; m < m1; m += RD) {
+        const int64_t rows = m1 - m < RD ? m1 - m : RD;
+        const float *ar[RD];
+        for (int64_t r = 0; r < rows; r++) {
+            const char *row = abase + (m + r) * (int64_t)a->nb[1];
+            if (a->type == BP_TYPE_F32) {
+                ar[r] = (const float *)row;
+            } else {
+                bp_cpu_to_float(a->type, row, tmp + r * K, K);
+                ar[r] = tmp + r * K;
+            }
+        }
+        for (int64_t n = 0; n < N; n++) {
+            const float *y = (const float *)(bbase + n * (int64_t)b->nb[1]);
+            float *c = (float *)cbase + n * ldc + m;
+            for (int64_t r = 0; r < rows; r++)
+                c[r] = bp_cpu_dot_f32(ar[r], y, K);
+        }
+    }
+}
+
+BP_CPU_INLINE float half_to_float(uint16_t h)
+{
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    return bp_fp16_to_fp32(h);
+#endif
+}
+
+#if defined(__AVX2__)
+/* 32 signed bytes of x times 32 signed bytes of y, summed in eight int32 lanes. */
+BP_CPU_INLINE __m256i dot_i8x32(__m256i vx, __m256i vy)
+{
+    /* Both instructions multiply unsigned by signed bytes: move x's sign onto y. */
+    const __m256i ax = _mm256_sign_epi8(vx, vx), sy = _mm256_sign_epi8(vy, vx);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+#endif
+}
+
+BP_CPU_INLINE __m256i load_q4(const struct bp_block_q4_0 *b)
+{
+    const __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
+    const __m128i lo = _mm_and_si128(q, _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f));
+    return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+}
+#endif
+
+/* sum over nb blocks of (d_x * d_y) * (q_x . q_y), A row in Q8_0 or Q4_0, B row in Q8_0. */
+static float dot_quant_row(enum bp_type type, const void *xrow, const struct bp_block_q8_0 *y,
+                           int64_t nb)
+{
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    if (type == BP_TYPE_Q8_0) {
+        const struct bp_block_q8_0 *x = xrow;
+        for (int64_t i = 0; i < nb; i++) {
+            const __m256i s = dot_i8x32(_mm256_loadu_si256((const __m256i *)x[i].qs),
+                                        _mm256_loadu_si256((const __m256i *)y[i].qs));
+            const float d = half_to_float(x[i].d) * half_to_float(y[i].d);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+        }
+    } else {
+        const struct bp_block_q4_0 *x = xrow;
+        for (int64_t i = 0; i < nb; i++) {
+            const __m256i s = dot_i8x32(load_q4(&x[i]),
+                                        _mm256_loadu_si256((const __m256i *)y[i].qs));
+            const float d = half_to_float(x[i].d) * half_to_float(y[i].d);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+        }
+    }
+    return hsum256(acc);
+#else
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t s = 0;
+        if (type == BP_TYPE_Q8_0) {
+            const struct bp_block_q8_0 *x = (const struct bp_block_q8_0 *)xrow + i;
+            for (int j = 0; j < 32; j++)
+                s += x->qs[j] * y[i].qs[j];
+            sum += half_to_float(x->d) * half_to_float(y[i].d) * (float)s;
+        } else {
+            const struct bp_block_q4_0 *x = (const struct bp_block_q4_0 *)xrow + i;
+            for (int j = 0; j < 16; j++)
+                s += ((x->qs[j] & 0x0f) - 8) * y[i].qs[j] + ((x->qs[j] >> 4) - 8) * y[i].qs[j + 16];
+            sum += half_to_float(x->d) * half_to_float(y[i].d) * (float)s;
+        }
+    }
+    return sum;
+#endif
+}
+
+/* dst[m, n] for rows [m0, m1): quantised A against B already quantised to Q8_0 (bq). */
+static void dot_rows_quant(const bp_tensor *a, const char *abase, const struct bp_block_q8_0 *bq,
+                           char *cbase, int64_t ldc, int64_t m0, int64_t m1, int64_t N)
+{
+    const int64_t nb = a->ne[0] / 32;
+    for (int64_t m = m0; m < m1; m++) {
+        const char *row = abase + m * (int64_t)a->nb[1];
+        for (int64_t n = 0; n < N; n++)
+            ((float *)cbase)[n * ldc + m] = dot_quant_row(a->type, row, bq + n * nb, nb);
+    }
+}
+
+/* ---- Driver ----------------------------------------------------------------------------- */
+
+static bool use_gemm(const bp_tensor *dst)
+{
+    return dst->ne[1] >= BP_CPU_GEMM_MIN_N;
+}
+
+static bool quantized(enum bp_type t)
+{
+    return t == BP_TYPE_Q8_0 || t == BP_TYPE_Q4_0;
+}
+
+bool bp_cpu_mul_mat_supported(const bp_tensor *dst)
+{
+    const bp_tensor *a = dst->src[0], *b = dst->src[1];
+    /* Rows of A and B contiguous along K, and C contiguous along M. */
+    return a->type != BP_TYPE_I32 && b->type == BP_TYPE_F32 && dst->type == BP_TYPE_F32 &&
+           a->nb[0] == bp_type_size(a->type) && b->nb[0] == sizeof(float) &&
+           dst->nb[0] == sizeof(float);
+}
+
+void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread, size_t *shared)
+{
+    const int64_t K = dst->src[0]->ne[0], N = dst->ne[1];
+    (void)nth;
+    if (use_gemm(dst)) {
+        *per_thread = (size_t)(MC * KC + KC + 64) * sizeof(float);
+        *shared = (size_t)(round_up(N, NR) * KC) * sizeof(float);
+    } else {
+        *per_thread = (size_t)(RD * K + 64) * sizeof(float);
+        /* B quantised to Q8_0, one batch at a time. */
+        *shared = quantized(dst->src[0]->type)
+                      ? (size_t)(N * ((K + 31) / 32)) * sizeof(struct bp_block_q8_0)
+                      : 0;
+    }
+}
+
+void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
+{
+    const bp_tensor *a = dst->src[0], *b = dst->src[1];
+    const int64_t M = dst->ne[0], N = dst->ne[1];
+    const int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
+    const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
+    const bool gemm = use_gemm(dst);
+    float *tmp = p->wdata;
+
+    for (int64_t i3 = 0; i3 < dst->ne[3]; i3++) {
+        for (int64_t i2 = 0; i2 < dst->ne[2]; i2++) {
+            const char *abase = (const char *)a->data + (i2 / r2) * (int64_t)a->nb[2] +
+                                (i3 / r3) * (int64_t)a->nb[3];
+            const char *bbase = (const char *)b->data + i2 * (int64_t)b->nb[2] +
+                                i3 * (int64_t)b->nb[3];
+            char *cbase = (char *)dst->data + i2 * (int64_t)dst->nb[2] + i3 * (int64_t)dst->nb[3];
+            if (M == 0 || N == 0)
+                continue;
+            if (gemm) {
+                float *apack = tmp + KC + 32;
+                gemm_batch(dst, abase, bbase, cbase, p, p->wshared, apack, tmp);
+                continue;
+            }
+            int64_t m0, m1;
+            bp_cpu_split(M, p->ith, p->nth, &m0, &m1);
+            if (!quantized(a->type)) {
+                dot_rows_float(a, abase, b, bbase, cbase, ldc, m0, m1, N, tmp);
+                continue;
+            }
+            /* Quantise B's columns (shared by all threads), then integer dot products. */
+            struct bp_block_q8_0 *bq = p->wshared;
+            const int64_t nb = a->ne[0] / 32;
+            int64_t n0, n1;
+            bp_cpu_split(N, p->ith, p->nth, &n0, &n1);
+            for (int64_t n = n0; n < n1; n++)
+                bp_type_get_traits(BP_TYPE_Q8_0)
+                    ->from_float((const float *)(bbase + n * (int64_t)b->nb[1]), bq + n * nb,
+                                 a->ne[0]);
+            bp_cpu_pool_barrier(p->pool);
+            dot_rows_quant(a, abase, bq, cbase, ldc, m0, m1, N);
+            bp_cpu_pool_barrier(p->pool); /* bq is rewritten for the next batch */
+        }
+    }
+}

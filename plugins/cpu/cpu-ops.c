@@ -1,0 +1,560 @@
+/* cpu-ops.c - the CPU kernels of every op except MUL_MAT.
+ *
+ * Each kernel handles any strides of its sources (broadcast, permuted and other views) and
+ * writes destination rows that are contiguous along ne[0] (bp_cpu_supports_op checks that).
+ * Work is split over the rows of the destination, so every thread gets a share even when a
+ * tensor has fewer rows than threads in one dimension. Kernels that may run in place (see the
+ * contract in bp-plugin.h) read what they need of a row before writing it. */
+#include "config.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "cpu-impl.h"
+
+#define ROWS_OF(t) ((t)->ne[1] * (t)->ne[2] * (t)->ne[3])
+
+/* Splits a flat row index into (i1, i2, i3) for tensor t. */
+BP_CPU_INLINE void unflatten(const bp_tensor *t, int64_t r, int64_t *i1, int64_t *i2, int64_t *i3)
+{
+    *i1 = r % t->ne[1];
+    *i2 = (r / t->ne[1]) % t->ne[2];
+    *i3 = r / (t->ne[1] * t->ne[2]);
+}
+
+void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n)
+{
+    bp_type_get_traits(type)->to_float(src, dst, n);
+}
+
+/* Row (i1,i2,i3) of t as floats: a pointer into t when it already is a contiguous f32 row,
+ * else converted or gathered into tmp. */
+static const float *row_f32(const bp_tensor *t, int64_t i1, int64_t i2, int64_t i3, float *tmp)
+{
+    const char *row = bp_cpu_row(t, i1, i2, i3);
+    const size_t esz = bp_type_size(t->type);
+    if (t->nb[0] == esz) {
+        if (t->type == BP_TYPE_F32)
+            return (const float *)row;
+        bp_cpu_to_float(t->type, row, tmp, t->ne[0]);
+        return tmp;
+    }
+    /* Non-contiguous rows exist only for plain types (quantised axis 0 never moves). */
+    for (int64_t i = 0; i < t->ne[0]; i++)
+        bp_cpu_to_float(t->type, row + i * (int64_t)t->nb[0], tmp + i, 1);
+    return tmp;
+}
+
+static void write_row(bp_tensor *t, int64_t i1, int64_t i2, int64_t i3, const float *src)
+{
+    bp_type_get_traits(t->type)->from_float(src, bp_cpu_row(t, i1, i2, i3), t->ne[0]);
+}
+
+/* ---- Copies ----------------------------------------------------------------------------- */
+
+static void op_copy(bp_tensor *dst, const bp_tensor *src, const struct bp_cpu_params *p)
+{
+    /* Same type, both contiguous: bytes, split evenly. */
+    if (src->type == dst->type && bp_is_contiguous(src) && bp_is_contiguous(dst)) {
+        int64_t n = (int64_t)bp_nbytes(dst), b0, b1;
+        bp_cpu_split(n, p->ith, p->nth, &b0, &b1);
+        if (dst->data != src->data)
+            memcpy((char *)dst->data + b0, (const char *)src->data + b0, (size_t)(b1 - b0));
+        return;
+    }
+    float *tmp = p->wdata;
+    if (bp_are_same_shape(src, dst)) {
+        int64_t r0, r1;
+        bp_cpu_split(ROWS_OF(dst), p->ith, p->nth, &r0, &r1);
+        for (int64_t r = r0; r < r1; r++) {
+            int64_t i1, i2, i3;
+            unflatten(dst, r, &i1, &i2, &i3);
+            const float *x = row_f32(src, i1, i2, i3, tmp);
+            if (dst->type == BP_TYPE_F32 && dst->nb[0] == sizeof(float)) {
+                if ((const void *)x != bp_cpu_row(dst, i1, i2, i3))
+                    memcpy(bp_cpu_row(dst, i1, i2, i3), x, (size_t)dst->ne[0] * sizeof(float));
+            } else if (dst->nb[0] == bp_type_size(dst->type)) {
+                write_row(dst, i1, i2, i3, x);
+            } else {
+                char *d = bp_cpu_row(dst, i1, i2, i3);
+                for (int64_t i = 0; i < dst->ne[0]; i++)
+                    bp_type_get_traits(dst->type)->from_float(x + i, d + i * (int64_t)dst->nb[0], 1);
+            }
+        }
+        return;
+    }
+    /* Different shapes, both contiguous and not quantised: flat, element by element. */
+    int64_t n = bp_nelements(dst), e0, e1;
+    bp_cpu_split(n, p->ith, p->nth, &e0, &e1);
+    const size_t ss = bp_type_size(src->type), ds = bp_type_size(dst->type);
+    for (int64_t e = e0; e < e1; e++) {
+        float v;
+        bp_cpu_to_float(src->type, (const char *)src->data + e * (int64_t)ss, &v, 1);
+        bp_type_get_traits(dst->type)->from_float(&v, (char *)dst->data + e * (int64_t)ds, 1);
+    }
+}
+
+static void op_get_rows(bp_tensor *dst, const struct bp_cpu_params *p)
+{
+    const bp_tensor *a = dst->src[0], *ids = dst->src[1];
+    int64_t r0, r1;
+    bp_cpu_split(ROWS_OF(dst), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i1, i2, i3;
+        unflatten(dst, r, &i1, &i2, &i3);
+        int32_t id = *(const int32_t *)((const char *)ids->data + i1 * (int64_t)ids->nb[0] +
+                                        i2 * (int64_t)ids->nb[1] + i3 * (int64_t)ids->nb[2]);
+        float *out = bp_cpu_row(dst, i1, i2, i3);
+        if (id < 0 || id >= a->ne[1]) {
+            /* An id out of range reads nothing: the row becomes NaN, never a wild read. */
+            for (int64_t i = 0; i < dst->ne[0]; i++)
+                out[i] = NAN;
+            continue;
+        }
+        const float *x = row_f32(a, id, i2, i3, out);
+        if (x != out)
+            memcpy(out, x, (size_t)dst->ne[0] * sizeof(float));
+    }
+}
+
+static void op_set_rows(bp_tensor *dst, const struct bp_cpu_params *p)
+{
+    const bp_tensor *src = dst->src[1], *ids = dst->src[2];
+    float *tmp = p->wdata;
+    int64_t r0, r1;
+    bp_cpu_split(ROWS_OF(src), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i1, i2, i3;
+        unflatten(src, r, &i1, &i2, &i3);
+        int32_t id = *(const int32_t *)((const char *)ids->data + i1 * (int64_t)ids->nb[0] +
+                                        (i2 % ids->ne[1]) * (int64_t)ids->nb[1] +
+                                        (i3 % ids->ne[2]) * (int64_t)ids->nb[2]);
+        if (id < 0 || id >= dst->ne[1])
+            continue; /* out of range: nothing is written */
+        const float *x = row_f32(src, i1, i2, i3, tmp);
+        write_row(dst, id, i2, i3, x);
+    }
+}
+
+/* ---- Element-wise ----------------------------------------------------------------------- */
+
+static void op_binary(bp_tensor *dst, const struct bp_cpu_params *p)
+{
+    const bp_tensor *a = dst->src[0], *b = dst->src[1];
+    const int64_t n0 = dst->ne[0], b0n = b->ne[0];
+    float *ta = p->wdata, *tb = ta + n0;
+    int64_t r0, r1;
+    bp_cpu_split(ROWS_OF(dst), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i1, i2, i3;
+        unflatten(dst, r, &i1, &i2, &i3);
+        const float *x = row_f32(a, i1, i2, i3, ta);
+        const float *y = row_f32(b, i1 % b->ne[1], i2 % b->ne[2], i3 % b->ne[3], tb);
+        float *z = bp_cpu_row(dst, i1, i2, i3);
+        for (int64_t j0 = 0; j0 < n0; j0 += b0n) {
+            const float *xs = x + j0;
+            float *zs = z + j0;
+            switch (dst->op) {
+            case BP_OP_ADD:
+                for (int64_t i = 0; i < b0n; i++)
+                    zs[i] = xs[i] + y[i];
+                break;
+            case BP_OP_SUB:
+                for (int64_t i = 0; i < b0n; i++)
+                    zs[i] = xs[i] - y[i];
+                break;
+            case BP_OP_MUL:
+                for (int64_t i = 0; i < b0n; i++)
+                    zs[i] = xs[i] * y[i];
+                break;
+            default:
+                for (int64_t i = 0; i < b0n; i++)
+                    zs[i] = xs[i] / y[i];
+                break;
+            }
+        }
+    }
+}
+
+BP_CPU_INLINE float gelu(float x)
+{
+    const float c = 0.79788456080286535588f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+BP_CPU_INLINE float silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+static void unary_row(enum bp_unary_op op, const float *x, float *y, int64_t n)
+{
+    switch (op) {
+    case BP_UNARY_OP_NEG:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = -x[i];
+        break;
+    case BP_UNARY_OP_ABS:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = fabsf(x[i]);
+        break;
+    case BP_UNARY_OP_RELU:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        break;
+    case BP_UNARY_OP_GELU:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = gelu(x[i]);
+        break;
+    case BP_UNARY_OP_SILU:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = silu(x[i]);
+        break;
+    case BP_UNARY_OP_SIGMOID:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = 1.0f / (1.0f + expf(-x[i]));
+        break;
+    case BP_UNARY_OP_TANH:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = tanhf(x[i]);
+        break;
+    case BP_UNARY_OP_EXP:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = expf(x[i]);
+        break;
+    case BP_UNARY_OP_SQR:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x[i] * x[i];
+        break;
+    case BP_UNARY_OP_SQRT:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = sqrtf(x[i]);
+        break;
+    default:
+        break;
+    }
+}
+
+static void op_unary_scale(bp_tensor *dst, const struct bp_cpu_params *p)
+{
+    const bp_tensor *a = dst->src[0];
+    const float s = dst->op == BP_OP_SCALE ? bp_get_op_param_f32(dst, 0) : 0.0f;
+    const enum bp_unary_op uop = bp_get_unary_op(dst);
+    int64_t r0, r1;
+    bp_cpu_split(ROWS_OF(dst), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i1, i2, i3;
+        unflatten(dst, r, &i1, &i2, &i3);
+        const float *x = row_f32(a, i1, i2, i3, p->wdata);
+        float *y = bp_cpu_row(dst, i1, i2, i3);
+        if (dst->op == BP_OP_SCALE) {
+            for (int64_t i = 0; i < dst->ne[0]; i++)
+                y[i] = x[i] * s;
+        } else {
+            unary_row(uop, x, y, dst->ne[0]);
+        }
+    }
+}
+
+static void op_glu(bp_tensor *dst, const struct bp_cpu_params *p)
+{
+    const bp_tensor *a = dst->src[0], *b = dst->src[1];
+    const bool gelu_act = bp_get_glu_op(dst) == BP_GLU_OP_GEGLU;
+    const int64_t n = dst->ne[0];
+    float *ta = p->wdata, *tb = ta + a->ne[0];
+    int64_t r0, r1;
+    bp_cpu_split(ROWS_OF(dst), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i1, i2, i3;
+        unflatten(dst, r, &i1, &i2, &i3);
+        const float *g = row_f32(a, i1, i2, i3, ta);
+        const float *u = b ? row_f32(b, i1, i2, i3, tb) : g + n;
+        float *y = bp_cpu_row(dst, i1, i2, i3);
+        for (int64_t i = 0; i < n; i++)
+            y[i] = (gelu_act ? gelu(g[i]) : silu(g[i])) * u[i];
+    }
+}
+
+/* ---- Rows: reductions, norms, softmax, rope -------------------------------------------- */
+
+static void op_row_reduce(bp_tensor *dst, const struct bp_cpu_params *p)
+{
+    const bp_tensor *a = dst->src[0];
+    const int64_t n = a->ne[0];
+    const float eps = bp_get_op_param_f32(dst, 0);
+    int64_t r0, r1;
+    bp_cpu_split(ROWS_OF(a), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i1, i2, i3;
+        unflatten(a, r, &i1, &i2, &i3);
+        const float *x = row_f32(a, i1, i2, i3, p->wdata);
+        double sum = 0.0, sq = 0.0;
+        switch (dst->op) {
+        case BP_OP_SUM_ROWS:
+        case BP_OP_MEAN:
+            for (int64_t i = 0; i < n; i++)
+                sum += x[i];
+            *(float *)bp_cpu_row(dst, i1, i2, i3) =
+                (float)(dst->op == BP_OP_MEAN ? sum / (double)n : sum);
+            break;
+        case BP_OP_ARGMAX: {
+            int32_t best = 0;
+            for (int64_t i = 1; i < n; i++) {
+                if (x[i] > x[best])
+                    best = (int32_t)i;
+            }
+            *(int32_t *)bp_cpu_row(dst, i1, i2, i3) = best;
+            break;
+        }
+        case BP_OP_RMS_NORM: {
+            for (int64_t i = 0; i < n; i++)
+                sq += (double)x[i] * x[i];
+            const float scale = (float)(1.0 / sqrt(sq / (double)n + eps));
+            float *y = bp_cpu_row(dst, i1, i2, i3);
+            for (int64_t i = 0; i < n; i++)
+                y[i] = x[i] * scale;
+            break;
+        }
+        case BP_OP_NORM: {
+            for (int64_t i = 0; i < n; i++)
+                sum += x[i];
+            const double mean = sum / (double)n;
+            for (int64_t i = 0; i < n; i++)
+                sq += (x[i] - mean) * (x[i] - mean);
+            const float scale = (float)(1.0 / sqrt(sq / (double)n + eps));
+            float *y = bp_cpu_row(dst, i1, i2, i3);
+            for (int64_t i = 0; i < n; i++)
+                y[i] = (float)((x[i] - mean) * scale);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+}
+
+static void op_soft_max(bp_tensor *dst, const struct bp_cpu_params *p)
+{
+    const bp_tensor *a = dst->src[0], *mask = dst->src[1];
+    const float scale = bp_get_op_param_f32(dst, 0);
+    const int64_t n = a->ne[0];
+    float *tmp = p->wdata, *mrow = tmp + n;
+    int64_t r0, r1;
+    bp_cpu_split(ROWS_OF(a), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i1, i2, i3;
+        unflatten(a, r, &i1, &i2, &i3);
+        const float *x = row_f32(a, i1, i2, i3, tmp);
+        const float *m = mask ? row_f32(mask, i1, i2 % mask->ne[2], i3 % mask->ne[3], mrow)
+                              : NULL;
+        float *y = bp_cpu_row(dst, i1, i2, i3);
+        float max = -INFINITY;
+        for (int64_t i = 0; i < n; i++) {
+            float v = x[i] * scale + (m ? m[i] : 0.0f);
+            y[i] = v;
+            max = v > max ? v : max;
+        }
+        if (max == -INFINITY) { /* every entry masked: zeros, not NaN */
+            memset(y, 0, (size_t)n * sizeof(float));
+            continue;
+        }
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            y[i] = expf(y[i] - max);
+            sum += y[i];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int64_t i = 0; i < n; i++)
+            y[i] *= inv;
+    }
+}
+
+static void op_rope(bp_tensor *dst, const struct bp_cpu_params *p)
+{
+    const bp_tensor *x = dst->src[0], *pos = dst->src[1];
+    const int n_dims = bp_get_op_param_i32(dst, 0);
+    const bool neox = bp_get_op_param_i32(dst, 1) == BP_ROPE_NEOX;
+    const float base = bp_get_op_param_f32(dst, 2), fscale = bp_get_op_param_f32(dst, 3);
+    const int half = n_dims / 2;
+    float *inv_freq = p->wdata, *tmp = inv_freq + half;
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = fscale * powf(base, -2.0f * (float)i / (float)n_dims);
+    int64_t r0, r1;
+    bp_cpu_split(ROWS_OF(x), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i1, i2, i3;
+        unflatten(x, r, &i1, &i2, &i3);
+        const float position =
+            (float)*(const int32_t *)((const char *)pos->data + i2 * (int64_t)pos->nb[0]);
+        const float *in = row_f32(x, i1, i2, i3, tmp);
+        float *out = bp_cpu_row(dst, i1, i2, i3);
+        for (int i = 0; i < half; i++) {
+            const float theta = position * inv_freq[i];
+            const float c = cosf(theta), s = sinf(theta);
+            const int j0 = neox ? i : 2 * i, j1 = neox ? i + half : 2 * i + 1;
+            const float v0 = in[j0], v1 = in[j1];
+            out[j0] = v0 * c - v1 * s;
+            out[j1] = v0 * s + v1 * c;
+        }
+        if (in != out) {
+            for (int64_t i = n_dims; i < x->ne[0]; i++)
+                out[i] = in[i];
+        }
+    }
+}
+
+static void op_concat(bp_tensor *dst, const struct bp_cpu_params *p)
+{
+    const bp_tensor *a = dst->src[0], *b = dst->src[1];
+    const int dim = bp_get_op_param_i32(dst, 0);
+    const size_t esz = bp_type_size(dst->type);
+    int64_t r0, r1;
+    bp_cpu_split(ROWS_OF(dst), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i[4] = {0};
+        unflatten(dst, r, &i[1], &i[2], &i[3]);
+        char *out = bp_cpu_row(dst, i[1], i[2], i[3]);
+        for (int64_t i0 = 0; i0 < dst->ne[0]; i0++) {
+            int64_t j[4] = {i0, i[1], i[2], i[3]};
+            const bp_tensor *s = a;
+            if (j[dim] >= a->ne[dim]) {
+                j[dim] -= a->ne[dim];
+                s = b;
+            }
+            const char *in = (const char *)s->data + j[0] * (int64_t)s->nb[0] +
+                             j[1] * (int64_t)s->nb[1] + j[2] * (int64_t)s->nb[2] +
+                             j[3] * (int64_t)s->nb[3];
+            memcpy(out + i0 * (int64_t)esz, in, esz);
+        }
+    }
+}
+
+/* ---- Dispatch --------------------------------------------------------------------------- */
+
+void bp_cpu_compute_node(bp_tensor *node, const struct bp_cpu_params *p)
+{
+    switch (node->op) {
+    case BP_OP_DUP:
+    case BP_OP_CONT:
+    case BP_OP_CPY:
+        op_copy(node, node->src[0], p);
+        break;
+    case BP_OP_GET_ROWS:
+        op_get_rows(node, p);
+        break;
+    case BP_OP_SET_ROWS:
+        op_set_rows(node, p);
+        break;
+    case BP_OP_ADD:
+    case BP_OP_SUB:
+    case BP_OP_MUL:
+    case BP_OP_DIV:
+        op_binary(node, p);
+        break;
+    case BP_OP_SCALE:
+    case BP_OP_UNARY:
+        op_unary_scale(node, p);
+        break;
+    case BP_OP_GLU:
+        op_glu(node, p);
+        break;
+    case BP_OP_SUM_ROWS:
+    case BP_OP_MEAN:
+    case BP_OP_ARGMAX:
+    case BP_OP_NORM:
+    case BP_OP_RMS_NORM:
+        op_row_reduce(node, p);
+        break;
+    case BP_OP_SOFT_MAX:
+        op_soft_max(node, p);
+        break;
+    case BP_OP_ROPE:
+        op_rope(node, p);
+        break;
+    case BP_OP_CONCAT:
+        op_concat(node, p);
+        break;
+    case BP_OP_MUL_MAT:
+        bp_cpu_mul_mat(node, p);
+        break;
+    default: /* NONE and the views compute nothing */
+        break;
+    }
+}
+
+/* Scratch: a couple of rows of floats for gathering and converting sources. */
+void bp_cpu_work_size(const bp_tensor *node, int nth, size_t *per_thread, size_t *shared)
+{
+    *per_thread = 0;
+    *shared = 0;
+    if (node->op == BP_OP_MUL_MAT) {
+        bp_cpu_mul_mat_work_size(node, nth, per_thread, shared);
+        return;
+    }
+    int64_t widest = node->ne[0];
+    for (int s = 0; s < BP_MAX_SRC; s++) {
+        if (node->src[s] && node->src[s]->ne[0] > widest)
+            widest = node->src[s]->ne[0];
+    }
+    *per_thread = (size_t)(2 * widest + 64) * sizeof(float);
+}
+
+static bool is_float_type(enum bp_type t)
+{
+    return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16;
+}
+
+static bool rows_contiguous(const bp_tensor *t)
+{
+    return t->nb[0] == bp_type_size(t->type);
+}
+
+bool bp_cpu_supports_op(const bp_tensor *op)
+{
+    const bp_tensor *a = op->src[0], *b = op->src[1];
+    switch (op->op) {
+    case BP_OP_NONE:
+    case BP_OP_RESHAPE:
+    case BP_OP_VIEW:
+    case BP_OP_PERMUTE:
+    case BP_OP_TRANSPOSE:
+        return true;
+    case BP_OP_DUP:
+    case BP_OP_CONT:
+    case BP_OP_CPY:
+        if (bp_are_same_shape(a, op))
+            return rows_contiguous(op) || bp_type_block_size(op->type) == 1;
+        return bp_is_contiguous(a) && bp_is_contiguous(op) && bp_type_block_size(a->type) == 1 &&
+               bp_type_block_size(op->type) == 1;
+    case BP_OP_GET_ROWS:
+        return a->type != BP_TYPE_I32 && op->type == BP_TYPE_F32 && rows_contiguous(op);
+    case BP_OP_SET_ROWS:
+        return op->type != BP_TYPE_I32 && rows_contiguous(op) && op->src[1]->type == BP_TYPE_F32;
+    case BP_OP_ADD:
+    case BP_OP_SUB:
+    case BP_OP_MUL:
+    case BP_OP_DIV:
+        return op->type == BP_TYPE_F32 && a->type == BP_TYPE_F32 && b->type == BP_TYPE_F32 &&
+               rows_contiguous(op);
+    case BP_OP_SCALE:
+    case BP_OP_UNARY:
+    case BP_OP_NORM:
+    case BP_OP_RMS_NORM:
+    case BP_OP_SOFT_MAX:
+    case BP_OP_ROPE:
+    case BP_OP_GLU:
+        return op->type == BP_TYPE_F32 && a->type == BP_TYPE_F32 && rows_contiguous(op) &&
+               (op->src[1] == NULL || is_float_type(op->src[1]->type) ||
+                op->op == BP_OP_ROPE);
+    case BP_OP_SUM_ROWS:
+    case BP_OP_MEAN:
+    case BP_OP_ARGMAX:
+        return a->type == BP_TYPE_F32;
+    case BP_OP_CONCAT:
+        return bp_type_block_size(op->type) == 1 && rows_contiguous(op);
+    case BP_OP_MUL_MAT:
+        return bp_cpu_mul_mat_supported(op);
+    default:
+        return false;
+    }
+}

@@ -1,0 +1,424 @@
+/* cpu-plugin.c - the CPU plugin: registry "CPU", one device "CPU", backends with a persistent
+ * thread pool, and the descriptor of this build variant.
+ *
+ * The same sources build several variants (backplane-cpu-x86_64, -avx2, -avx512), each with its
+ * own compiler flags and the CPU features those flags need in its descriptor; the loader picks
+ * the best one this machine runs. Init only describes the device: the thread pool and scratch
+ * memory are made when a backend is created. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu-impl.h"
+
+#ifndef BP_CPU_VARIANT
+#define BP_CPU_VARIANT ""
+#endif
+#ifndef BP_CPU_FEATURES
+#define BP_CPU_FEATURES 0
+#endif
+#ifndef BP_CPU_SCORE
+#define BP_CPU_SCORE 10
+#endif
+
+struct cpu_backend {
+    struct bp_cpu_pool *pool;
+    int n_threads;
+    char *work;            /* 64-byte aligned scratch: per-thread slices, then a shared one */
+    size_t work_size;
+};
+
+struct cpu_registry {
+    bp_registry *reg;
+    bp_device *dev;
+    char description[256];
+};
+
+static struct cpu_registry *the_cpu; /* one per process: the plugin is loaded once */
+
+const char *bp_cpu_variant_name(void)
+{
+    return BP_CPU_VARIANT[0] ? BP_CPU_VARIANT : "generic";
+}
+
+static int online_cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* ---- Backend ---------------------------------------------------------------------------- */
+
+static const char *cpu_backend_name(bp_backend *be)
+{
+    (void)be;
+    return "CPU";
+}
+
+static void cpu_backend_free(bp_backend *be)
+{
+    struct cpu_backend *cb = bp_backend_get_context(be);
+    bp_cpu_pool_free(cb->pool);
+    free(cb->work);
+    free(cb);
+}
+
+struct graph_job {
+    bp_graph *graph;
+    struct cpu_backend *cb;
+    size_t per_thread; /* bytes, multiple of 64 */
+};
+
+static bool computes(const bp_tensor *t)
+{
+    return !(t->op == BP_OP_NONE || t->op == BP_OP_RESHAPE || t->op == BP_OP_VIEW ||
+             t->op == BP_OP_PERMUTE || t->op == BP_OP_TRANSPOSE);
+}
+
+static void graph_job_run(void *arg, int ith, int nth)
+{
+    struct graph_job *job = arg;
+    struct bp_cpu_params p = {
+        .ith = ith,
+        .nth = nth,
+        .wdata = job->cb->work + (size_t)ith * job->per_thread,
+        .wshared = job->cb->work + (size_t)nth * job->per_thread,
+        .pool = job->cb->pool,
+    };
+    const int n = bp_graph_n_nodes(job->graph);
+    for (int i = 0; i < n; i++) {
+        bp_tensor *node = bp_graph_node(job->graph, i);
+        if (!computes(node) || bp_nelements(node) == 0)
+            continue;
+        bp_cpu_compute_node(node, &p);
+        bp_cpu_pool_barrier(p.pool);
+    }
+}
+
+static enum bp_status cpu_graph_compute(bp_backend *be, bp_graph *g)
+{
+    struct cpu_backend *cb = bp_backend_get_context(be);
+    const int nth = cb->n_threads;
+    size_t per_thread = 0, shared = 0;
+    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
+        bp_tensor *node = bp_graph_node(g, i);
+        if (!computes(node))
+            continue;
+        if (!bp_cpu_supports_op(node))
+            return bp_set_error(BP_ERR_UNSUPPORTED, "CPU: no kernel for %s node '%s' (type %s)",
+                                bp_op_name(node->op), node->name, bp_type_name(node->type));
+        if (node->data == NULL)
+            return bp_set_error(BP_ERR_INVALID_ARG, "CPU: node '%s' (%s) has no memory",
+                                node->name, bp_op_name(node->op));
+        size_t pt, sh;
+        bp_cpu_work_size(node, nth, &pt, &sh);
+        per_thread = pt > per_thread ? pt : per_thread;
+        shared = sh > shared ? sh : shared;
+    }
+    per_thread = (per_thread + 63) / 64 * 64;
+    size_t need = per_thread * (size_t)nth + shared + 64;
+    if (need > cb->work_size) {
+        free(cb->work);
+        cb->work = aligned_alloc(64, (need + 63) / 64 * 64);
+        cb->work_size = cb->work ? need : 0;
+        if (cb->work == NULL)
+            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "CPU: out of memory for %zu bytes of "
+                                "scratch", need);
+    }
+    struct graph_job job = {g, cb, per_thread};
+    bp_cpu_pool_run(cb->pool, graph_job_run, &job);
+    return BP_OK;
+}
+
+/* Events of a synchronous backend: recording happens after the work it follows is done. */
+static enum bp_status cpu_event_record(bp_backend *be, void *event)
+{
+    (void)be;
+    *(int *)event = 1;
+    return BP_OK;
+}
+
+static enum bp_status cpu_event_wait(bp_backend *be, void *event)
+{
+    (void)be;
+    (void)event;
+    return BP_OK;
+}
+
+static const struct bp_backend_iface cpu_backend_iface = {
+    .struct_size = sizeof(struct bp_backend_iface),
+    .get_name = cpu_backend_name,
+    .free = cpu_backend_free,
+    .graph_compute = cpu_graph_compute,
+    .event_record = cpu_event_record,
+    .event_wait = cpu_event_wait,
+};
+
+static enum bp_status set_threads(struct cpu_backend *cb, int n)
+{
+    if (n < 1 || n > 1024)
+        return bp_set_error(BP_ERR_INVALID_ARG, "CPU: thread count %d is not in 1..1024", n);
+    if (cb->pool != NULL && n == cb->n_threads)
+        return BP_OK;
+    struct bp_cpu_pool *pool = bp_cpu_pool_new(n);
+    if (pool == NULL)
+        return bp_last_status();
+    bp_cpu_pool_free(cb->pool);
+    cb->pool = pool;
+    cb->n_threads = n;
+    return BP_OK;
+}
+
+/* params: "threads=N" (comma-separated key=value pairs; unknown keys are an error). */
+static bp_backend *cpu_init_backend(bp_device *dev, const char *params)
+{
+    int threads = online_cores();
+    if (params != NULL && params[0] != '\0') {
+        char buf[256];
+        snprintf(buf, sizeof(buf), "%s", params);
+        for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv;
+             kv = strtok_r(NULL, ",", &save)) {
+            char *eq = strchr(kv, '=');
+            char *end = NULL;
+            if (eq != NULL && strncmp(kv, "threads", (size_t)(eq - kv)) == 0 && eq - kv == 7) {
+                long v = strtol(eq + 1, &end, 10);
+                if (end == eq + 1 || *end != '\0' || v < 1 || v > 1024) {
+                    bp_set_error(BP_ERR_INVALID_ARG, "CPU: 'threads=%s' is not a thread count "
+                                 "in 1..1024", eq + 1);
+                    return NULL;
+                }
+                threads = (int)v;
+            } else {
+                bp_set_error(BP_ERR_INVALID_ARG, "CPU: unknown backend parameter '%s' (known: "
+                             "threads=N)", kv);
+                return NULL;
+            }
+        }
+    }
+    struct cpu_backend *cb = calloc(1, sizeof(*cb));
+    if (cb == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "CPU: out of memory creating a backend");
+        return NULL;
+    }
+    if (set_threads(cb, threads) != BP_OK) {
+        free(cb);
+        return NULL;
+    }
+    bp_backend *be = bp_backend_new(dev, &cpu_backend_iface, cb);
+    if (be == NULL) {
+        bp_cpu_pool_free(cb->pool);
+        free(cb);
+    }
+    return be;
+}
+
+/* Proc address "bp_cpu_set_n_threads": enum bp_status (*)(bp_backend *, int). */
+static enum bp_status cpu_set_n_threads(bp_backend *be, int n)
+{
+    if (be == NULL || the_cpu == NULL || bp_backend_get_device(be) != the_cpu->dev)
+        return bp_set_error(BP_ERR_INVALID_ARG, "bp_cpu_set_n_threads: not a CPU backend");
+    return set_threads(bp_backend_get_context(be), n);
+}
+
+/* ---- Device ----------------------------------------------------------------------------- */
+
+static const char *cpu_dev_name(bp_device *dev)
+{
+    (void)dev;
+    return "CPU";
+}
+
+static const char *cpu_dev_description(bp_device *dev)
+{
+    (void)dev;
+    return the_cpu->description;
+}
+
+static void cpu_dev_memory(bp_device *dev, size_t *free_bytes, size_t *total)
+{
+    (void)dev;
+    long page = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES),
+         phys = sysconf(_SC_PHYS_PAGES);
+    *free_bytes = page > 0 && avail > 0 ? (size_t)page * (size_t)avail : 0;
+    *total = page > 0 && phys > 0 ? (size_t)page * (size_t)phys : 0;
+}
+
+static enum bp_device_type cpu_dev_type(bp_device *dev)
+{
+    (void)dev;
+    return BP_DEVICE_TYPE_CPU;
+}
+
+static void cpu_dev_caps(bp_device *dev, struct bp_device_caps *caps)
+{
+    (void)dev;
+    *caps = (struct bp_device_caps){
+        .async = false, .host_buffer = false, .buffer_from_host_ptr = true, .events = true};
+}
+
+static bp_buffer_type *cpu_dev_buft(bp_device *dev)
+{
+    (void)dev;
+    return bp_host_buffer_type();
+}
+
+static bp_buffer *cpu_dev_from_host_ptr(bp_device *dev, void *ptr, size_t size, size_t max)
+{
+    (void)dev;
+    (void)max;
+    return bp_buffer_from_host_ptr(ptr, size);
+}
+
+static bool cpu_dev_supports_op(bp_device *dev, const bp_tensor *op)
+{
+    (void)dev;
+    return bp_cpu_supports_op(op);
+}
+
+static bool cpu_dev_supports_buft(bp_device *dev, bp_buffer_type *buft)
+{
+    (void)dev;
+    return bp_buffer_type_is_host(buft);
+}
+
+static void *cpu_event_new(bp_device *dev)
+{
+    (void)dev;
+    return calloc(1, sizeof(int));
+}
+
+static void cpu_event_free(bp_device *dev, void *event)
+{
+    (void)dev;
+    free(event);
+}
+
+static enum bp_status cpu_event_synchronize(bp_device *dev, void *event)
+{
+    (void)dev;
+    (void)event;
+    return BP_OK; /* work is finished when graph_compute returns */
+}
+
+static const struct bp_device_iface cpu_device_iface = {
+    .struct_size = sizeof(struct bp_device_iface),
+    .get_name = cpu_dev_name,
+    .get_description = cpu_dev_description,
+    .get_memory = cpu_dev_memory,
+    .get_type = cpu_dev_type,
+    .get_caps = cpu_dev_caps,
+    .init_backend = cpu_init_backend,
+    .get_buffer_type = cpu_dev_buft,
+    .buffer_from_host_ptr = cpu_dev_from_host_ptr,
+    .supports_op = cpu_dev_supports_op,
+    .supports_buft = cpu_dev_supports_buft,
+    .event_new = cpu_event_new,
+    .event_free = cpu_event_free,
+    .event_synchronize = cpu_event_synchronize,
+};
+
+/* ---- Registry --------------------------------------------------------------------------- */
+
+static const char *cpu_reg_name(bp_registry *reg)
+{
+    (void)reg;
+    return "CPU";
+}
+
+static size_t cpu_reg_count(bp_registry *reg)
+{
+    (void)reg;
+    return 1;
+}
+
+static bp_device *cpu_reg_device(bp_registry *reg, size_t i)
+{
+    (void)reg;
+    (void)i;
+    return the_cpu->dev;
+}
+
+static void *cpu_reg_proc(bp_registry *reg, const char *name)
+{
+    (void)reg;
+    if (strcmp(name, "bp_cpu_set_n_threads") == 0)
+        return (void *)cpu_set_n_threads;
+    return NULL;
+}
+
+static void cpu_reg_free(bp_registry *reg)
+{
+    (void)reg;
+    free(the_cpu);
+    the_cpu = NULL;
+}
+
+static const struct bp_registry_iface cpu_registry_iface = {
+    .struct_size = sizeof(struct bp_registry_iface),
+    .get_name = cpu_reg_name,
+    .get_device_count = cpu_reg_count,
+    .get_device = cpu_reg_device,
+    .get_proc_address = cpu_reg_proc,
+    .free = cpu_reg_free,
+};
+
+static void read_model_name(char *out, size_t n)
+{
+    snprintf(out, n, "CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f == NULL)
+        return;
+    char line[512];
+    while (fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char *v = strchr(line, ':');
+            if (v != NULL) {
+                v += 2;
+                v[strcspn(v, "\n")] = '\0';
+                snprintf(out, n, "%s", v);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static bp_registry *cpu_plugin_init(void)
+{
+    if (the_cpu != NULL) {
+        bp_set_error(BP_ERR_BUSY, "CPU: the plugin is already initialised");
+        return NULL;
+    }
+    struct cpu_registry *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "CPU: out of memory");
+        return NULL;
+    }
+    char model[192];
+    read_model_name(model, sizeof(model));
+    snprintf(c->description, sizeof(c->description), "%s (%d cores, %s kernels)", model,
+             online_cores(), bp_cpu_variant_name());
+    the_cpu = c;
+    c->reg = bp_registry_new(&cpu_registry_iface, c);
+    if (c->reg == NULL) {
+        free(c);
+        the_cpu = NULL;
+        return NULL;
+    }
+    c->dev = bp_device_new(c->reg, &cpu_device_iface, c);
+    if (c->dev == NULL) {
+        bp_registry_free(c->reg); /* frees c through cpu_reg_free */
+        return NULL;
+    }
+    return c->reg;
+}
+
+static int cpu_plugin_score(void)
+{
+    return BP_CPU_SCORE;
+}
+
+BP_PLUGIN_DEFINE("cpu", BP_CPU_VARIANT, BP_CPU_FEATURES, cpu_plugin_init, cpu_plugin_score);
