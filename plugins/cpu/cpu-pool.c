@@ -177,7 +177,7 @@ void bp_cpu_pool_barrier(struct bp_cpu_pool *pool)
     }
     for (unsigned spins = 0; atomic_load_explicit(&pool->phase, memory_order_acquire) == phase;
          spins++) {
-        if (spins < 20000)
+        if (spins < 2000)
             CPU_RELAX();
         else
             sched_yield();

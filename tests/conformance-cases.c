@@ -1,0 +1,277 @@
+/* conformance-cases.c - private to tests/: every (op, type, shape) case of the conformance
+ * suite. Shapes include 1, odd primes, sizes that are not multiples of a SIMD width or of the
+ * 256-wide K blocks of blocked matrix products, broadcast sources, and permuted, transposed and
+ * strided views as sources. Each builder makes its own leafs; variants pick shapes and types. */
+#include "conformance.h"
+
+#include <stddef.h>
+
+#define NMSE_F32 1e-9   /* float kernels against the double reference */
+#define NMSE_QUANT 2e-4 /* MUL_MAT with Q8_0/Q4_0 weights: activations are quantised to Q8_0 */
+
+static bp_tensor *leaf(bp_context *ctx, enum bp_type t, int64_t a, int64_t b, int64_t c, int64_t d)
+{
+    return bp_new_tensor_4d(ctx, t, a, b, c, d);
+}
+
+static bp_tensor *f32(bp_context *ctx, int64_t a, int64_t b, int64_t c, int64_t d)
+{
+    return leaf(ctx, BP_TYPE_F32, a, b, c, d);
+}
+
+/* Shape sets for element-wise families: a, then (variant-dependent) a non-contiguous form. */
+static const int64_t shapes[][4] = {
+    {1, 1, 1, 1}, {7, 5, 3, 2}, {33, 1, 1, 1}, {16, 17, 1, 1}, {131, 3, 2, 1}, {5, 1, 7, 1},
+};
+#define N_SHAPES 6
+
+/* Variants 0..N_SHAPES-1: contiguous shape v; N_SHAPES..2*N_SHAPES-1: the same values reached
+ * through a permuted view of a leaf laid out differently. */
+static bp_tensor *shaped(bp_context *ctx, int v, const char *name)
+{
+    const int64_t *s = shapes[v % N_SHAPES];
+    if (v < N_SHAPES)
+        return bp_set_name(f32(ctx, s[0], s[1], s[2], s[3]), name);
+    /* A leaf [s1, s0, s3, s2] permuted back to [s0, s1, s2, s3]. */
+    bp_tensor *l = bp_set_name(f32(ctx, s[1], s[0], s[3], s[2]), name);
+    return bp_permute(ctx, l, 1, 0, 3, 2);
+}
+
+/* ---- Copies and rows -------------------------------------------------------------------- */
+
+static const enum bp_type all_types[] = {BP_TYPE_F32, BP_TYPE_F16, BP_TYPE_BF16, BP_TYPE_Q8_0,
+                                         BP_TYPE_Q4_0};
+
+static bp_tensor *b_cpy(bp_context *ctx, int v) /* f32 -> every type, and back */
+{
+    enum bp_type t = all_types[v % 5];
+    if (v < 5)
+        return bp_cpy(ctx, f32(ctx, 64, 3, 2, 1), leaf(ctx, t, 64, 3, 2, 1));
+    if (v < 10)
+        return bp_cont(ctx, leaf(ctx, t, 96, 5, 1, 1)); /* t -> t: same-type copy */
+    if (v < 15)
+        return bp_cpy(ctx, leaf(ctx, t, 32, 7, 1, 1), f32(ctx, 32, 7, 1, 1));
+    switch (v) {
+    case 15: /* transposed source */
+        return bp_cont(ctx, bp_transpose(ctx, f32(ctx, 13, 7, 2, 1)));
+    case 16: /* permuted source into f16 */
+        return bp_cpy(ctx, bp_permute(ctx, f32(ctx, 5, 3, 4, 2), 2, 0, 3, 1),
+                      leaf(ctx, BP_TYPE_F16, 3, 2, 5, 4));
+    case 17: /* different shape, same element count */
+        return bp_cpy(ctx, f32(ctx, 6, 35, 1, 1), leaf(ctx, BP_TYPE_F16, 10, 21, 1, 1));
+    case 18:
+        return bp_dup(ctx, bp_view_2d(ctx, f32(ctx, 9, 8, 1, 1), 5, 3, 9 * 4, 2 * 9 * 4 + 4));
+    default: /* i32 copy */
+        return bp_cont(ctx, bp_transpose(ctx, leaf(ctx, BP_TYPE_I32, 4, 3, 1, 1)));
+    }
+}
+
+static bp_tensor *b_get_rows(bp_context *ctx, int v)
+{
+    enum bp_type t = all_types[v % 5];
+    int64_t e = t == BP_TYPE_Q8_0 || t == BP_TYPE_Q4_0 ? 64 : 37;
+    if (v < 5)
+        return bp_get_rows(ctx, leaf(ctx, t, e, 11, 1, 1), leaf(ctx, BP_TYPE_I32, 5, 1, 1, 1));
+    /* batched: one id list per matrix */
+    return bp_get_rows(ctx, leaf(ctx, t, e, 6, 3, 1), leaf(ctx, BP_TYPE_I32, 4, 3, 1, 1));
+}
+
+static bp_tensor *b_set_rows(bp_context *ctx, int v)
+{
+    enum bp_type t = all_types[v % 5];
+    int64_t e = t == BP_TYPE_Q8_0 || t == BP_TYPE_Q4_0 ? 64 : 19;
+    if (v < 5)
+        return bp_set_rows(ctx, leaf(ctx, t, e, 9, 1, 1), f32(ctx, e, 4, 1, 1),
+                           leaf(ctx, BP_TYPE_I32, 4, 1, 1, 1));
+    /* per-head rows, ids broadcast over heads, source a permuted view */
+    bp_tensor *src = bp_permute(ctx, f32(ctx, e, 3, 4, 1), 0, 2, 1, 3); /* [e, 4, 3] */
+    return bp_set_rows(ctx, leaf(ctx, t, e, 10, 3, 1), src, leaf(ctx, BP_TYPE_I32, 4, 1, 1, 1));
+}
+
+/* ---- Element-wise ----------------------------------------------------------------------- */
+
+static bp_tensor *binary(bp_context *ctx, int v, bp_tensor *(*fn)(bp_context *, bp_tensor *,
+                                                                   bp_tensor *), const char *bname)
+{
+    bp_tensor *a = shaped(ctx, v % (2 * N_SHAPES), "a");
+    int mode = v / (2 * N_SHAPES);
+    bp_tensor *b;
+    if (mode == 0) /* same shape */
+        b = bp_set_name(f32(ctx, a->ne[0], a->ne[1], a->ne[2], a->ne[3]), bname);
+    else if (mode == 1) /* one row repeated */
+        b = bp_set_name(f32(ctx, a->ne[0], 1, 1, 1), bname);
+    else /* a column repeated along ne0, tiled over the rest */
+        b = bp_set_name(f32(ctx, 1, a->ne[1], 1, a->ne[3]), bname);
+    return fn(ctx, a, b);
+}
+
+static bp_tensor *b_add(bp_context *ctx, int v) { return binary(ctx, v, bp_add, "b"); }
+static bp_tensor *b_sub(bp_context *ctx, int v) { return binary(ctx, v, bp_sub, "b"); }
+static bp_tensor *b_mul(bp_context *ctx, int v) { return binary(ctx, v, bp_mul, "b"); }
+static bp_tensor *b_div(bp_context *ctx, int v) { return binary(ctx, v, bp_div, "pos:b"); }
+
+static bp_tensor *b_binary_transposed_b(bp_context *ctx, int v)
+{
+    bp_tensor *a = f32(ctx, 9, 6, 1, 1);
+    bp_tensor *b = bp_transpose(ctx, f32(ctx, 6, 9, 1, 1));
+    return v == 0 ? bp_add(ctx, a, b) : bp_mul(ctx, a, b);
+}
+
+static bp_tensor *b_scale(bp_context *ctx, int v)
+{
+    return bp_scale(ctx, shaped(ctx, v, "a"), -1.75f);
+}
+
+static bp_tensor *b_unary(bp_context *ctx, int v)
+{
+    enum bp_unary_op op = (enum bp_unary_op)(v % BP_UNARY_OP_COUNT);
+    int s = v / BP_UNARY_OP_COUNT; /* 0..2*N_SHAPES-1 */
+    return bp_unary(ctx, shaped(ctx, s, op == BP_UNARY_OP_SQRT ? "pos:a" : "a"), op);
+}
+
+static bp_tensor *b_glu(bp_context *ctx, int v)
+{
+    enum bp_glu_op op = (enum bp_glu_op)(v % 2);
+    switch (v / 2) {
+    case 0:
+        return bp_glu(ctx, f32(ctx, 22, 3, 2, 1), NULL, op);
+    case 1:
+        return bp_glu(ctx, f32(ctx, 37, 4, 1, 1), f32(ctx, 37, 4, 1, 1), op);
+    default:
+        return bp_glu(ctx, shaped(ctx, N_SHAPES + 1, "a"), shaped(ctx, 1, "b"), op);
+    }
+}
+
+/* ---- Rows ------------------------------------------------------------------------------- */
+
+static const enum bp_op row_ops[] = {BP_OP_SUM_ROWS, BP_OP_MEAN, BP_OP_ARGMAX, BP_OP_NORM,
+                                     BP_OP_RMS_NORM};
+
+static bp_tensor *b_rows(bp_context *ctx, int v)
+{
+    bp_tensor *a = shaped(ctx, v / 5, "a");
+    switch (row_ops[v % 5]) {
+    case BP_OP_SUM_ROWS:
+        return bp_sum_rows(ctx, a);
+    case BP_OP_MEAN:
+        return bp_mean(ctx, a);
+    case BP_OP_ARGMAX:
+        return bp_argmax(ctx, a);
+    case BP_OP_NORM:
+        return bp_norm(ctx, a, 1e-5f);
+    default:
+        return bp_rms_norm(ctx, a, 1e-6f);
+    }
+}
+
+static bp_tensor *b_soft_max(bp_context *ctx, int v)
+{
+    switch (v) {
+    case 0:
+        return bp_soft_max(ctx, f32(ctx, 1, 3, 1, 1));
+    case 1:
+        return bp_soft_max(ctx, f32(ctx, 37, 5, 2, 1));
+    case 2: /* f32 mask broadcast over heads, scale */
+        return bp_soft_max_ext(ctx, f32(ctx, 19, 6, 4, 1), f32(ctx, 19, 6, 1, 1), 0.37f);
+    case 3: /* f16 causal mask with a fully masked row, padded mask rows */
+        return bp_soft_max_ext(ctx, f32(ctx, 33, 8, 3, 1),
+                               bp_set_name(leaf(ctx, BP_TYPE_F16, 33, 8, 1, 1), "mask:causal"),
+                               0.125f);
+    default: /* permuted input (attention scores as views) */
+        return bp_soft_max_ext(ctx, bp_permute(ctx, f32(ctx, 16, 4, 5, 1), 0, 2, 1, 3),
+                               bp_set_name(f32(ctx, 16, 5, 1, 1), "mask:causal"), 1.0f);
+    }
+}
+
+static bp_tensor *b_rope(bp_context *ctx, int v)
+{
+    enum bp_rope_mode mode = v % 2 ? BP_ROPE_NEOX : BP_ROPE_NORMAL;
+    switch (v / 2) {
+    case 0:
+        return bp_rope(ctx, f32(ctx, 64, 4, 5, 1), leaf(ctx, BP_TYPE_I32, 5, 1, 1, 1), 64, mode,
+                       10000.0f, 1.0f);
+    case 1: /* partial rotation, odd head count */
+        return bp_rope(ctx, f32(ctx, 18, 3, 7, 1), leaf(ctx, BP_TYPE_I32, 7, 1, 1, 1), 10, mode,
+                       500.0f, 0.5f);
+    default: { /* a strided view: q out of a fused qkv projection */
+        bp_tensor *qkv = f32(ctx, 3 * 32, 6, 1, 1);
+        bp_tensor *q = bp_view_3d(ctx, qkv, 16, 2, 6, 16 * 4, 3 * 32 * 4, 0);
+        return bp_rope(ctx, q, leaf(ctx, BP_TYPE_I32, 6, 1, 1, 1), 16, mode, 10000.0f, 1.0f);
+    }
+    }
+}
+
+static bp_tensor *b_concat(bp_context *ctx, int v)
+{
+    int dim = v % 4;
+    int64_t a[4] = {5, 3, 2, 2}, b[4] = {5, 3, 2, 2};
+    b[dim] = 4;
+    enum bp_type t = v < 4 ? BP_TYPE_F32 : BP_TYPE_F16;
+    return bp_concat(ctx, leaf(ctx, t, a[0], a[1], a[2], a[3]),
+                     leaf(ctx, t, b[0], b[1], b[2], b[3]), dim);
+}
+
+/* ---- Matrix products -------------------------------------------------------------------- */
+
+/* (K, M, N): vectors, odd sizes, the dot-product path (N < 8) and the blocked path (N >= 8),
+ * K across several 256-wide blocks. */
+static const int64_t mm_shapes[][3] = {
+    {32, 1, 1}, {64, 7, 1}, {96, 13, 5}, {64, 17, 9}, {320, 33, 17}, {544, 45, 64}, {32, 70, 8},
+};
+#define N_MM_SHAPES 7
+
+static bp_tensor *mul_mat_case(bp_context *ctx, int v, enum bp_type t)
+{
+    if (v < N_MM_SHAPES) {
+        const int64_t *s = mm_shapes[v];
+        return bp_mul_mat(ctx, leaf(ctx, t, s[0], s[1], 1, 1), f32(ctx, s[0], s[2], 1, 1));
+    }
+    switch (v - N_MM_SHAPES) {
+    case 0: /* batch broadcast: 2 x 1 weight matrices over 4 x 3 activations */
+        return bp_mul_mat(ctx, leaf(ctx, t, 64, 6, 2, 1), f32(ctx, 64, 9, 4, 3));
+    case 1: /* activations as a permuted view (rows still contiguous) */
+        return bp_mul_mat(ctx, leaf(ctx, t, 64, 5, 1, 1),
+                          bp_permute(ctx, f32(ctx, 64, 3, 4, 1), 0, 2, 1, 3));
+    default: /* weights as a permuted view: attention's k */
+        return bp_mul_mat(ctx, bp_permute(ctx, leaf(ctx, t, 64, 3, 10, 1), 0, 2, 1, 3),
+                          bp_permute(ctx, f32(ctx, 64, 3, 12, 1), 0, 2, 1, 3));
+    }
+}
+
+static bp_tensor *b_mm_f32(bp_context *ctx, int v) { return mul_mat_case(ctx, v, BP_TYPE_F32); }
+static bp_tensor *b_mm_f16(bp_context *ctx, int v) { return mul_mat_case(ctx, v, BP_TYPE_F16); }
+static bp_tensor *b_mm_bf16(bp_context *ctx, int v) { return mul_mat_case(ctx, v, BP_TYPE_BF16); }
+static bp_tensor *b_mm_q8_0(bp_context *ctx, int v) { return mul_mat_case(ctx, v, BP_TYPE_Q8_0); }
+static bp_tensor *b_mm_q4_0(bp_context *ctx, int v) { return mul_mat_case(ctx, v, BP_TYPE_Q4_0); }
+
+static bp_tensor *b_mm_odd_k(bp_context *ctx, int v) /* float weights allow any K */
+{
+    static const int64_t k[] = {1, 3, 17, 257, 263};
+    enum bp_type t = v < 5 ? BP_TYPE_F32 : BP_TYPE_F16;
+    return bp_mul_mat(ctx, leaf(ctx, t, k[v % 5], 9, 1, 1), f32(ctx, k[v % 5], 1 + v % 3 * 6, 1, 1));
+}
+
+const struct conf_case conf_cases[] = {
+    {"cpy", b_cpy, 20, NMSE_F32},
+    {"get_rows", b_get_rows, 10, NMSE_F32},
+    {"set_rows", b_set_rows, 10, NMSE_F32},
+    {"add", b_add, 6 * N_SHAPES, NMSE_F32},
+    {"sub", b_sub, 6 * N_SHAPES, NMSE_F32},
+    {"mul", b_mul, 6 * N_SHAPES, NMSE_F32},
+    {"div", b_div, 6 * N_SHAPES, NMSE_F32},
+    {"binary_transposed_b", b_binary_transposed_b, 2, NMSE_F32},
+    {"scale", b_scale, 2 * N_SHAPES, NMSE_F32},
+    {"unary", b_unary, BP_UNARY_OP_COUNT * 2 * N_SHAPES, NMSE_F32},
+    {"glu", b_glu, 6, NMSE_F32},
+    {"rows", b_rows, 5 * 2 * N_SHAPES, NMSE_F32},
+    {"soft_max", b_soft_max, 5, NMSE_F32},
+    {"rope", b_rope, 6, NMSE_F32},
+    {"concat", b_concat, 8, NMSE_F32},
+    {"mul_mat_f32", b_mm_f32, N_MM_SHAPES + 3, NMSE_F32},
+    {"mul_mat_f16", b_mm_f16, N_MM_SHAPES + 3, NMSE_F32},
+    {"mul_mat_bf16", b_mm_bf16, N_MM_SHAPES + 3, NMSE_F32},
+    {"mul_mat_q8_0", b_mm_q8_0, N_MM_SHAPES + 3, NMSE_QUANT},
+    {"mul_mat_q4_0", b_mm_q4_0, N_MM_SHAPES + 3, NMSE_QUANT},
+    {"mul_mat_odd_k", b_mm_odd_k, 10, NMSE_F32},
+};
+const int conf_n_cases = (int)(sizeof(conf_cases) / sizeof(conf_cases[0]));
