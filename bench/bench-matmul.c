@@ -1,0 +1,197 @@
+/* bench-matmul.c - MUL_MAT throughput of the CPU plugin for every weight type, against OpenBLAS
+ * on the same f32 shapes in the same run, with the machine's FMA peak and triad bandwidth as the
+ * limits. One result per line: name, shape, threads, value, unit. Never fails on a number.
+ *
+ *   bench-matmul [--types f32,f16,bf16,q8_0,q4_0] [--M 4096] [--K 4096,14336] [--N 1,8,32,512]
+ *                [--threads 1,2] [--min-time 1.0] [--no-peer] */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <backplane/backplane.h>
+
+#include "bench-util.h"
+
+#ifdef BP_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+#ifndef BP_BENCH_CPU_DIR
+#define BP_BENCH_CPU_DIR ""
+#endif
+
+static int parse_list(const char *s, long *out, int max)
+{
+    int n = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < max;
+         t = strtok_r(NULL, ",", &save))
+        out[n++] = strtol(t, NULL, 10);
+    return n;
+}
+
+static unsigned long long rng = 88172645463325252ull;
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)(rng % 2000001) / 1000000.0f - 1.0f;
+}
+
+static void fill(bp_tensor *t)
+{
+    const int64_t n0 = t->ne[0], rows = bp_nrows(t);
+    float *row = malloc((size_t)n0 * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < n0; i++)
+            row[i] = frand();
+        bp_type_get_traits(t->type)->from_float(row, (char *)t->data + r * (int64_t)t->nb[1], n0);
+    }
+    free(row);
+}
+
+/* Median seconds of one compute, repeated for at least min_time (3 to 15 runs). */
+static double time_graph(bp_backend *be, bp_graph *g, double min_time)
+{
+    double t[15];
+    int n = 0;
+    double start = bench_now();
+    bp_backend_graph_compute(be, g); /* warm-up */
+    start = bench_now();
+    while (n < 15 && (n < 3 || bench_now() - start < min_time)) {
+        double t0 = bench_now();
+        bp_backend_graph_compute(be, g);
+        t[n++] = bench_now() - t0;
+    }
+    return bench_median(t, n);
+}
+
+#ifdef BP_HAVE_OPENBLAS
+static double time_openblas(const float *a, const float *b, float *c, long M, long N, long K,
+                            double min_time)
+{
+    double t[15];
+    int n = 0;
+    for (int warm = 0; warm < 1; warm++) {
+        if (N == 1)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)M, (int)K, 1.0f, a, (int)K, b, 1, 0.0f,
+                        c, 1);
+        else
+            cblas_sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, a,
+                        (int)K, b, (int)K, 0.0f, c, (int)M);
+    }
+    double start = bench_now();
+    while (n < 15 && (n < 3 || bench_now() - start < min_time)) {
+        double t0 = bench_now();
+        if (N == 1)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)M, (int)K, 1.0f, a, (int)K, b, 1, 0.0f,
+                        c, 1);
+        else
+            cblas_sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, a,
+                        (int)K, b, (int)K, 0.0f, c, (int)M);
+        t[n++] = bench_now() - t0;
+    }
+    return bench_median(t, n);
+}
+#endif
+
+int main(int argc, char **argv)
+{
+    long Ms[4], Ks[4], Ns[8], Ts[8];
+    int nM = parse_list(bench_arg(argc, argv, "--M", "4096"), Ms, 4);
+    int nK = parse_list(bench_arg(argc, argv, "--K", "4096,14336"), Ks, 4);
+    int nN = parse_list(bench_arg(argc, argv, "--N", "1,8,32,512"), Ns, 8);
+    int nT = parse_list(bench_arg(argc, argv, "--threads", "1,2"), Ts, 8);
+    const double min_time = atof(bench_arg(argc, argv, "--min-time", "1.0"));
+    const char *types = bench_arg(argc, argv, "--types", "f32,f16,bf16,q8_0,q4_0");
+    const bool peer = !bench_flag(argc, argv, "--no-peer");
+
+    if (bp_device_by_name("CPU") == NULL && BP_BENCH_CPU_DIR[0] != '\0')
+        bp_plugin_load_all_from(BP_BENCH_CPU_DIR);
+    bp_backend *be = bp_backend_init_by_name("CPU", NULL);
+    if (be == NULL) {
+        fprintf(stderr, "bench-matmul: %s\n", bp_last_error());
+        return 1;
+    }
+    printf("# device: %s\n", bp_device_description(bp_backend_get_device(be)));
+    int (*set_threads)(bp_backend *, int) =
+        (int (*)(bp_backend *, int))bp_registry_get_proc_address(
+            bp_device_get_registry(bp_backend_get_device(be)), "bp_cpu_set_n_threads");
+
+    for (int ti = 0; ti < nT; ti++) {
+        printf("fma_peak - %ld %.1f GFLOP/s\n", Ts[ti], bench_fma_peak((int)Ts[ti]));
+        printf("triad 3x256MiB %ld %.1f GB/s\n", Ts[ti], bench_triad((int)Ts[ti]));
+    }
+    fflush(stdout);
+
+    char tbuf[128];
+    snprintf(tbuf, sizeof(tbuf), "%s", types);
+    for (char *save = NULL, *tn = strtok_r(tbuf, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
+        enum bp_type type;
+        if (bp_type_from_name(tn, &type) != BP_OK) {
+            fprintf(stderr, "bench-matmul: %s\n", bp_last_error());
+            continue;
+        }
+        for (int mi = 0; mi < nM; mi++)
+            for (int ki = 0; ki < nK; ki++) {
+                const long M = Ms[mi], K = Ks[ki];
+                long maxN = 0;
+                for (int ni = 0; ni < nN; ni++)
+                    maxN = Ns[ni] > maxN ? Ns[ni] : maxN;
+                bp_context *wctx = bp_context_new(2);
+                bp_tensor *w = bp_new_tensor_2d(wctx, type, K, M);
+                bp_tensor *x = bp_new_tensor_2d(wctx, BP_TYPE_F32, K, maxN);
+                bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, bp_host_buffer_type());
+                if (wbuf == NULL) {
+                    fprintf(stderr, "bench-matmul: %s\n", bp_last_error());
+                    return 1;
+                }
+                fill(w);
+                fill(x);
+                for (int ni = 0; ni < nN; ni++) {
+                    const long N = Ns[ni];
+                    bp_context *ctx = bp_context_new(4);
+                    bp_tensor *xn = bp_view_2d(ctx, x, K, N, x->nb[1], 0);
+                    bp_tensor *y = bp_mul_mat(ctx, w, xn);
+                    bp_buffer *ybuf = bp_alloc_ctx_tensors(ctx, bp_host_buffer_type());
+                    bp_graph *g = bp_graph_new(4);
+                    bp_graph_build_forward(g, y);
+                    char shape[96];
+                    snprintf(shape, sizeof(shape), "M=%ld,K=%ld,N=%ld", M, K, N);
+                    for (int ti = 0; ti < nT; ti++) {
+                        set_threads(be, (int)Ts[ti]);
+                        double t = time_graph(be, g, min_time);
+                        printf("mul_mat_%s %s %ld %.1f GFLOP/s\n", tn, shape, Ts[ti],
+                               2.0 * M * N * K / t * 1e-9);
+                        if (N == 1)
+                            printf("mul_mat_%s_weight_bw %s %ld %.1f GB/s\n", tn, shape, Ts[ti],
+                                   (double)bp_nbytes(w) / t * 1e-9);
+#ifdef BP_HAVE_OPENBLAS
+                        if (peer && type == BP_TYPE_F32) {
+                            openblas_set_num_threads((int)Ts[ti]);
+                            double tb = time_openblas(w->data, xn->data, y->data, M, N, K,
+                                                      min_time);
+                            printf("openblas_%s %s %ld %.1f GFLOP/s\n", N == 1 ? "sgemv" : "sgemm",
+                                   shape, Ts[ti], 2.0 * M * N * K / tb * 1e-9);
+                            printf("ratio_vs_openblas %s %ld %.2f x\n", shape, Ts[ti], tb / t);
+                        }
+#else
+                        (void)peer;
+#endif
+                        fflush(stdout);
+                    }
+                    bp_graph_free(g);
+                    bp_buffer_free(ybuf);
+                    bp_context_free(ctx);
+                }
+                bp_buffer_free(wbuf);
+                bp_context_free(wctx);
+            }
+    }
+    bp_backend_free(be);
+    return 0;
+}

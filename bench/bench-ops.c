@@ -1,0 +1,87 @@
+/* bench-ops.c - per-node dispatch cost of the CPU backend: a graph of ~1,800 tiny ops (the
+ * shape of token-by-token generation, where ops are too small to amortise anything), timed
+ * with 1 and 2 threads. One result per line: name, shape, threads, value, unit.
+ *
+ *   bench-ops [--nodes 1800] [--width 16] [--threads 1,2] [--reps 200] */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <backplane/backplane.h>
+
+#include "bench-util.h"
+
+#ifndef BP_BENCH_CPU_DIR
+#define BP_BENCH_CPU_DIR ""
+#endif
+
+int main(int argc, char **argv)
+{
+    const int n_nodes = atoi(bench_arg(argc, argv, "--nodes", "1800"));
+    const int width = atoi(bench_arg(argc, argv, "--width", "16"));
+    const int reps = atoi(bench_arg(argc, argv, "--reps", "200"));
+    const char *threads = bench_arg(argc, argv, "--threads", "1,2");
+
+    if (bp_device_by_name("CPU") == NULL && BP_BENCH_CPU_DIR[0] != '\0')
+        bp_plugin_load_all_from(BP_BENCH_CPU_DIR);
+    bp_context *ctx = bp_context_new((size_t)n_nodes + 8);
+    bp_tensor *x = bp_new_tensor_1d(ctx, BP_TYPE_F32, width);
+    bp_tensor *y = bp_new_tensor_1d(ctx, BP_TYPE_F32, width);
+    bp_tensor *t = x;
+    /* A mix of the small ops a decoder step is made of. */
+    for (int i = 0; i < n_nodes; i++) {
+        switch (i % 4) {
+        case 0:
+            t = bp_add(ctx, t, y);
+            break;
+        case 1:
+            t = bp_mul(ctx, t, y);
+            break;
+        case 2:
+            t = bp_scale(ctx, t, 0.5f);
+            break;
+        default:
+            t = bp_silu(ctx, t);
+            break;
+        }
+    }
+    bp_graph *g = bp_graph_new((size_t)n_nodes + 8);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_host_buffer_type());
+    if (g == NULL || buf == NULL || bp_graph_build_forward(g, t) != BP_OK) {
+        fprintf(stderr, "bench-ops: %s\n", bp_last_error());
+        return 1;
+    }
+    bp_buffer_clear(buf, 0);
+
+    char tb[64];
+    snprintf(tb, sizeof(tb), "%s", threads);
+    for (char *save = NULL, *tn = strtok_r(tb, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
+        char params[32];
+        snprintf(params, sizeof(params), "threads=%s", tn);
+        bp_backend *be = bp_backend_init_by_name("CPU", params);
+        if (be == NULL) {
+            fprintf(stderr, "bench-ops: %s\n", bp_last_error());
+            return 1;
+        }
+        for (int i = 0; i < 10; i++)
+            bp_backend_graph_compute(be, g);
+        double *times = malloc((size_t)reps * sizeof(double));
+        for (int r = 0; r < reps; r++) {
+            double t0 = bench_now();
+            bp_backend_graph_compute(be, g);
+            times[r] = bench_now() - t0;
+        }
+        double med = bench_median(times, reps);
+        printf("dispatch nodes=%d,width=%d %s %.3f us/node\n", bp_graph_n_nodes(g), width, tn,
+               med / bp_graph_n_nodes(g) * 1e6);
+        printf("graph nodes=%d,width=%d %s %.1f us\n", bp_graph_n_nodes(g), width, tn, med * 1e6);
+        free(times);
+        bp_backend_free(be);
+    }
+    bp_buffer_free(buf);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+    return 0;
+}

@@ -1,0 +1,26 @@
+/* bench-peak-avx2.c - private to bench/: a loop of independent AVX2 FMAs (compiled with -mavx2
+ * -mfma; only called when the CPU has them). Returns the floating-point operations done. */
+#include <immintrin.h>
+
+double bench_fma_loop_avx2(long iters);
+
+double bench_fma_loop_avx2(long iters)
+{
+    __m256 acc[12];
+    const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++)
+        acc[i] = _mm256_set1_ps((float)i);
+    for (long k = 0; k < iters; k++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            acc[i] = _mm256_fmadd_ps(acc[i], x, y);
+    }
+    __m256 s = acc[0];
+    for (int i = 1; i < 12; i++)
+        s = _mm256_add_ps(s, acc[i]);
+    float v[8];
+    _mm256_storeu_ps(v, s);
+    volatile float sink = v[0];
+    (void)sink;
+    return (double)iters * 12 * 8 * 2;
+}

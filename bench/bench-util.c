@@ -1,0 +1,141 @@
+/* bench-util.c - private to bench/: see bench-util.h. */
+#include "bench-util.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <backplane/bp-plugin.h>
+
+double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double bench_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+const char *bench_arg(int argc, char **argv, const char *key, const char *def)
+{
+    for (int i = 1; i + 1 < argc; i++) {
+        if (strcmp(argv[i], key) == 0)
+            return argv[i + 1];
+    }
+    return def;
+}
+
+bool bench_flag(int argc, char **argv, const char *key)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], key) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* ---- FMA peak ---------------------------------------------------------------------------- */
+
+double bench_fma_loop_avx512(long iters); /* bench-peak-avx512.c: flops done */
+double bench_fma_loop_avx2(long iters);   /* bench-peak-avx2.c */
+
+struct peak_arg {
+    long iters;
+    bool avx512;
+    double flops;
+};
+
+static void *peak_thread(void *p)
+{
+    struct peak_arg *a = p;
+    a->flops = a->avx512 ? bench_fma_loop_avx512(a->iters) : bench_fma_loop_avx2(a->iters);
+    return NULL;
+}
+
+double bench_fma_peak(int threads)
+{
+    const bool avx512 = (bp_cpu_features() & BP_CPU_AVX512F) != 0;
+    if (!avx512 && !(bp_cpu_features() & BP_CPU_FMA))
+        return 0.0;
+    double best = 0.0;
+    for (int rep = 0; rep < 3; rep++) {
+        pthread_t th[64];
+        struct peak_arg args[64];
+        double t0 = bench_now();
+        for (int i = 0; i < threads; i++) {
+            args[i] = (struct peak_arg){50000000L, avx512, 0.0};
+            pthread_create(&th[i], NULL, peak_thread, &args[i]);
+        }
+        double flops = 0.0;
+        for (int i = 0; i < threads; i++) {
+            pthread_join(th[i], NULL);
+            flops += args[i].flops;
+        }
+        double rate = flops / (bench_now() - t0) * 1e-9;
+        best = rate > best ? rate : best;
+    }
+    return best;
+}
+
+/* ---- Triad ------------------------------------------------------------------------------- */
+
+struct triad_arg {
+    float *a, *b, *c;
+    size_t n;
+};
+
+static void *triad_thread(void *p)
+{
+    struct triad_arg *t = p;
+    for (size_t i = 0; i < t->n; i++)
+        t->a[i] = t->b[i] + 3.0f * t->c[i];
+    return NULL;
+}
+
+double bench_triad(int threads)
+{
+    const size_t n = (size_t)64 << 20; /* 3 arrays of 256 MiB */
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float)),
+          *c = malloc(n * sizeof(float));
+    if (!a || !b || !c) {
+        free(a);
+        free(b);
+        free(c);
+        return 0.0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        a[i] = 0.0f;
+        b[i] = 1.0f;
+        c[i] = 2.0f;
+    }
+    double times[5];
+    for (int rep = 0; rep < 5; rep++) {
+        pthread_t th[64];
+        struct triad_arg args[64];
+        size_t per = n / (size_t)threads;
+        double t0 = bench_now();
+        for (int i = 0; i < threads; i++) {
+            args[i] = (struct triad_arg){a + i * per, b + i * per, c + i * per, per};
+            pthread_create(&th[i], NULL, triad_thread, &args[i]);
+        }
+        for (int i = 0; i < threads; i++)
+            pthread_join(th[i], NULL);
+        times[rep] = bench_now() - t0;
+    }
+    double t = bench_median(times, 5);
+    free(a);
+    free(b);
+    free(c);
+    return 3.0 * (double)n * sizeof(float) / t * 1e-9;
+}

@@ -1,0 +1,21 @@
+/* bench-util.h - private to bench/: timing, medians, argument parsing and the hardware limits
+ * (FMA peak and a STREAM-style triad) every benchmark reports next to its figures. */
+#ifndef BP_BENCH_UTIL_H
+#define BP_BENCH_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+double bench_now(void); /* seconds, monotonic */
+double bench_median(double *v, int n);
+/* The value after `key` in argv, or def. */
+const char *bench_arg(int argc, char **argv, const char *key, const char *def);
+bool bench_flag(int argc, char **argv, const char *key);
+/* Measured peak f32 FMA rate of `threads` cores (GFLOP/s), with the widest vectors available
+ * (AVX-512 when the CPU has it). */
+double bench_fma_peak(int threads);
+/* Measured triad a[i] = b[i] + s * c[i] bandwidth over arrays far larger than the caches,
+ * GB/s (bytes read and written), with `threads` threads. */
+double bench_triad(int threads);
+
+#endif
