@@ -64,7 +64,7 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p);
 bool bp_cpu_mul_mat_supported(const bp_tensor *dst);
 void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread, size_t *shared);
 
-/* Rows of float from any type (contiguous row of src, n elements). */
+/* Rows of float from any type (contiguous row of src, n elements), vectorised (cpu-convert.c). */
 void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n);
 
 /* sum_k x[k] * y[k], with the widest vectors this variant may use (cpu-matmul.c). */

@@ -40,7 +40,7 @@
 
 #define KC 256   /* K block: B micro-panel (KC x NR) stays in L1 */
 #define MC 128   /* rows of A packed at a time (MC x KC in L2) */
-#define BP_CPU_GEMM_MIN_N 8
+#define BP_CPU_GEMM_MIN_N 32 /* below this, dot-product tiles (no packing) */
 
 /* ---- Micro-kernel ----------------------------------------------------------------------- */
 
@@ -254,31 +254,134 @@ float bp_cpu_dot_f32(const float *x, const float *y, int64_t n)
     return sum;
 }
 
-#define RD 4 /* rows of A per dot-product step: B's columns are read once per RD rows */
+#define RD 4 /* rows of A per dot-product tile */
+#define CD 4 /* most columns of B per dot-product tile */
 
-/* dst[m, n] for rows [m0, m1) and every n, A rows of f32/f16/bf16. */
+/* Loads 16 (AVX-512) or 8 (AVX2) elements of an A row of type T as f32. */
+#if defined(__AVX512F__)
+#define VW 16
+typedef __m512 vf;
+#define VZERO() _mm512_setzero_ps()
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VHSUM(v) hsum512(v)
+#define LOAD_F32(p, k) _mm512_loadu_ps((const float *)(p) + (k))
+#define LOAD_F16(p, k) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)(p) + (k))))
+#define LOAD_BF16(p, k)                                                                        \
+    _mm512_castsi512_ps(_mm512_slli_epi32(                                                     \
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)(p) + (k)))), 16))
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define VW 8
+typedef __m256 vf;
+#define VZERO() _mm256_setzero_ps()
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VHSUM(v) hsum256(v)
+#define LOAD_F32(p, k) _mm256_loadu_ps((const float *)(p) + (k))
+#define LOAD_F16(p, k) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(p) + (k))))
+#define LOAD_BF16(p, k)                                                                        \
+    _mm256_castsi256_ps(_mm256_slli_epi32(                                                     \
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)(p) + (k)))), 16))
+#endif
+
+static float scalar_a(enum bp_type t, const void *p, int64_t k)
+{
+    if (t == BP_TYPE_F32)
+        return ((const float *)p)[k];
+    uint16_t h = ((const uint16_t *)p)[k];
+    if (t == BP_TYPE_F16)
+        return bp_fp16_to_fp32(h);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* out[r][c] = dot(a[r], b[c]) over K for an RD x NC tile, A in its own type (converted in
+ * registers), B f32. Each loaded vector of A feeds NC products and each vector of B feeds RD. */
+#ifdef VW
+#define DEFINE_DOT_TILE(NAME, LOAD, NC)                                                        \
+    static void NAME(const void *const a[RD], const float *const b[], int64_t K,               \
+                     float out[RD][CD])                                                        \
+    {                                                                                          \
+        vf acc[RD][NC];                                                                        \
+        for (int r = 0; r < RD; r++)                                                           \
+            for (int c = 0; c < NC; c++)                                                       \
+                acc[r][c] = VZERO();                                                           \
+        int64_t k = 0;                                                                         \
+        for (; k + VW <= K; k += VW) {                                                         \
+            vf vb[NC];                                                                         \
+            for (int c = 0; c < NC; c++)                                                       \
+                vb[c] = LOAD_F32(b[c], k);                                                     \
+            for (int r = 0; r < RD; r++) {                                                     \
+                const vf va = LOAD(a[r], k);                                                   \
+                for (int c = 0; c < NC; c++)                                                   \
+                    acc[r][c] = VFMA(va, vb[c], acc[r][c]);                                    \
+            }                                                                                  \
+        }                                                                                      \
+        for (int r = 0; r < RD; r++)                                                           \
+            for (int c = 0; c < NC; c++)                                                       \
+                out[r][c] = VHSUM(acc[r][c]);                                                  \
+        (void)k;                                                                               \
+    }
+DEFINE_DOT_TILE(tile_f32_1, LOAD_F32, 1)
+DEFINE_DOT_TILE(tile_f32_2, LOAD_F32, 2)
+DEFINE_DOT_TILE(tile_f32_4, LOAD_F32, 4)
+DEFINE_DOT_TILE(tile_f16_1, LOAD_F16, 1)
+DEFINE_DOT_TILE(tile_f16_2, LOAD_F16, 2)
+DEFINE_DOT_TILE(tile_f16_4, LOAD_F16, 4)
+DEFINE_DOT_TILE(tile_bf16_1, LOAD_BF16, 1)
+DEFINE_DOT_TILE(tile_bf16_2, LOAD_BF16, 2)
+DEFINE_DOT_TILE(tile_bf16_4, LOAD_BF16, 4)
+#endif
+
+static void dot_tile(enum bp_type t, const void *const a[RD], const float *const b[CD], int nc,
+                     int64_t K, float out[RD][CD])
+{
+    int64_t k0 = 0;
+#ifdef VW
+    typedef void (*tile_fn)(const void *const[RD], const float *const[], int64_t, float[RD][CD]);
+    static const tile_fn fns[3][3] = {{tile_f32_1, tile_f32_2, tile_f32_4},
+                                      {tile_f16_1, tile_f16_2, tile_f16_4},
+                                      {tile_bf16_1, tile_bf16_2, tile_bf16_4}};
+    const int ti = t == BP_TYPE_F32 ? 0 : t == BP_TYPE_F16 ? 1 : 2;
+    const int ci = nc == 1 ? 0 : nc == 2 ? 1 : 2;
+    fns[ti][ci](a, b, K, out);
+    k0 = K / VW * VW;
+#else
+    for (int r = 0; r < RD; r++)
+        for (int c = 0; c < nc; c++)
+            out[r][c] = 0.0f;
+#endif
+    for (int64_t k = k0; k < K; k++)
+        for (int r = 0; r < RD; r++) {
+            const float x = scalar_a(t, a[r], k);
+            for (int c = 0; c < nc; c++)
+                out[r][c] += x * b[c][k];
+        }
+}
+
+/* dst[m, n] for rows [m0, m1) and every n, A rows of f32/f16/bf16. A short tile repeats its
+ * last row and drops the extra results. */
 static void dot_rows_float(const bp_tensor *a, const char *abase, const bp_tensor *b,
                            const char *bbase, char *cbase, int64_t ldc, int64_t m0, int64_t m1,
-                           int64_t N, float *tmp)
+                           int64_t N)
 {
     const int64_t K = a->ne[0];
     for (int64_t m = m0; m < m1; m += RD) {
         const int64_t rows = m1 - m < RD ? m1 - m : RD;
-        const float *ar[RD];
-        for (int64_t r = 0; r < rows; r++) {
-            const char *row = abase + (m + r) * (int64_t)a->nb[1];
-            if (a->type == BP_TYPE_F32) {
-                ar[r] = (const float *)row;
-            } else {
-                bp_cpu_to_float(a->type, row, tmp + r * K, K);
-                ar[r] = tmp + r * K;
-            }
-        }
-        for (int64_t n = 0; n < N; n++) {
-            const float *y = (const float *)(bbase + n * (int64_t)b->nb[1]);
-            float *c = (float *)cbase + n * ldc + m;
-            for (int64_t r = 0; r < rows; r++)
-                c[r] = bp_cpu_dot_f32(ar[r], y, K);
+        const void *ar[RD];
+        for (int64_t r = 0; r < RD; r++)
+            ar[r] = abase + (m + (r < rows ? r : rows - 1)) * (int64_t)a->nb[1];
+        for (int64_t n = 0; n < N;) {
+            const int nc = N - n >= 4 ? 4 : N - n >= 2 ? 2 : 1;
+            const float *bc[CD];
+            for (int c = 0; c < nc; c++)
+                bc[c] = (const float *)(bbase + (n + c) * (int64_t)b->nb[1]);
+            float out[RD][CD];
+            dot_tile(a->type, ar, bc, nc, K, out);
+            for (int c = 0; c < nc; c++)
+                for (int64_t r = 0; r < rows; r++)
+                    ((float *)cbase)[(n + c) * ldc + m + r] = out[r][c];
+            n += nc;
         }
     }
 }
@@ -314,49 +417,82 @@ BP_CPU_INLINE __m256i load_q4(const struct bp_block_q4_0 *b)
 }
 #endif
 
-/* sum over nb blocks of (d_x * d_y) * (q_x . q_y), A row in Q8_0 or Q4_0, B row in Q8_0. */
-static float dot_quant_row(enum bp_type type, const void *xrow, const struct bp_block_q8_0 *y,
-                           int64_t nb)
-{
 #if defined(__AVX2__) && defined(__FMA__)
-    __m256 acc = _mm256_setzero_ps();
-    if (type == BP_TYPE_Q8_0) {
-        const struct bp_block_q8_0 *x = xrow;
-        for (int64_t i = 0; i < nb; i++) {
-            const __m256i s = dot_i8x32(_mm256_loadu_si256((const __m256i *)x[i].qs),
-                                        _mm256_loadu_si256((const __m256i *)y[i].qs));
-            const float d = half_to_float(x[i].d) * half_to_float(y[i].d);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
-        }
-    } else {
-        const struct bp_block_q4_0 *x = xrow;
-        for (int64_t i = 0; i < nb; i++) {
-            const __m256i s = dot_i8x32(load_q4(&x[i]),
-                                        _mm256_loadu_si256((const __m256i *)y[i].qs));
-            const float d = half_to_float(x[i].d) * half_to_float(y[i].d);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
-        }
-    }
-    return hsum256(acc);
-#else
-    float sum = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        int32_t s = 0;
-        if (type == BP_TYPE_Q8_0) {
-            const struct bp_block_q8_0 *x = (const struct bp_block_q8_0 *)xrow + i;
-            for (int j = 0; j < 32; j++)
-                s += x->qs[j] * y[i].qs[j];
-            sum += half_to_float(x->d) * half_to_float(y[i].d) * (float)s;
-        } else {
-            const struct bp_block_q4_0 *x = (const struct bp_block_q4_0 *)xrow + i;
-            for (int j = 0; j < 16; j++)
-                s += ((x->qs[j] & 0x0f) - 8) * y[i].qs[j] + ((x->qs[j] >> 4) - 8) * y[i].qs[j + 16];
-            sum += half_to_float(x->d) * half_to_float(y[i].d) * (float)s;
-        }
-    }
-    return sum;
-#endif
+BP_CPU_INLINE __m256i load_a_block(enum bp_type type, const void *xrow, int64_t i)
+{
+    if (type == BP_TYPE_Q8_0)
+        return _mm256_loadu_si256((const __m256i *)((const struct bp_block_q8_0 *)xrow)[i].qs);
+    return load_q4((const struct bp_block_q4_0 *)xrow + i);
 }
+
+BP_CPU_INLINE float a_scale(enum bp_type type, const void *xrow, int64_t i)
+{
+    return half_to_float(type == BP_TYPE_Q8_0 ? ((const struct bp_block_q8_0 *)xrow)[i].d
+                                              : ((const struct bp_block_q4_0 *)xrow)[i].d);
+}
+
+/* out[c] = sum over blocks of d_x d_y (q_x . q_y) for nc <= 4 columns of B (Q8_0): each block
+ * of A is loaded (and for Q4_0 unpacked) once for all columns. Two blocks per step keep two
+ * independent chains in flight. */
+static void dot_quant_cols(enum bp_type type, const void *xrow, const struct bp_block_q8_0 *const y[4],
+                           int nc, int64_t nb, float out[4])
+{
+    __m256 acc[4][2];
+    for (int c = 0; c < 4; c++)
+        acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m256i x0 = load_a_block(type, xrow, i), x1 = load_a_block(type, xrow, i + 1);
+        const float d0 = a_scale(type, xrow, i), d1 = a_scale(type, xrow, i + 1);
+        for (int c = 0; c < nc; c++) {
+            const __m256i s0 = dot_i8x32(x0, _mm256_loadu_si256((const __m256i *)y[c][i].qs));
+            const __m256i s1 = dot_i8x32(x1, _mm256_loadu_si256((const __m256i *)y[c][i + 1].qs));
+            acc[c][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0),
+                                        _mm256_set1_ps(d0 * half_to_float(y[c][i].d)), acc[c][0]);
+            acc[c][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1),
+                                        _mm256_set1_ps(d1 * half_to_float(y[c][i + 1].d)),
+                                        acc[c][1]);
+        }
+    }
+    for (; i < nb; i++) {
+        const __m256i x0 = load_a_block(type, xrow, i);
+        const float d0 = a_scale(type, xrow, i);
+        for (int c = 0; c < nc; c++) {
+            const __m256i s0 = dot_i8x32(x0, _mm256_loadu_si256((const __m256i *)y[c][i].qs));
+            acc[c][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0),
+                                        _mm256_set1_ps(d0 * half_to_float(y[c][i].d)), acc[c][0]);
+        }
+    }
+    for (int c = 0; c < nc; c++)
+        out[c] = hsum256(_mm256_add_ps(acc[c][0], acc[c][1]));
+}
+#else
+static void dot_quant_cols(enum bp_type type, const void *xrow, const struct bp_block_q8_0 *const y[4],
+                           int nc, int64_t nb, float out[4])
+{
+    for (int c = 0; c < nc; c++) {
+        float sum = 0.0f;
+        for (int64_t i = 0; i < nb; i++) {
+            int32_t s = 0;
+            float d;
+            if (type == BP_TYPE_Q8_0) {
+                const struct bp_block_q8_0 *x = (const struct bp_block_q8_0 *)xrow + i;
+                for (int j = 0; j < 32; j++)
+                    s += x->qs[j] * y[c][i].qs[j];
+                d = half_to_float(x->d);
+            } else {
+                const struct bp_block_q4_0 *x = (const struct bp_block_q4_0 *)xrow + i;
+                for (int j = 0; j < 16; j++)
+                    s += ((x->qs[j] & 0x0f) - 8) * y[c][i].qs[j] +
+                         ((x->qs[j] >> 4) - 8) * y[c][i].qs[j + 16];
+                d = half_to_float(x->d);
+            }
+            sum += d * half_to_float(y[c][i].d) * (float)s;
+        }
+        out[c] = sum;
+    }
+}
+#endif
 
 /* dst[m, n] for rows [m0, m1): quantised A against B already quantised to Q8_0 (bq). */
 static void dot_rows_quant(const bp_tensor *a, const char *abase, const struct bp_block_q8_0 *bq,
@@ -365,8 +501,16 @@ static void dot_rows_quant(const bp_tensor *a, const char *abase, const struct b
     const int64_t nb = a->ne[0] / 32;
     for (int64_t m = m0; m < m1; m++) {
         const char *row = abase + m * (int64_t)a->nb[1];
-        for (int64_t n = 0; n < N; n++)
-            ((float *)cbase)[n * ldc + m] = dot_quant_row(a->type, row, bq + n * nb, nb);
+        for (int64_t n = 0; n < N; n += 4) {
+            const int nc = N - n < 4 ? (int)(N - n) : 4;
+            const struct bp_block_q8_0 *y[4];
+            for (int c = 0; c < 4; c++)
+                y[c] = bq + (n + (c < nc ? c : 0)) * nb;
+            float out[4];
+            dot_quant_cols(a->type, row, y, nc, nb, out);
+            for (int c = 0; c < nc; c++)
+                ((float *)cbase)[(n + c) * ldc + m] = out[c];
+        }
     }
 }
 
@@ -433,7 +577,7 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
             int64_t m0, m1;
             bp_cpu_split(M, p->ith, p->nth, &m0, &m1);
             if (!quantized(a->type)) {
-                dot_rows_float(a, abase, b, bbase, cbase, ldc, m0, m1, N, tmp);
+                dot_rows_float(a, abase, b, bbase, cbase, ldc, m0, m1, N);
                 continue;
             }
             /* Quantise B's columns (shared by all threads), then integer dot products. */

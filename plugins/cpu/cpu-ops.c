@@ -22,11 +22,6 @@ BP_CPU_INLINE void unflatten(const bp_tensor *t, int64_t r, int64_t *i1, int64_t
     *i3 = r / (t->ne[1] * t->ne[2]);
 }
 
-void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n)
-{
-    bp_type_get_traits(type)->to_float(src, dst, n);
-}
-
 /* Row (i1,i2,i3) of t as floats: a pointer into t when it already is a contiguous f32 row,
  * else converted or gathered into tmp. */
 static const float *row_f32(const bp_tensor *t, int64_t i1, int64_t i2, int64_t i3, float *tmp)

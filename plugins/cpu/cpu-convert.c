@@ -1,0 +1,124 @@
+/* cpu-convert.c - rows of any weight type to f32, with the vector instructions of this build
+ * variant (F16C for halves, shifts for bfloat16, widening byte conversions for Q8_0/Q4_0). The
+ * runtime's converters are portable scalar code; these are the fast path every kernel uses
+ * (packing A for GEMM, matrix-vector rows, gathering sources). Results are bit-identical. */
+#include "config.h"
+
+#include <string.h>
+
+#include "cpu-impl.h"
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+static void f16_row(const uint16_t *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+#elif defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+#endif
+    for (; i < n; i++)
+        y[i] = bp_fp16_to_fp32(x[i]);
+}
+
+static void bf16_row(const uint16_t *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) {
+        __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i)));
+        _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+    }
+#elif defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
+        _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+    }
+#endif
+    for (; i < n; i++) {
+        uint32_t b = (uint32_t)x[i] << 16;
+        memcpy(&y[i], &b, 4);
+    }
+}
+
+BP_CPU_INLINE float half(uint16_t h)
+{
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    return bp_fp16_to_fp32(h);
+#endif
+}
+
+static void q8_0_row(const struct bp_block_q8_0 *b, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++, y += 32) {
+        const float d = half(b[i].d);
+#if defined(__AVX512F__)
+        const __m512 vd = _mm512_set1_ps(d);
+        for (int j = 0; j < 32; j += 16) {
+            __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b[i].qs + j)));
+            _mm512_storeu_ps(y + j, _mm512_mul_ps(_mm512_cvtepi32_ps(v), vd));
+        }
+#elif defined(__AVX2__)
+        const __m256 vd = _mm256_set1_ps(d);
+        for (int j = 0; j < 32; j += 8) {
+            __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b[i].qs + j)));
+            _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_cvtepi32_ps(v), vd));
+        }
+#else
+        for (int j = 0; j < 32; j++)
+            y[j] = d * (float)b[i].qs[j];
+#endif
+    }
+}
+
+static void q4_0_row(const struct bp_block_q4_0 *b, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n / 32; i++, y += 32) {
+        const float d = half(b[i].d);
+#if defined(__AVX512F__)
+        const __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f)),
+                                        _mm_set1_epi8(8));
+        const __m512 vd = _mm512_set1_ps(d);
+        _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), vd));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), vd));
+#else
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)((b[i].qs[j] & 0x0f) - 8);
+            y[j + 16] = d * (float)((b[i].qs[j] >> 4) - 8);
+        }
+#endif
+    }
+}
+
+void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n)
+{
+    switch (type) {
+    case BP_TYPE_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
+    case BP_TYPE_F16:
+        f16_row(src, dst, n);
+        break;
+    case BP_TYPE_BF16:
+        bf16_row(src, dst, n);
+        break;
+    case BP_TYPE_Q8_0:
+        q8_0_row(src, dst, n);
+        break;
+    case BP_TYPE_Q4_0:
+        q4_0_row(src, dst, n);
+        break;
+    default:
+        bp_type_get_traits(type)->to_float(src, dst, n);
+        break;
+    }
+}
