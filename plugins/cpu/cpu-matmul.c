@@ -1,15 +1,18 @@
 /* cpu-matmul.c - MUL_MAT on the CPU: dst[m, n] = sum_k a[k, m] * b[k, n].
  *
- * Two strategies, chosen per node:
+ * Three strategies, chosen per node by N (the number of activation columns):
  *
- * Packed GEMM (N >= BP_CPU_GEMM_MIN_N): the classic blocked scheme. For each K block, every
+ * Broadcast (16 <= N <= BCAST_MAX_N, vector builds): B is small, so it is packed (transposed)
+ * and A is read in place; see the comment above bcast_kernel.
+ *
+ * Packed GEMM (larger N): the classic blocked scheme. For each K block, every
  * thread packs the whole B block into column panels of NR (shared, one copy), then packs its
  * own rows of A into row panels of MR (converting F16/BF16 and dequantising Q8_0/Q4_0 to f32 on
  * the way, so every weight type reaches the same micro-kernel), and the micro-kernel keeps an
  * MR x NR tile of C in registers: per k, MR/16 vector loads of A and NR broadcasts of B feed
  * MR/16 * NR fused multiply-adds. Panels are contiguous, so the loads stream from L1/L2.
  *
- * Dot products (small N, matrix-vector): each thread walks its rows of A exactly once and
+ * Dot products (N < 16, matrix-vector): each thread walks its rows of A exactly once and
  * multiplies each against every column of B (which stays in L1): F32/F16/BF16 with f32 FMAs,
  * Q8_0/Q4_0 against B quantised on the fly to Q8_0 (by all threads, before a barrier) with
  * 8-bit integer dot products. This streams the weights once, which is what bounds N = 1.
@@ -40,7 +43,7 @@
 
 #define KC 256   /* K block: B micro-panel (KC x NR) stays in L1 */
 #define MC 128   /* rows of A packed at a time (MC x KC in L2) */
-#define BP_CPU_GEMM_MIN_N 32 /* below this, dot-product tiles (no packing) */
+#define BP_CPU_GEMM_MIN_N 16 /* below this, dot-product tiles (no packing) */
 
 /* ---- Micro-kernel ----------------------------------------------------------------------- */
 
@@ -211,6 +214,110 @@ static void gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, cha
         bp_cpu_pool_barrier(p->pool);
     }
 }
+
+/* ---- Broadcast path (medium N) ----------------------------------------------------------
+ * For 8 <= N <= BCAST_MAX_N, packing A into MR panels costs as much as the product itself. Here
+ * B (small) is packed instead, transposed so each k holds BN consecutive columns, and A is read
+ * in its own row-major layout: per k, BM scalars of A (one from each of BM rows) are broadcast
+ * against BN/VW vectors of B. A is converted to f32 in KC-long chunks when it is not f32, and
+ * is streamed exactly once per column chunk. */
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__)
+#define BVW 16
+typedef __m512 bvf;
+#define BV_LOAD(p) _mm512_loadu_ps(p)
+#define BV_STORE(p, v) _mm512_storeu_ps(p, v)
+#define BV_SET1(x) _mm512_set1_ps(x)
+#define BV_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#else
+#define BVW 8
+typedef __m256 bvf;
+#define BV_LOAD(p) _mm256_loadu_ps(p)
+#define BV_STORE(p, v) _mm256_storeu_ps(p, v)
+#define BV_SET1(x) _mm256_set1_ps(x)
+#define BV_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#endif
+#define HAVE_BCAST 1
+#define BM 12          /* rows of A per block */
+#define BN (2 * BVW)   /* columns of B per chunk: two vectors */
+#define BCAST_MAX_N 128
+
+/* out[BM][BN] += A rows (chunk of kc, row stride lda floats) x bpanel (kc x BN). */
+static void bcast_kernel(const float *restrict a, int64_t lda, const float *restrict bpanel,
+                         int64_t kc, float *restrict out)
+{
+    bvf acc[BM][2];
+    for (int r = 0; r < BM; r++) {
+        acc[r][0] = BV_LOAD(out + r * BN);
+        acc[r][1] = BV_LOAD(out + r * BN + BVW);
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const bvf b0 = BV_LOAD(bpanel + k * BN), b1 = BV_LOAD(bpanel + k * BN + BVW);
+#pragma GCC unroll 12
+        for (int r = 0; r < BM; r++) {
+            const bvf x = BV_SET1(a[r * lda + k]);
+            acc[r][0] = BV_FMA(x, b0, acc[r][0]);
+            acc[r][1] = BV_FMA(x, b1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < BM; r++) {
+        BV_STORE(out + r * BN, acc[r][0]);
+        BV_STORE(out + r * BN + BVW, acc[r][1]);
+    }
+}
+
+static void bcast_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                        const struct bp_cpu_params *p, float *bpack, float *tmp)
+{
+    const bp_tensor *a = dst->src[0], *b = dst->src[1];
+    const int64_t M = dst->ne[0], N = dst->ne[1], K = a->ne[0];
+    const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
+    const int64_t nchunks = (N + BN - 1) / BN;
+
+    /* B transposed into column chunks: bpack[chunk][k][BN], zero past N. Split over k. */
+    int64_t k0, k1;
+    bp_cpu_split(K, p->ith, p->nth, &k0, &k1);
+    for (int64_t c = 0; c < nchunks; c++)
+        for (int64_t k = k0; k < k1; k++) {
+            float *dstp = bpack + (c * K + k) * BN;
+            for (int64_t j = 0; j < BN; j++) {
+                const int64_t n = c * BN + j;
+                dstp[j] = n < N ? ((const float *)(bbase + n * (int64_t)b->nb[1]))[k] : 0.0f;
+            }
+        }
+    bp_cpu_pool_barrier(p->pool);
+
+    int64_t bm0, bm1;
+    bp_cpu_split((M + BM - 1) / BM, p->ith, p->nth, &bm0, &bm1);
+    float *out = tmp;                        /* nchunks x BM x BN accumulators */
+    float *achunk = tmp + nchunks * BM * BN; /* BM x KC converted rows */
+    for (int64_t blk = bm0; blk < bm1; blk++) {
+        const int64_t m = blk * BM, rows = M - m < BM ? M - m : BM;
+        memset(out, 0, (size_t)(nchunks * BM * BN) * sizeof(float));
+        for (int64_t kk = 0; kk < K; kk += KC) {
+            const int64_t kc = K - kk < KC ? K - kk : KC;
+            /* Rows as f32 (missing rows of a short block are zero). */
+            for (int64_t r = 0; r < BM; r++) {
+                float *dstr = achunk + r * KC;
+                if (r >= rows) {
+                    memset(dstr, 0, (size_t)kc * sizeof(float));
+                    continue;
+                }
+                const char *row = abase + (m + r) * (int64_t)a->nb[1];
+                const int64_t blck = bp_type_block_size(a->type);
+                bp_cpu_to_float(a->type, row + kk / blck * (int64_t)bp_type_size(a->type), dstr, kc);
+            }
+            for (int64_t c = 0; c < nchunks; c++)
+                bcast_kernel(achunk, KC, bpack + (c * K + kk) * BN, kc, out + c * BM * BN);
+        }
+        for (int64_t c = 0; c < nchunks; c++)
+            for (int64_t j = 0; j < BN && c * BN + j < N; j++)
+                for (int64_t r = 0; r < rows; r++)
+                    ((float *)cbase)[(c * BN + j) * ldc + m + r] = out[c * BM * BN + r * BN + j];
+    }
+    bp_cpu_pool_barrier(p->pool); /* bpack is rewritten for the next batch */
+}
+#endif
 
 /* ---- Dot-product path ------------------------------------------------------------------- */
 
@@ -521,6 +628,13 @@ static bool use_gemm(const bp_tensor *dst)
     return dst->ne[1] >= BP_CPU_GEMM_MIN_N;
 }
 
+#ifdef HAVE_BCAST
+static bool use_bcast(const bp_tensor *dst)
+{
+    return dst->ne[1] >= 16 && dst->ne[1] <= BCAST_MAX_N;
+}
+#endif
+
 static bool quantized(enum bp_type t)
 {
     return t == BP_TYPE_Q8_0 || t == BP_TYPE_Q4_0;
@@ -539,6 +653,14 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
 {
     const int64_t K = dst->src[0]->ne[0], N = dst->ne[1];
     (void)nth;
+#ifdef HAVE_BCAST
+    if (use_bcast(dst)) {
+        const int64_t nchunks = (N + BN - 1) / BN;
+        *per_thread = (size_t)(nchunks * BM * BN + BM * KC + 64) * sizeof(float);
+        *shared = (size_t)(nchunks * K * BN) * sizeof(float);
+        return;
+    }
+#endif
     if (use_gemm(dst)) {
         *per_thread = (size_t)(MC * KC + KC + 64) * sizeof(float);
         *shared = (size_t)(round_up(N, NR) * KC) * sizeof(float);
@@ -569,6 +691,12 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
             char *cbase = (char *)dst->data + i2 * (int64_t)dst->nb[2] + i3 * (int64_t)dst->nb[3];
             if (M == 0 || N == 0)
                 continue;
+#ifdef HAVE_BCAST
+            if (use_bcast(dst)) {
+                bcast_batch(dst, abase, bbase, cbase, p, p->wshared, tmp);
+                continue;
+            }
+#endif
             if (gemm) {
                 float *apack = tmp + KC + 32;
                 gemm_batch(dst, abase, bbase, cbase, p, p->wshared, apack, tmp);
