@@ -213,12 +213,13 @@ static bp_tensor *b_concat(bp_context *ctx, int v)
 
 /* ---- Matrix products -------------------------------------------------------------------- */
 
-/* (K, M, N): vectors, odd sizes, the dot-product path (N < 8) and the blocked path (N >= 8),
- * K across several 256-wide blocks. */
+/* (K, M, N): vectors, odd sizes, every CPU strategy (dot products for N < 16, the broadcast
+ * kernel for 16 <= N <= 128, the packed GEMM above), K across several 256-wide blocks. */
 static const int64_t mm_shapes[][3] = {
-    {32, 1, 1}, {64, 7, 1}, {96, 13, 5}, {64, 17, 9}, {320, 33, 17}, {544, 45, 64}, {32, 70, 8},
+    {32, 1, 1},    {64, 7, 1},     {96, 13, 5},  {64, 17, 9}, {320, 33, 17},
+    {544, 45, 64}, {32, 70, 8},    {288, 40, 150}, {64, 3, 129},
 };
-#define N_MM_SHAPES 7
+#define N_MM_SHAPES 9
 
 static bp_tensor *mul_mat_case(bp_context *ctx, int v, enum bp_type t)
 {
