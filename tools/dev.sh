@@ -36,30 +36,16 @@ build() {
     make -j"$jobs"
 }
 
-# The summary line of each suite (Check's, or a script's "N passed, M failed"), then a total.
+# The summary lines of each suite (Check's, or a script's "N passed, M failed"), then a total.
 summarize() {
-    total=0 failed=0
     for log in tests/*.log; do
-        line=$(grep -E '^[0-9]+%: Checks: ' "$log" || true)
-        if [ -n "$line" ]; then
-            echo "$line"
-            n=$(echo "$line" | sed -E 's/.*Checks: ([0-9]+).*/\1/')
-            f=$(echo "$line" | sed -E 's/.*Failures: ([0-9]+), Errors: ([0-9]+).*/\1 \2/')
-            total=$((total + n))
-            failed=$((failed + ${f% *} + ${f#* }))
-            continue
-        fi
-        line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" || true)
-        if [ -n "$line" ]; then
-            echo "$(basename "$log" .log): $line"
-            p=${line%% passed*}
-            f=${line#*, }
-            f=${f%% failed*}
-            total=$((total + p + f))
-            failed=$((failed + f))
-        fi
-    done
-    echo "checks: $((total - failed)) passed, $failed failed"
+        grep -E '^[0-9]+%: Checks: |^[0-9]+ passed, [0-9]+ failed$' "$log" |
+            sed "s|^\([0-9]* passed\)|$(basename "$log" .log): \1|"
+    done | awk '
+        { print }
+        /Checks: / { n = $3 + 0; f = $5 + 0; e = $7 + 0; total += n; failed += f + e }
+        / passed, / { total += $2 + $4; failed += $4 }
+        END { printf "checks: %d passed, %d failed\n", total - failed, failed }'
 }
 
 case "${1:-}" in
