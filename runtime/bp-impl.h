@@ -59,6 +59,11 @@ bp_tensor *bp__new_tensor_impl(bp_context *ctx, enum bp_type type, const int64_t
 /* A view of a with a's shape and strides (view_src/view_offs set to reach a's data). */
 bp_tensor *bp__view_of(bp_context *ctx, bp_tensor *a, const char *op_name);
 
+/* Replaces g's contents with the given nodes and leafs, in this order (the caller guarantees it
+ * is a valid execution order). BP_ERR_CAPACITY when they do not fit. */
+enum bp_status bp__graph_set(bp_graph *g, bp_tensor *const *nodes, int n_nodes,
+                             bp_tensor *const *leafs, int n_leafs);
+
 /* Like bp__error but returns NULL, for constructors and builders. */
 void *bp__error_null(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3);
 

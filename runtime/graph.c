@@ -29,7 +29,21 @@ struct bp_graph {
     int *uses;
 
     struct frame *stack; /* 2 * capacity + 1 frames: every frame is a distinct new tensor */
+    bool hash_stale;     /* set by bp__graph_set: rebuilt on first use, most users never ask */
 };
+
+static void rehash(bp_graph *g);
+
+/* The hash set and use counts, rebuilt first if bp__graph_set left them stale. */
+static const bp_graph *fresh(const bp_graph *g)
+{
+    if (g->hash_stale) {
+        bp_graph *m = (bp_graph *)g; /* logically const: only the cache changes */
+        rehash(m);
+        m->hash_stale = false;
+    }
+    return g;
+}
 
 static size_t hash_ptr(const void *p, size_t size)
 {
@@ -140,6 +154,7 @@ void bp_graph_reset(bp_graph *g)
     g->n_nodes = 0;
     g->n_leafs = 0;
     rehash(g);
+    g->hash_stale = false;
 }
 
 /* Appends t as a node or a leaf; false when that list is full. */
@@ -168,6 +183,7 @@ enum bp_status bp_graph_build_forward(bp_graph *g, bp_tensor *out)
     if (g == NULL || out == NULL)
         return bp__error(BP_ERR_INVALID_ARG, "bp_graph_build_forward: graph and output must not "
                          "be NULL");
+    fresh(g);
     if (hash_has(g, out))
         return BP_OK;
 
@@ -261,13 +277,14 @@ bp_tensor *bp_graph_leaf(const bp_graph *g, int i)
 
 bool bp_graph_contains(const bp_graph *g, const bp_tensor *t)
 {
-    return g != NULL && t != NULL && hash_has(g, t);
+    return g != NULL && t != NULL && hash_has(fresh(g), t);
 }
 
 int bp_graph_use_count(const bp_graph *g, const bp_tensor *t)
 {
     if (g == NULL || t == NULL)
         return 0;
+    fresh(g);
     size_t slot = hash_slot(g, t);
     return g->keys[slot] == t ? g->uses[slot] : 0;
 }
@@ -308,4 +325,18 @@ bp_graph *bp_graph_view(const bp_graph *g, int i0, int i1)
     v->n_leafs = g->n_leafs;
     rehash(v);
     return v;
+}
+
+enum bp_status bp__graph_set(bp_graph *g, bp_tensor *const *nodes, int n_nodes,
+                             bp_tensor *const *leafs, int n_leafs)
+{
+    if ((size_t)n_nodes > g->capacity || (size_t)n_leafs > g->capacity)
+        return bp__error(BP_ERR_CAPACITY, "graph of %zu cannot hold %d nodes and %d leafs",
+                         g->capacity, n_nodes, n_leafs);
+    memcpy(g->nodes, nodes, (size_t)n_nodes * sizeof(*nodes));
+    memcpy(g->leafs, leafs, (size_t)n_leafs * sizeof(*leafs));
+    g->n_nodes = n_nodes;
+    g->n_leafs = n_leafs;
+    g->hash_stale = true;
+    return BP_OK;
 }

@@ -41,6 +41,12 @@ void bp_context_free(bp_context *ctx)
     bp__free(ctx);
 }
 
+void bp_context_reset(bp_context *ctx)
+{
+    if (ctx != NULL)
+        ctx->n_tensors = 0;
+}
+
 size_t bp_context_n_tensors(const bp_context *ctx)
 {
     return ctx ? ctx->n_tensors : 0;

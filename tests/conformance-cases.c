@@ -61,6 +61,10 @@ static bp_tensor *b_cpy(bp_context *ctx, int v) /* f32 -> every type, and back *
         return bp_cpy(ctx, f32(ctx, 6, 35, 1, 1), leaf(ctx, BP_TYPE_F16, 10, 21, 1, 1));
     case 18:
         return bp_dup(ctx, bp_view_2d(ctx, f32(ctx, 9, 8, 1, 1), 5, 3, 9 * 4, 2 * 9 * 4 + 4));
+    case 20: /* attention's merge of heads: a permuted source laid out in another shape */
+        return bp_cont_4d(ctx, bp_permute(ctx, f32(ctx, 8, 5, 3, 1), 0, 2, 1, 3), 24, 5, 1, 1);
+    case 21: /* into f16, from a transposed source */
+        return bp_cpy(ctx, bp_transpose(ctx, f32(ctx, 6, 7, 1, 1)), leaf(ctx, BP_TYPE_F16, 42, 1, 1, 1));
     default: /* i32 copy */
         return bp_cont(ctx, bp_transpose(ctx, leaf(ctx, BP_TYPE_I32, 4, 3, 1, 1)));
     }
@@ -253,7 +257,7 @@ static bp_tensor *b_mm_odd_k(bp_context *ctx, int v) /* float weights allow any 
 }
 
 const struct conf_case conf_cases[] = {
-    {"cpy", b_cpy, 20, NMSE_F32},
+    {"cpy", b_cpy, 22, NMSE_F32},
     {"get_rows", b_get_rows, 10, NMSE_F32},
     {"set_rows", b_set_rows, 10, NMSE_F32},
     {"add", b_add, 6 * N_SHAPES, NMSE_F32},

@@ -7,6 +7,7 @@
 #include <backplane/bp-graph.h>
 #include <backplane/bp-backend.h>
 #include <backplane/bp-alloc.h>
+#include <backplane/bp-sched.h>
 
 #ifdef __cplusplus
 extern "C" {

@@ -180,6 +180,8 @@ typedef struct bp_context bp_context;
  * a BP_ERR_CAPACITY error. Caller frees with bp_context_free, which frees every tensor in it. */
 BP_API bp_context *bp_context_new(size_t max_tensors);
 BP_API void bp_context_free(bp_context *ctx);
+/* Forgets every tensor of ctx (their pointers become invalid), keeping the storage. */
+BP_API void bp_context_reset(bp_context *ctx);
 BP_API size_t bp_context_n_tensors(const bp_context *ctx);
 BP_API size_t bp_context_capacity(const bp_context *ctx);
 /* The i-th tensor created in the context, NULL when out of range. Owned by the context. */

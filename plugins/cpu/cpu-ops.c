@@ -78,14 +78,17 @@ static void op_copy(bp_tensor *dst, const bp_tensor *src, const struct bp_cpu_pa
         }
         return;
     }
-    /* Different shapes, both contiguous and not quantised: flat, element by element. */
-    int64_t n = bp_nelements(dst), e0, e1;
-    bp_cpu_split(n, p->ith, p->nth, &e0, &e1);
-    const size_t ss = bp_type_size(src->type), ds = bp_type_size(dst->type);
-    for (int64_t e = e0; e < e1; e++) {
-        float v;
-        bp_cpu_to_float(src->type, (const char *)src->data + e * (int64_t)ss, &v, 1);
-        bp_type_get_traits(dst->type)->from_float(&v, (char *)dst->data + e * (int64_t)ds, 1);
+    /* Different shapes, same element count: the source read in logical order (any strides)
+     * fills the contiguous, non-quantised destination in order. Split over source rows. */
+    const int64_t n0 = src->ne[0];
+    const size_t ds = bp_type_size(dst->type);
+    int64_t r0, r1;
+    bp_cpu_split(ROWS_OF(src), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i1, i2, i3;
+        unflatten(src, r, &i1, &i2, &i3);
+        const float *x = row_f32(src, i1, i2, i3, tmp);
+        bp_type_get_traits(dst->type)->from_float(x, (char *)dst->data + r * n0 * (int64_t)ds, n0);
     }
 }
 
@@ -519,8 +522,7 @@ bool bp_cpu_supports_op(const bp_tensor *op)
     case BP_OP_CPY:
         if (bp_are_same_shape(a, op))
             return rows_contiguous(op) || bp_type_block_size(op->type) == 1;
-        return bp_is_contiguous(a) && bp_is_contiguous(op) && bp_type_block_size(a->type) == 1 &&
-               bp_type_block_size(op->type) == 1;
+        return bp_is_contiguous(op) && bp_type_block_size(op->type) == 1;
     case BP_OP_GET_ROWS:
         return a->type != BP_TYPE_I32 && op->type == BP_TYPE_F32 && rows_contiguous(op);
     case BP_OP_SET_ROWS:

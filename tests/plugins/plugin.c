@@ -8,7 +8,8 @@
  *   MODE_NO_ENTRY                 exports no descriptor at all
  *   MODE_INIT_NULL                init fails (with a reason)
  *   MODE_MUST_NOT_INIT            init aborts: the loader must refuse the plugin before it
- *   MODE_NEEDS_LIB                init calls into libbpmissing.so, which is never installed */
+ *   MODE_NEEDS_LIB                init calls into libbpmissing.so, which is never installed
+ *   MODE_OP_SUBSET                an accelerator with a partial op set (scheduler tests) */
 #include <stdlib.h>
 
 #include "../test-device.h"
@@ -38,6 +39,9 @@ static bp_registry *plugin_init(void)
 #ifdef MODE_NEEDS_LIB
     if (bp_missing_answer() != 42)
         return NULL;
+#endif
+#ifdef MODE_OP_SUBSET
+    test_device_set_op_subset(true);
 #endif
     return test_device_registry_new_named(REG_NAME, DEV_PREFIX, N_DEV, 0);
 #endif

@@ -1,0 +1,67 @@
+/* bp-sched.h - the scheduler: one graph split across several backends. */
+#ifndef BACKPLANE_BP_SCHED_H
+#define BACKPLANE_BP_SCHED_H
+
+#include <stdio.h>
+
+#include <backplane/bp-backend.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BP_SCHED_MAX_BACKENDS 16
+#define BP_SCHED_MAX_COPIES 4        /* copies of split inputs with parallel = true */
+#define BP_SCHED_MAX_SPLIT_INPUTS 30 /* a split needing more is cut again */
+
+typedef struct bp_sched bp_sched;
+
+/*
+ * Called before each node with ask = true: return true to observe that node. The scheduler then
+ * computes up to and including it, waits, and calls again with ask = false; return false then to
+ * stop the computation early (bp_sched_graph_compute returns BP_OK with the rest not computed).
+ */
+typedef bool (*bp_sched_eval_fn)(bp_tensor *t, bool ask, void *user_data);
+
+/* backends in priority order; the last must be a CPU device. bufts: one buffer type per backend
+ * or NULL for each backend's default. graph_size: most nodes of a graph it will see. parallel:
+ * pipeline graph evaluations (several copies of split inputs, ordered by events). Caller frees
+ * with bp_sched_free (the backends stay the caller's). */
+BP_API bp_sched *bp_sched_new(bp_backend *const *backends, bp_buffer_type *const *bufts, int n,
+                              size_t graph_size, bool parallel);
+BP_API void bp_sched_free(bp_sched *sched);
+
+/* Sizes every backend's compute buffer for a worst-case graph. */
+BP_API enum bp_status bp_sched_reserve(bp_sched *sched, bp_graph *measure_graph);
+/* Assigns, splits and allocates graph (bp_sched_graph_compute does this itself when needed). */
+BP_API enum bp_status bp_sched_alloc_graph(bp_sched *sched, bp_graph *graph);
+/* Computes graph and waits for it. */
+BP_API enum bp_status bp_sched_graph_compute(bp_sched *sched, bp_graph *graph);
+/* Queues graph; call bp_sched_synchronize before reading results. */
+BP_API enum bp_status bp_sched_graph_compute_async(bp_sched *sched, bp_graph *graph);
+BP_API enum bp_status bp_sched_synchronize(bp_sched *sched);
+/* Forgets assignments and pins. */
+BP_API void bp_sched_reset(bp_sched *sched);
+
+/* Pins t to backend (one of the scheduler's) for the next graphs, until reset. */
+BP_API enum bp_status bp_sched_set_tensor_backend(bp_sched *sched, bp_tensor *t,
+                                                  bp_backend *backend);
+/* The backend t was assigned in the last split graph; NULL when unknown. */
+BP_API bp_backend *bp_sched_get_tensor_backend(bp_sched *sched, const bp_tensor *t);
+BP_API int bp_sched_get_n_backends(bp_sched *sched);
+BP_API bp_backend *bp_sched_get_backend(bp_sched *sched, int i);
+BP_API int bp_sched_get_n_splits(bp_sched *sched);
+BP_API int bp_sched_get_n_copies(bp_sched *sched);
+/* Bytes of backend's compute buffer (0 when it has none yet). */
+BP_API size_t bp_sched_get_buffer_size(bp_sched *sched, bp_backend *backend);
+BP_API void bp_sched_set_eval_callback(bp_sched *sched, bp_sched_eval_fn fn, void *user_data);
+
+/* Writes the last split graph as Graphviz DOT: one cluster per split, nodes coloured by backend,
+ * copied inputs drawn as boxes. */
+BP_API enum bp_status bp_sched_dump_dot(bp_sched *sched, bp_graph *graph, FILE *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

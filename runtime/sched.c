@@ -1,0 +1,1070 @@
+/* sched.c - the scheduler: assigns every node of a graph to one of several backends, cuts the
+ * graph where the backend changes, copies each split's inputs into the split's backend,
+ * allocates everything through the graph allocator and runs the splits in order.
+ *
+ * Assignment, in passes (the reasons are what BP_SCHED_DEBUG=2 prints):
+ *   1. pinned by the user; already in a buffer (the highest-priority backend that can use that
+ *      buffer type and runs the op); graph inputs go to the CPU backend (the last); an op that
+ *      reads weights (buffer usage WEIGHTS) goes where the weights are, unless a higher-priority
+ *      backend asks to offload it.
+ *   2. expansion to unassigned neighbours: down then up the node list, accelerators first (the
+ *      CPU does not spread), then everyone.
+ *   3. upgrade: a node moves to a higher-priority backend that runs it and can use the buffers
+ *      of everything it touches.
+ *   4. the rest: the backend holding most of the node's inputs, else the highest-priority one
+ *      that runs it; a node no backend runs is an error naming it.
+ * Then leafs and views without a backend take their consumer's or their source's.
+ *
+ * Splits: a run of consecutive nodes on one backend. Every source of a split's node that lives
+ * on another backend gets a copy (one per split input, reused within the split) allocated in the
+ * split's backend as a graph input; the node's source pointer is swapped to the copy until the
+ * computation is finished (then restored), so the allocator and the backend see one consistent
+ * graph. With `parallel`, BP_SCHED_MAX_COPIES sets of copies rotate between evaluations and each
+ * backend's events keep a copy from being overwritten while still in use. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend-impl.h"
+#include <backplane/bp-alloc.h>
+#include <backplane/bp-sched.h>
+
+enum why {
+    WHY_NONE = 0,
+    WHY_PINNED,
+    WHY_BUFFER,
+    WHY_INPUT,
+    WHY_WEIGHTS,
+    WHY_OFFLOAD,
+    WHY_EXPAND_ACCEL,
+    WHY_EXPAND_ANY,
+    WHY_UPGRADE,
+    WHY_MOST_INPUTS,
+    WHY_FIRST_SUPPORTING,
+    WHY_CONSUMER,
+    WHY_VIEW_SOURCE,
+    WHY_COPY,
+};
+
+static const char *const why_text[] = {
+    "unassigned",        "pinned by the user", "its memory is there", "graph input (CPU)",
+    "its weights are there", "offloaded",      "expanded from a neighbour (accelerators)",
+    "expanded from a neighbour", "moved up to a higher-priority backend",
+    "most of its inputs are there", "the first backend that runs it", "its consumer is there",
+    "its view source is there", "input copy",
+};
+
+struct tinfo {
+    const bp_tensor *t;
+    signed char backend;
+    unsigned char why;
+    short copy[BP_SCHED_MAX_BACKENDS]; /* index + 1 into sched->copies, 0: none */
+};
+
+struct copy_set {
+    bp_tensor *src;
+    int backend;
+    bp_tensor *t[BP_SCHED_MAX_COPIES];
+};
+
+struct split {
+    int backend;
+    int i0, i1; /* nodes [i0, i1) of the graph */
+    int n_inputs;
+    bp_tensor *inputs[BP_SCHED_MAX_SPLIT_INPUTS];
+    bp_graph *graph;
+};
+
+struct subst {
+    bp_tensor *node;
+    int slot;
+    bp_tensor *orig;
+};
+
+struct pin {
+    const bp_tensor *t;
+    int backend;
+};
+
+struct bp_sched {
+    int n_backends;
+    bp_backend *backends[BP_SCHED_MAX_BACKENDS];
+    bp_buffer_type *bufts[BP_SCHED_MAX_BACKENDS];
+    bp_gallocr *galloc;
+    bool parallel;
+    int n_copies;
+    int cur_copy;
+    bp_event *events[BP_SCHED_MAX_BACKENDS][BP_SCHED_MAX_COPIES];
+    bool recorded[BP_SCHED_MAX_BACKENDS][BP_SCHED_MAX_COPIES];
+    size_t graph_size;
+    int debug;
+
+    struct tinfo *infos;
+    size_t hash_size;
+
+    struct split *splits;
+    int n_splits;
+    int cap_splits;
+
+    bp_context *ctx; /* metadata of the input copies */
+    struct copy_set *copies;
+    int n_copy_sets;
+    int cap_copy_sets;
+
+    bp_graph *graph; /* nodes of the user graph, leafs plus copies: what the allocator sees */
+    bp_tensor **node_buf;
+    bp_tensor **leaf_buf;
+    int *node_ids;
+    int *leaf_ids;
+    size_t cap_ids;
+
+    struct subst *subst;
+    int n_subst;
+    int cap_subst;
+
+    struct pin *pins;
+    int n_pins;
+    int cap_pins;
+
+    bp_sched_eval_fn eval_fn;
+    void *eval_user;
+    const bp_graph *allocated; /* the graph alloc_graph was last called for, until computed */
+};
+
+/* ---- Small helpers ---------------------------------------------------------------------- */
+
+static bool grow(void **p, int *cap, int need, size_t elem, const char *what)
+{
+    if (need <= *cap)
+        return true;
+    int nc = *cap ? *cap : 16;
+    while (nc < need)
+        nc *= 2;
+    void *q = bp__realloc(*p, (size_t)nc * elem, what);
+    if (q == NULL)
+        return false;
+    *p = q;
+    *cap = nc;
+    return true;
+}
+
+static struct tinfo *info(bp_sched *s, const bp_tensor *t)
+{
+    uintptr_t x = (uintptr_t)t;
+    size_t i = (size_t)((x >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (s->hash_size - 1);
+    while (s->infos[i].t != NULL && s->infos[i].t != t)
+        i = (i + 1) & (s->hash_size - 1);
+    if (s->infos[i].t == NULL) {
+        memset(&s->infos[i], 0, sizeof(s->infos[i]));
+        s->infos[i].t = t;
+        s->infos[i].backend = -1;
+    }
+    return &s->infos[i];
+}
+
+static const bp_tensor *lookup(const bp_sched *s, const bp_tensor *t)
+{
+    uintptr_t x = (uintptr_t)t;
+    size_t i = (size_t)((x >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (s->hash_size - 1);
+    while (s->infos[i].t != NULL && s->infos[i].t != t)
+        i = (i + 1) & (s->hash_size - 1);
+    return s->infos[i].t == t ? t : NULL;
+}
+
+static int backend_index(const bp_sched *s, const bp_backend *be)
+{
+    for (int i = 0; i < s->n_backends; i++) {
+        if (s->backends[i] == be)
+            return i;
+    }
+    return -1;
+}
+
+static bool is_view_op(const bp_tensor *t)
+{
+    return bp_op_is_view(t->op);
+}
+
+static bp_buffer *buffer_of(const bp_tensor *t)
+{
+    return t->view_src ? t->view_src->buffer : t->buffer;
+}
+
+/* The highest-priority backend that can use buf's type (and runs op, when given). */
+static int backend_for_buffer(const bp_sched *s, const bp_buffer *buf, const bp_tensor *op)
+{
+    bp_buffer_type *bt = buf->buft;
+    for (int i = 0; i < s->n_backends; i++) {
+        if (bp_backend_supports_buft(s->backends[i], bt) &&
+            (op == NULL || bp_backend_supports_op(s->backends[i], op)))
+            return i;
+    }
+    return -1;
+}
+
+static void assign(bp_sched *s, const bp_tensor *t, int backend, enum why why)
+{
+    struct tinfo *ti = info(s, t);
+    ti->backend = (signed char)backend;
+    ti->why = (unsigned char)why;
+}
+
+/* ---- Lifecycle -------------------------------------------------------------------------- */
+
+static void restore_sources(bp_sched *s)
+{
+    for (int i = s->n_subst; i-- > 0;)
+        s->subst[i].node->src[s->subst[i].slot] = s->subst[i].orig;
+    s->n_subst = 0;
+}
+
+bp_sched *bp_sched_new(bp_backend *const *backends, bp_buffer_type *const *bufts, int n,
+                       size_t graph_size, bool parallel)
+{
+    if (backends == NULL || n < 1)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_sched_new: need at least one backend");
+    if (n > BP_SCHED_MAX_BACKENDS)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_sched_new: %d backends given; at most %d",
+                              n, BP_SCHED_MAX_BACKENDS);
+    for (int i = 0; i < n; i++) {
+        if (backends[i] == NULL)
+            return bp__error_null(BP_ERR_INVALID_ARG, "bp_sched_new: backend %d is NULL", i);
+    }
+    if (bp_device_get_type(bp_backend_get_device(backends[n - 1])) != BP_DEVICE_TYPE_CPU)
+        return bp__error_null(BP_ERR_INVALID_ARG,
+                              "bp_sched_new: the last backend must be a CPU backend, but it is %s "
+                              "(a %s device)",
+                              bp_backend_name(backends[n - 1]),
+                              bp_device_type_name(bp_device_get_type(
+                                  bp_backend_get_device(backends[n - 1]))));
+    if (graph_size == 0 || graph_size > (1u << 24))
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_sched_new: graph_size %zu is out of range",
+                              graph_size);
+
+    bp_sched *s = bp__calloc(1, sizeof(*s), "a scheduler");
+    if (s == NULL)
+        return NULL;
+    s->n_backends = n;
+    s->graph_size = graph_size;
+    s->parallel = parallel;
+    s->n_copies = parallel ? BP_SCHED_MAX_COPIES : 1;
+    for (int i = 0; i < n; i++) {
+        s->backends[i] = backends[i];
+        s->bufts[i] = bufts && bufts[i] ? bufts[i] : bp_backend_get_default_buffer_type(backends[i]);
+        if (s->bufts[i] == NULL || !bp_backend_supports_buft(backends[i], s->bufts[i])) {
+            bp__error(BP_ERR_INVALID_ARG, "bp_sched_new: backend %s cannot use buffer type %s",
+                      bp_backend_name(backends[i]), bp_buffer_type_name(s->bufts[i]));
+            goto fail;
+        }
+    }
+    const char *dbg = getenv("BP_SCHED_DEBUG");
+    s->debug = dbg ? atoi(dbg) : 0;
+
+    s->galloc = bp_gallocr_new(s->bufts, n);
+    if (s->galloc == NULL)
+        goto fail;
+    size_t most = graph_size * (BP_MAX_SRC + 2) * (size_t)s->n_copies + 64;
+    s->hash_size = 1;
+    while (s->hash_size < 2 * most)
+        s->hash_size <<= 1;
+    s->infos = bp__calloc(s->hash_size, sizeof(*s->infos), "the scheduler's tensor table");
+    s->ctx = bp_context_new(graph_size + 64); /* grows on demand (split_graph) */
+    s->graph = bp_graph_new(graph_size * (size_t)s->n_copies * 2 + 16);
+    if (s->infos == NULL || s->ctx == NULL || s->graph == NULL)
+        goto fail;
+    if (parallel) {
+        for (int b = 0; b < n; b++) {
+            struct bp_device_props p;
+            bp_device_get_props(bp_backend_get_device(backends[b]), &p);
+            for (int c = 0; c < s->n_copies && p.caps.events; c++) {
+                s->events[b][c] = bp_event_new(bp_backend_get_device(backends[b]));
+                if (s->events[b][c] == NULL)
+                    goto fail;
+            }
+        }
+    }
+    return s;
+
+fail:
+    bp_sched_free(s);
+    return NULL;
+}
+
+void bp_sched_free(bp_sched *s)
+{
+    if (s == NULL)
+        return;
+    restore_sources(s);
+    for (int b = 0; b < s->n_backends; b++)
+        for (int c = 0; c < BP_SCHED_MAX_COPIES; c++)
+            bp_event_free(s->events[b][c]);
+    for (int i = 0; i < s->cap_splits; i++)
+        bp_graph_free(s->splits[i].graph);
+    bp__free(s->splits);
+    bp_gallocr_free(s->galloc);
+    bp_graph_free(s->graph);
+    bp_context_free(s->ctx);
+    bp__free(s->infos);
+    bp__free(s->copies);
+    bp__free(s->leaf_buf);
+    bp__free(s->node_buf);
+    bp__free(s->node_ids);
+    bp__free(s->leaf_ids);
+    bp__free(s->subst);
+    bp__free(s->pins);
+    bp__free(s);
+}
+
+void bp_sched_reset(bp_sched *s)
+{
+    if (s == NULL)
+        return;
+    restore_sources(s);
+    s->n_pins = 0;
+    s->n_splits = 0;
+    s->allocated = NULL;
+    memset(s->infos, 0, s->hash_size * sizeof(*s->infos));
+}
+
+/* ---- Assignment ------------------------------------------------------------------------- */
+
+static int pinned_backend(const bp_sched *s, const bp_tensor *t)
+{
+    for (int i = 0; i < s->n_pins; i++) {
+        if (s->pins[i].t == t)
+            return s->pins[i].backend;
+    }
+    return -1;
+}
+
+/* Pass 1 for one tensor: where its memory, role or weights put it. */
+static void assign_from_current(bp_sched *s, const bp_tensor *t)
+{
+    int b = pinned_backend(s, t);
+    if (b >= 0) {
+        assign(s, t, b, WHY_PINNED);
+        return;
+    }
+    const bp_buffer *buf = buffer_of(t);
+    const bp_tensor *op = t->op == BP_OP_NONE || is_view_op(t) ? NULL : t;
+    if (buf != NULL) {
+        b = backend_for_buffer(s, buf, op);
+        if (b < 0 && op != NULL)
+            b = backend_for_buffer(s, buf, NULL);
+        if (b >= 0) {
+            assign(s, t, b, WHY_BUFFER);
+            return;
+        }
+    }
+    if (t->flags & BP_TENSOR_FLAG_INPUT) {
+        assign(s, t, s->n_backends - 1, WHY_INPUT);
+        return;
+    }
+    if (op == NULL)
+        return;
+    for (int i = 0; i < BP_MAX_SRC; i++) {
+        const bp_tensor *src = t->src[i];
+        const bp_buffer *sb = src ? buffer_of(src) : NULL;
+        if (sb == NULL || sb->usage != BP_BUFFER_USAGE_WEIGHTS)
+            continue;
+        int wb = backend_for_buffer(s, sb, t);
+        if (wb < 0)
+            continue;
+        /* A higher-priority backend may want the op even though the weights are elsewhere. */
+        for (int h = 0; h < wb; h++) {
+            if (bp_backend_supports_op(s->backends[h], t) &&
+                bp_backend_offload_op(s->backends[h], t)) {
+                assign(s, t, h, WHY_OFFLOAD);
+                return;
+            }
+        }
+        assign(s, t, wb, WHY_WEIGHTS);
+        return;
+    }
+}
+
+static void expand(bp_sched *s, bp_graph *g, bool up, bool include_cpu)
+{
+    const int n = bp_graph_n_nodes(g), cpu = s->n_backends - 1;
+    int cur = -1;
+    for (int k = 0; k < n; k++) {
+        bp_tensor *node = bp_graph_node(g, up ? n - 1 - k : k);
+        if (is_view_op(node))
+            continue;
+        struct tinfo *ti = info(s, node);
+        if (ti->backend >= 0) {
+            cur = (!include_cpu && ti->backend == cpu) ? -1 : ti->backend;
+        } else if (cur >= 0 && bp_backend_supports_op(s->backends[cur], node)) {
+            assign(s, node, cur, include_cpu ? WHY_EXPAND_ANY : WHY_EXPAND_ACCEL);
+        }
+    }
+}
+
+/* Whether backend b can use the memory of every placed tensor node touches. */
+static bool can_use_buffers(const bp_sched *s, int b, const bp_tensor *node)
+{
+    const bp_buffer *own = buffer_of(node);
+    if (own != NULL && !bp_backend_supports_buft(s->backends[b], own->buft))
+        return false;
+    for (int i = 0; i < BP_MAX_SRC; i++) {
+        const bp_buffer *sb = node->src[i] ? buffer_of(node->src[i]) : NULL;
+        if (sb != NULL && !bp_backend_supports_buft(s->backends[b], sb->buft))
+            return false;
+    }
+    return true;
+}
+
+static enum bp_status assign_all(bp_sched *s, bp_graph *g)
+{
+    const int n = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    for (int i = 0; i < nl; i++)
+        assign_from_current(s, bp_graph_leaf(g, i));
+    for (int i = 0; i < n; i++)
+        assign_from_current(s, bp_graph_node(g, i));
+
+    expand(s, g, false, false);
+    expand(s, g, true, false);
+    expand(s, g, false, true);
+    expand(s, g, true, true);
+
+    for (int i = 0; i < n; i++) {
+        bp_tensor *node = bp_graph_node(g, i);
+        struct tinfo *ti = info(s, node);
+        if (is_view_op(node) || ti->backend <= 0 || ti->why == WHY_PINNED)
+            continue;
+        for (int b = 0; b < ti->backend; b++) {
+            if (bp_backend_supports_op(s->backends[b], node) && can_use_buffers(s, b, node)) {
+                assign(s, node, b, WHY_UPGRADE);
+                break;
+            }
+        }
+    }
+
+    for (int i = 0; i < n; i++) {
+        bp_tensor *node = bp_graph_node(g, i);
+        struct tinfo *ti = info(s, node);
+        if (is_view_op(node) || ti->backend >= 0)
+            continue;
+        int count[BP_SCHED_MAX_BACKENDS] = {0}, best = -1;
+        for (int k = 0; k < BP_MAX_SRC; k++) {
+            if (node->src[k] == NULL)
+                continue;
+            int sb = info(s, node->src[k])->backend;
+            if (sb >= 0 && bp_backend_supports_op(s->backends[sb], node))
+                count[sb]++;
+        }
+        for (int b = 0; b < s->n_backends; b++) {
+            if (count[b] > 0 && (best < 0 || count[b] > count[best]))
+                best = b;
+        }
+        if (best >= 0) {
+            assign(s, node, best, WHY_MOST_INPUTS);
+            continue;
+        }
+        for (int b = 0; b < s->n_backends && best < 0; b++) {
+            if (bp_backend_supports_op(s->backends[b], node))
+                best = b;
+        }
+        if (best < 0) {
+            char names[256] = "";
+            for (int b = 0; b < s->n_backends; b++) {
+                size_t used = strlen(names);
+                snprintf(names + used, sizeof(names) - used, "%s%s", b ? ", " : "",
+                         bp_backend_name(s->backends[b]));
+            }
+            return bp__error(BP_ERR_UNSUPPORTED,
+                             "scheduler: no backend (%s) supports %s node %d %s", names,
+                             bp_op_name(node->op), i, bp__describe(node).s);
+        }
+        assign(s, node, best, WHY_FIRST_SUPPORTING);
+    }
+
+    /* Views run where their source's memory is (they compute nothing); leafs go with their
+     * first consumer unless placed already. */
+    for (int i = 0; i < n; i++) {
+        bp_tensor *node = bp_graph_node(g, i);
+        struct tinfo *ti = info(s, node);
+        if (is_view_op(node) && ti->backend < 0) {
+            int vb = node->view_src ? info(s, node->view_src)->backend : -1;
+            if (vb < 0 && node->src[0] != NULL)
+                vb = info(s, node->src[0])->backend;
+            assign(s, node, vb >= 0 ? vb : s->n_backends - 1, WHY_VIEW_SOURCE);
+        }
+        for (int k = 0; k < BP_MAX_SRC; k++) {
+            bp_tensor *src = node->src[k];
+            if (src != NULL && info(s, src)->backend < 0)
+                assign(s, src, info(s, node)->backend, WHY_CONSUMER);
+        }
+    }
+    for (int i = 0; i < nl; i++) {
+        struct tinfo *ti = info(s, bp_graph_leaf(g, i));
+        if (ti->backend < 0)
+            assign(s, bp_graph_leaf(g, i), s->n_backends - 1, WHY_CONSUMER);
+    }
+    return BP_OK;
+}
+
+/* ---- Splits ----------------------------------------------------------------------------- */
+
+/* Whether backend b can read t where it lives (or will live: the buffer type of the backend it
+ * is assigned to), so that no copy is needed. */
+static bool readable_by(bp_sched *s, const bp_tensor *t, int b)
+{
+    const bp_buffer *buf = buffer_of(t);
+    bp_buffer_type *bt = buf ? buf->buft : s->bufts[info(s, t)->backend];
+    return bp_backend_supports_buft(s->backends[b], bt);
+}
+
+static struct split *new_split(bp_sched *s, int backend, int i0)
+{
+    if (s->n_splits == s->cap_splits) {
+        int nc = s->cap_splits ? 2 * s->cap_splits : 8;
+        struct split *grown = bp__realloc(s->splits, (size_t)nc * sizeof(*grown),
+                                          "the scheduler's splits");
+        if (grown == NULL)
+            return NULL;
+        /* New slots own no graph yet. */
+        memset(grown + s->cap_splits, 0, (size_t)(nc - s->cap_splits) * sizeof(*grown));
+        s->splits = grown;
+        s->cap_splits = nc;
+    }
+    struct split *sp = &s->splits[s->n_splits++];
+    sp->backend = backend;
+    sp->i0 = sp->i1 = i0;
+    sp->n_inputs = 0;
+    return sp;
+}
+
+static bool listed(const struct split *sp, const bp_tensor *t)
+{
+    for (int j = 0; j < sp->n_inputs; j++) {
+        if (sp->inputs[j] == t)
+            return true;
+    }
+    return false;
+}
+
+/* The copy of src for backend b (making it and its rotation set on first use). */
+static bp_tensor *copy_for(bp_sched *s, bp_tensor *src, int b)
+{
+    struct tinfo *ti = info(s, src);
+    if (ti->copy[b] > 0)
+        return s->copies[ti->copy[b] - 1].t[s->cur_copy];
+    if (!grow((void **)&s->copies, &s->cap_copy_sets, s->n_copy_sets + 1, sizeof(*s->copies),
+              "the scheduler's input copies"))
+        return NULL;
+    struct copy_set *cs = &s->copies[s->n_copy_sets];
+    cs->src = src;
+    cs->backend = b;
+    for (int c = 0; c < s->n_copies; c++) {
+        bp_tensor *t = bp__new_tensor_impl(s->ctx, src->type, src->ne, "scheduler input copy");
+        if (t == NULL)
+            return NULL;
+        memcpy(t->nb, src->nb, sizeof(t->nb));
+        t->flags = BP_TENSOR_FLAG_INPUT;
+        bp_format_name(t, "%.40s#%s#%d", src->name[0] ? src->name : bp_op_name(src->op),
+                       bp_backend_name(s->backends[b]), c);
+        cs->t[c] = t;
+        struct tinfo *ci = info(s, t);
+        ci->backend = (signed char)b;
+        ci->why = WHY_COPY;
+    }
+    ti = info(s, src); /* the table may not move, but keep the pointer honest */
+    ti->copy[b] = (short)(++s->n_copy_sets);
+    return cs->t[s->cur_copy];
+}
+
+static enum bp_status substitute(bp_sched *s, bp_tensor *node, int slot, bp_tensor *copy)
+{
+    if (!grow((void **)&s->subst, &s->cap_subst, s->n_subst + 1, sizeof(*s->subst),
+              "the scheduler's source swaps"))
+        return BP_ERR_OUT_OF_MEMORY;
+    s->subst[s->n_subst++] = (struct subst){node, slot, node->src[slot]};
+    node->src[slot] = copy;
+    return BP_OK;
+}
+
+static enum bp_status make_splits(bp_sched *s, bp_graph *g)
+{
+    const int n = bp_graph_n_nodes(g);
+    s->n_splits = 0;
+    struct split *sp = NULL;
+    for (int i = 0; i < n; i++) {
+        bp_tensor *node = bp_graph_node(g, i);
+        const int b = info(s, node)->backend;
+        /* Views never start a split: they join the current one (they compute nothing). */
+        if (sp == NULL || (b != sp->backend && !is_view_op(node))) {
+            if (sp != NULL)
+                sp->i1 = i;
+            sp = new_split(s, b, i);
+            if (sp == NULL)
+                return BP_ERR_OUT_OF_MEMORY;
+        }
+        if (is_view_op(node))
+            continue;
+        /* Sources this split's backend cannot read where they are need a copy. Count the new
+         * ones first: a split that would exceed the limit is cut before this node. */
+        int fresh_inputs = 0;
+        for (int k = 0; k < BP_MAX_SRC; k++) {
+            bp_tensor *src = node->src[k];
+            if (src != NULL && info(s, src)->backend != sp->backend &&
+                !readable_by(s, src, sp->backend) && !listed(sp, src))
+                fresh_inputs++;
+        }
+        if (sp->n_inputs + fresh_inputs > BP_SCHED_MAX_SPLIT_INPUTS && sp->i0 < i) {
+            sp->i1 = i;
+            sp = new_split(s, b, i);
+            if (sp == NULL)
+                return BP_ERR_OUT_OF_MEMORY;
+        }
+        for (int k = 0; k < BP_MAX_SRC; k++) {
+            bp_tensor *src = node->src[k];
+            if (src == NULL || info(s, src)->backend == sp->backend ||
+                readable_by(s, src, sp->backend))
+                continue;
+            bp_tensor *copy = copy_for(s, src, sp->backend);
+            if (copy == NULL)
+                return bp_last_status() != BP_OK ? bp_last_status() : BP_ERR_OUT_OF_MEMORY;
+            /* One copy per input per split: listed once, reused by later nodes of the split. */
+            if (!listed(sp, src))
+                sp->inputs[sp->n_inputs++] = src;
+            enum bp_status st = substitute(s, node, k, copy);
+            if (st != BP_OK)
+                return st;
+        }
+    }
+    if (sp != NULL)
+        sp->i1 = n;
+    return BP_OK;
+}
+
+/* ---- Split, allocate --------------------------------------------------------------------- */
+
+static enum bp_status split_graph_once(bp_sched *s, bp_graph *g);
+
+/* Splits g; when the copies and dependencies outgrow the scheduler's context, grows it and
+ * starts again (the context holds only their metadata, so this is cheap and rare). */
+static enum bp_status split_graph(bp_sched *s, bp_graph *g)
+{
+    for (;;) {
+        const size_t cap = bp_context_capacity(s->ctx);
+        enum bp_status st = split_graph_once(s, g);
+        if (st != BP_ERR_CAPACITY || bp_context_n_tensors(s->ctx) < cap)
+            return st;
+        bp_context *bigger = bp_context_new(2 * cap);
+        if (bigger == NULL)
+            return BP_ERR_OUT_OF_MEMORY;
+        bp_context_free(s->ctx);
+        s->ctx = bigger;
+    }
+}
+
+static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
+{
+    restore_sources(s);
+    const int n = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    if ((size_t)n > s->graph_size)
+        return bp__error(BP_ERR_CAPACITY, "scheduler: the graph has %d nodes; the scheduler was "
+                         "made for %zu", n, s->graph_size);
+    memset(s->infos, 0, s->hash_size * sizeof(*s->infos));
+    bp_context_reset(s->ctx);
+    s->n_copy_sets = 0;
+
+    enum bp_status st = assign_all(s, g);
+    if (st == BP_OK)
+        st = make_splits(s, g);
+    if (st != BP_OK) {
+        restore_sources(s);
+        return st;
+    }
+
+    /* What the allocator sees: before each split, one view per split input that reads it (so
+     * the input stays alive until the split's copies are made, even when the split's own nodes
+     * now read the copy), then the split's nodes; the user's leafs and every copy as leafs. */
+    int total_inputs = 0;
+    for (int i = 0; i < s->n_splits; i++)
+        total_inputs += s->splits[i].n_inputs;
+    const size_t n_alloc = (size_t)n + (size_t)total_inputs;
+    const size_t n_leafs = (size_t)nl + (size_t)s->n_copy_sets * (size_t)s->n_copies;
+    const size_t need = n_alloc > n_leafs ? n_alloc : n_leafs;
+    if (need > s->cap_ids) {
+        int *ni = bp__realloc(s->node_ids, need * sizeof(int), "scheduler ids");
+        if (ni)
+            s->node_ids = ni;
+        int *li = ni ? bp__realloc(s->leaf_ids, need * sizeof(int), "scheduler ids") : NULL;
+        if (li)
+            s->leaf_ids = li;
+        bp_tensor **lb = li ? bp__realloc(s->leaf_buf, need * sizeof(*lb), "scheduler leafs") : NULL;
+        if (lb)
+            s->leaf_buf = lb;
+        bp_tensor **nb = lb ? bp__realloc(s->node_buf, need * sizeof(*nb), "scheduler nodes") : NULL;
+        if (nb == NULL) {
+            restore_sources(s);
+            return BP_ERR_OUT_OF_MEMORY;
+        }
+        s->node_buf = nb;
+        s->cap_ids = need;
+    }
+    int k = 0;
+    for (int i = 0; i < s->n_splits; i++) {
+        struct split *sp = &s->splits[i];
+        for (int j = 0; j < sp->n_inputs; j++) {
+            bp_tensor *in = sp->inputs[j];
+            bp_tensor *dep = bp__view_of(s->ctx, in, "scheduler input dependency");
+            if (dep == NULL) {
+                restore_sources(s);
+                return bp_last_status();
+            }
+            dep->op = BP_OP_VIEW;
+            dep->src[0] = in;
+            s->node_buf[k] = dep;
+            s->node_ids[k++] = info(s, in)->backend;
+        }
+        for (int q = sp->i0; q < sp->i1; q++) {
+            s->node_buf[k] = bp_graph_node(g, q);
+            s->node_ids[k++] = info(s, bp_graph_node(g, q))->backend;
+        }
+    }
+    const int n_nodes_alloc = k;
+    k = 0;
+    for (int i = 0; i < nl; i++) {
+        s->leaf_buf[k] = bp_graph_leaf(g, i);
+        s->leaf_ids[k++] = info(s, bp_graph_leaf(g, i))->backend;
+    }
+    for (int c = 0; c < s->n_copy_sets; c++)
+        for (int j = 0; j < s->n_copies; j++) {
+            s->leaf_buf[k] = s->copies[c].t[j];
+            s->leaf_ids[k++] = s->copies[c].backend;
+        }
+    if ((size_t)n_nodes_alloc > bp_graph_capacity(s->graph) ||
+        (size_t)k > bp_graph_capacity(s->graph)) {
+        bp_graph_free(s->graph);
+        s->graph = bp_graph_new(need);
+        if (s->graph == NULL) {
+            restore_sources(s);
+            return BP_ERR_OUT_OF_MEMORY;
+        }
+    }
+    st = bp__graph_set(s->graph, s->node_buf, n_nodes_alloc, s->leaf_buf, k);
+    bp_tensor **nodes = bp__malloc((size_t)(n ? n : 1) * sizeof(*nodes), "scheduler nodes");
+    if (nodes == NULL) {
+        restore_sources(s);
+        return BP_ERR_OUT_OF_MEMORY;
+    }
+    for (int i = 0; i < n; i++)
+        nodes[i] = bp_graph_node(g, i);
+
+    /* The graph of each split, for its backend. */
+    for (int i = 0; st == BP_OK && i < s->n_splits; i++) {
+        struct split *sp = &s->splits[i];
+        const int len = sp->i1 - sp->i0;
+        if (sp->graph == NULL || bp_graph_capacity(sp->graph) < (size_t)(len ? len : 1)) {
+            bp_graph_free(sp->graph);
+            sp->graph = bp_graph_new((size_t)(len ? len : 1));
+            if (sp->graph == NULL) {
+                st = BP_ERR_OUT_OF_MEMORY;
+                break;
+            }
+        }
+        st = bp__graph_set(sp->graph, nodes + sp->i0, len, NULL, 0);
+    }
+    bp__free(nodes);
+    if (st != BP_OK)
+        restore_sources(s);
+    return st;
+}
+
+static void debug_print(bp_sched *s, bp_graph *g)
+{
+    if (s->debug <= 0)
+        return;
+    fprintf(stderr, "bp_sched: %d nodes in %d splits\n", bp_graph_n_nodes(g), s->n_splits);
+    for (int i = 0; i < s->n_splits; i++) {
+        struct split *sp = &s->splits[i];
+        fprintf(stderr, "  split %d on %s: nodes %d..%d, %d inputs", i,
+                bp_backend_name(s->backends[sp->backend]), sp->i0, sp->i1 - 1, sp->n_inputs);
+        for (int j = 0; j < sp->n_inputs; j++)
+            fprintf(stderr, "%s%s", j ? ", " : ": ", bp__describe(sp->inputs[j]).s);
+        fprintf(stderr, "\n");
+        if (s->debug < 2)
+            continue;
+        for (int k = sp->i0; k < sp->i1; k++) {
+            bp_tensor *node = bp_graph_node(g, k);
+            const struct tinfo *ti = info(s, node);
+            fprintf(stderr, "    %4d %-10s %-10s %s (%s)\n", k, bp_op_name(node->op),
+                    bp_backend_name(s->backends[ti->backend]), bp__describe(node).s,
+                    why_text[ti->why]);
+        }
+    }
+}
+
+static enum bp_status alloc_graph(bp_sched *s, bp_graph *g)
+{
+    enum bp_status st = split_graph(s, g);
+    if (st != BP_OK)
+        return st;
+    debug_print(s, g);
+    st = bp_gallocr_alloc_graph(s->galloc, s->graph, s->node_ids, s->leaf_ids);
+    if (st != BP_OK) {
+        restore_sources(s);
+        return st;
+    }
+    s->allocated = g;
+    return BP_OK;
+}
+
+enum bp_status bp_sched_reserve(bp_sched *s, bp_graph *g)
+{
+    if (s == NULL || g == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_reserve: scheduler and graph must not be "
+                         "NULL");
+    enum bp_status st = split_graph(s, g);
+    if (st == BP_OK)
+        st = bp_gallocr_reserve(s->galloc, s->graph, s->node_ids, s->leaf_ids);
+    restore_sources(s);
+    s->allocated = NULL;
+    return st;
+}
+
+enum bp_status bp_sched_alloc_graph(bp_sched *s, bp_graph *g)
+{
+    if (s == NULL || g == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_alloc_graph: scheduler and graph must not "
+                         "be NULL");
+    return alloc_graph(s, g);
+}
+
+/* ---- Compute ---------------------------------------------------------------------------- */
+
+static enum bp_status copy_inputs(bp_sched *s, struct split *sp)
+{
+    bp_backend *be = s->backends[sp->backend];
+    bp_event *ev = s->events[sp->backend][s->cur_copy];
+    /* The previous user of this copy set on this backend must be done with it. */
+    if (ev != NULL && s->recorded[sp->backend][s->cur_copy]) {
+        enum bp_status st = bp_event_synchronize(ev);
+        if (st != BP_OK)
+            return st;
+    }
+    for (int j = 0; j < sp->n_inputs; j++) {
+        bp_tensor *src = sp->inputs[j];
+        bp_tensor *dst = copy_for(s, src, sp->backend);
+        enum bp_status st;
+        if (src->flags & BP_TENSOR_FLAG_INPUT) {
+            /* User data may change right after this call: copy it now. */
+            st = bp_backend_synchronize(be);
+            if (st == BP_OK)
+                st = bp_tensor_copy(src, dst);
+        } else {
+            bp_backend *from = s->backends[info(s, src)->backend];
+            st = bp_backend_tensor_copy_async(from, be, src, dst);
+        }
+        if (st != BP_OK)
+            return st;
+    }
+    return BP_OK;
+}
+
+/* Runs nodes [i0, i1) of split sp with the eval callback asking about each. Returns false in
+ * *stop when the callback asked to stop. */
+static enum bp_status compute_observed(bp_sched *s, struct split *sp, bool *stop)
+{
+    bp_backend *be = s->backends[sp->backend];
+    const int n = bp_graph_n_nodes(sp->graph);
+    int j0 = 0;
+    while (j0 < n) {
+        int j1 = j0;
+        /* Run up to and including the first node the user wants to see. */
+        bool want = false;
+        while (j1 < n && !(want = s->eval_fn(bp_graph_node(sp->graph, j1), true, s->eval_user)))
+            j1++;
+        const int end = want ? j1 + 1 : n;
+        bp_graph *part = bp_graph_view(sp->graph, j0, end);
+        if (part == NULL)
+            return bp_last_status();
+        enum bp_status st = bp_backend_graph_compute_async(be, part);
+        if (st == BP_OK)
+            st = bp_backend_synchronize(be);
+        bp_graph_free(part);
+        if (st != BP_OK)
+            return st;
+        if (want && !s->eval_fn(bp_graph_node(sp->graph, j1), false, s->eval_user)) {
+            *stop = true;
+            return BP_OK;
+        }
+        j0 = end;
+    }
+    return BP_OK;
+}
+
+enum bp_status bp_sched_graph_compute_async(bp_sched *s, bp_graph *g)
+{
+    if (s == NULL || g == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_graph_compute: scheduler and graph must "
+                         "not be NULL");
+    enum bp_status st = BP_OK;
+    if (s->allocated != g)
+        st = alloc_graph(s, g);
+    if (st != BP_OK)
+        return st;
+    s->allocated = NULL;
+    bool stop = false;
+    for (int i = 0; i < s->n_splits && st == BP_OK && !stop; i++) {
+        struct split *sp = &s->splits[i];
+        st = copy_inputs(s, sp);
+        if (st != BP_OK)
+            break;
+        if (s->eval_fn != NULL)
+            st = compute_observed(s, sp, &stop);
+        else
+            st = bp_backend_graph_compute_async(s->backends[sp->backend], sp->graph);
+        bp_event *ev = s->events[sp->backend][s->cur_copy];
+        if (st == BP_OK && ev != NULL) {
+            st = bp_event_record(ev, s->backends[sp->backend]);
+            s->recorded[sp->backend][s->cur_copy] = st == BP_OK;
+        }
+    }
+    if (s->parallel)
+        s->cur_copy = (s->cur_copy + 1) % s->n_copies;
+    return st;
+}
+
+enum bp_status bp_sched_synchronize(bp_sched *s)
+{
+    if (s == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_synchronize: scheduler is NULL");
+    enum bp_status st = BP_OK;
+    for (int b = 0; b < s->n_backends; b++) {
+        enum bp_status e = bp_backend_synchronize(s->backends[b]);
+        if (st == BP_OK)
+            st = e;
+    }
+    restore_sources(s);
+    return st;
+}
+
+enum bp_status bp_sched_graph_compute(bp_sched *s, bp_graph *g)
+{
+    enum bp_status st = bp_sched_graph_compute_async(s, g);
+    enum bp_status sy = s ? bp_sched_synchronize(s) : BP_OK;
+    return st != BP_OK ? st : sy;
+}
+
+/* ---- Queries and control ----------------------------------------------------------------- */
+
+enum bp_status bp_sched_set_tensor_backend(bp_sched *s, bp_tensor *t, bp_backend *be)
+{
+    if (s == NULL || t == NULL || be == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_set_tensor_backend: arguments must not be "
+                         "NULL");
+    int b = backend_index(s, be);
+    if (b < 0)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_set_tensor_backend: backend %s is not one "
+                         "of the scheduler's", bp_backend_name(be));
+    for (int i = 0; i < s->n_pins; i++) {
+        if (s->pins[i].t == t) {
+            s->pins[i].backend = b;
+            return BP_OK;
+        }
+    }
+    if (!grow((void **)&s->pins, &s->cap_pins, s->n_pins + 1, sizeof(*s->pins), "pins"))
+        return BP_ERR_OUT_OF_MEMORY;
+    s->pins[s->n_pins++] = (struct pin){t, b};
+    s->allocated = NULL;
+    return BP_OK;
+}
+
+bp_backend *bp_sched_get_tensor_backend(bp_sched *s, const bp_tensor *t)
+{
+    if (s == NULL || t == NULL || lookup(s, t) == NULL)
+        return NULL;
+    int b = info(s, t)->backend;
+    return b >= 0 ? s->backends[b] : NULL;
+}
+
+int bp_sched_get_n_backends(bp_sched *s)
+{
+    return s ? s->n_backends : 0;
+}
+
+bp_backend *bp_sched_get_backend(bp_sched *s, int i)
+{
+    return s && i >= 0 && i < s->n_backends ? s->backends[i] : NULL;
+}
+
+int bp_sched_get_n_splits(bp_sched *s)
+{
+    return s ? s->n_splits : 0;
+}
+
+int bp_sched_get_n_copies(bp_sched *s)
+{
+    return s ? s->n_copies : 0;
+}
+
+size_t bp_sched_get_buffer_size(bp_sched *s, bp_backend *be)
+{
+    int b = s ? backend_index(s, be) : -1;
+    return b >= 0 ? bp_gallocr_buffer_size(s->galloc, b) : 0;
+}
+
+void bp_sched_set_eval_callback(bp_sched *s, bp_sched_eval_fn fn, void *user_data)
+{
+    if (s == NULL)
+        return;
+    s->eval_fn = fn;
+    s->eval_user = user_data;
+}
+
+enum bp_status bp_sched_dump_dot(bp_sched *s, bp_graph *g, FILE *out)
+{
+    static const char *const colors[] = {"lightblue", "palegreen", "khaki", "lightpink",
+                                         "lightsalmon", "plum", "lightcyan", "wheat"};
+    if (s == NULL || g == NULL || out == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_dump_dot: arguments must not be NULL");
+    fprintf(out, "digraph backplane {\n  rankdir=TB;\n  node [style=filled, shape=ellipse];\n");
+    for (int i = 0; i < s->n_splits; i++) {
+        struct split *sp = &s->splits[i];
+        fprintf(out, "  subgraph cluster_%d {\n    label=\"split %d: %s\";\n", i, i,
+                bp_backend_name(s->backends[sp->backend]));
+        for (int k = sp->i0; k < sp->i1 && k < bp_graph_n_nodes(g); k++) {
+            const bp_tensor *n = bp_graph_node(g, k);
+            int b = lookup(s, n) ? info(s, n)->backend : -1;
+            fprintf(out, "    n%p [label=\"%d %s\\n%s\", fillcolor=%s];\n", (const void *)n, k,
+                    bp_op_name(n->op), n->name, b >= 0 ? colors[b % 8] : "white");
+        }
+        for (int j = 0; j < sp->n_inputs; j++)
+            fprintf(out, "    c%d_%p [label=\"copy of %s\", shape=box, fillcolor=%s];\n", i,
+                    (const void *)sp->inputs[j], sp->inputs[j]->name,
+                    colors[sp->backend % 8]);
+        fprintf(out, "  }\n");
+    }
+    for (int k = 0; k < bp_graph_n_nodes(g); k++) {
+        const bp_tensor *n = bp_graph_node(g, k);
+        for (int j = 0; j < BP_MAX_SRC; j++) {
+            const bp_tensor *src = n->src[j];
+            if (src == NULL)
+                continue;
+            /* Sources swapped for copies point at the copy box of their split. */
+            const bp_tensor *orig = src;
+            for (int q = 0; q < s->n_subst; q++) {
+                if (s->subst[q].node == n && s->subst[q].slot == j)
+                    orig = s->subst[q].orig;
+            }
+            if (orig != src) {
+                int split = 0;
+                while (split < s->n_splits && !(k >= s->splits[split].i0 && k < s->splits[split].i1))
+                    split++;
+                fprintf(out, "  c%d_%p -> n%p;\n  n%p -> c%d_%p [style=dashed];\n", split,
+                        (const void *)orig, (const void *)n, (const void *)orig, split,
+                        (const void *)orig);
+            } else if (src->op != BP_OP_NONE) {
+                fprintf(out, "  n%p -> n%p;\n", (const void *)src, (const void *)n);
+            }
+        }
+    }
+    fprintf(out, "}\n");
+    return ferror(out) ? bp__error(BP_ERR_IO, "bp_sched_dump_dot: write failed") : BP_OK;
+}

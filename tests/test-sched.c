@@ -1,0 +1,505 @@
+/* test-sched.c - the scheduler over the test accelerator (tests/accel: its own non-host buffer
+ * type, async copies, events, a partial op set) and the CPU: every scheduled result must equal
+ * the same graph computed on the CPU alone. */
+#include <math.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "../bench/transformer.h"
+#include "test-util.h"
+
+static bp_backend *accel, *cpu;
+
+static void setup(void)
+{
+    char path[8192];
+    snprintf(path, sizeof(path), "%s:%s", getenv("BP_TEST_CPU_PLUGIN_DIR"),
+             getenv("BP_TEST_ACCEL_PLUGIN_DIR"));
+    setenv("BP_PLUGIN_PATH", path, 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
+    accel = bp_backend_init_by_name("ACCEL0", NULL);
+    cpu = bp_backend_init_by_name("CPU", "threads=2");
+    ck_assert_msg(accel && cpu, "backends: %s", bp_last_error());
+}
+
+static void teardown(void)
+{
+    bp_backend_free(accel);
+    bp_backend_free(cpu);
+}
+
+static const struct tf_config tiny = {.n_layer = 2, .n_embd = 32, .n_ff = 48, .n_head = 4,
+                                      .n_vocab = 50, .n_tok = 5, .wtype = BP_TYPE_F32};
+
+/* A model: weights in buft (marked as weights), filled from a fixed generator. */
+struct model {
+    bp_context *wctx;
+    struct tf_weights w;
+    bp_buffer *wbuf;
+};
+
+static void model_init(struct model *m, const struct tf_config *cfg, bp_buffer_type *buft)
+{
+    m->wctx = bp_context_new(tf_weights_n_tensors(cfg));
+    ck_assert(tf_weights_new(m->wctx, cfg, &m->w));
+    m->wbuf = bp_alloc_ctx_tensors(m->wctx, buft);
+    ck_assert_ptr_nonnull(m->wbuf);
+    bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
+    uint32_t seed = 7;
+    for (size_t i = 0; i < bp_context_n_tensors(m->wctx); i++) {
+        bp_tensor *t = bp_context_get_tensor(m->wctx, i);
+        const int64_t n = bp_nelements(t);
+        float *v = malloc((size_t)n * sizeof(float));
+        for (int64_t j = 0; j < n; j++) {
+            seed = seed * 1664525u + 1013904223u;
+            v[j] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 0.4f;
+        }
+        ck_assert_int_eq(bp_tensor_set(t, v, 0, (size_t)n * sizeof(float)), BP_OK);
+        free(v);
+    }
+}
+
+static void model_free(struct model *m)
+{
+    bp_buffer_free(m->wbuf);
+    free(m->w.layers);
+    bp_context_free(m->wctx);
+}
+
+static void set_inputs(const struct tf_graph *tg, const struct tf_config *cfg, int salt)
+{
+    const int T = cfg->n_tok;
+    int32_t tok[64], pos[64];
+    uint16_t mask[64 * 64];
+    for (int i = 0; i < T; i++) {
+        tok[i] = (i * 7 + 3 + salt) % cfg->n_vocab;
+        pos[i] = i;
+    }
+    for (int r = 0; r < T; r++)
+        for (int c = 0; c < T; c++)
+            mask[r * T + c] = c <= r ? bp_fp32_to_fp16(0.0f) : bp_fp32_to_fp16(-INFINITY);
+    ck_assert_int_eq(bp_tensor_set(tg->tokens, tok, 0, (size_t)T * 4), BP_OK);
+    ck_assert_int_eq(bp_tensor_set(tg->pos, pos, 0, (size_t)T * 4), BP_OK);
+    ck_assert_int_eq(bp_tensor_set(tg->mask, mask, 0, (size_t)T * T * 2), BP_OK);
+}
+
+/* Logits of one forward pass through a scheduler over `backends`. */
+static float *run(bp_backend *const *backends, int n, bool parallel, bp_buffer_type *wbuft,
+                  const struct tf_config *cfg, int salt, int *n_splits)
+{
+    struct model m;
+    model_init(&m, cfg, wbuft);
+    bp_context *ctx = bp_context_new(tf_graph_n_tensors(cfg));
+    struct tf_graph tg;
+    ck_assert(tf_build(ctx, cfg, &m.w, &tg));
+    bp_graph *g = bp_graph_new(tf_graph_n_tensors(cfg) + tf_weights_n_tensors(cfg));
+    ck_assert_int_eq(bp_graph_build_forward(g, tg.logits), BP_OK);
+    bp_sched *s = bp_sched_new(backends, NULL, n, 4096, parallel);
+    ck_assert_msg(s != NULL, "%s", bp_last_error());
+    ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+    set_inputs(&tg, cfg, salt);
+    ck_assert_msg(bp_sched_graph_compute(s, g) == BP_OK, "%s", bp_last_error());
+    if (n_splits)
+        *n_splits = bp_sched_get_n_splits(s);
+    const size_t bytes = bp_nbytes(tg.logits);
+    float *out = malloc(bytes);
+    ck_assert_int_eq(bp_tensor_get(tg.logits, out, 0, bytes), BP_OK);
+    bp_sched_free(s);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+    model_free(&m);
+    return out;
+}
+
+static void assert_close(const float *x, const float *ref, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)x[i] - ref[i]) * ((double)x[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    ck_assert_msg(den > 0 && num / den < 1e-9, "NMSE %g", num / den);
+}
+
+#define N_LOGITS(cfg) ((int64_t)(cfg).n_vocab * (cfg).n_tok)
+
+START_TEST(test_weights_on_accelerator)
+{
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    int splits = 0;
+    float *ref = run(alone, 1, false, bp_host_buffer_type(), &tiny, 0, NULL);
+    float *got = run(both, 2, false, bp_backend_get_default_buffer_type(accel), &tiny, 0, &splits);
+    assert_close(got, ref, N_LOGITS(tiny));
+    ck_assert_int_gt(splits, 2); /* rope, get_rows and silu run on the CPU */
+    free(ref);
+    free(got);
+}
+END_TEST
+
+START_TEST(test_weights_on_cpu)
+{
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    float *ref = run(alone, 1, false, bp_host_buffer_type(), &tiny, 1, NULL);
+    float *got = run(both, 2, false, bp_host_buffer_type(), &tiny, 1, NULL);
+    assert_close(got, ref, N_LOGITS(tiny));
+    free(ref);
+    free(got);
+}
+END_TEST
+
+START_TEST(test_parallel_evaluations)
+{
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    struct model m;
+    model_init(&m, &tiny, bp_backend_get_default_buffer_type(accel));
+    bp_sched *s = bp_sched_new(both, NULL, 2, 4096, true);
+    ck_assert_int_eq(bp_sched_get_n_copies(s), BP_SCHED_MAX_COPIES);
+    for (int round = 0; round < 6; round++) { /* more rounds than copies: they rotate */
+        bp_context *ctx = bp_context_new(tf_graph_n_tensors(&tiny));
+        struct tf_graph tg;
+        ck_assert(tf_build(ctx, &tiny, &m.w, &tg));
+        bp_graph *g = bp_graph_new(1024);
+        bp_graph_build_forward(g, tg.logits);
+        ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+        set_inputs(&tg, &tiny, round);
+        ck_assert_int_eq(bp_sched_graph_compute_async(s, g), BP_OK);
+        ck_assert_int_eq(bp_sched_synchronize(s), BP_OK);
+        float got[50 * 5];
+        bp_tensor_get(tg.logits, got, 0, sizeof(got));
+        float *ref = run(alone, 1, false, bp_host_buffer_type(), &tiny, round, NULL);
+        assert_close(got, ref, N_LOGITS(tiny));
+        free(ref);
+        bp_graph_free(g);
+        bp_context_free(ctx);
+    }
+    bp_sched_free(s);
+    model_free(&m);
+}
+END_TEST
+
+START_TEST(test_pins_and_queries)
+{
+    bp_backend *both[2] = {accel, cpu};
+    struct model m;
+    model_init(&m, &tiny, bp_backend_get_default_buffer_type(accel));
+    bp_context *ctx = bp_context_new(tf_graph_n_tensors(&tiny));
+    struct tf_graph tg;
+    ck_assert(tf_build(ctx, &tiny, &m.w, &tg));
+    bp_graph *g = bp_graph_new(1024);
+    bp_graph_build_forward(g, tg.logits);
+    bp_sched *s = bp_sched_new(both, NULL, 2, 4096, false);
+
+    /* First node after get_rows is the rms_norm the accelerator could run. */
+    bp_tensor *norm = NULL, *rope = NULL, *mm = NULL;
+    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
+        bp_tensor *t = bp_graph_node(g, i);
+        if (!norm && t->op == BP_OP_RMS_NORM)
+            norm = t;
+        if (!rope && t->op == BP_OP_ROPE)
+            rope = t;
+        if (!mm && t->op == BP_OP_MUL_MAT)
+            mm = t;
+    }
+    ck_assert_int_eq(bp_sched_set_tensor_backend(s, norm, cpu), BP_OK);
+    ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+    ck_assert_ptr_eq(bp_sched_get_tensor_backend(s, norm), cpu);
+    ck_assert_ptr_eq(bp_sched_get_tensor_backend(s, rope), cpu);  /* accelerator cannot */
+    ck_assert_ptr_eq(bp_sched_get_tensor_backend(s, mm), accel);  /* its weights are there */
+    ck_assert_ptr_eq(bp_sched_get_tensor_backend(s, tg.tokens), cpu); /* graph input */
+    ck_assert_uint_gt(bp_sched_get_buffer_size(s, accel), 0);
+    ck_assert_uint_gt(bp_sched_get_buffer_size(s, cpu), 0);
+    ck_assert_int_eq(bp_sched_get_n_backends(s), 2);
+    ck_assert_ptr_eq(bp_sched_get_backend(s, 1), cpu);
+    set_inputs(&tg, &tiny, 2);
+    ck_assert_int_eq(bp_sched_graph_compute(s, g), BP_OK);
+    float got[50 * 5];
+    bp_tensor_get(tg.logits, got, 0, sizeof(got));
+    bp_backend *alone[1] = {cpu};
+    float *ref = run(alone, 1, false, bp_host_buffer_type(), &tiny, 2, NULL);
+    assert_close(got, ref, N_LOGITS(tiny));
+    free(ref);
+    /* Sources are the user's again after compute (copies were only swapped in meanwhile). */
+    for (int i = 0; i < bp_graph_n_nodes(g); i++)
+        for (int k = 0; k < BP_MAX_SRC; k++) {
+            const bp_tensor *src = bp_graph_node(g, i)->src[k];
+            ck_assert(src == NULL || strchr(src->name, '#') == NULL);
+        }
+
+    ck_assert_int_eq(bp_sched_set_tensor_backend(s, norm, NULL), BP_ERR_INVALID_ARG);
+    bp_backend *stranger = bp_backend_init_by_name("CPU", "threads=1");
+    ck_assert_int_eq(bp_sched_set_tensor_backend(s, norm, stranger), BP_ERR_INVALID_ARG);
+    bp_backend_free(stranger);
+    bp_sched_reset(s);
+    ck_assert_ptr_null(bp_sched_get_tensor_backend(s, norm));
+
+    FILE *f = tmpfile();
+    ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+    ck_assert_int_eq(bp_sched_dump_dot(s, g, f), BP_OK);
+    rewind(f);
+    char buf[65536];
+    size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[len] = '\0';
+    fclose(f);
+    ck_assert_ptr_nonnull(strstr(buf, "digraph backplane"));
+    ck_assert_ptr_nonnull(strstr(buf, "cluster_1"));
+    ck_assert_ptr_nonnull(strstr(buf, "ACCEL0"));
+    ck_assert_ptr_nonnull(strstr(buf, "copy of"));
+    ck_assert_int_eq(bp_sched_graph_compute(s, g), BP_OK); /* computes the allocated graph */
+
+    bp_sched_free(s);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+    model_free(&m);
+}
+END_TEST
+
+struct observer {
+    int asked;
+    int stop_at;
+    int seen;
+};
+
+static bool observe(bp_tensor *t, bool ask, void *user)
+{
+    struct observer *o = user;
+    (void)t;
+    if (ask) {
+        o->asked++;
+        return o->asked % 3 == 0; /* look at every third node */
+    }
+    return ++o->seen < o->stop_at;
+}
+
+START_TEST(test_eval_callback_stops_early)
+{
+    bp_backend *both[2] = {accel, cpu};
+    struct model m;
+    model_init(&m, &tiny, bp_backend_get_default_buffer_type(accel));
+    bp_context *ctx = bp_context_new(tf_graph_n_tensors(&tiny));
+    struct tf_graph tg;
+    ck_assert(tf_build(ctx, &tiny, &m.w, &tg));
+    bp_graph *g = bp_graph_new(1024);
+    bp_graph_build_forward(g, tg.logits);
+    bp_sched *s = bp_sched_new(both, NULL, 2, 4096, false);
+    struct observer o = {0, 4, 0};
+    bp_sched_set_eval_callback(s, observe, &o);
+    ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+    set_inputs(&tg, &tiny, 3);
+    ck_assert_int_eq(bp_tensor_memset(tg.logits, 0x7f, 0, bp_nbytes(tg.logits)), BP_OK);
+    ck_assert_int_eq(bp_sched_graph_compute(s, g), BP_OK);
+    ck_assert_int_eq(o.seen, 4);
+    ck_assert_int_eq(o.asked, 12); /* stopped at the fourth observed node */
+    uint32_t word;
+    bp_tensor_get(tg.logits, &word, 0, 4);
+    ck_assert_uint_eq(word, 0x7f7f7f7fu); /* the logits were never computed */
+
+    /* Observing everything without stopping gives the full result. */
+    struct observer all = {0, 1 << 30, 0};
+    bp_sched_set_eval_callback(s, observe, &all);
+    ck_assert_int_eq(bp_sched_graph_compute(s, g), BP_OK);
+    ck_assert_int_eq(all.asked, bp_graph_n_nodes(g));
+    float got[50 * 5];
+    bp_tensor_get(tg.logits, got, 0, sizeof(got));
+    bp_backend *alone[1] = {cpu};
+    float *ref = run(alone, 1, false, bp_host_buffer_type(), &tiny, 3, NULL);
+    assert_close(got, ref, N_LOGITS(tiny));
+    free(ref);
+    bp_sched_free(s);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+    model_free(&m);
+}
+END_TEST
+
+START_TEST(test_graph_larger_than_reserved)
+{
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    struct tf_config small = tiny, big = tiny;
+    small.n_tok = 2;
+    big.n_tok = 9;
+    struct model m;
+    model_init(&m, &tiny, bp_backend_get_default_buffer_type(accel));
+    bp_sched *s = bp_sched_new(both, NULL, 2, 4096, false);
+    for (int pass = 0; pass < 2; pass++) {
+        const struct tf_config *cfg = pass ? &big : &small;
+        bp_context *ctx = bp_context_new(tf_graph_n_tensors(cfg));
+        struct tf_graph tg;
+        ck_assert(tf_build(ctx, cfg, &m.w, &tg));
+        bp_graph *g = bp_graph_new(1024);
+        bp_graph_build_forward(g, tg.logits);
+        if (pass == 0) {
+            ck_assert_int_eq(bp_sched_reserve(s, g), BP_OK);
+        } else {
+            size_t before = bp_sched_get_buffer_size(s, cpu);
+            ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+            ck_assert_uint_gt(bp_sched_get_buffer_size(s, cpu), before);
+            set_inputs(&tg, cfg, 4);
+            ck_assert_int_eq(bp_sched_graph_compute(s, g), BP_OK);
+            float *got = malloc(bp_nbytes(tg.logits));
+            bp_tensor_get(tg.logits, got, 0, bp_nbytes(tg.logits));
+            float *ref = run(alone, 1, false, bp_host_buffer_type(), cfg, 4, NULL);
+            assert_close(got, ref, N_LOGITS(big));
+            free(got);
+            free(ref);
+        }
+        bp_graph_free(g);
+        bp_context_free(ctx);
+    }
+    bp_sched_free(s);
+    model_free(&m);
+}
+END_TEST
+
+/* 40 CPU-only results feed one run of accelerator adds: more inputs than one split may hold. */
+static float *many_inputs(bp_backend *const *backends, int n, int *n_splits)
+{
+    enum { K = 40 };
+    bp_context *ctx = bp_context_new(4 * K + 8);
+    bp_tensor *x[K], *acc = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
+    bp_set_input(acc);
+    bp_graph *g = bp_graph_new(4 * K + 8);
+    for (int i = 0; i < K; i++) {
+        bp_tensor *l = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
+        bp_set_input(l);
+        x[i] = bp_silu(ctx, l); /* the accelerator cannot run silu */
+        bp_graph_build_forward(g, x[i]);
+    }
+    bp_sched *s = bp_sched_new(backends, NULL, n, 1024, false);
+    bp_tensor *t = acc;
+    for (int i = 0; i < K; i++) {
+        t = bp_add(ctx, t, x[i]);
+        if (n > 1)
+            bp_sched_set_tensor_backend(s, t, backends[0]);
+    }
+    bp_graph_build_forward(g, t);
+    ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+    float v[16];
+    for (int j = 0; j < 16; j++)
+        v[j] = (float)j / 16.0f;
+    bp_tensor_set(acc, v, 0, sizeof(v));
+    for (size_t i = 0; i < bp_context_n_tensors(ctx); i++) {
+        bp_tensor *l = bp_context_get_tensor(ctx, i);
+        if (l->op == BP_OP_NONE && l != acc) {
+            for (int j = 0; j < 16; j++)
+                v[j] = (float)((i * 5 + (size_t)j) % 9) / 4.0f - 1.0f;
+            bp_tensor_set(l, v, 0, sizeof(v));
+        }
+    }
+    ck_assert_int_eq(bp_sched_graph_compute(s, g), BP_OK);
+    *n_splits = bp_sched_get_n_splits(s);
+    float *out = malloc(sizeof(v));
+    bp_tensor_get(t, out, 0, sizeof(v));
+    bp_sched_free(s);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+    return out;
+}
+
+START_TEST(test_more_inputs_than_a_split_holds)
+{
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    int splits_both = 0, splits_alone = 0;
+    float *got = many_inputs(both, 2, &splits_both);
+    float *ref = many_inputs(alone, 1, &splits_alone);
+    ck_assert_int_eq(splits_alone, 1);
+    ck_assert_int_ge(splits_both, 3); /* the silu run, then the adds cut in two */
+    assert_close(got, ref, 16);
+    free(got);
+    free(ref);
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+    bp_backend *wrong[2] = {cpu, accel};
+    ck_assert_rejected(bp_sched_new(wrong, NULL, 2, 64, false), BP_ERR_INVALID_ARG,
+                       "last backend must be a CPU backend");
+    bp_backend *many[17];
+    for (int i = 0; i < 17; i++)
+        many[i] = cpu;
+    ck_assert_rejected(bp_sched_new(many, NULL, 17, 64, false), BP_ERR_INVALID_ARG, "at most 16");
+    ck_assert_rejected(bp_sched_new(NULL, NULL, 0, 64, false), BP_ERR_INVALID_ARG, "at least one");
+    bp_buffer_type *bad[1] = {bp_backend_get_default_buffer_type(accel)};
+    bp_backend *one[1] = {cpu};
+    ck_assert_rejected(bp_sched_new(one, bad, 1, 64, false), BP_ERR_INVALID_ARG, "cannot use");
+
+    /* An op no backend runs: the CPU declines a transposed activation matrix. */
+    bp_sched *s = bp_sched_new(one, NULL, 1, 64, false);
+    bp_context *ctx = bp_context_new(8);
+    bp_tensor *w = bp_new_tensor_2d(ctx, BP_TYPE_F32, 4, 3);
+    bp_tensor *x = bp_transpose(ctx, bp_new_tensor_2d(ctx, BP_TYPE_F32, 2, 4));
+    bp_tensor *y = bp_set_name(bp_mul_mat(ctx, w, x), "odd");
+    bp_graph *g = bp_graph_new(8);
+    bp_graph_build_forward(g, y);
+    ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "no backend (CPU) supports MUL_MAT"));
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "'odd'"));
+    /* A graph larger than the scheduler was made for. */
+    bp_sched *small = bp_sched_new(one, NULL, 1, 1, false);
+    bp_graph *g2 = bp_graph_new(8);
+    bp_graph_build_forward(g2, bp_neg(ctx, bp_neg(ctx, w)));
+    ck_assert_int_eq(bp_sched_graph_compute(small, g2), BP_ERR_CAPACITY);
+    bp_sched_free(small);
+    bp_graph_free(g2);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+    bp_sched_free(s);
+    bp_sched_free(NULL);
+    ck_assert_int_eq(bp_sched_graph_compute(NULL, NULL), BP_ERR_INVALID_ARG);
+}
+END_TEST
+
+START_TEST(test_debug_output)
+{
+    setenv("BP_SCHED_DEBUG", "2", 1);
+    char path[] = "/tmp/bp-sched-debug-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    bp_backend *both[2] = {accel, cpu};
+    float *got = run(both, 2, false, bp_backend_get_default_buffer_type(accel), &tiny, 0, NULL);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    free(got);
+    char buf[1 << 16];
+    FILE *f = fopen(path, "r");
+    size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[len] = '\0';
+    fclose(f);
+    close(fd);
+    unlink(path);
+    ck_assert_ptr_nonnull(strstr(buf, "split 0 on"));
+    ck_assert_ptr_nonnull(strstr(buf, "its weights are there"));
+    ck_assert_ptr_nonnull(strstr(buf, "graph input (CPU)") ? buf : strstr(buf, "ROPE"));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("sched");
+    const struct {
+        const TTest *fn;
+        const char *name;
+    } tests[] = {
+        {test_weights_on_accelerator, "weights_on_accelerator"},
+        {test_weights_on_cpu, "weights_on_cpu"},
+        {test_parallel_evaluations, "parallel"},
+        {test_pins_and_queries, "pins_and_queries"},
+        {test_eval_callback_stops_early, "eval_callback"},
+        {test_graph_larger_than_reserved, "larger_than_reserved"},
+        {test_more_inputs_than_a_split_holds, "many_split_inputs"},
+        {test_errors, "errors"},
+        {test_debug_output, "debug_output"},
+    };
+    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+        TCase *tc = tcase_create(tests[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, tests[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return bp_test_run(s);
+}
