@@ -177,11 +177,13 @@ static void fl_free(struct free_list *fl, size_t offset, size_t size)
 
 struct tinfo {
     const bp_tensor *t;
+    unsigned gen;   /* in use only when gen == ga->gen: a new plan bumps gen, no clearing */
     int n_children; /* consumers not yet computed */
     int n_views;    /* views whose consumers are not all computed */
     int buft;
     size_t offset;
     size_t size;
+    bool in_graph;  /* a node or leaf of the graph being planned */
     bool planned;   /* has memory planned by this allocator */
     bool live;      /* that memory is currently held */
     bool may_free;  /* not handed on to an in-place consumer, not pinned */
@@ -195,6 +197,9 @@ struct bp_gallocr {
 
     struct tinfo *infos; /* hash set by tensor pointer */
     size_t hash_size;
+    unsigned gen;
+    struct tinfo **cache; /* per plan: the entries of every leaf, node and node source */
+    size_t cache_cap;
 
     bp_buffer **old; /* buffers this allocator freed: tensors may still point into them */
     size_t n_old;
@@ -238,6 +243,7 @@ void bp_gallocr_free(bp_gallocr *ga)
             bp__free(ga->lists[i].blocks);
     }
     bp__free(ga->old);
+    bp__free(ga->cache);
     bp__free(ga->infos);
     bp__free(ga->lists);
     bp__free(ga->buffers);
@@ -249,11 +255,12 @@ static struct tinfo *info_of(bp_gallocr *ga, const bp_tensor *t)
 {
     uintptr_t x = (uintptr_t)t;
     size_t i = (size_t)((x >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (ga->hash_size - 1);
-    while (ga->infos[i].t != NULL && ga->infos[i].t != t)
+    while (ga->infos[i].gen == ga->gen && ga->infos[i].t != t)
         i = (i + 1) & (ga->hash_size - 1);
-    if (ga->infos[i].t == NULL) {
+    if (ga->infos[i].gen != ga->gen) {
         memset(&ga->infos[i], 0, sizeof(ga->infos[i]));
         ga->infos[i].t = t;
+        ga->infos[i].gen = ga->gen;
     }
     return &ga->infos[i];
 }
@@ -390,13 +397,19 @@ static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, con
     while (want < 2 * mentions)
         want <<= 1;
     if (want > ga->hash_size) {
-        struct tinfo *grown = bp__realloc(ga->infos, want * sizeof(*grown), "allocator state");
+        struct tinfo *grown = bp__calloc(want, sizeof(*grown), "allocator state");
         if (grown == NULL)
             return BP_ERR_OUT_OF_MEMORY;
+        bp__free(ga->infos);
         ga->infos = grown;
         ga->hash_size = want;
+        ga->gen = 0;
     }
-    memset(ga->infos, 0, ga->hash_size * sizeof(*ga->infos));
+    /* A new generation empties the table without touching it. */
+    if (++ga->gen == 0) {
+        memset(ga->infos, 0, ga->hash_size * sizeof(*ga->infos));
+        ga->gen = 1;
+    }
     int blocks = n_nodes + n_leafs + 2;
     for (int i = 0; i < ga->n_bufts; i++) {
         struct free_list *fl = &ga->lists[i];
@@ -411,56 +424,77 @@ static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, con
         fl_reset(fl);
     }
 
+    /* Every table lookup of the plan is done once, here; the passes below use the pointers. */
+    bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
+    const size_t per_node = 2 + BP_MAX_SRC, cache = (size_t)n_nodes * per_node + (size_t)n_leafs;
+    if (cache > ga->cache_cap) {
+        struct tinfo **grown = bp__realloc(ga->cache, cache * sizeof(*grown), "allocator cache");
+        if (grown == NULL)
+            return BP_ERR_OUT_OF_MEMORY;
+        ga->cache = grown;
+        ga->cache_cap = cache;
+    }
+    struct tinfo **leaf_ti = ga->cache, **node_ti = ga->cache + n_leafs;
+#define SRC_TI(i, s) node_ti[(size_t)(i) * per_node + 2 + (s)]
+#define VIEW_TI(i) node_ti[(size_t)(i) * per_node + 1]
+#define NODE_TI(i) node_ti[(size_t)(i) * per_node]
+    for (int i = 0; i < n_leafs; i++) {
+        leaf_ti[i] = info_of(ga, leafs[i]);
+        leaf_ti[i]->in_graph = true;
+    }
+    for (int i = 0; i < n_nodes; i++) {
+        NODE_TI(i) = info_of(ga, nodes[i]);
+        NODE_TI(i)->in_graph = true;
+    }
+
     /* Count consumers and views. */
     for (int i = 0; i < n_nodes; i++) {
-        bp_tensor *node = bp_graph_node(g, i);
-        info_of(ga, node)->buft = node_ids ? node_ids[i] : 0;
+        bp_tensor *node = nodes[i];
+        NODE_TI(i)->buft = node_ids ? node_ids[i] : 0;
         for (int s = 0; s < BP_MAX_SRC; s++) {
             bp_tensor *src = node->src[s];
+            SRC_TI(i, s) = NULL;
             if (src == NULL)
                 continue;
-            if (!bp_graph_contains(g, src) && src->data == NULL)
+            struct tinfo *si = info_of(ga, src);
+            if (!si->in_graph && src->data == NULL)
                 return bp__error(BP_ERR_INVALID_ARG,
                                  "graph allocator: source %s of node %s is not in the graph and "
                                  "has no memory",
                                  bp__describe(src).s, bp__describe(node).s);
-            info_of(ga, src)->n_children++;
+            si->n_children++;
+            SRC_TI(i, s) = si;
         }
-        if (node->view_src != NULL)
-            info_of(ga, node->view_src)->n_views++;
+        VIEW_TI(i) = node->view_src ? info_of(ga, node->view_src) : NULL;
+        if (VIEW_TI(i) != NULL)
+            VIEW_TI(i)->n_views++;
     }
 
     /* Leafs and inputs live for the whole graph: give them memory before any node. */
     for (int i = 0; i < n_leafs; i++) {
-        bp_tensor *leaf = bp_graph_leaf(g, i);
-        struct tinfo *ti = info_of(ga, leaf);
-        ti->buft = leaf_ids ? leaf_ids[i] : 0;
-        if (needs_memory(ga, leaf))
-            plan_alloc(ga, ti, leaf);
+        leaf_ti[i]->buft = leaf_ids ? leaf_ids[i] : 0;
+        if (needs_memory(ga, leafs[i]))
+            plan_alloc(ga, leaf_ti[i], leafs[i]);
     }
     for (int i = 0; i < n_nodes; i++) {
-        bp_tensor *node = bp_graph_node(g, i);
-        struct tinfo *ti = info_of(ga, node);
-        if ((node->flags & BP_TENSOR_FLAG_INPUT) && needs_memory(ga, node))
-            plan_alloc(ga, ti, node);
+        if ((nodes[i]->flags & BP_TENSOR_FLAG_INPUT) && needs_memory(ga, nodes[i]))
+            plan_alloc(ga, NODE_TI(i), nodes[i]);
     }
 
     for (int i = 0; i < n_nodes; i++) {
-        bp_tensor *node = bp_graph_node(g, i);
-        struct tinfo *ti = info_of(ga, node);
-        if (node->view_src != NULL)
-            ti->buft = info_of(ga, node->view_src)->buft;
+        bp_tensor *node = nodes[i];
+        struct tinfo *ti = NODE_TI(i);
+        if (VIEW_TI(i) != NULL)
+            ti->buft = VIEW_TI(i)->buft;
         else if (!ti->planned && needs_memory(ga, node) && !plan_inplace(ga, ti, node))
             plan_alloc(ga, ti, node);
 
         /* This node has run: sources it was the last consumer of give their memory back. */
         for (int s = 0; s < BP_MAX_SRC; s++) {
-            bp_tensor *src = node->src[s];
-            if (src == NULL)
+            struct tinfo *pi = SRC_TI(i, s);
+            if (pi == NULL || --pi->n_children > 0 || pi->n_views > 0)
                 continue;
-            struct tinfo *pi = info_of(ga, src);
-            if (--pi->n_children > 0 || pi->n_views > 0)
-                continue;
+            const bp_tensor *src = node->src[s];
             if (src->view_src != NULL) {
                 struct tinfo *vi = info_of(ga, src->view_src);
                 if (--vi->n_views == 0 && vi->n_children == 0)
@@ -470,6 +504,9 @@ static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, con
             }
         }
     }
+#undef SRC_TI
+#undef VIEW_TI
+#undef NODE_TI
     return BP_OK;
 }
 
@@ -511,9 +548,8 @@ enum bp_status bp_gallocr_reserve(bp_gallocr *ga, bp_graph *graph, const int *no
     return st;
 }
 
-static enum bp_status place(bp_gallocr *ga, bp_tensor *t)
+static enum bp_status place(bp_gallocr *ga, bp_tensor *t, const struct tinfo *ti)
 {
-    struct tinfo *ti = info_of(ga, t);
     if (t->view_src != NULL) {
         if (t->view_src->data == NULL || (t->data != NULL && !owns_buffer(ga, t->buffer)))
             return BP_OK;
@@ -544,10 +580,13 @@ enum bp_status bp_gallocr_alloc_graph(bp_gallocr *ga, bp_graph *graph, const int
         }
         st = grow(ga, i, need);
     }
-    for (int i = 0; st == BP_OK && i < bp_graph_n_leafs(graph); i++)
-        st = place(ga, bp_graph_leaf(graph, i));
+    /* The plan left each tensor's table entry in the cache: leafs, then per node. */
+    bp_tensor **leafs = bp__graph_leafs(graph), **nodes = bp__graph_nodes(graph);
+    const int nl = bp_graph_n_leafs(graph);
+    for (int i = 0; st == BP_OK && i < nl; i++)
+        st = place(ga, leafs[i], ga->cache[i]);
     for (int i = 0; st == BP_OK && i < bp_graph_n_nodes(graph); i++)
-        st = place(ga, bp_graph_node(graph, i));
+        st = place(ga, nodes[i], ga->cache[nl + (size_t)i * (2 + BP_MAX_SRC)]);
     return st;
 }
 

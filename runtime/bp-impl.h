@@ -64,6 +64,10 @@ bp_tensor *bp__view_of(bp_context *ctx, bp_tensor *a, const char *op_name);
 enum bp_status bp__graph_set(bp_graph *g, bp_tensor *const *nodes, int n_nodes,
                              bp_tensor *const *leafs, int n_leafs);
 
+/* The node and leaf arrays of g, for the runtime's own loops (no bounds checks). */
+bp_tensor **bp__graph_nodes(const bp_graph *g);
+bp_tensor **bp__graph_leafs(const bp_graph *g);
+
 /* Like bp__error but returns NULL, for constructors and builders. */
 void *bp__error_null(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3);
 

@@ -340,3 +340,13 @@ enum bp_status bp__graph_set(bp_graph *g, bp_tensor *const *nodes, int n_nodes,
     g->hash_stale = true;
     return BP_OK;
 }
+
+bp_tensor **bp__graph_nodes(const bp_graph *g)
+{
+    return g->nodes;
+}
+
+bp_tensor **bp__graph_leafs(const bp_graph *g)
+{
+    return g->leafs;
+}

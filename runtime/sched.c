@@ -58,8 +58,10 @@ static const char *const why_text[] = {
 
 struct tinfo {
     const bp_tensor *t;
+    unsigned gen; /* the entry is in use only when gen == sched->gen */
     signed char backend;
     unsigned char why;
+    unsigned short sup_known, sup; /* supports_op answers per backend, asked at most once */
     short copy[BP_SCHED_MAX_BACKENDS]; /* index + 1 into sched->copies, 0: none */
 };
 
@@ -103,6 +105,10 @@ struct bp_sched {
 
     struct tinfo *infos;
     size_t hash_size;
+    size_t hash_used;
+    unsigned gen;   /* bumped per split instead of clearing the table */
+    bool overflow;  /* the table got too full during a split: grow it and split again */
+    struct tinfo scratch;
 
     struct split *splits;
     int n_splits;
@@ -127,6 +133,9 @@ struct bp_sched {
     struct pin *pins;
     int n_pins;
     int cap_pins;
+
+    struct tinfo **node_ti; /* the table entry of each node of the graph being split */
+    int cap_node_ti;
 
     bp_sched_eval_fn eval_fn;
     void *eval_user;
@@ -154,12 +163,21 @@ static struct tinfo *info(bp_sched *s, const bp_tensor *t)
 {
     uintptr_t x = (uintptr_t)t;
     size_t i = (size_t)((x >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (s->hash_size - 1);
-    while (s->infos[i].t != NULL && s->infos[i].t != t)
+    while (s->infos[i].gen == s->gen && s->infos[i].t != t)
         i = (i + 1) & (s->hash_size - 1);
-    if (s->infos[i].t == NULL) {
+    if (s->infos[i].gen != s->gen) {
+        if (4 * (s->hash_used + 1) > 3 * s->hash_size) {
+            /* Too full to stay fast (or at all): answer from scratch, split again bigger. */
+            s->overflow = true;
+            memset(&s->scratch, 0, sizeof(s->scratch));
+            s->scratch.backend = -1;
+            return &s->scratch;
+        }
         memset(&s->infos[i], 0, sizeof(s->infos[i]));
         s->infos[i].t = t;
+        s->infos[i].gen = s->gen;
         s->infos[i].backend = -1;
+        s->hash_used++;
     }
     return &s->infos[i];
 }
@@ -168,9 +186,38 @@ static const bp_tensor *lookup(const bp_sched *s, const bp_tensor *t)
 {
     uintptr_t x = (uintptr_t)t;
     size_t i = (size_t)((x >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (s->hash_size - 1);
-    while (s->infos[i].t != NULL && s->infos[i].t != t)
+    while (s->infos[i].gen == s->gen && s->infos[i].t != t)
         i = (i + 1) & (s->hash_size - 1);
-    return s->infos[i].t == t ? t : NULL;
+    return s->infos[i].gen == s->gen ? t : NULL;
+}
+
+/* Starts a fresh table generation (wrapping around clears it for real once in 4 billion). */
+static void clear_infos(bp_sched *s)
+{
+    if (++s->gen == 0) {
+        memset(s->infos, 0, s->hash_size * sizeof(*s->infos));
+        s->gen = 1;
+    }
+    s->hash_used = 0;
+    s->overflow = false;
+}
+
+static bool resize_infos(bp_sched *s, size_t want)
+{
+    size_t size = 1024;
+    while (size < want)
+        size <<= 1;
+    if (size <= s->hash_size)
+        return true;
+    struct tinfo *t = bp__calloc(size, sizeof(*t), "the scheduler's tensor table");
+    if (t == NULL)
+        return false;
+    bp__free(s->infos);
+    s->infos = t;
+    s->hash_size = size;
+    s->gen = 0;
+    clear_infos(s);
+    return true;
 }
 
 static int backend_index(const bp_sched *s, const bp_backend *be)
@@ -209,6 +256,18 @@ static void assign(bp_sched *s, const bp_tensor *t, int backend, enum why why)
     struct tinfo *ti = info(s, t);
     ti->backend = (signed char)backend;
     ti->why = (unsigned char)why;
+}
+
+/* Whether backend b runs node (cached in its table entry). */
+static bool supports(const bp_sched *s, struct tinfo *ti, const bp_tensor *node, int b)
+{
+    const unsigned short bit = (unsigned short)(1u << b);
+    if (!(ti->sup_known & bit)) {
+        ti->sup_known |= bit;
+        if (bp_backend_supports_op(s->backends[b], node))
+            ti->sup |= bit;
+    }
+    return (ti->sup & bit) != 0;
 }
 
 /* ---- Lifecycle -------------------------------------------------------------------------- */
@@ -265,14 +324,11 @@ bp_sched *bp_sched_new(bp_backend *const *backends, bp_buffer_type *const *bufts
     s->galloc = bp_gallocr_new(s->bufts, n);
     if (s->galloc == NULL)
         goto fail;
-    size_t most = graph_size * (BP_MAX_SRC + 2) * (size_t)s->n_copies + 64;
-    s->hash_size = 1;
-    while (s->hash_size < 2 * most)
-        s->hash_size <<= 1;
-    s->infos = bp__calloc(s->hash_size, sizeof(*s->infos), "the scheduler's tensor table");
+    if (!resize_infos(s, 4 * graph_size))
+        goto fail;
     s->ctx = bp_context_new(graph_size + 64); /* grows on demand (split_graph) */
     s->graph = bp_graph_new(graph_size * (size_t)s->n_copies * 2 + 16);
-    if (s->infos == NULL || s->ctx == NULL || s->graph == NULL)
+    if (s->ctx == NULL || s->graph == NULL)
         goto fail;
     if (parallel) {
         for (int b = 0; b < n; b++) {
@@ -314,6 +370,7 @@ void bp_sched_free(bp_sched *s)
     bp__free(s->leaf_ids);
     bp__free(s->subst);
     bp__free(s->pins);
+    bp__free(s->node_ti);
     bp__free(s);
 }
 
@@ -325,7 +382,7 @@ void bp_sched_reset(bp_sched *s)
     s->n_pins = 0;
     s->n_splits = 0;
     s->allocated = NULL;
-    memset(s->infos, 0, s->hash_size * sizeof(*s->infos));
+    clear_infos(s);
 }
 
 /* ---- Assignment ------------------------------------------------------------------------- */
@@ -388,16 +445,18 @@ static void assign_from_current(bp_sched *s, const bp_tensor *t)
 static void expand(bp_sched *s, bp_graph *g, bool up, bool include_cpu)
 {
     const int n = bp_graph_n_nodes(g), cpu = s->n_backends - 1;
+    bp_tensor **nodes = bp__graph_nodes(g);
     int cur = -1;
     for (int k = 0; k < n; k++) {
-        bp_tensor *node = bp_graph_node(g, up ? n - 1 - k : k);
-        if (is_view_op(node))
+        const int i = up ? n - 1 - k : k;
+        if (is_view_op(nodes[i]))
             continue;
-        struct tinfo *ti = info(s, node);
+        struct tinfo *ti = s->node_ti[i];
         if (ti->backend >= 0) {
             cur = (!include_cpu && ti->backend == cpu) ? -1 : ti->backend;
-        } else if (cur >= 0 && bp_backend_supports_op(s->backends[cur], node)) {
-            assign(s, node, cur, include_cpu ? WHY_EXPAND_ANY : WHY_EXPAND_ACCEL);
+        } else if (cur >= 0 && supports(s, ti, nodes[i], cur)) {
+            ti->backend = (signed char)cur;
+            ti->why = include_cpu ? WHY_EXPAND_ANY : WHY_EXPAND_ACCEL;
         }
     }
 }
@@ -416,13 +475,48 @@ static bool can_use_buffers(const bp_sched *s, int b, const bp_tensor *node)
     return true;
 }
 
+static enum bp_status unsupported(bp_sched *s, const bp_tensor *node, int i)
+{
+    char names[256] = "";
+    for (int b = 0; b < s->n_backends; b++) {
+        size_t used = strlen(names);
+        snprintf(names + used, sizeof(names) - used, "%s%s", b ? ", " : "",
+                 bp_backend_name(s->backends[b]));
+    }
+    return bp__error(BP_ERR_UNSUPPORTED, "scheduler: no backend (%s) supports %s node %d %s",
+                     names, bp_op_name(node->op), i, bp__describe(node).s);
+}
+
 static enum bp_status assign_all(bp_sched *s, bp_graph *g)
 {
     const int n = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
-    for (int i = 0; i < nl; i++)
-        assign_from_current(s, bp_graph_leaf(g, i));
+    bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
+    if (!grow((void **)&s->node_ti, &s->cap_node_ti, n, sizeof(*s->node_ti), "the scheduler"))
+        return BP_ERR_OUT_OF_MEMORY;
     for (int i = 0; i < n; i++)
-        assign_from_current(s, bp_graph_node(g, i));
+        s->node_ti[i] = info(s, nodes[i]);
+
+    /* One backend: nothing to decide, only whether it runs everything. */
+    if (s->n_backends == 1) {
+        for (int i = 0; i < n; i++) {
+            struct tinfo *ti = s->node_ti[i];
+            if (!is_view_op(nodes[i]) && !supports(s, ti, nodes[i], 0))
+                return unsupported(s, nodes[i], i);
+            ti->backend = 0;
+            ti->why = WHY_FIRST_SUPPORTING;
+        }
+        for (int i = 0; i < nl; i++) {
+            struct tinfo *ti = info(s, leafs[i]);
+            ti->backend = 0;
+            ti->why = WHY_BUFFER;
+        }
+        return BP_OK;
+    }
+
+    for (int i = 0; i < nl; i++)
+        assign_from_current(s, leafs[i]);
+    for (int i = 0; i < n; i++)
+        assign_from_current(s, nodes[i]);
 
     expand(s, g, false, false);
     expand(s, g, true, false);
@@ -430,21 +524,22 @@ static enum bp_status assign_all(bp_sched *s, bp_graph *g)
     expand(s, g, true, true);
 
     for (int i = 0; i < n; i++) {
-        bp_tensor *node = bp_graph_node(g, i);
-        struct tinfo *ti = info(s, node);
+        bp_tensor *node = nodes[i];
+        struct tinfo *ti = s->node_ti[i];
         if (is_view_op(node) || ti->backend <= 0 || ti->why == WHY_PINNED)
             continue;
         for (int b = 0; b < ti->backend; b++) {
-            if (bp_backend_supports_op(s->backends[b], node) && can_use_buffers(s, b, node)) {
-                assign(s, node, b, WHY_UPGRADE);
+            if (supports(s, ti, node, b) && can_use_buffers(s, b, node)) {
+                ti->backend = (signed char)b;
+                ti->why = WHY_UPGRADE;
                 break;
             }
         }
     }
 
     for (int i = 0; i < n; i++) {
-        bp_tensor *node = bp_graph_node(g, i);
-        struct tinfo *ti = info(s, node);
+        bp_tensor *node = nodes[i];
+        struct tinfo *ti = s->node_ti[i];
         if (is_view_op(node) || ti->backend >= 0)
             continue;
         int count[BP_SCHED_MAX_BACKENDS] = {0}, best = -1;
@@ -452,7 +547,7 @@ static enum bp_status assign_all(bp_sched *s, bp_graph *g)
             if (node->src[k] == NULL)
                 continue;
             int sb = info(s, node->src[k])->backend;
-            if (sb >= 0 && bp_backend_supports_op(s->backends[sb], node))
+            if (sb >= 0 && supports(s, ti, node, sb))
                 count[sb]++;
         }
         for (int b = 0; b < s->n_backends; b++) {
@@ -460,48 +555,42 @@ static enum bp_status assign_all(bp_sched *s, bp_graph *g)
                 best = b;
         }
         if (best >= 0) {
-            assign(s, node, best, WHY_MOST_INPUTS);
+            ti->backend = (signed char)best;
+            ti->why = WHY_MOST_INPUTS;
             continue;
         }
         for (int b = 0; b < s->n_backends && best < 0; b++) {
-            if (bp_backend_supports_op(s->backends[b], node))
+            if (supports(s, ti, node, b))
                 best = b;
         }
-        if (best < 0) {
-            char names[256] = "";
-            for (int b = 0; b < s->n_backends; b++) {
-                size_t used = strlen(names);
-                snprintf(names + used, sizeof(names) - used, "%s%s", b ? ", " : "",
-                         bp_backend_name(s->backends[b]));
-            }
-            return bp__error(BP_ERR_UNSUPPORTED,
-                             "scheduler: no backend (%s) supports %s node %d %s", names,
-                             bp_op_name(node->op), i, bp__describe(node).s);
-        }
-        assign(s, node, best, WHY_FIRST_SUPPORTING);
+        if (best < 0)
+            return unsupported(s, node, i);
+        ti->backend = (signed char)best;
+        ti->why = WHY_FIRST_SUPPORTING;
     }
 
     /* Views run where their source's memory is (they compute nothing); leafs go with their
      * first consumer unless placed already. */
     for (int i = 0; i < n; i++) {
-        bp_tensor *node = bp_graph_node(g, i);
-        struct tinfo *ti = info(s, node);
+        bp_tensor *node = nodes[i];
+        struct tinfo *ti = s->node_ti[i];
         if (is_view_op(node) && ti->backend < 0) {
             int vb = node->view_src ? info(s, node->view_src)->backend : -1;
             if (vb < 0 && node->src[0] != NULL)
                 vb = info(s, node->src[0])->backend;
-            assign(s, node, vb >= 0 ? vb : s->n_backends - 1, WHY_VIEW_SOURCE);
+            ti->backend = (signed char)(vb >= 0 ? vb : s->n_backends - 1);
+            ti->why = WHY_VIEW_SOURCE;
         }
         for (int k = 0; k < BP_MAX_SRC; k++) {
             bp_tensor *src = node->src[k];
             if (src != NULL && info(s, src)->backend < 0)
-                assign(s, src, info(s, node)->backend, WHY_CONSUMER);
+                assign(s, src, ti->backend, WHY_CONSUMER);
         }
     }
     for (int i = 0; i < nl; i++) {
-        struct tinfo *ti = info(s, bp_graph_leaf(g, i));
+        struct tinfo *ti = info(s, leafs[i]);
         if (ti->backend < 0)
-            assign(s, bp_graph_leaf(g, i), s->n_backends - 1, WHY_CONSUMER);
+            assign(s, leafs[i], s->n_backends - 1, WHY_CONSUMER);
     }
     return BP_OK;
 }
@@ -564,8 +653,18 @@ static bp_tensor *copy_for(bp_sched *s, bp_tensor *src, int b)
             return NULL;
         memcpy(t->nb, src->nb, sizeof(t->nb));
         t->flags = BP_TENSOR_FLAG_INPUT;
-        bp_format_name(t, "%.40s#%s#%d", src->name[0] ? src->name : bp_op_name(src->op),
-                       bp_backend_name(s->backends[b]), c);
+        /* "<source>#<backend index>#<copy>", built by hand: this runs for every copy of every
+         * graph, and snprintf would be most of its cost. */
+        const char *base = src->name[0] ? src->name : bp_op_name(src->op);
+        size_t l = strnlen(base, 40);
+        memcpy(t->name, base, l);
+        t->name[l++] = '#';
+        if (b >= 10)
+            t->name[l++] = (char)('0' + b / 10);
+        t->name[l++] = (char)('0' + b % 10);
+        t->name[l++] = '#';
+        t->name[l++] = (char)('0' + c);
+        t->name[l] = '\0';
         cs->t[c] = t;
         struct tinfo *ci = info(s, t);
         ci->backend = (signed char)b;
@@ -589,11 +688,12 @@ static enum bp_status substitute(bp_sched *s, bp_tensor *node, int slot, bp_tens
 static enum bp_status make_splits(bp_sched *s, bp_graph *g)
 {
     const int n = bp_graph_n_nodes(g);
+    bp_tensor **nodes = bp__graph_nodes(g);
     s->n_splits = 0;
     struct split *sp = NULL;
     for (int i = 0; i < n; i++) {
-        bp_tensor *node = bp_graph_node(g, i);
-        const int b = info(s, node)->backend;
+        bp_tensor *node = nodes[i];
+        const int b = s->node_ti[i]->backend;
         /* Views never start a split: they join the current one (they compute nothing). */
         if (sp == NULL || (b != sp->backend && !is_view_op(node))) {
             if (sp != NULL)
@@ -602,15 +702,17 @@ static enum bp_status make_splits(bp_sched *s, bp_graph *g)
             if (sp == NULL)
                 return BP_ERR_OUT_OF_MEMORY;
         }
-        if (is_view_op(node))
+        if (is_view_op(node) || s->n_backends == 1)
             continue;
         /* Sources this split's backend cannot read where they are need a copy. Count the new
          * ones first: a split that would exceed the limit is cut before this node. */
         int fresh_inputs = 0;
+        bool foreign[BP_MAX_SRC];
         for (int k = 0; k < BP_MAX_SRC; k++) {
             bp_tensor *src = node->src[k];
-            if (src != NULL && info(s, src)->backend != sp->backend &&
-                !readable_by(s, src, sp->backend) && !listed(sp, src))
+            foreign[k] = src != NULL && info(s, src)->backend != sp->backend &&
+                         !readable_by(s, src, sp->backend);
+            if (foreign[k] && !listed(sp, src))
                 fresh_inputs++;
         }
         if (sp->n_inputs + fresh_inputs > BP_SCHED_MAX_SPLIT_INPUTS && sp->i0 < i) {
@@ -621,8 +723,9 @@ static enum bp_status make_splits(bp_sched *s, bp_graph *g)
         }
         for (int k = 0; k < BP_MAX_SRC; k++) {
             bp_tensor *src = node->src[k];
-            if (src == NULL || info(s, src)->backend == sp->backend ||
-                readable_by(s, src, sp->backend))
+            /* A source that was a copy target already reads the copy: compare with the split as
+             * it stands after a possible cut (the backend is the same). */
+            if (!foreign[k])
                 continue;
             bp_tensor *copy = copy_for(s, src, sp->backend);
             if (copy == NULL)
@@ -648,9 +751,18 @@ static enum bp_status split_graph_once(bp_sched *s, bp_graph *g);
  * starts again (the context holds only their metadata, so this is cheap and rare). */
 static enum bp_status split_graph(bp_sched *s, bp_graph *g)
 {
+    const size_t tensors = (size_t)bp_graph_n_nodes(g) + (size_t)bp_graph_n_leafs(g);
+    if (!resize_infos(s, 4 * tensors))
+        return BP_ERR_OUT_OF_MEMORY;
     for (;;) {
         const size_t cap = bp_context_capacity(s->ctx);
         enum bp_status st = split_graph_once(s, g);
+        if (s->overflow) {
+            restore_sources(s);
+            if (!resize_infos(s, 4 * s->hash_size))
+                return BP_ERR_OUT_OF_MEMORY;
+            continue;
+        }
         if (st != BP_ERR_CAPACITY || bp_context_n_tensors(s->ctx) < cap)
             return st;
         bp_context *bigger = bp_context_new(2 * cap);
@@ -668,7 +780,7 @@ static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
     if ((size_t)n > s->graph_size)
         return bp__error(BP_ERR_CAPACITY, "scheduler: the graph has %d nodes; the scheduler was "
                          "made for %zu", n, s->graph_size);
-    memset(s->infos, 0, s->hash_size * sizeof(*s->infos));
+    clear_infos(s);
     bp_context_reset(s->ctx);
     s->n_copy_sets = 0;
 
@@ -707,6 +819,7 @@ static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
         s->node_buf = nb;
         s->cap_ids = need;
     }
+    bp_tensor **gnodes = bp__graph_nodes(g), **gleafs = bp__graph_leafs(g);
     int k = 0;
     for (int i = 0; i < s->n_splits; i++) {
         struct split *sp = &s->splits[i];
@@ -723,15 +836,15 @@ static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
             s->node_ids[k++] = info(s, in)->backend;
         }
         for (int q = sp->i0; q < sp->i1; q++) {
-            s->node_buf[k] = bp_graph_node(g, q);
-            s->node_ids[k++] = info(s, bp_graph_node(g, q))->backend;
+            s->node_buf[k] = gnodes[q];
+            s->node_ids[k++] = s->node_ti[q]->backend;
         }
     }
     const int n_nodes_alloc = k;
     k = 0;
     for (int i = 0; i < nl; i++) {
-        s->leaf_buf[k] = bp_graph_leaf(g, i);
-        s->leaf_ids[k++] = info(s, bp_graph_leaf(g, i))->backend;
+        s->leaf_buf[k] = gleafs[i];
+        s->leaf_ids[k++] = info(s, gleafs[i])->backend;
     }
     for (int c = 0; c < s->n_copy_sets; c++)
         for (int j = 0; j < s->n_copies; j++) {
@@ -748,13 +861,6 @@ static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
         }
     }
     st = bp__graph_set(s->graph, s->node_buf, n_nodes_alloc, s->leaf_buf, k);
-    bp_tensor **nodes = bp__malloc((size_t)(n ? n : 1) * sizeof(*nodes), "scheduler nodes");
-    if (nodes == NULL) {
-        restore_sources(s);
-        return BP_ERR_OUT_OF_MEMORY;
-    }
-    for (int i = 0; i < n; i++)
-        nodes[i] = bp_graph_node(g, i);
 
     /* The graph of each split, for its backend. */
     for (int i = 0; st == BP_OK && i < s->n_splits; i++) {
@@ -768,9 +874,8 @@ static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
                 break;
             }
         }
-        st = bp__graph_set(sp->graph, nodes + sp->i0, len, NULL, 0);
+        st = bp__graph_set(sp->graph, gnodes + sp->i0, len, NULL, 0);
     }
-    bp__free(nodes);
     if (st != BP_OK)
         restore_sources(s);
     return st;
