@@ -502,9 +502,16 @@ static bool is_float_type(enum bp_type t)
     return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16;
 }
 
+/* Element (block) sizes of the types, kept here so that supports_op, asked for every node of
+ * every scheduled graph, makes no calls. */
+static const size_t type_sizes[BP_TYPE_COUNT] = {
+    [BP_TYPE_F32] = 4, [BP_TYPE_F16] = 2, [BP_TYPE_BF16] = 2,
+    [BP_TYPE_I32] = 4, [BP_TYPE_Q8_0] = 34, [BP_TYPE_Q4_0] = 18,
+};
+
 static bool rows_contiguous(const bp_tensor *t)
 {
-    return t->nb[0] == bp_type_size(t->type);
+    return (unsigned)t->type < BP_TYPE_COUNT && t->nb[0] == type_sizes[t->type];
 }
 
 bool bp_cpu_supports_op(const bp_tensor *op)
