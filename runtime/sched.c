@@ -139,6 +139,7 @@ struct bp_sched {
 
     bp_sched_eval_fn eval_fn;
     void *eval_user;
+    bp_graph *direct; /* one backend: the user's graph is the split and the allocator's graph */
     const bp_graph *allocated; /* the graph alloc_graph was last called for, until computed */
 };
 
@@ -382,6 +383,7 @@ void bp_sched_reset(bp_sched *s)
     s->n_pins = 0;
     s->n_splits = 0;
     s->allocated = NULL;
+    s->direct = NULL;
     clear_infos(s);
 }
 
@@ -784,7 +786,18 @@ static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
     bp_context_reset(s->ctx);
     s->n_copy_sets = 0;
 
+    s->direct = NULL;
     enum bp_status st = assign_all(s, g);
+    if (st == BP_OK && s->n_backends == 1) {
+        /* Nothing to cut and nothing to copy: hand the graph itself on. */
+        s->n_splits = 0;
+        struct split *sp = new_split(s, 0, 0);
+        if (sp == NULL)
+            return BP_ERR_OUT_OF_MEMORY;
+        sp->i1 = n;
+        s->direct = g;
+        return BP_OK;
+    }
     if (st == BP_OK)
         st = make_splits(s, g);
     if (st != BP_OK) {
@@ -911,7 +924,8 @@ static enum bp_status alloc_graph(bp_sched *s, bp_graph *g)
     if (st != BP_OK)
         return st;
     debug_print(s, g);
-    st = bp_gallocr_alloc_graph(s->galloc, s->graph, s->node_ids, s->leaf_ids);
+    st = s->direct ? bp_gallocr_alloc_graph(s->galloc, g, NULL, NULL)
+                   : bp_gallocr_alloc_graph(s->galloc, s->graph, s->node_ids, s->leaf_ids);
     if (st != BP_OK) {
         restore_sources(s);
         return st;
@@ -927,7 +941,8 @@ enum bp_status bp_sched_reserve(bp_sched *s, bp_graph *g)
                          "NULL");
     enum bp_status st = split_graph(s, g);
     if (st == BP_OK)
-        st = bp_gallocr_reserve(s->galloc, s->graph, s->node_ids, s->leaf_ids);
+        st = s->direct ? bp_gallocr_reserve(s->galloc, g, NULL, NULL)
+                       : bp_gallocr_reserve(s->galloc, s->graph, s->node_ids, s->leaf_ids);
     restore_sources(s);
     s->allocated = NULL;
     return st;
@@ -972,21 +987,27 @@ static enum bp_status copy_inputs(bp_sched *s, struct split *sp)
     return BP_OK;
 }
 
+static bp_graph *graph_of(bp_sched *s, struct split *sp)
+{
+    return s->direct ? s->direct : sp->graph;
+}
+
 /* Runs nodes [i0, i1) of split sp with the eval callback asking about each. Returns false in
  * *stop when the callback asked to stop. */
 static enum bp_status compute_observed(bp_sched *s, struct split *sp, bool *stop)
 {
     bp_backend *be = s->backends[sp->backend];
-    const int n = bp_graph_n_nodes(sp->graph);
+    bp_graph *sg = graph_of(s, sp);
+    const int n = bp_graph_n_nodes(sg);
     int j0 = 0;
     while (j0 < n) {
         int j1 = j0;
         /* Run up to and including the first node the user wants to see. */
         bool want = false;
-        while (j1 < n && !(want = s->eval_fn(bp_graph_node(sp->graph, j1), true, s->eval_user)))
+        while (j1 < n && !(want = s->eval_fn(bp_graph_node(sg, j1), true, s->eval_user)))
             j1++;
         const int end = want ? j1 + 1 : n;
-        bp_graph *part = bp_graph_view(sp->graph, j0, end);
+        bp_graph *part = bp_graph_view(sg, j0, end);
         if (part == NULL)
             return bp_last_status();
         enum bp_status st = bp_backend_graph_compute_async(be, part);
@@ -995,7 +1016,7 @@ static enum bp_status compute_observed(bp_sched *s, struct split *sp, bool *stop
         bp_graph_free(part);
         if (st != BP_OK)
             return st;
-        if (want && !s->eval_fn(bp_graph_node(sp->graph, j1), false, s->eval_user)) {
+        if (want && !s->eval_fn(bp_graph_node(sg, j1), false, s->eval_user)) {
             *stop = true;
             return BP_OK;
         }
@@ -1024,7 +1045,7 @@ enum bp_status bp_sched_graph_compute_async(bp_sched *s, bp_graph *g)
         if (s->eval_fn != NULL)
             st = compute_observed(s, sp, &stop);
         else
-            st = bp_backend_graph_compute_async(s->backends[sp->backend], sp->graph);
+            st = bp_backend_graph_compute_async(s->backends[sp->backend], graph_of(s, sp));
         bp_event *ev = s->events[sp->backend][s->cur_copy];
         if (st == BP_OK && ev != NULL) {
             st = bp_event_record(ev, s->backends[sp->backend]);

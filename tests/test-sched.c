@@ -395,6 +395,47 @@ static float *many_inputs(bp_backend *const *backends, int n, int *n_splits)
     return out;
 }
 
+/* Computing the same graph again and again keeps one split per backend run, and the same
+ * answer, on one backend and on two. */
+START_TEST(test_repeated_compute_same_graph)
+{
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    bp_backend *const *sets[2] = {alone, both};
+    float first[50 * 5];
+    for (int k = 0; k < 2; k++) {
+        struct model m;
+        model_init(&m, &tiny, bp_host_buffer_type());
+        bp_context *ctx = bp_context_new(tf_graph_n_tensors(&tiny));
+        struct tf_graph tg;
+        ck_assert(tf_build(ctx, &tiny, &m.w, &tg));
+        bp_graph *g = bp_graph_new(1024);
+        bp_graph_build_forward(g, tg.logits);
+        bp_sched *s = bp_sched_new(sets[k], NULL, k + 1, 4096, false);
+        int splits = -1;
+        for (int round = 0; round < 3; round++) {
+            ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+            set_inputs(&tg, &tiny, 5);
+            ck_assert_int_eq(bp_sched_graph_compute(s, g), BP_OK);
+            if (round == 0)
+                splits = bp_sched_get_n_splits(s);
+            ck_assert_int_eq(bp_sched_get_n_splits(s), splits);
+            float got[50 * 5];
+            bp_tensor_get(tg.logits, got, 0, sizeof(got));
+            if (k == 0 && round == 0)
+                memcpy(first, got, sizeof(got));
+            else
+                assert_close(got, first, N_LOGITS(tiny));
+        }
+        if (k == 0)
+            ck_assert_int_eq(splits, 1);
+        bp_sched_free(s);
+        bp_graph_free(g);
+        bp_context_free(ctx);
+        model_free(&m);
+    }
+}
+END_TEST
+
 START_TEST(test_more_inputs_than_a_split_holds)
 {
     bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
@@ -490,6 +531,7 @@ int main(void)
         {test_pins_and_queries, "pins_and_queries"},
         {test_eval_callback_stops_early, "eval_callback"},
         {test_graph_larger_than_reserved, "larger_than_reserved"},
+        {test_repeated_compute_same_graph, "repeated_compute"},
         {test_more_inputs_than_a_split_holds, "many_split_inputs"},
         {test_errors, "errors"},
         {test_debug_output, "debug_output"},
