@@ -333,8 +333,10 @@ enum bp_status bp__graph_set(bp_graph *g, bp_tensor *const *nodes, int n_nodes,
     if ((size_t)n_nodes > g->capacity || (size_t)n_leafs > g->capacity)
         return bp__error(BP_ERR_CAPACITY, "graph of %zu cannot hold %d nodes and %d leafs",
                          g->capacity, n_nodes, n_leafs);
-    memcpy(g->nodes, nodes, (size_t)n_nodes * sizeof(*nodes));
-    memcpy(g->leafs, leafs, (size_t)n_leafs * sizeof(*leafs));
+    if (n_nodes > 0)
+        memcpy(g->nodes, nodes, (size_t)n_nodes * sizeof(*nodes));
+    if (n_leafs > 0)
+        memcpy(g->leafs, leafs, (size_t)n_leafs * sizeof(*leafs));
     g->n_nodes = n_nodes;
     g->n_leafs = n_leafs;
     g->hash_stale = true;
