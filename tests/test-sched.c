@@ -66,6 +66,17 @@ static void model_free(struct model *m)
     bp_context_free(m->wctx);
 }
 
+/* The forward graph of cfg over model m, in a fresh context (*ctx, caller frees both). */
+static bp_graph *build_graph(const struct model *m, const struct tf_config *cfg, bp_context **ctx,
+                             struct tf_graph *tg)
+{
+    *ctx = bp_context_new(tf_graph_n_tensors(cfg));
+    ck_assert(tf_build(*ctx, cfg, &m->w, tg));
+    bp_graph *g = bp_graph_new(tf_graph_n_tensors(cfg) + tf_weights_n_tensors(cfg));
+    ck_assert_int_eq(bp_graph_build_forward(g, tg->logits), BP_OK);
+    return g;
+}
+
 static void set_inputs(const struct tf_graph *tg, const struct tf_config *cfg, int salt)
 {
     const int T = cfg->n_tok;
@@ -89,11 +100,9 @@ static float *run(bp_backend *const *backends, int n, bool parallel, bp_buffer_t
 {
     struct model m;
     model_init(&m, cfg, wbuft);
-    bp_context *ctx = bp_context_new(tf_graph_n_tensors(cfg));
+    bp_context *ctx;
     struct tf_graph tg;
-    ck_assert(tf_build(ctx, cfg, &m.w, &tg));
-    bp_graph *g = bp_graph_new(tf_graph_n_tensors(cfg) + tf_weights_n_tensors(cfg));
-    ck_assert_int_eq(bp_graph_build_forward(g, tg.logits), BP_OK);
+    bp_graph *g = build_graph(&m, cfg, &ctx, &tg);
     bp_sched *s = bp_sched_new(backends, NULL, n, 4096, parallel);
     ck_assert_msg(s != NULL, "%s", bp_last_error());
     ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
@@ -155,11 +164,9 @@ START_TEST(test_parallel_evaluations)
     bp_sched *s = bp_sched_new(both, NULL, 2, 4096, true);
     ck_assert_int_eq(bp_sched_get_n_copies(s), BP_SCHED_MAX_COPIES);
     for (int round = 0; round < 6; round++) { /* more rounds than copies: they rotate */
-        bp_context *ctx = bp_context_new(tf_graph_n_tensors(&tiny));
+        bp_context *ctx;
         struct tf_graph tg;
-        ck_assert(tf_build(ctx, &tiny, &m.w, &tg));
-        bp_graph *g = bp_graph_new(1024);
-        bp_graph_build_forward(g, tg.logits);
+        bp_graph *g = build_graph(&m, &tiny, &ctx, &tg);
         ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
         set_inputs(&tg, &tiny, round);
         ck_assert_int_eq(bp_sched_graph_compute_async(s, g), BP_OK);
@@ -182,11 +189,9 @@ START_TEST(test_pins_and_queries)
     bp_backend *both[2] = {accel, cpu};
     struct model m;
     model_init(&m, &tiny, bp_backend_get_default_buffer_type(accel));
-    bp_context *ctx = bp_context_new(tf_graph_n_tensors(&tiny));
+    bp_context *ctx;
     struct tf_graph tg;
-    ck_assert(tf_build(ctx, &tiny, &m.w, &tg));
-    bp_graph *g = bp_graph_new(1024);
-    bp_graph_build_forward(g, tg.logits);
+    bp_graph *g = build_graph(&m, &tiny, &ctx, &tg);
     bp_sched *s = bp_sched_new(both, NULL, 2, 4096, false);
 
     /* First node after get_rows is the rms_norm the accelerator could run. */
@@ -275,11 +280,9 @@ START_TEST(test_eval_callback_stops_early)
     bp_backend *both[2] = {accel, cpu};
     struct model m;
     model_init(&m, &tiny, bp_backend_get_default_buffer_type(accel));
-    bp_context *ctx = bp_context_new(tf_graph_n_tensors(&tiny));
+    bp_context *ctx;
     struct tf_graph tg;
-    ck_assert(tf_build(ctx, &tiny, &m.w, &tg));
-    bp_graph *g = bp_graph_new(1024);
-    bp_graph_build_forward(g, tg.logits);
+    bp_graph *g = build_graph(&m, &tiny, &ctx, &tg);
     bp_sched *s = bp_sched_new(both, NULL, 2, 4096, false);
     struct observer o = {0, 4, 0};
     bp_sched_set_eval_callback(s, observe, &o);
@@ -322,11 +325,9 @@ START_TEST(test_graph_larger_than_reserved)
     bp_sched *s = bp_sched_new(both, NULL, 2, 4096, false);
     for (int pass = 0; pass < 2; pass++) {
         const struct tf_config *cfg = pass ? &big : &small;
-        bp_context *ctx = bp_context_new(tf_graph_n_tensors(cfg));
+        bp_context *ctx;
         struct tf_graph tg;
-        ck_assert(tf_build(ctx, cfg, &m.w, &tg));
-        bp_graph *g = bp_graph_new(1024);
-        bp_graph_build_forward(g, tg.logits);
+        bp_graph *g = build_graph(&m, cfg, &ctx, &tg);
         if (pass == 0) {
             ck_assert_int_eq(bp_sched_reserve(s, g), BP_OK);
         } else {
@@ -405,11 +406,9 @@ START_TEST(test_repeated_compute_same_graph)
     for (int k = 0; k < 2; k++) {
         struct model m;
         model_init(&m, &tiny, bp_host_buffer_type());
-        bp_context *ctx = bp_context_new(tf_graph_n_tensors(&tiny));
+        bp_context *ctx;
         struct tf_graph tg;
-        ck_assert(tf_build(ctx, &tiny, &m.w, &tg));
-        bp_graph *g = bp_graph_new(1024);
-        bp_graph_build_forward(g, tg.logits);
+        bp_graph *g = build_graph(&m, &tiny, &ctx, &tg);
         bp_sched *s = bp_sched_new(sets[k], NULL, k + 1, 4096, false);
         int splits = -1;
         for (int round = 0; round < 3; round++) {
