@@ -111,6 +111,7 @@ static void micro_kernel(int64_t kc, const float *restrict ap, const float *rest
 
 /* ---- Packing ---------------------------------------------------------------------------- */
 
+#if !defined(__AVX512F__)
 /* A rows [m0, m0 + mc) x k [k0, k0 + kc) into panels of MR rows: panel p holds, for each k, MR
  * consecutive floats (rows past mc are zero). tmp holds one converted row segment. */
 static void pack_a(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc, int64_t k0,
@@ -138,6 +139,7 @@ static void pack_a(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc
                 panel[k * MR + i] = 0.0f;
     }
 }
+#endif
 
 /* B columns [n0, n0 + nc) x k [k0, k0 + kc) into panels of NR columns (zero past nc). */
 static void pack_b(const bp_tensor *b, const char *bbase, int64_t n0, int64_t nc, int64_t k0,
@@ -156,6 +158,82 @@ static void pack_b(const bp_tensor *b, const char *bbase, int64_t n0, int64_t nc
                 panel[k * NR + j] = 0.0f;
     }
 }
+
+#if defined(__AVX512F__)
+/* 16 rows x 16 columns of floats transposed: out[c][r] = in[r][c] (in: 16 row vectors). */
+BP_CPU_INLINE void transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* Now, per 128-bit lane L: rows 4g..4g+3 at column 4L+j end up in r[4g+j]. */
+    for (int g = 0; g < 4; g++) {
+        const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
+        const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]), t3 = _mm512_castps_pd(t[4 * g + 3]);
+        r[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    /* Finally a 4 x 4 transpose of 128-bit lanes for each j. */
+    for (int j = 0; j < 4; j++) {
+        const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 b = _mm512_shuffle_f32x4(r[j], r[4 + j], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(3, 2, 3, 2));
+        t[0 * 4 + j] = _mm512_shuffle_f32x4(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+        t[1 * 4 + j] = _mm512_shuffle_f32x4(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+        t[2 * 4 + j] = _mm512_shuffle_f32x4(b, d, _MM_SHUFFLE(2, 0, 2, 0));
+        t[3 * 4 + j] = _mm512_shuffle_f32x4(b, d, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    for (int i = 0; i < 16; i++)
+        r[i] = t[i];
+}
+
+/* pack_a with 16 x 16 register transposes: rows are read as vectors along k and written as
+ * vectors along m, instead of one scalar store per element. tmp holds 16 converted rows. */
+static void pack_a_fast(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc, int64_t k0,
+                        int64_t kc, float *restrict out, float *restrict tmp)
+{
+    static const float zeros[KC];
+    const size_t bsz = bp_type_size(a->type);
+    const int64_t blck = bp_type_block_size(a->type);
+    for (int64_t p = 0; p < mc; p += MR) {
+        float *panel = out + p * kc;
+        for (int h = 0; h < MR / 16; h++) {
+            const float *rows[16];
+            for (int i = 0; i < 16; i++) {
+                const int64_t m = p + h * 16 + i;
+                if (m >= mc) {
+                    rows[i] = zeros;
+                    continue;
+                }
+                const char *row = abase + (m0 + m) * (int64_t)a->nb[1];
+                if (a->type == BP_TYPE_F32) {
+                    rows[i] = (const float *)row + k0;
+                } else {
+                    bp_cpu_to_float(a->type, row + k0 / blck * (int64_t)bsz, tmp + i * KC, kc);
+                    rows[i] = tmp + i * KC;
+                }
+            }
+            int64_t k = 0;
+            for (; k + 16 <= kc; k += 16) {
+                __m512 v[16];
+                for (int i = 0; i < 16; i++)
+                    v[i] = _mm512_loadu_ps(rows[i] + k);
+                transpose16(v);
+                for (int c = 0; c < 16; c++)
+                    _mm512_store_ps(panel + (k + c) * MR + h * 16, v[c]);
+            }
+            for (; k < kc; k++)
+                for (int i = 0; i < 16; i++)
+                    panel[k * MR + h * 16 + i] = rows[i][k];
+        }
+    }
+}
+#endif
 
 static int64_t round_up(int64_t x, int64_t m)
 {
@@ -190,7 +268,11 @@ static void gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, cha
 
         for (int64_t mc0 = m_begin; mc0 < m_end; mc0 += MC) {
             const int64_t mc = m_end - mc0 < MC ? m_end - mc0 : MC;
+#if defined(__AVX512F__)
+            pack_a_fast(a, abase, mc0, mc, k0, kc, apack, tmp);
+#else
             pack_a(a, abase, mc0, mc, k0, kc, apack, tmp);
+#endif
             for (int64_t n0 = 0; n0 < N; n0 += NR) {
                 const float *bpanel = bpack + n0 * kc;
                 const int64_t nc = N - n0 < NR ? N - n0 : NR;
@@ -839,7 +921,7 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
     }
 #endif
     if (use_gemm(dst)) {
-        *per_thread = (size_t)(MC * KC + KC + 64) * sizeof(float);
+        *per_thread = (size_t)(MC * KC + 16 * KC + 64) * sizeof(float);
         *shared = (size_t)(round_up(N, NR) * KC) * sizeof(float);
     } else {
         *per_thread = (size_t)(RD * K + 64) * sizeof(float);
@@ -882,7 +964,7 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
             }
 #endif
             if (gemm) {
-                float *apack = tmp + KC + 32;
+                float *apack = tmp + 16 * KC; /* after 16 converted rows; 64-byte aligned */
                 gemm_batch(dst, abase, bbase, cbase, p, p->wshared, apack, tmp);
                 continue;
             }
