@@ -298,175 +298,6 @@ static void gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, cha
     }
 }
 
-static inline float half_to_float(uint16_t h);
-
-/* ---- Quantised weights at large N: an 8-bit integer GEMM (AVX-512 VNNI) -----------------
- * C[m, n] = sum over 32-element blocks of d_a[m] d_b[n] * (q_a[m] . q_b[n]), with B quantised to
- * Q8_0 on the fly. Panels hold, per block, 8 groups of 4 consecutive k: A as one 32-bit word of 4
- * unsigned bytes per row (Q4_0 nibbles as they are, 0..15; Q8_0 bytes + 128), B as one word of 4
- * signed bytes per column. vpdpbusd then adds 4 byte products per lane: 64 multiply-adds per
- * instruction against 16 for an f32 FMA. The offset (8 or 128) times the block's sum of q_b is
- * subtracted before the block's integer sums are scaled into the f32 tile. */
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
-#define HAVE_INT8_GEMM 1
-#define QNR 8 /* columns per integer tile (16 int32 accumulators + A + broadcast fit) */
-#define QBLK 32
-#define QKC 256 /* k per panel: 8 blocks */
-
-struct qpanel_b {    /* one column panel of one K chunk */
-    uint32_t q[QKC / QBLK][QBLK / 4][QNR];
-    float d[QKC / QBLK][QNR];
-    int32_t sum[QKC / QBLK][QNR];
-};
-
-struct qpanel_a {    /* one row panel of one K chunk */
-    uint32_t q[QKC / QBLK][QBLK / 4][MR];
-    float d[QKC / QBLK][MR];
-};
-
-static void qkernel(int nblk, const struct qpanel_a *restrict a, const struct qpanel_b *restrict b,
-                    int32_t offset, float *restrict c, int64_t ldc, int nc, int mr, bool accumulate)
-{
-    float tile[QNR][MR] __attribute__((aligned(64)));
-    for (int j = 0; j < QNR; j++)
-        for (int i = 0; i < MR; i++)
-            tile[j][i] = accumulate && j < nc && i < mr ? c[j * ldc + i] : 0.0f;
-    for (int blk = 0; blk < nblk; blk++) {
-        __m512i acc0[QNR], acc1[QNR];
-        for (int j = 0; j < QNR; j++)
-            acc0[j] = acc1[j] = _mm512_setzero_si512();
-        for (int q = 0; q < QBLK / 4; q++) {
-            const __m512i a0 = _mm512_load_si512((const void *)a->q[blk][q]);
-            const __m512i a1 = _mm512_load_si512((const void *)(a->q[blk][q] + 16));
-#pragma GCC unroll 8
-            for (int j = 0; j < QNR; j++) {
-                const __m512i bj = _mm512_set1_epi32((int)b->q[blk][q][j]);
-                acc0[j] = _mm512_dpbusd_epi32(acc0[j], a0, bj);
-                acc1[j] = _mm512_dpbusd_epi32(acc1[j], a1, bj);
-            }
-        }
-        const __m512 da0 = _mm512_load_ps(a->d[blk]), da1 = _mm512_load_ps(a->d[blk] + 16);
-#pragma GCC unroll 8
-        for (int j = 0; j < QNR; j++) {
-            const __m512i corr = _mm512_set1_epi32(offset * b->sum[blk][j]);
-            const __m512 s = _mm512_set1_ps(b->d[blk][j]);
-            const __m512 f0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc0[j], corr));
-            const __m512 f1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc1[j], corr));
-            _mm512_store_ps(tile[j], _mm512_fmadd_ps(f0, _mm512_mul_ps(da0, s), _mm512_load_ps(tile[j])));
-            _mm512_store_ps(tile[j] + 16,
-                            _mm512_fmadd_ps(f1, _mm512_mul_ps(da1, s), _mm512_load_ps(tile[j] + 16)));
-        }
-    }
-    for (int j = 0; j < nc; j++)
-        memcpy(c + j * ldc, tile[j], (size_t)mr * sizeof(float));
-}
-
-static void pack_qb(const bp_tensor *b, const char *bbase, int64_t n0, int64_t k0, int64_t kc,
-                    struct qpanel_b *panel)
-{
-    struct bp_block_q8_0 blocks[QKC / QBLK];
-    const int nblk = (int)(kc / QBLK);
-    for (int j = 0; j < QNR; j++) {
-        const int64_t n = n0 + j;
-        if (n >= b->ne[1]) {
-            for (int blk = 0; blk < nblk; blk++) {
-                for (int q = 0; q < QBLK / 4; q++)
-                    panel->q[blk][q][j] = 0;
-                panel->d[blk][j] = 0.0f;
-                panel->sum[blk][j] = 0;
-            }
-            continue;
-        }
-        bp_type_get_traits(BP_TYPE_Q8_0)->from_float(
-            (const float *)(bbase + n * (int64_t)b->nb[1]) + k0, blocks, kc);
-        for (int blk = 0; blk < nblk; blk++) {
-            int32_t sum = 0;
-            for (int q = 0; q < QBLK / 4; q++) {
-                uint32_t w;
-                memcpy(&w, blocks[blk].qs + 4 * q, 4);
-                panel->q[blk][q][j] = w;
-            }
-            for (int e = 0; e < QBLK; e++)
-                sum += blocks[blk].qs[e];
-            panel->d[blk][j] = half_to_float(blocks[blk].d);
-            panel->sum[blk][j] = sum;
-        }
-    }
-}
-
-/* Rows [m0, m0 + MR) (fewer at the edge), k chunk [k0, k0 + kc): unsigned bytes per row. */
-static void pack_qa(const bp_tensor *a, const char *abase, int64_t m0, int64_t rows, int64_t k0,
-                    int64_t kc, struct qpanel_a *panel)
-{
-    const int nblk = (int)(kc / QBLK);
-    const int64_t b0 = k0 / QBLK;
-    for (int i = 0; i < MR; i++) {
-        if (i >= rows) {
-            for (int blk = 0; blk < nblk; blk++) {
-                for (int q = 0; q < QBLK / 4; q++)
-                    panel->q[blk][q][i] = 0;
-                panel->d[blk][i] = 0.0f;
-            }
-            continue;
-        }
-        const char *row = abase + (m0 + i) * (int64_t)a->nb[1];
-        for (int blk = 0; blk < nblk; blk++) {
-            uint8_t u[QBLK];
-            if (a->type == BP_TYPE_Q8_0) {
-                const struct bp_block_q8_0 *x = (const struct bp_block_q8_0 *)row + b0 + blk;
-                for (int e = 0; e < QBLK; e++)
-                    u[e] = (uint8_t)(x->qs[e] + 128);
-                panel->d[blk][i] = half_to_float(x->d);
-            } else {
-                const struct bp_block_q4_0 *x = (const struct bp_block_q4_0 *)row + b0 + blk;
-                for (int e = 0; e < QBLK / 2; e++) {
-                    u[e] = x->qs[e] & 0x0f;
-                    u[e + QBLK / 2] = x->qs[e] >> 4;
-                }
-                panel->d[blk][i] = half_to_float(x->d);
-            }
-            for (int q = 0; q < QBLK / 4; q++) {
-                uint32_t w;
-                memcpy(&w, u + 4 * q, 4);
-                panel->q[blk][q][i] = w;
-            }
-        }
-    }
-}
-
-static void qgemm_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
-                        const struct bp_cpu_params *p, struct qpanel_b *bpack,
-                        struct qpanel_a *apanel)
-{
-    const bp_tensor *a = dst->src[0], *b = dst->src[1];
-    const int64_t M = dst->ne[0], N = dst->ne[1], K = a->ne[0];
-    const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
-    const int64_t npanels = (N + QNR - 1) / QNR;
-    const int32_t offset = a->type == BP_TYPE_Q8_0 ? 128 : 8;
-    int64_t pm0, pm1;
-    bp_cpu_split((M + MR - 1) / MR, p->ith, p->nth, &pm0, &pm1);
-
-    for (int64_t k0 = 0; k0 < K; k0 += QKC) {
-        const int64_t kc = K - k0 < QKC ? K - k0 : QKC;
-        int64_t q0, q1;
-        bp_cpu_split(npanels, p->ith, p->nth, &q0, &q1);
-        for (int64_t q = q0; q < q1; q++)
-            pack_qb(b, bbase, q * QNR, k0, kc, &bpack[q]);
-        bp_cpu_pool_barrier(p->pool);
-        for (int64_t pm = pm0; pm < pm1; pm++) {
-            const int64_t m0 = pm * MR, rows = M - m0 < MR ? M - m0 : MR;
-            pack_qa(a, abase, m0, rows, k0, kc, apanel);
-            for (int64_t q = 0; q < npanels; q++) {
-                const int nc = (int)(N - q * QNR < QNR ? N - q * QNR : QNR);
-                qkernel((int)(kc / QBLK), apanel, &bpack[q], offset,
-                        (float *)cbase + m0 + q * QNR * ldc, ldc, nc, (int)rows, k0 > 0);
-            }
-        }
-        bp_cpu_pool_barrier(p->pool);
-    }
-}
-#endif
-
 /* ---- Broadcast path (medium N) ----------------------------------------------------------
  * For 8 <= N <= BCAST_MAX_N, packing A into MR panels costs as much as the product itself. Here
  * B (small) is packed instead, transposed so each k holds BN consecutive columns, and A is read
@@ -745,7 +576,7 @@ static void dot_rows_float(const bp_tensor *a, const char *abase, const bp_tenso
     }
 }
 
-static inline float half_to_float(uint16_t h)
+BP_CPU_INLINE float half_to_float(uint16_t h)
 {
 #if defined(__F16C__)
     return _cvtsh_ss(h);
@@ -913,13 +744,6 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
         return;
     }
 #endif
-#ifdef HAVE_INT8_GEMM
-    if (use_gemm(dst) && quantized(dst->src[0]->type)) {
-        *per_thread = sizeof(struct qpanel_a) + 128;
-        *shared = (size_t)((N + QNR - 1) / QNR) * sizeof(struct qpanel_b);
-        return;
-    }
-#endif
     if (use_gemm(dst)) {
         *per_thread = (size_t)(MC * KC + 16 * KC + 64) * sizeof(float);
         *shared = (size_t)(round_up(N, NR) * KC) * sizeof(float);
@@ -953,13 +777,6 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
 #ifdef HAVE_BCAST
             if (use_bcast(dst)) {
                 bcast_batch(dst, abase, bbase, cbase, p, p->wshared, tmp);
-                continue;
-            }
-#endif
-#ifdef HAVE_INT8_GEMM
-            if (gemm && quantized(a->type)) {
-                qgemm_batch(dst, abase, bbase, cbase, p, p->wshared,
-                            (struct qpanel_a *)((uintptr_t)((char *)tmp + 63) & ~(uintptr_t)63));
                 continue;
             }
 #endif
