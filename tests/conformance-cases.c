@@ -218,7 +218,7 @@ static bp_tensor *b_concat(bp_context *ctx, int v)
 /* ---- Matrix products -------------------------------------------------------------------- */
 
 /* (K, M, N): vectors, odd sizes, every CPU strategy (dot products for N < 16, the broadcast
- * kernel for 16 <= N <= 128, the packed GEMM above), K across several 256-wide blocks. */
+ * kernel for 16 <= N <= 48, the packed GEMM above), K across several 256-wide blocks. */
 static const int64_t mm_shapes[][3] = {
     {32, 1, 1},    {64, 7, 1},     {96, 13, 5},  {64, 17, 9}, {320, 33, 17},
     {544, 45, 64}, {32, 70, 8},    {288, 40, 150}, {64, 3, 129},

@@ -299,7 +299,7 @@ static void gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, cha
 }
 
 /* ---- Broadcast path (medium N) ----------------------------------------------------------
- * For 8 <= N <= BCAST_MAX_N, packing A into MR panels costs as much as the product itself. Here
+ * For 16 <= N <= BCAST_MAX_N, packing A into MR panels costs about as much as the product. Here
  * B (small) is packed instead, transposed so each k holds BN consecutive columns, and A is read
  * in its own row-major layout: per k, BM scalars of A (one from each of BM rows) are broadcast
  * against BN/VW vectors of B. A is converted to f32 in KC-long chunks when it is not f32, and
@@ -323,7 +323,7 @@ typedef __m256 bvf;
 #define HAVE_BCAST 1
 #define BM 12          /* rows of A per block */
 #define BN (2 * BVW)   /* columns of B per chunk: two vectors */
-#define BCAST_MAX_N 128
+#define BCAST_MAX_N 48
 
 /* out[BM][BN] += A rows (chunk of kc, row stride lda floats) x bpanel (kc x BN). */
 static void bcast_kernel(const float *restrict a, int64_t lda, const float *restrict bpanel,
