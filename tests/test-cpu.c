@@ -211,6 +211,103 @@ START_TEST(test_graph_allocator_and_threads_agree)
 }
 END_TEST
 
+START_TEST(test_several_devices)
+{
+    use_cpu_plugin();
+    setenv("BP_CPU_DEVICES", "3", 1);
+    ck_assert_uint_eq(bp_registry_device_count(bp_registry_by_name("CPU")), 3);
+    for (int i = 0; i < 3; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "CPU%d", i);
+        bp_device *d = bp_device_by_name(name);
+        ck_assert_ptr_nonnull(d);
+        ck_assert_ptr_nonnull(strstr(bp_device_description(d), "of 3"));
+    }
+    bp_backend *be = bp_backend_init_by_name("cpu2", NULL);
+    ck_assert_str_eq(bp_backend_name(be), "CPU2");
+    bp_backend_free(be);
+    be = bp_backend_init_by_name("CPU", NULL); /* the registry: its first device */
+    ck_assert_str_eq(bp_backend_name(be), "CPU0");
+    bp_backend_free(be);
+}
+END_TEST
+
+START_TEST(test_bad_device_count)
+{
+    use_cpu_plugin();
+    setenv("BP_CPU_DEVICES", "0", 1);
+    ck_assert_ptr_null(bp_registry_by_name("CPU"));
+    const struct bp_plugin_record *rec = NULL;
+    for (size_t i = 0; i < bp_plugin_report_count(); i++) {
+        const struct bp_plugin_record *r = bp_plugin_report_get(i);
+        if (r->status == BP_PLUGIN_FAILED && strstr(r->message, "BP_CPU_DEVICES"))
+            rec = r;
+    }
+    ck_assert_msg(rec != NULL, "no report record names BP_CPU_DEVICES");
+}
+END_TEST
+
+/* The shared-memory all-reduce against sums computed here, on an odd element count. */
+START_TEST(test_allreduce)
+{
+    use_cpu_plugin();
+    setenv("BP_CPU_DEVICES", "3", 1);
+    bp_registry *reg = bp_registry_by_name("CPU");
+    bp_comm_init_fn init = (bp_comm_init_fn)bp_registry_get_proc_address(reg, "bp_comm_init");
+    bp_comm_allreduce_fn reduce =
+        (bp_comm_allreduce_fn)bp_registry_get_proc_address(reg, "bp_comm_allreduce");
+    bp_comm_free_fn fini = (bp_comm_free_fn)bp_registry_get_proc_address(reg, "bp_comm_free");
+    ck_assert(init && reduce && fini);
+    bp_backend *be[3];
+    for (int i = 0; i < 3; i++)
+        be[i] = bp_device_init_backend(bp_registry_get_device(reg, (size_t)i), "threads=2");
+    bp_comm *comm = init(be, 3);
+    ck_assert_ptr_nonnull(comm);
+
+    enum { N = 1037 };
+    bp_context *ctx = bp_context_new(8);
+    bp_tensor *t[3];
+    for (int i = 0; i < 3; i++)
+        t[i] = bp_new_tensor_2d(ctx, BP_TYPE_F32, 61, 17); /* 1,037 elements */
+    bp_tensor *odd = bp_new_tensor_1d(ctx, BP_TYPE_F32, 5);
+    bp_tensor *half = bp_new_tensor_2d(ctx, BP_TYPE_F16, 61, 17);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_host_buffer_type());
+    static float v[3][N], out[N];
+    for (int i = 0; i < 3; i++) {
+        for (int e = 0; e < N; e++)
+            v[i][e] = (float)((e * (i + 3)) % 101) / 7.0f - (float)i;
+        bp_tensor_set(t[i], v[i], 0, sizeof(v[i]));
+    }
+    ck_assert_int_eq(reduce(comm, t, 3), BP_OK);
+    for (int i = 0; i < 3; i++) {
+        bp_tensor_get(t[i], out, 0, sizeof(out));
+        for (int e = 0; e < N; e++)
+            ck_assert_float_eq(out[e], v[0][e] + v[1][e] + v[2][e]);
+    }
+
+    bp_tensor *mixed[3] = {t[0], odd, t[2]};
+    ck_assert_int_eq(reduce(comm, mixed, 3), BP_ERR_SHAPE);
+    bp_tensor *typed[3] = {t[0], half, t[2]};
+    ck_assert_int_eq(reduce(comm, typed, 3), BP_ERR_TYPE);
+    ck_assert_int_eq(reduce(comm, t, 2), BP_ERR_INVALID_ARG);
+    bp_tensor *transposed[3] = {bp_transpose(ctx, t[0]), bp_transpose(ctx, t[1]),
+                                bp_transpose(ctx, t[2])};
+    for (int i = 0; i < 3; i++)
+        bp_tensor_init_view(transposed[i]);
+    ck_assert_int_eq(reduce(comm, transposed, 3), BP_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "contiguous"));
+    bp_backend *twice[2] = {be[0], NULL};
+    ck_assert_ptr_null(init(twice, 2));
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "not a CPU backend"));
+
+    fini(comm);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+    for (int i = 0; i < 3; i++)
+        bp_backend_free(be[i]);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cpu");
@@ -221,5 +318,8 @@ int main(void)
     BP_TCASE(s, test_set_n_threads, 30);
     BP_TCASE(s, test_events_and_unsupported_graph, 30);
     BP_TCASE(s, test_graph_allocator_and_threads_agree, 60);
+    BP_TCASE(s, test_several_devices, 30);
+    BP_TCASE(s, test_bad_device_count, 30);
+    BP_TCASE(s, test_allreduce, 30);
     return bp_test_run(s);
 }

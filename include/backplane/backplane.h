@@ -8,6 +8,7 @@
 #include <backplane/bp-backend.h>
 #include <backplane/bp-alloc.h>
 #include <backplane/bp-sched.h>
+#include <backplane/bp-comm.h>
 
 #ifdef __cplusplus
 extern "C" {

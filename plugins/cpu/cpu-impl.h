@@ -67,6 +67,17 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
 /* Rows of float from any type (contiguous row of src, n elements), vectorised (cpu-convert.c). */
 void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n);
 
+/* ---- Devices and collectives (cpu-plugin.c, cpu-comm.c) ---------------------------------- */
+
+#include <backplane/bp-comm.h>
+
+/* Whether be is a backend of this plugin's devices. */
+bool bp_cpu_is_own_backend(bp_backend *be);
+struct bp_cpu_pool *bp_cpu_backend_pool(bp_backend *be);
+bp_comm *bp_cpu_comm_init(bp_backend *const *backends, int n);
+enum bp_status bp_cpu_comm_allreduce(bp_comm *comm, bp_tensor *const *tensors, int n);
+void bp_cpu_comm_free(bp_comm *comm);
+
 /* sum_k x[k] * y[k], with the widest vectors this variant may use (cpu-matmul.c). */
 float bp_cpu_dot_f32(const float *x, const float *y, int64_t n);
 /* "x86_64", "avx2", "avx512" or "generic": what this build was compiled for (cpu-plugin.c). */

@@ -31,10 +31,21 @@ struct cpu_backend {
     size_t work_size;
 };
 
+#define BP_CPU_MAX_DEVICES 64
+
+struct cpu_device {
+    char name[16];
+    char description[256];
+    bp_device *dev;
+};
+
+/* BP_CPU_DEVICES=N splits the machine into N devices ("CPU0".."CPU<N-1>"; one device is just
+ * "CPU"), so that multi-device code such as the meta backend runs without GPUs. Each backend has
+ * its own thread pool; by default the cores are shared out evenly. */
 struct cpu_registry {
     bp_registry *reg;
-    bp_device *dev;
-    char description[256];
+    int n_devices;
+    struct cpu_device devices[BP_CPU_MAX_DEVICES];
 };
 
 static struct cpu_registry *the_cpu; /* one per process: the plugin is loaded once */
@@ -54,8 +65,25 @@ static int online_cores(void)
 
 static const char *cpu_backend_name(bp_backend *be)
 {
-    (void)be;
-    return "CPU";
+    const struct cpu_device *d = bp_device_get_context(bp_backend_get_device(be));
+    return d->name;
+}
+
+bool bp_cpu_is_own_backend(bp_backend *be)
+{
+    if (be == NULL || the_cpu == NULL)
+        return false;
+    for (int i = 0; i < the_cpu->n_devices; i++) {
+        if (bp_backend_get_device(be) == the_cpu->devices[i].dev)
+            return true;
+    }
+    return false;
+}
+
+struct bp_cpu_pool *bp_cpu_backend_pool(bp_backend *be)
+{
+    const struct cpu_backend *cb = bp_backend_get_context(be);
+    return cb->pool;
 }
 
 static void cpu_backend_free(bp_backend *be)
@@ -175,7 +203,9 @@ static enum bp_status set_threads(struct cpu_backend *cb, int n)
 /* params: "threads=N" (comma-separated key=value pairs; unknown keys are an error). */
 static bp_backend *cpu_init_backend(bp_device *dev, const char *params)
 {
-    int threads = online_cores();
+    int threads = online_cores() / the_cpu->n_devices;
+    if (threads < 1)
+        threads = 1;
     if (params != NULL && params[0] != '\0') {
         char buf[256];
         snprintf(buf, sizeof(buf), "%s", params);
@@ -218,7 +248,7 @@ static bp_backend *cpu_init_backend(bp_device *dev, const char *params)
 /* Proc address "bp_cpu_set_n_threads": enum bp_status (*)(bp_backend *, int). */
 static enum bp_status cpu_set_n_threads(bp_backend *be, int n)
 {
-    if (be == NULL || the_cpu == NULL || bp_backend_get_device(be) != the_cpu->dev)
+    if (!bp_cpu_is_own_backend(be))
         return bp_set_error(BP_ERR_INVALID_ARG, "bp_cpu_set_n_threads: not a CPU backend");
     return set_threads(bp_backend_get_context(be), n);
 }
@@ -227,14 +257,14 @@ static enum bp_status cpu_set_n_threads(bp_backend *be, int n)
 
 static const char *cpu_dev_name(bp_device *dev)
 {
-    (void)dev;
-    return "CPU";
+    const struct cpu_device *d = bp_device_get_context(dev);
+    return d->name;
 }
 
 static const char *cpu_dev_description(bp_device *dev)
 {
-    (void)dev;
-    return the_cpu->description;
+    const struct cpu_device *d = bp_device_get_context(dev);
+    return d->description;
 }
 
 static void cpu_dev_memory(bp_device *dev, size_t *free_bytes, size_t *total)
@@ -331,14 +361,13 @@ static const char *cpu_reg_name(bp_registry *reg)
 static size_t cpu_reg_count(bp_registry *reg)
 {
     (void)reg;
-    return 1;
+    return (size_t)the_cpu->n_devices;
 }
 
 static bp_device *cpu_reg_device(bp_registry *reg, size_t i)
 {
     (void)reg;
-    (void)i;
-    return the_cpu->dev;
+    return the_cpu->devices[i].dev;
 }
 
 static void *cpu_reg_proc(bp_registry *reg, const char *name)
@@ -346,6 +375,12 @@ static void *cpu_reg_proc(bp_registry *reg, const char *name)
     (void)reg;
     if (strcmp(name, "bp_cpu_set_n_threads") == 0)
         return (void *)cpu_set_n_threads;
+    if (strcmp(name, "bp_comm_init") == 0)
+        return (void *)bp_cpu_comm_init;
+    if (strcmp(name, "bp_comm_allreduce") == 0)
+        return (void *)bp_cpu_comm_allreduce;
+    if (strcmp(name, "bp_comm_free") == 0)
+        return (void *)bp_cpu_comm_free;
     return NULL;
 }
 
@@ -397,10 +432,35 @@ static bp_registry *cpu_plugin_init(void)
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "CPU: out of memory");
         return NULL;
     }
+    int n = 1;
+    const char *env = getenv("BP_CPU_DEVICES");
+    if (env != NULL && env[0] != '\0') {
+        char *end = NULL;
+        long v = strtol(env, &end, 10);
+        if (end == env || *end != '\0' || v < 1 || v > BP_CPU_MAX_DEVICES) {
+            free(c);
+            bp_set_error(BP_ERR_INVALID_ARG, "CPU: BP_CPU_DEVICES='%s' is not a device count in "
+                         "1..%d", env, BP_CPU_MAX_DEVICES);
+            return NULL;
+        }
+        n = (int)v;
+    }
     char model[192];
     read_model_name(model, sizeof(model));
-    snprintf(c->description, sizeof(c->description), "%s (%d cores, %s kernels)", model,
-             online_cores(), bp_cpu_variant_name());
+    c->n_devices = n;
+    for (int i = 0; i < n; i++) {
+        struct cpu_device *d = &c->devices[i];
+        if (n == 1) {
+            snprintf(d->name, sizeof(d->name), "CPU");
+            snprintf(d->description, sizeof(d->description), "%s (%d cores, %s kernels)", model,
+                     online_cores(), bp_cpu_variant_name());
+        } else {
+            snprintf(d->name, sizeof(d->name), "CPU%d", i);
+            snprintf(d->description, sizeof(d->description),
+                     "%s (device %d of %d sharing %d cores, %s kernels)", model, i, n,
+                     online_cores(), bp_cpu_variant_name());
+        }
+    }
     the_cpu = c;
     c->reg = bp_registry_new(&cpu_registry_iface, c);
     if (c->reg == NULL) {
@@ -408,10 +468,12 @@ static bp_registry *cpu_plugin_init(void)
         the_cpu = NULL;
         return NULL;
     }
-    c->dev = bp_device_new(c->reg, &cpu_device_iface, c);
-    if (c->dev == NULL) {
-        bp_registry_free(c->reg); /* frees c through cpu_reg_free */
-        return NULL;
+    for (int i = 0; i < n; i++) {
+        c->devices[i].dev = bp_device_new(c->reg, &cpu_device_iface, &c->devices[i]);
+        if (c->devices[i].dev == NULL) {
+            bp_registry_free(c->reg); /* frees c through cpu_reg_free */
+            return NULL;
+        }
     }
     return c->reg;
 }
