@@ -217,7 +217,7 @@ START_TEST(test_several_devices)
     setenv("BP_CPU_DEVICES", "3", 1);
     ck_assert_uint_eq(bp_registry_device_count(bp_registry_by_name("CPU")), 3);
     for (int i = 0; i < 3; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof(name), "CPU%d", i);
         bp_device *d = bp_device_by_name(name);
         ck_assert_ptr_nonnull(d);
