@@ -513,7 +513,9 @@ START_TEST(test_debug_output)
     unlink(path);
     ck_assert_ptr_nonnull(strstr(buf, "split 0 on"));
     ck_assert_ptr_nonnull(strstr(buf, "its weights are there"));
-    ck_assert_ptr_nonnull(strstr(buf, "graph input (CPU)") ? buf : strstr(buf, "ROPE"));
+    ck_assert_ptr_nonnull(strstr(buf, "expanded from a neighbour (accelerators)"));
+    ck_assert_ptr_nonnull(strstr(buf, "its view source is there"));
+    ck_assert_ptr_nonnull(strstr(buf, "ROPE       CPU")); /* the accelerator cannot rope */
 }
 END_TEST
 
