@@ -1,0 +1,52 @@
+/* bp-meta.h - meta devices: tensor parallelism over other plugins' devices. */
+#ifndef BACKPLANE_BP_META_H
+#define BACKPLANE_BP_META_H
+
+#include <backplane/bp-backend.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BP_META_MAX_DEVICES 16
+
+enum bp_meta_state {
+    BP_META_MIRRORED = 0, /* every device holds all of it */
+    BP_META_SPLIT = 1,    /* device i holds sizes[i] elements of axis `axis` */
+    BP_META_PARTIAL = 2,  /* every device holds a summand; the value is the sum */
+};
+
+struct bp_meta_split {
+    enum bp_meta_state state;
+    int axis;                             /* BP_META_SPLIT: 0..3 */
+    int64_t sizes[BP_META_MAX_DEVICES];   /* BP_META_SPLIT: per device, summing to ne[axis] */
+};
+
+/* Chooses how a weight (a tensor in a buffer with usage BP_BUFFER_USAGE_WEIGHTS) is split over
+ * the n devices: fill *out and return true, or return false for the default policy. */
+typedef bool (*bp_meta_split_fn)(const bp_tensor *weight, int n_devices, struct bp_meta_split *out,
+                                 void *user_data);
+
+/* The "bp_meta_device_new" proc address of the "Meta" registry. The same devices (in the same
+ * order) give the same meta device. Owned by the meta plugin. */
+typedef bp_device *(*bp_meta_device_new_fn)(bp_device *const *devices, int n,
+                                            bp_meta_split_fn split, void *user_data);
+
+/* Helper: resolves the proc address and calls it. NULL with an error when the meta plugin is
+ * not loaded. */
+static inline bp_device *bp_meta_device_new(bp_device *const *devices, int n,
+                                            bp_meta_split_fn split, void *user_data)
+{
+    bp_registry *reg = bp_registry_by_name("Meta");
+    if (reg == NULL)
+        return NULL;
+    bp_meta_device_new_fn fn =
+        (bp_meta_device_new_fn)bp_registry_get_proc_address(reg, "bp_meta_device_new");
+    return fn ? fn(devices, n, split, user_data) : NULL;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

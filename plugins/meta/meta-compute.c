@@ -1,0 +1,667 @@
+/* meta-compute.c - split states, their propagation through the graph, and running each part's
+ * share of it.
+ *
+ * Every tensor of the graph has a state: MIRRORED (each part holds all of it), SPLIT on an axis
+ * with a size per part, or PARTIAL (each part holds a summand). Walking the nodes in order, a rule
+ * per op picks the states it wants its sources in and the state of its result (docs/meta.md has
+ * the table); a source in another state is converted first: a MIRRORED tensor is sliced for free
+ * (its data is already on every part), a SPLIT one is gathered, a PARTIAL one all-reduced. Every
+ * part gets a "shadow" of each node - the same op on its slice of memory - queued on that part's
+ * backend. Gathers and all-reduces need finished data, so they first run what is queued.
+ * Anything a rule does not cover runs MIRRORED: every part computes it in full, which is always
+ * correct. */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "meta-impl.h"
+
+struct record {
+    const bp_tensor *t;
+    struct bp_meta_split s;
+    bp_tensor *sh[BP_META_MAX_DEVICES];
+};
+
+struct run {
+    struct meta_backend *mb;
+    struct meta_dev *md;
+    int n;
+    bp_context *ctx;
+    struct record *recs;
+    size_t recs_size;
+    bp_tensor **pending[BP_META_MAX_DEVICES];
+    int n_pending[BP_META_MAX_DEVICES];
+    int cap_pending;
+};
+
+static const struct bp_meta_split MIRROR = {.state = BP_META_MIRRORED};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static bool same_state(const struct bp_meta_split *a, const struct bp_meta_split *b, int n)
+{
+    if (a->state != b->state)
+        return false;
+    if (a->state != BP_META_SPLIT)
+        return true;
+    if (a->axis != b->axis)
+        return false;
+    for (int p = 0; p < n; p++) {
+        if (a->sizes[p] != b->sizes[p])
+            return false;
+    }
+    return true;
+}
+
+static int64_t start_of(const struct bp_meta_split *s, int p)
+{
+    int64_t o = 0;
+    for (int q = 0; q < p; q++)
+        o += s->sizes[q];
+    return o;
+}
+
+/* An even split of ne over n parts in units of the largest power of two <= 64 that still gives
+ * every part a unit (keeps attention heads whole for the usual head sizes); whole blocks for a
+ * quantised row axis. */
+static struct bp_meta_split even_split(const bp_tensor *t, int axis, int n)
+{
+    struct bp_meta_split s = {.state = BP_META_SPLIT, .axis = axis};
+    const int64_t ne = t->ne[axis];
+    int64_t g = 64;
+    while (g > 1 && (ne % g != 0 || ne / g < n))
+        g /= 2;
+    if (axis == 0 && bp_type_block_size(t->type) > 1)
+        g = g < 32 ? 32 : g;
+    const int64_t units = ne / g, rest = ne - units * g;
+    for (int p = 0; p < n; p++)
+        s.sizes[p] = (units / n + (p < units % n ? 1 : 0)) * g;
+    s.sizes[n - 1] += rest;
+    return s;
+}
+
+/* ---- Records and shadows ---------------------------------------------------------------- */
+
+static struct record *rec_of(struct run *r, const bp_tensor *t)
+{
+    size_t i = (size_t)(((uintptr_t)t >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (r->recs_size - 1);
+    while (r->recs[i].t != NULL && r->recs[i].t != t)
+        i = (i + 1) & (r->recs_size - 1);
+    if (r->recs[i].t == NULL) {
+        r->recs[i].t = t;
+        r->recs[i].s = *meta_state_get(r->md, t); /* what the last computation left */
+    }
+    return &r->recs[i];
+}
+
+/* t as part p sees it in state s: a tensor on the part's memory, sliced when s is SPLIT. */
+static bp_tensor *shadow(struct run *r, const bp_tensor *t, const struct bp_meta_split *s, int p)
+{
+    int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+    size_t offs = 0;
+    if (s->state == BP_META_SPLIT) {
+        ne[s->axis] = s->sizes[p];
+        int64_t start = start_of(s, p);
+        offs = (size_t)(start / bp_type_block_size(t->type)) * t->nb[s->axis];
+        if (s->axis != 0)
+            offs = (size_t)start * t->nb[s->axis];
+    }
+    bp_tensor *sh = bp_new_tensor_4d(r->ctx, t->type, ne[0], ne[1], ne[2], ne[3]);
+    if (sh == NULL)
+        return NULL;
+    memcpy(sh->nb, t->nb, sizeof(sh->nb));
+    memcpy(sh->op_params, t->op_params, sizeof(sh->op_params));
+    memcpy(sh->name, t->name, sizeof(sh->name));
+    sh->buffer = meta_part_buffer(t, p);
+    sh->data = (char *)meta_part_address(t, p) + offs;
+    return sh;
+}
+
+static bool make_shadows(struct run *r, const bp_tensor *t, const struct bp_meta_split *s,
+                         bp_tensor **out)
+{
+    for (int p = 0; p < r->n; p++) {
+        out[p] = shadow(r, t, s, p);
+        if (out[p] == NULL)
+            return false;
+    }
+    return true;
+}
+
+/* ---- Running what is queued -------------------------------------------------------------- */
+
+static enum bp_status flush(struct run *r)
+{
+    bp_graph *graphs[BP_META_MAX_DEVICES] = {0};
+    enum bp_status st = BP_OK;
+    for (int p = 0; p < r->n && st == BP_OK; p++) {
+        if (r->n_pending[p] == 0)
+            continue;
+        graphs[p] = bp_graph_new((size_t)r->n_pending[p] * (BP_MAX_SRC + 2) + 16);
+        if (graphs[p] == NULL)
+            st = bp_last_status();
+        for (int i = 0; st == BP_OK && i < r->n_pending[p]; i++)
+            st = bp_graph_build_forward(graphs[p], r->pending[p][i]);
+        if (st == BP_OK)
+            st = bp_backend_graph_compute_async(r->mb->parts[p], graphs[p]);
+    }
+    for (int p = 0; p < r->n; p++) {
+        enum bp_status s2 = bp_backend_synchronize(r->mb->parts[p]);
+        if (st == BP_OK)
+            st = s2;
+        bp_graph_free(graphs[p]);
+        /* Done: from now on these are plain data to later graphs, not work. */
+        for (int i = 0; i < r->n_pending[p]; i++) {
+            bp_tensor *sh = r->pending[p][i];
+            sh->op = BP_OP_NONE;
+            memset(sh->src, 0, sizeof(sh->src));
+        }
+        r->n_pending[p] = 0;
+    }
+    return st;
+}
+
+static bool queue(struct run *r, int p, bp_tensor *sh)
+{
+    if (r->n_pending[p] == r->cap_pending) {
+        int cap = r->cap_pending ? 2 * r->cap_pending : 256;
+        for (int q = 0; q < r->n; q++) {
+            bp_tensor **g = realloc(r->pending[q], (size_t)cap * sizeof(*g));
+            if (g == NULL)
+                return false;
+            r->pending[q] = g;
+        }
+        r->cap_pending = cap;
+    }
+    r->pending[p][r->n_pending[p]++] = sh;
+    return true;
+}
+
+/* ---- Conversions ------------------------------------------------------------------------- */
+
+/* Copies src's elements into dst (same shape and strides, other memory), row by row. */
+static enum bp_status copy_rows(const bp_tensor *src, bp_tensor *dst, char *tmp)
+{
+    if (bp_nelements(src) == 0)
+        return BP_OK;
+    const size_t esz = bp_type_size(src->type);
+    const bool rows = src->nb[0] == esz;
+    const size_t seg = rows ? bp_row_size(src->type, src->ne[0]) : esz;
+    for (int64_t i3 = 0; i3 < src->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < src->ne[2]; i2++)
+            for (int64_t i1 = 0; i1 < src->ne[1]; i1++)
+                for (int64_t i0 = 0; i0 < (rows ? 1 : src->ne[0]); i0++) {
+                    size_t off = (size_t)i0 * src->nb[0] + (size_t)i1 * src->nb[1] +
+                                 (size_t)i2 * src->nb[2] + (size_t)i3 * src->nb[3];
+                    enum bp_status st = bp_tensor_get(src, tmp, off, seg);
+                    if (st == BP_OK)
+                        st = bp_tensor_set(dst, tmp, off, seg);
+                    if (st != BP_OK)
+                        return st;
+                }
+    return BP_OK;
+}
+
+/* SPLIT -> MIRRORED: every part receives every other part's slice. */
+static enum bp_status gather(struct run *r, const bp_tensor *t, const struct bp_meta_split *s)
+{
+    char *tmp = malloc(bp_row_size(t->type, t->ne[0]) + 64);
+    if (tmp == NULL)
+        return bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", r->md->name);
+    enum bp_status st = BP_OK;
+    for (int q = 0; q < r->n && st == BP_OK; q++) {
+        if (s->sizes[q] == 0)
+            continue;
+        bp_tensor *from = shadow(r, t, s, q);
+        for (int p = 0; p < r->n && st == BP_OK && from; p++) {
+            if (p == q)
+                continue;
+            bp_tensor to = *from; /* part q's slice, placed in part p's memory */
+            to.buffer = meta_part_buffer(t, p);
+            to.data = (char *)meta_part_address(t, p) +
+                      ((char *)from->data - (char *)meta_part_address(t, q));
+            st = copy_rows(from, &to, tmp);
+        }
+        if (from == NULL)
+            st = bp_last_status();
+    }
+    free(tmp);
+    return st;
+}
+
+/* PARTIAL -> MIRRORED: the parts' summands are added up on every part. */
+static enum bp_status allreduce(struct run *r, const bp_tensor *t)
+{
+    const double t0 = now();
+    enum bp_status st = BP_OK;
+    bp_tensor *full[BP_META_MAX_DEVICES];
+    if (!make_shadows(r, t, &MIRROR, full))
+        return bp_last_status();
+    if (r->mb->comm != NULL && t->type == BP_TYPE_F32 && bp_is_contiguous(t)) {
+        st = r->mb->allreduce(r->mb->comm, full, r->n);
+    } else if (t->type != BP_TYPE_F32) {
+        st = bp_set_error(BP_ERR_TYPE, "%s: cannot add up partial sums of %s tensor '%s'",
+                          r->md->name, bp_type_name(t->type), t->name);
+    } else {
+        /* No collectives: stage through the host (copies out, one sum, copies back). */
+        const size_t bytes = bp_nbytes(t);
+        const int64_t count = (int64_t)(bytes / sizeof(float));
+        float *sum = calloc((size_t)count + 1, sizeof(float));
+        float *part = malloc(bytes + 4);
+        for (int p = 0; p < r->n && st == BP_OK && sum && part; p++) {
+            st = bp_tensor_get(full[p], part, 0, bytes);
+            for (int64_t i = 0; i < count && st == BP_OK; i++)
+                sum[i] += part[i];
+        }
+        if (sum == NULL || part == NULL)
+            st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", r->md->name);
+        for (int p = 0; p < r->n && st == BP_OK; p++)
+            st = bp_tensor_set(full[p], sum, 0, bytes);
+        free(sum);
+        free(part);
+    }
+    r->mb->reduce_seconds += now() - t0;
+    r->mb->n_reduces++;
+    return st;
+}
+
+/* The shadows of t in state want (converting t's data first when needed). */
+static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_meta_split *want,
+                           bp_tensor **out)
+{
+    struct record *rec = rec_of(r, t);
+    if (same_state(&rec->s, want, r->n) && rec->sh[0] != NULL) {
+        memcpy(out, rec->sh, (size_t)r->n * sizeof(*out));
+        return BP_OK;
+    }
+    if (!same_state(&rec->s, want, r->n) && rec->s.state != BP_META_MIRRORED) {
+        /* Bring it to MIRRORED: that needs t's finished data. */
+        enum bp_status st = flush(r);
+        if (st == BP_OK)
+            st = rec->s.state == BP_META_SPLIT ? gather(r, t, &rec->s) : allreduce(r, t);
+        if (st != BP_OK)
+            return st;
+        rec->s = MIRROR;
+        if (!make_shadows(r, t, &MIRROR, rec->sh))
+            return bp_last_status();
+    }
+    if (same_state(&rec->s, want, r->n)) {
+        if (rec->sh[0] == NULL && !make_shadows(r, t, want, rec->sh))
+            return bp_last_status();
+        memcpy(out, rec->sh, (size_t)r->n * sizeof(*out));
+        return BP_OK;
+    }
+    /* MIRRORED data sliced as wanted: free, the data is on every part. */
+    return make_shadows(r, t, want, out) ? BP_OK : bp_last_status();
+}
+
+/* ---- Rules ------------------------------------------------------------------------------- */
+
+static bool is_weight(const bp_tensor *t)
+{
+    const bp_tensor *owner = t->view_src ? t->view_src : t;
+    return owner->buffer != NULL && bp_buffer_get_usage(owner->buffer) == BP_BUFFER_USAGE_WEIGHTS;
+}
+
+static struct bp_meta_split split_on(const struct bp_meta_split *like, int axis)
+{
+    struct bp_meta_split s = *like;
+    s.state = BP_META_SPLIT;
+    s.axis = axis;
+    return s;
+}
+
+/* Where a split on axis a of `from` (logical shape) lands in `to` when the same elements are
+ * laid out in to's shape, or -1 when it would cut through an axis. */
+static int map_reshape(const bp_tensor *from, const bp_tensor *to, const struct bp_meta_split *s,
+                       int n, struct bp_meta_split *out)
+{
+    int64_t inner = 1;
+    for (int i = 0; i < s->axis; i++)
+        inner *= from->ne[i];
+    const int64_t span = inner * from->ne[s->axis];
+    int64_t tin = 1;
+    for (int b = 0; b < 4; b++) {
+        const int64_t tspan = tin * to->ne[b];
+        if (tspan == span && to->ne[b] > 0) {
+            /* Axis b ends where the split axis ends; sizes scale by inner / tin. */
+            struct bp_meta_split m = split_on(s, b);
+            for (int p = 0; p < n; p++) {
+                const int64_t elems = s->sizes[p] * inner;
+                if (elems % tin != 0)
+                    return -1; /* a slice would cut through axis b - 1 (half a head) */
+                m.sizes[p] = elems / tin;
+            }
+            *out = m;
+            return b;
+        }
+        tin = tspan;
+    }
+    return -1;
+}
+
+/* Decides the states of node's sources and result. want[k] for each source. */
+static void decide(struct run *r, const bp_tensor *node, struct bp_meta_split want[BP_MAX_SRC],
+                   struct bp_meta_split *out)
+{
+    const int n = r->n;
+    const bp_tensor *a = node->src[0], *b = node->src[1];
+    struct bp_meta_split sa = a ? rec_of(r, a)->s : MIRROR, sb = b ? rec_of(r, b)->s : MIRROR;
+    for (int k = 0; k < BP_MAX_SRC; k++)
+        want[k] = MIRROR;
+    *out = MIRROR;
+
+    switch (node->op) {
+    case BP_OP_PERMUTE:
+    case BP_OP_TRANSPOSE:
+        want[0] = sa;
+        *out = sa;
+        if (sa.state == BP_META_SPLIT)
+            out->axis = node->op == BP_OP_TRANSPOSE ? (sa.axis < 2 ? 1 - sa.axis : sa.axis)
+                                                    : bp_get_op_param_i32(node, sa.axis);
+        return;
+    case BP_OP_RESHAPE:
+    case BP_OP_CONT:
+    case BP_OP_DUP:
+        if (sa.state != BP_META_SPLIT) {
+            want[0] = sa;
+            *out = sa;
+        } else if (bp_are_same_shape(a, node)) {
+            want[0] = sa;
+            *out = sa;
+        } else if (map_reshape(a, node, &sa, n, out) >= 0) {
+            want[0] = sa;
+        }
+        return;
+    case BP_OP_SCALE:
+        want[0] = sa;
+        *out = sa;
+        return;
+    case BP_OP_UNARY:
+    case BP_OP_RMS_NORM:
+    case BP_OP_NORM:
+        if (sa.state == BP_META_SPLIT && (node->op == BP_OP_UNARY || sa.axis >= 1)) {
+            want[0] = sa;
+            *out = sa;
+        }
+        return;
+    case BP_OP_SOFT_MAX:
+        if (sa.state == BP_META_SPLIT && sa.axis >= 2 &&
+            (b == NULL || (b->ne[2] == 1 && b->ne[3] == 1))) {
+            want[0] = sa;
+            *out = sa;
+        }
+        return;
+    case BP_OP_ROPE:
+        if (sa.state == BP_META_SPLIT && (sa.axis == 1 || sa.axis == 3)) {
+            want[0] = sa;
+            *out = sa;
+        }
+        return;
+    case BP_OP_ADD:
+    case BP_OP_SUB:
+    case BP_OP_MUL:
+    case BP_OP_DIV:
+    case BP_OP_GLU:
+        if (node->op == BP_OP_GLU && b == NULL) {
+            if (sa.state == BP_META_SPLIT && sa.axis >= 1) {
+                want[0] = sa;
+                *out = sa;
+            }
+            return;
+        }
+        if (sa.state == BP_META_PARTIAL && sb.state == BP_META_PARTIAL &&
+            (node->op == BP_OP_ADD || node->op == BP_OP_SUB) && bp_are_same_shape(a, b)) {
+            want[0] = sa;
+            want[1] = sb;
+            *out = sa;
+            return;
+        }
+        if (sa.state == BP_META_SPLIT) {
+            const int ax = sa.axis;
+            if (same_state(&sa, &sb, n)) {
+                want[0] = want[1] = sa;
+                *out = sa;
+            } else if (b->ne[ax] == 1) {
+                want[0] = sa;
+                *out = sa;
+            } else if (b->ne[ax] == a->ne[ax]) {
+                want[0] = want[1] = sa;
+                *out = sa;
+            }
+            return;
+        }
+        if (sb.state == BP_META_SPLIT && a->ne[sb.axis] == b->ne[sb.axis]) {
+            want[0] = want[1] = sb;
+            *out = sb;
+        }
+        return;
+    case BP_OP_MUL_MAT: {
+        /* A weight that is MIRRORED in memory can be taken in any split: ask the user's policy,
+         * else pick from how the activations arrive (Megatron: column-parallel when they are
+         * whole, row-parallel when they come split along K). */
+        const bool w = is_weight(a) && a->ne[2] == 1 && a->ne[3] == 1;
+        if (w && sa.state == BP_META_MIRRORED && r->md->split_fn != NULL) {
+            struct bp_meta_split u;
+            if (r->md->split_fn(a, n, &u, r->md->split_user) && u.state == BP_META_SPLIT)
+                sa = u;
+        }
+        if (sa.state == BP_META_SPLIT && sa.axis == 1 && sb.state != BP_META_PARTIAL) {
+            want[0] = sa;
+            *out = split_on(&sa, 0);
+            return;
+        }
+        if (sb.state == BP_META_SPLIT && sb.axis == 0 && w &&
+            (sa.state == BP_META_MIRRORED || same_state(&sa, &sb, n))) {
+            bool blocks = true;
+            for (int p = 0; p < n; p++)
+                blocks &= sb.sizes[p] % bp_type_block_size(a->type) == 0;
+            if (blocks) {
+                want[0] = want[1] = sb;
+                *out = (struct bp_meta_split){.state = BP_META_PARTIAL};
+                return;
+            }
+        }
+        if (sa.state == BP_META_SPLIT && sa.axis == 0 && same_state(&sa, &sb, n)) {
+            want[0] = want[1] = sa;
+            *out = (struct bp_meta_split){.state = BP_META_PARTIAL};
+            return;
+        }
+        for (int ax = 2; ax <= 3; ax++) {
+            if (a->ne[ax] != b->ne[ax])
+                continue;
+            if (sb.state == BP_META_SPLIT && sb.axis == ax &&
+                (sa.state == BP_META_MIRRORED || same_state(&sa, &sb, n))) {
+                want[0] = want[1] = sb;
+                *out = sb;
+                return;
+            }
+            if (sa.state == BP_META_SPLIT && sa.axis == ax && sb.state == BP_META_MIRRORED) {
+                want[0] = want[1] = sa;
+                *out = sa;
+                return;
+            }
+        }
+        if (sb.state == BP_META_SPLIT && sb.axis == 1) {
+            want[1] = sb;
+            *out = sb;
+            return;
+        }
+        if (w && sa.state == BP_META_MIRRORED && sb.state != BP_META_PARTIAL) {
+            want[0] = even_split(a, 1, n);
+            *out = split_on(&want[0], 0);
+        }
+        return;
+    }
+    default:
+        return; /* MIRRORED: every part computes it in full */
+    }
+}
+
+/* ---- The graph --------------------------------------------------------------------------- */
+
+/* A CONT/DUP that changes the shape of a split source writes a slice of its contiguous result
+ * that is not a box in the result's own shape (heads [h0, h1) of [head_dim, n_head, T] are a
+ * strided set of columns of [n_embd, T]). Backends copy that as a same-shape copy instead: the
+ * destination is the result's memory seen in the source's shape, sliced like the source. */
+static bool reshaping_copy(const bp_tensor *node, const struct bp_meta_split *in,
+                           const struct bp_meta_split *out)
+{
+    return (node->op == BP_OP_CONT || node->op == BP_OP_DUP) && in->state == BP_META_SPLIT &&
+           out->state == BP_META_SPLIT && !bp_are_same_shape(node->src[0], node) &&
+           bp_is_contiguous(node) && bp_type_block_size(node->type) == 1 &&
+           node->type == node->src[0]->type;
+}
+
+static bp_tensor *regroup_target(struct run *r, const bp_tensor *node,
+                                 const struct bp_meta_split *in, const bp_tensor *src_part, int p)
+{
+    const bp_tensor *a = node->src[0];
+    bp_tensor *t = bp_new_tensor_4d(r->ctx, node->type, src_part->ne[0], src_part->ne[1],
+                                    src_part->ne[2], src_part->ne[3]);
+    if (t == NULL)
+        return NULL;
+    size_t nb[4];
+    nb[0] = bp_type_size(node->type);
+    for (int d = 1; d < 4; d++)
+        nb[d] = nb[d - 1] * (size_t)a->ne[d - 1];
+    memcpy(t->nb, nb, sizeof(nb));
+    memcpy(t->name, node->name, sizeof(t->name));
+    t->buffer = meta_part_buffer(node, p);
+    t->data = (char *)meta_part_address(node, p) + (size_t)start_of(in, p) * nb[in->axis];
+    return t;
+}
+
+enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g)
+{
+    struct run r = {.mb = mb, .md = mb->md, .n = mb->md->n};
+    const int nn = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    enum bp_status st = BP_OK;
+    for (int i = 0; i < nn; i++) {
+        const bp_tensor *t = bp_graph_node(g, i);
+        if (t->buffer == NULL || bp_buffer_get_type(t->buffer) != mb->md->buft)
+            return bp_set_error(BP_ERR_INVALID_ARG, "%s: node '%s' (%s) is not in one of its "
+                                "buffers", mb->md->name, t->name, bp_op_name(t->op));
+    }
+    r.recs_size = 64;
+    while (r.recs_size < 4 * (size_t)(nn + nl + 1))
+        r.recs_size <<= 1;
+    r.recs = calloc(r.recs_size, sizeof(*r.recs));
+    r.ctx = bp_context_new((size_t)(nn + nl + 8) * (size_t)r.n * (BP_MAX_SRC + 3) + 64);
+    if (r.recs == NULL || r.ctx == NULL) {
+        st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
+        goto done;
+    }
+    for (int i = 0; i < nn && st == BP_OK; i++) {
+        bp_tensor *node = bp_graph_node(g, i);
+        struct bp_meta_split want[BP_MAX_SRC], out;
+        decide(&r, node, want, &out);
+        bp_tensor *srcs[BP_MAX_SRC][BP_META_MAX_DEVICES] = {{0}};
+        for (int k = 0; k < BP_MAX_SRC && st == BP_OK; k++) {
+            if (node->src[k] != NULL)
+                st = need(&r, node->src[k], &want[k], srcs[k]);
+        }
+        if (st != BP_OK)
+            break;
+        struct record *rec = rec_of(&r, node);
+        rec->s = out;
+        if (!make_shadows(&r, node, &out, rec->sh)) {
+            st = bp_last_status();
+            break;
+        }
+        if (bp_op_is_view(node->op))
+            continue; /* a view computes nothing: its shadows already point at its data */
+        const bool regroup = reshaping_copy(node, &want[0], &out);
+        for (int p = 0; p < r.n; p++) {
+            bp_tensor *sh = regroup ? regroup_target(&r, node, &want[0], srcs[0][p], p) : rec->sh[p];
+            if (sh == NULL) {
+                st = bp_last_status();
+                break;
+            }
+            sh->op = node->op;
+            for (int k = 0; k < BP_MAX_SRC; k++)
+                sh->src[k] = srcs[k][p];
+            if (!queue(&r, p, sh)) {
+                st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
+                break;
+            }
+        }
+    }
+    if (st == BP_OK)
+        st = flush(&r);
+    /* Remember what each tensor holds, so reads gather, sum or pick accordingly. */
+    for (size_t i = 0; st == BP_OK && i < r.recs_size; i++) {
+        if (r.recs[i].t != NULL && !meta_state_set(mb->md, r.recs[i].t, &r.recs[i].s))
+            st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
+    }
+done:
+    for (int p = 0; p < r.n; p++)
+        free(r.pending[p]);
+    bp_context_free(r.ctx);
+    free(r.recs);
+    return st;
+}
+
+/* ---- Reading ----------------------------------------------------------------------------- */
+
+enum bp_status meta_read(struct meta_dev *md, const bp_tensor *t, void *data, size_t offset,
+                         size_t size)
+{
+    const struct bp_meta_split *s = meta_state_get(md, t);
+    const size_t bytes = bp_nbytes(t);
+    char *full = malloc(bytes + 64), *tmp = malloc(bytes + 64);
+    enum bp_status st = BP_OK;
+    if (full == NULL || tmp == NULL) {
+        st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory reading '%s'", md->name,
+                          t->name);
+        goto done;
+    }
+    struct run r = {.md = md, .n = md->n};
+    r.ctx = bp_context_new((size_t)md->n + 4);
+    if (r.ctx == NULL) {
+        st = bp_last_status();
+        goto done;
+    }
+    if (s->state == BP_META_SPLIT) {
+        /* Every part's slice, in place, in one host copy of the whole tensor. */
+        bp_tensor host = *t;
+        host.view_src = NULL;
+        host.buffer = bp_buffer_from_host_ptr(full, bytes);
+        host.data = full;
+        for (int p = 0; p < md->n && st == BP_OK; p++) {
+            if (s->sizes[p] == 0)
+                continue;
+            bp_tensor *from = shadow(&r, t, s, p);
+            bp_tensor to = *from;
+            to.buffer = host.buffer;
+            to.data = full + ((char *)from->data - (char *)meta_part_address(t, p));
+            st = copy_rows(from, &to, tmp);
+        }
+        bp_buffer_free(host.buffer);
+    } else {
+        bp_tensor *p0 = shadow(&r, t, &MIRROR, 0);
+        st = p0 ? bp_tensor_get(p0, full, 0, bytes) : bp_last_status();
+        if (s->state == BP_META_PARTIAL && t->type == BP_TYPE_F32) {
+            for (int p = 1; p < md->n && st == BP_OK; p++) {
+                bp_tensor *pp = shadow(&r, t, &MIRROR, p);
+                st = pp ? bp_tensor_get(pp, tmp, 0, bytes) : bp_last_status();
+                for (size_t i = 0; st == BP_OK && i < bytes / sizeof(float); i++)
+                    ((float *)full)[i] += ((float *)tmp)[i];
+            }
+        }
+    }
+    if (st == BP_OK)
+        memcpy(data, full + offset, size);
+    bp_context_free(r.ctx);
+done:
+    free(full);
+    free(tmp);
+    return st;
+}

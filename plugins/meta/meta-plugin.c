@@ -1,0 +1,541 @@
+/* meta-plugin.c - the meta plugin's objects: registry "Meta", meta devices over other plugins'
+ * devices, their buffer type, buffers and backends.
+ *
+ * A meta buffer is one buffer per part device, all of the full size, with identical layouts: a
+ * tensor at offset o of the meta buffer lives at offset o of every part. Writing a tensor writes
+ * the full data to every part, so any later split of it is just a different view of memory that
+ * is already there (this costs memory: each part holds every tensor in full, see docs/meta.md).
+ * Reading a tensor gathers it according to the state its last computation left it in. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "meta-impl.h"
+
+#define MAX_META_DEVICES 32
+
+static struct {
+    bp_registry *reg;
+    struct meta_dev *devs[MAX_META_DEVICES];
+    int n;
+} meta;
+
+/* ---- State table ------------------------------------------------------------------------- */
+
+static struct meta_entry *find_slot(struct meta_entry *tab, size_t size, const bp_tensor *t)
+{
+    size_t i = (size_t)(((uintptr_t)t >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (size - 1);
+    while (tab[i].t != NULL && tab[i].t != t)
+        i = (i + 1) & (size - 1);
+    return &tab[i];
+}
+
+const struct bp_meta_split *meta_state_get(struct meta_dev *md, const bp_tensor *t)
+{
+    static const struct bp_meta_split mirrored = {.state = BP_META_MIRRORED};
+    if (md->states_size == 0)
+        return &mirrored;
+    const struct meta_entry *e = find_slot(md->states, md->states_size, t);
+    return e->t == t ? &e->s : &mirrored;
+}
+
+bool meta_state_set(struct meta_dev *md, const bp_tensor *t, const struct bp_meta_split *s)
+{
+    if (2 * (md->states_used + 1) > md->states_size) {
+        size_t size = md->states_size ? 2 * md->states_size : 1024;
+        struct meta_entry *tab = calloc(size, sizeof(*tab));
+        if (tab == NULL)
+            return false;
+        for (size_t i = 0; i < md->states_size; i++) {
+            if (md->states[i].t != NULL)
+                *find_slot(tab, size, md->states[i].t) = md->states[i];
+        }
+        free(md->states);
+        md->states = tab;
+        md->states_size = size;
+    }
+    struct meta_entry *e = find_slot(md->states, md->states_size, t);
+    if (e->t == NULL) {
+        e->t = t;
+        md->states_used++;
+    }
+    e->s = *s;
+    return true;
+}
+
+/* ---- Buffers ----------------------------------------------------------------------------- */
+
+void *meta_part_address(const bp_tensor *t, int part)
+{
+    const struct meta_buf *mb = bp_buffer_get_context(t->buffer);
+    const char *base0 = bp_buffer_get_base(mb->parts[0]);
+    return (char *)bp_buffer_get_base(mb->parts[part]) + ((const char *)t->data - base0);
+}
+
+bp_buffer *meta_part_buffer(const bp_tensor *t, int part)
+{
+    const struct meta_buf *mb = bp_buffer_get_context(t->buffer);
+    return mb->parts[part];
+}
+
+/* t as it lives in part p: same shape and strides, the part's memory. */
+static bp_tensor part_view(const bp_tensor *t, int p)
+{
+    bp_tensor v = *t;
+    v.view_src = NULL;
+    v.view_offs = 0;
+    v.buffer = meta_part_buffer(t, p);
+    v.data = meta_part_address(t, p);
+    return v;
+}
+
+static void *mbuf_base(bp_buffer *buf)
+{
+    struct meta_buf *mb = bp_buffer_get_context(buf);
+    return bp_buffer_get_base(mb->parts[0]);
+}
+
+static void mbuf_free(bp_buffer *buf)
+{
+    struct meta_buf *mb = bp_buffer_get_context(buf);
+    for (int p = 0; p < mb->md->n; p++)
+        bp_buffer_free(mb->parts[p]);
+    free(mb);
+}
+
+static enum bp_status mbuf_memset(bp_buffer *buf, bp_tensor *t, uint8_t v, size_t off, size_t n)
+{
+    struct meta_buf *mb = bp_buffer_get_context(buf);
+    for (int p = 0; p < mb->md->n; p++) {
+        bp_tensor pv = part_view(t, p);
+        enum bp_status st = bp_tensor_memset(&pv, v, off, n);
+        if (st != BP_OK)
+            return st;
+    }
+    static const struct bp_meta_split mirrored = {.state = BP_META_MIRRORED};
+    return meta_state_set(mb->md, t, &mirrored) ? BP_OK : BP_ERR_OUT_OF_MEMORY;
+}
+
+/* Every part gets the full data: whatever split the tensor is given later is already there. */
+static enum bp_status mbuf_set(bp_buffer *buf, bp_tensor *t, const void *d, size_t off, size_t n)
+{
+    struct meta_buf *mb = bp_buffer_get_context(buf);
+    for (int p = 0; p < mb->md->n; p++) {
+        bp_tensor pv = part_view(t, p);
+        enum bp_status st = bp_tensor_set(&pv, d, off, n);
+        if (st != BP_OK)
+            return st;
+    }
+    static const struct bp_meta_split mirrored = {.state = BP_META_MIRRORED};
+    return meta_state_set(mb->md, t, &mirrored) ? BP_OK : BP_ERR_OUT_OF_MEMORY;
+}
+
+static enum bp_status mbuf_get(bp_buffer *buf, const bp_tensor *t, void *d, size_t off, size_t n)
+{
+    struct meta_buf *mb = bp_buffer_get_context(buf);
+    return meta_read(mb->md, t, d, off, n);
+}
+
+static enum bp_status mbuf_clear(bp_buffer *buf, uint8_t v)
+{
+    struct meta_buf *mb = bp_buffer_get_context(buf);
+    for (int p = 0; p < mb->md->n; p++) {
+        enum bp_status st = bp_buffer_clear(mb->parts[p], v);
+        if (st != BP_OK)
+            return st;
+    }
+    return BP_OK;
+}
+
+static const struct bp_buffer_iface meta_buffer_iface = {
+    .struct_size = sizeof(struct bp_buffer_iface),
+    .free_buffer = mbuf_free,
+    .get_base = mbuf_base,
+    .memset_tensor = mbuf_memset,
+    .set_tensor = mbuf_set,
+    .get_tensor = mbuf_get,
+    .clear = mbuf_clear,
+};
+
+static const char *mbuft_name(bp_buffer_type *buft)
+{
+    struct meta_dev *md = bp_buffer_type_get_context(buft);
+    return md->name;
+}
+
+static size_t mbuft_alignment(bp_buffer_type *buft)
+{
+    struct meta_dev *md = bp_buffer_type_get_context(buft);
+    size_t a = 1;
+    for (int p = 0; p < md->n; p++) {
+        size_t x = bp_buffer_type_alignment(bp_device_get_buffer_type(md->parts[p]));
+        a = x > a ? x : a;
+    }
+    return a;
+}
+
+static size_t mbuft_max_size(bp_buffer_type *buft)
+{
+    struct meta_dev *md = bp_buffer_type_get_context(buft);
+    size_t m = SIZE_MAX;
+    for (int p = 0; p < md->n; p++) {
+        size_t x = bp_buffer_type_max_size(bp_device_get_buffer_type(md->parts[p]));
+        m = x < m ? x : m;
+    }
+    return m;
+}
+
+static size_t mbuft_alloc_size(bp_buffer_type *buft, const bp_tensor *t)
+{
+    struct meta_dev *md = bp_buffer_type_get_context(buft);
+    size_t m = 0;
+    for (int p = 0; p < md->n; p++) {
+        size_t x = bp_buffer_type_alloc_size(bp_device_get_buffer_type(md->parts[p]), t);
+        m = x > m ? x : m;
+    }
+    return m;
+}
+
+static bp_buffer *mbuft_alloc(bp_buffer_type *buft, size_t size)
+{
+    struct meta_dev *md = bp_buffer_type_get_context(buft);
+    struct meta_buf *mb = calloc(1, sizeof(*mb));
+    if (mb == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", md->name);
+        return NULL;
+    }
+    mb->md = md;
+    for (int p = 0; p < md->n; p++) {
+        mb->parts[p] = bp_buffer_type_alloc(bp_device_get_buffer_type(md->parts[p]), size);
+        if (mb->parts[p] == NULL) {
+            for (int q = 0; q < p; q++)
+                bp_buffer_free(mb->parts[q]);
+            free(mb);
+            return NULL; /* the part's error stands */
+        }
+    }
+    bp_buffer *buf = bp_buffer_new(buft, &meta_buffer_iface, mb, size);
+    if (buf == NULL) {
+        for (int p = 0; p < md->n; p++)
+            bp_buffer_free(mb->parts[p]);
+        free(mb);
+    }
+    return buf;
+}
+
+static const struct bp_buffer_type_iface meta_buft_iface = {
+    .struct_size = sizeof(struct bp_buffer_type_iface),
+    .get_name = mbuft_name,
+    .alloc_buffer = mbuft_alloc,
+    .get_alignment = mbuft_alignment,
+    .get_max_size = mbuft_max_size,
+    .get_alloc_size = mbuft_alloc_size,
+};
+
+/* ---- Backend ----------------------------------------------------------------------------- */
+
+static const char *mbe_name(bp_backend *be)
+{
+    struct meta_backend *mb = bp_backend_get_context(be);
+    return mb->md->name;
+}
+
+static void mbe_free(bp_backend *be)
+{
+    struct meta_backend *mb = bp_backend_get_context(be);
+    if (mb->comm)
+        mb->comm_free(mb->comm);
+    for (int p = 0; p < mb->md->n; p++)
+        bp_backend_free(mb->parts[p]);
+    free(mb);
+}
+
+static enum bp_status mbe_sync(bp_backend *be)
+{
+    struct meta_backend *mb = bp_backend_get_context(be);
+    enum bp_status st = BP_OK;
+    for (int p = 0; p < mb->md->n && st == BP_OK; p++)
+        st = bp_backend_synchronize(mb->parts[p]);
+    return st;
+}
+
+static enum bp_status mbe_compute(bp_backend *be, bp_graph *g)
+{
+    return meta_graph_compute(bp_backend_get_context(be), g);
+}
+
+static const struct bp_backend_iface meta_backend_iface = {
+    .struct_size = sizeof(struct bp_backend_iface),
+    .get_name = mbe_name,
+    .free = mbe_free,
+    .synchronize = mbe_sync,
+    .graph_compute = mbe_compute,
+};
+
+/* ---- Device ------------------------------------------------------------------------------ */
+
+static const char *mdev_name(bp_device *dev)
+{
+    return ((struct meta_dev *)bp_device_get_context(dev))->name;
+}
+
+static const char *mdev_desc(bp_device *dev)
+{
+    return ((struct meta_dev *)bp_device_get_context(dev))->description;
+}
+
+static void mdev_memory(bp_device *dev, size_t *f, size_t *t)
+{
+    struct meta_dev *md = bp_device_get_context(dev);
+    *f = *t = 0;
+    for (int p = 0; p < md->n; p++) {
+        size_t pf, pt;
+        bp_device_memory(md->parts[p], &pf, &pt);
+        *f += pf;
+        *t += pt;
+    }
+}
+
+static enum bp_device_type mdev_type(bp_device *dev)
+{
+    (void)dev;
+    return BP_DEVICE_TYPE_META;
+}
+
+static void mdev_caps(bp_device *dev, struct bp_device_caps *caps)
+{
+    struct meta_dev *md = bp_device_get_context(dev);
+    *caps = (struct bp_device_caps){true, true, true, true};
+    for (int p = 0; p < md->n; p++) {
+        struct bp_device_props pr;
+        bp_device_get_props(md->parts[p], &pr);
+        caps->async &= pr.caps.async;
+        caps->host_buffer &= pr.caps.host_buffer;
+        caps->buffer_from_host_ptr = false;
+        caps->events = false; /* the meta device has no events of its own yet */
+    }
+}
+
+static bp_backend *mdev_init_backend(bp_device *dev, const char *params)
+{
+    struct meta_dev *md = bp_device_get_context(dev);
+    struct meta_backend *mb = calloc(1, sizeof(*mb));
+    if (mb == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", md->name);
+        return NULL;
+    }
+    mb->md = md;
+    for (int p = 0; p < md->n; p++) {
+        mb->parts[p] = bp_device_init_backend(md->parts[p], params);
+        if (mb->parts[p] == NULL) {
+            for (int q = 0; q < p; q++)
+                bp_backend_free(mb->parts[q]);
+            free(mb);
+            return NULL;
+        }
+    }
+    /* Collectives of the parts' registry, when all parts share one and it has them. */
+    bp_registry *reg = bp_device_get_registry(md->parts[0]);
+    bool same = true;
+    for (int p = 1; p < md->n; p++)
+        same &= bp_device_get_registry(md->parts[p]) == reg;
+    const char *off = getenv("BP_META_NO_COMM");
+    if (same && !(off && off[0] == '1')) {
+        bp_comm_init_fn init = (bp_comm_init_fn)bp_registry_get_proc_address(reg, "bp_comm_init");
+        mb->allreduce =
+            (bp_comm_allreduce_fn)bp_registry_get_proc_address(reg, "bp_comm_allreduce");
+        mb->comm_free = (bp_comm_free_fn)bp_registry_get_proc_address(reg, "bp_comm_free");
+        if (init && mb->allreduce && mb->comm_free)
+            mb->comm = init(mb->parts, md->n);
+    }
+    bp_backend *be = bp_backend_new(dev, &meta_backend_iface, mb);
+    if (be == NULL) {
+        if (mb->comm)
+            mb->comm_free(mb->comm);
+        for (int p = 0; p < md->n; p++)
+            bp_backend_free(mb->parts[p]);
+        free(mb);
+    }
+    return be;
+}
+
+static bp_buffer_type *mdev_buft(bp_device *dev)
+{
+    return ((struct meta_dev *)bp_device_get_context(dev))->buft;
+}
+
+static bool mdev_supports_op(bp_device *dev, const bp_tensor *op)
+{
+    struct meta_dev *md = bp_device_get_context(dev);
+    for (int p = 0; p < md->n; p++) {
+        if (!bp_device_supports_op(md->parts[p], op))
+            return false;
+    }
+    return true;
+}
+
+static bool mdev_supports_buft(bp_device *dev, bp_buffer_type *buft)
+{
+    return buft == ((struct meta_dev *)bp_device_get_context(dev))->buft;
+}
+
+static const struct bp_device_iface meta_device_iface = {
+    .struct_size = sizeof(struct bp_device_iface),
+    .get_name = mdev_name,
+    .get_description = mdev_desc,
+    .get_memory = mdev_memory,
+    .get_type = mdev_type,
+    .get_caps = mdev_caps,
+    .init_backend = mdev_init_backend,
+    .get_buffer_type = mdev_buft,
+    .supports_op = mdev_supports_op,
+    .supports_buft = mdev_supports_buft,
+};
+
+/* ---- Registry ---------------------------------------------------------------------------- */
+
+static bp_device *meta_device_new(bp_device *const *devices, int n, bp_meta_split_fn fn,
+                                  void *user)
+{
+    if (devices == NULL || n < 1 || n > BP_META_MAX_DEVICES) {
+        bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_device_new: need 1 to %d devices, got %d",
+                     BP_META_MAX_DEVICES, n);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        if (devices[i] == NULL || bp_device_get_type(devices[i]) == BP_DEVICE_TYPE_META) {
+            bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_device_new: device %d is %s", i,
+                         devices[i] ? "itself a meta device" : "NULL");
+            return NULL;
+        }
+    }
+    for (int k = 0; k < meta.n; k++) {
+        struct meta_dev *md = meta.devs[k];
+        bool same = md->n == n && md->split_fn == fn && md->split_user == user;
+        for (int i = 0; same && i < n; i++)
+            same = md->parts[i] == devices[i];
+        if (same)
+            return md->dev;
+    }
+    if (meta.n == MAX_META_DEVICES) {
+        bp_set_error(BP_ERR_CAPACITY, "bp_meta_device_new: at most %d meta devices",
+                     MAX_META_DEVICES);
+        return NULL;
+    }
+    struct meta_dev *md = calloc(1, sizeof(*md));
+    if (md == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_meta_device_new: out of memory");
+        return NULL;
+    }
+    md->n = n;
+    md->split_fn = fn;
+    md->split_user = user;
+    size_t used = (size_t)snprintf(md->name, sizeof(md->name), "Meta(");
+    for (int i = 0; i < n; i++) {
+        md->parts[i] = devices[i];
+        used += (size_t)snprintf(md->name + used, sizeof(md->name) - used, "%s%s", i ? "," : "",
+                                 bp_device_name(devices[i]));
+        if (used >= sizeof(md->name))
+            used = sizeof(md->name) - 1;
+    }
+    snprintf(md->name + used, sizeof(md->name) - used, ")");
+    snprintf(md->description, sizeof(md->description), "tensor parallelism over %d devices%s",
+             n, fn ? " (user split policy)" : "");
+    md->dev = bp_device_new(meta.reg, &meta_device_iface, md);
+    md->buft = md->dev ? bp_buffer_type_new(md->dev, &meta_buft_iface, md) : NULL;
+    if (md->buft == NULL) {
+        free(md);
+        return NULL; /* a device without a buffer type stays listed; it cannot be created */
+    }
+    meta.devs[meta.n++] = md;
+    return md->dev;
+}
+
+/* "Meta(A,B,...)": the named devices with the default policy. */
+static bp_backend *meta_init_by_name(const char *name, const char *params)
+{
+    const char *open = strchr(name, '('), *close = strrchr(name, ')');
+    if (open == NULL || close == NULL || close < open || strncasecmp(name, "Meta(", 5) != 0)
+        return (bp_backend *)(bp_set_error(BP_ERR_INVALID_ARG, "'%s' is not of the form "
+                                           "Meta(A,B,...)", name), NULL);
+    bp_device *devs[BP_META_MAX_DEVICES];
+    int n = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%.*s", (int)(close - open - 1), open + 1);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ')
+            tok++;
+        char *end = tok + strlen(tok);
+        while (end > tok && end[-1] == ' ')
+            *--end = '\0';
+        if (n == BP_META_MAX_DEVICES)
+            return (bp_backend *)(bp_set_error(BP_ERR_INVALID_ARG, "%s: more than %d devices",
+                                               name, BP_META_MAX_DEVICES), NULL);
+        devs[n] = bp_device_by_name(tok);
+        if (devs[n] == NULL)
+            return NULL; /* the lookup's error lists the devices that exist */
+        n++;
+    }
+    bp_device *md = meta_device_new(devs, n, NULL, NULL);
+    return md ? bp_device_init_backend(md, params) : NULL;
+}
+
+static const char *mreg_name(bp_registry *reg)
+{
+    (void)reg;
+    return "Meta";
+}
+
+static size_t mreg_count(bp_registry *reg)
+{
+    (void)reg;
+    return (size_t)meta.n;
+}
+
+static bp_device *mreg_device(bp_registry *reg, size_t i)
+{
+    (void)reg;
+    return meta.devs[i]->dev;
+}
+
+static void *mreg_proc(bp_registry *reg, const char *name)
+{
+    (void)reg;
+    if (strcmp(name, "bp_meta_device_new") == 0)
+        return (void *)meta_device_new;
+    if (strcmp(name, "bp_meta_init_by_name") == 0)
+        return (void *)meta_init_by_name;
+    return NULL;
+}
+
+static void mreg_free(bp_registry *reg)
+{
+    (void)reg;
+    for (int i = 0; i < meta.n; i++) {
+        free(meta.devs[i]->states);
+        free(meta.devs[i]);
+    }
+    meta.n = 0;
+    meta.reg = NULL;
+}
+
+static const struct bp_registry_iface meta_registry_iface = {
+    .struct_size = sizeof(struct bp_registry_iface),
+    .get_name = mreg_name,
+    .get_device_count = mreg_count,
+    .get_device = mreg_device,
+    .get_proc_address = mreg_proc,
+    .free = mreg_free,
+};
+
+static bp_registry *meta_plugin_init(void)
+{
+    meta.reg = bp_registry_new(&meta_registry_iface, NULL);
+    return meta.reg;
+}
+
+BP_PLUGIN_DEFINE("meta", "", 0, meta_plugin_init, NULL);

@@ -1,0 +1,300 @@
+/* test-meta.c - the meta plugin over the CPU plugin's devices (BP_CPU_DEVICES=3): a transformer
+ * forward pass on Meta(CPU0,CPU1) and Meta(CPU0,CPU1,CPU2) must equal the same graph on one
+ * CPU backend, with even, uneven and empty slices, with and without the CPU collectives, and
+ * inside a scheduler. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <backplane/bp-meta.h>
+
+#include "../bench/transformer.h"
+#include "test-util.h"
+
+static bp_backend *cpu;
+
+static void setup(void)
+{
+    char path[8192];
+    snprintf(path, sizeof(path), "%s:%s", getenv("BP_TEST_CPU_PLUGIN_DIR"),
+             getenv("BP_TEST_META_PLUGIN_DIR"));
+    setenv("BP_PLUGIN_PATH", path, 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
+    setenv("BP_CPU_DEVICES", "3", 1);
+    cpu = bp_backend_init_by_name("CPU0", "threads=1");
+    ck_assert_msg(cpu != NULL, "%s", bp_last_error());
+}
+
+static void teardown(void)
+{
+    bp_backend_free(cpu);
+}
+
+static const struct tf_config tiny = {.n_layer = 2, .n_embd = 48, .n_ff = 96, .n_head = 6,
+                                      .n_vocab = 40, .n_tok = 5, .wtype = BP_TYPE_F32};
+
+struct model {
+    bp_context *wctx;
+    struct tf_weights w;
+    bp_buffer *wbuf;
+};
+
+static void model_init(struct model *m, const struct tf_config *cfg, bp_buffer_type *buft)
+{
+    m->wctx = bp_context_new(tf_weights_n_tensors(cfg));
+    ck_assert(tf_weights_new(m->wctx, cfg, &m->w));
+    m->wbuf = bp_alloc_ctx_tensors(m->wctx, buft);
+    ck_assert_msg(m->wbuf != NULL, "%s", bp_last_error());
+    bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
+    uint32_t seed = 11;
+    for (size_t i = 0; i < bp_context_n_tensors(m->wctx); i++) {
+        bp_tensor *t = bp_context_get_tensor(m->wctx, i);
+        const int64_t n = bp_nelements(t);
+        float *v = malloc((size_t)n * sizeof(float));
+        for (int64_t j = 0; j < n; j++) {
+            seed = seed * 1664525u + 1013904223u;
+            v[j] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 0.4f;
+        }
+        ck_assert_int_eq(bp_tensor_set(t, v, 0, (size_t)n * sizeof(float)), BP_OK);
+        free(v);
+    }
+}
+
+static void model_free(struct model *m)
+{
+    bp_buffer_free(m->wbuf);
+    free(m->w.layers);
+    bp_context_free(m->wctx);
+}
+
+static void set_inputs(const struct tf_graph *tg, const struct tf_config *cfg)
+{
+    const int T = cfg->n_tok;
+    int32_t tok[64], pos[64];
+    uint16_t mask[64 * 64];
+    for (int i = 0; i < T; i++) {
+        tok[i] = (i * 7 + 3) % cfg->n_vocab;
+        pos[i] = i;
+    }
+    for (int r = 0; r < T; r++)
+        for (int c = 0; c < T; c++)
+            mask[r * T + c] = c <= r ? bp_fp32_to_fp16(0.0f) : bp_fp32_to_fp16(-INFINITY);
+    ck_assert_int_eq(bp_tensor_set(tg->tokens, tok, 0, (size_t)T * 4), BP_OK);
+    ck_assert_int_eq(bp_tensor_set(tg->pos, pos, 0, (size_t)T * 4), BP_OK);
+    ck_assert_int_eq(bp_tensor_set(tg->mask, mask, 0, (size_t)T * T * 2), BP_OK);
+}
+
+/* Logits of one forward pass with weights and activations in be's buffers (sched: through a
+ * scheduler over be and the CPU instead). */
+static float *run(bp_backend *be, const struct tf_config *cfg, bool sched)
+{
+    bp_buffer_type *buft = bp_backend_get_default_buffer_type(be);
+    struct model m;
+    model_init(&m, cfg, buft);
+    bp_context *ctx = bp_context_new(tf_graph_n_tensors(cfg));
+    struct tf_graph tg;
+    ck_assert(tf_build(ctx, cfg, &m.w, &tg));
+    bp_graph *g = bp_graph_new(tf_graph_n_tensors(cfg) + tf_weights_n_tensors(cfg));
+    ck_assert_int_eq(bp_graph_build_forward(g, tg.logits), BP_OK);
+    bp_sched *s = NULL;
+    bp_buffer *abuf = NULL;
+    if (sched) {
+        bp_backend *bes[2] = {be, cpu};
+        s = bp_sched_new(bes, NULL, 2, 4096, false);
+        ck_assert_msg(s != NULL, "%s", bp_last_error());
+        ck_assert_msg(bp_sched_alloc_graph(s, g) == BP_OK, "%s", bp_last_error());
+    } else {
+        abuf = bp_alloc_ctx_tensors(ctx, buft);
+        ck_assert_msg(abuf != NULL, "%s", bp_last_error());
+    }
+    set_inputs(&tg, cfg);
+    enum bp_status st = s ? bp_sched_graph_compute(s, g) : bp_backend_graph_compute(be, g);
+    ck_assert_msg(st == BP_OK, "%s", bp_last_error());
+    const size_t bytes = bp_nbytes(tg.logits);
+    float *out = malloc(bytes);
+    ck_assert_int_eq(bp_tensor_get(tg.logits, out, 0, bytes), BP_OK);
+    bp_sched_free(s);
+    bp_buffer_free(abuf);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+    model_free(&m);
+    return out;
+}
+
+static void assert_close(const float *x, const float *ref, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)x[i] - ref[i]) * ((double)x[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    ck_assert_msg(den > 0 && num / den < 1e-10, "NMSE %g", num / den);
+}
+
+static void check_against_cpu(bp_backend *meta, const struct tf_config *cfg, bool sched)
+{
+    float *ref = run(cpu, cfg, false);
+    float *got = run(meta, cfg, sched);
+    assert_close(got, ref, (int64_t)cfg->n_vocab * cfg->n_tok);
+    free(ref);
+    free(got);
+}
+
+static bp_backend *meta_by_name(const char *name)
+{
+    bp_backend *b = bp_backend_init_by_name(name, "threads=1");
+    ck_assert_msg(b != NULL, "%s: %s", name, bp_last_error());
+    return b;
+}
+
+START_TEST(test_two_devices)
+{
+    bp_backend *m = meta_by_name("Meta(CPU0,CPU1)");
+    ck_assert_str_eq(bp_device_name(bp_backend_get_device(m)), "Meta(CPU0,CPU1)");
+    check_against_cpu(m, &tiny, false);
+    bp_backend_free(m);
+}
+END_TEST
+
+START_TEST(test_three_devices)
+{
+    bp_backend *m = meta_by_name("Meta(CPU0, CPU1, CPU2)");
+    check_against_cpu(m, &tiny, false);
+    /* one token: decoding shapes */
+    struct tf_config one = tiny;
+    one.n_tok = 1;
+    check_against_cpu(m, &one, false);
+    bp_backend_free(m);
+}
+END_TEST
+
+START_TEST(test_host_staged_fallback)
+{
+    setenv("BP_META_NO_COMM", "1", 1);
+    bp_backend *m = meta_by_name("Meta(CPU0,CPU1,CPU2)");
+    check_against_cpu(m, &tiny, false);
+    bp_backend_free(m);
+    unsetenv("BP_META_NO_COMM");
+}
+END_TEST
+
+/* 3:1 over the output rows (axis 1 of the weight), or all on the first device. */
+static bool uneven(const bp_tensor *w, int n, struct bp_meta_split *out, void *user)
+{
+    const int mode = *(const int *)user;
+    memset(out, 0, sizeof(*out));
+    out->state = BP_META_SPLIT;
+    out->axis = 1;
+    const int64_t rows = w->ne[1];
+    if (mode == 0) {
+        out->sizes[0] = rows * 3 / 4;
+        out->sizes[1] = rows - out->sizes[0];
+    } else {
+        out->sizes[0] = rows;
+        for (int p = 1; p < n; p++)
+            out->sizes[p] = 0;
+    }
+    return true;
+}
+
+START_TEST(test_uneven_and_empty_slices)
+{
+    bp_device *parts[3] = {bp_device_by_name("CPU0"), bp_device_by_name("CPU1"),
+                           bp_device_by_name("CPU2")};
+    ck_assert(parts[0] && parts[1] && parts[2]);
+    static int mode0 = 0, mode1 = 1;
+    bp_device *d = bp_meta_device_new(parts, 2, uneven, &mode0);
+    ck_assert_msg(d != NULL, "%s", bp_last_error());
+    bp_backend *m = bp_device_init_backend(d, "threads=1");
+    ck_assert_msg(m != NULL, "%s", bp_last_error());
+    check_against_cpu(m, &tiny, false);
+    bp_backend_free(m);
+
+    d = bp_meta_device_new(parts, 3, uneven, &mode1);
+    ck_assert_msg(d != NULL, "%s", bp_last_error());
+    m = bp_device_init_backend(d, "threads=1");
+    ck_assert_msg(m != NULL, "%s", bp_last_error());
+    check_against_cpu(m, &tiny, false);
+    bp_backend_free(m);
+}
+END_TEST
+
+START_TEST(test_in_scheduler)
+{
+    bp_backend *m = meta_by_name("Meta(CPU1,CPU2)");
+    check_against_cpu(m, &tiny, true);
+    bp_backend_free(m);
+}
+END_TEST
+
+START_TEST(test_tensor_roundtrip)
+{
+    bp_backend *m = meta_by_name("Meta(CPU0,CPU1)");
+    bp_context *ctx = bp_context_new(4);
+    bp_tensor *t = bp_new_tensor_2d(ctx, BP_TYPE_F32, 7, 5);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(m));
+    ck_assert_ptr_nonnull(buf);
+    float in[35], out[35];
+    for (int i = 0; i < 35; i++)
+        in[i] = (float)i * 0.5f - 3.0f;
+    ck_assert_int_eq(bp_tensor_set(t, in, 0, sizeof(in)), BP_OK);
+    ck_assert_int_eq(bp_tensor_get(t, out, 0, sizeof(out)), BP_OK);
+    ck_assert_mem_eq(in, out, sizeof(in));
+    /* a sub-range */
+    memset(out, 0, sizeof(out));
+    ck_assert_int_eq(bp_tensor_get(t, out, 12, 20), BP_OK);
+    ck_assert_mem_eq(in + 3, out, 20);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+    bp_backend_free(m);
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+    ck_assert_ptr_null(bp_backend_init_by_name("Meta(CPU0,NOPE7)", NULL));
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "NOPE7"));
+    ck_assert_ptr_null(bp_backend_init_by_name("Meta(CPU0", NULL));
+    ck_assert(strlen(bp_last_error()) > 0);
+    bp_device *none[1] = {NULL};
+    ck_assert_ptr_null(bp_meta_device_new(none, 0, NULL, NULL));
+    ck_assert(strlen(bp_last_error()) > 0);
+
+    /* a graph whose tensors live elsewhere is refused, not computed */
+    bp_backend *m = meta_by_name("Meta(CPU0,CPU1)");
+    bp_context *ctx = bp_context_new(8);
+    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, 4);
+    bp_tensor *b = bp_add(ctx, a, a);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_host_buffer_type());
+    bp_graph *g = bp_graph_new(8);
+    ck_assert_int_eq(bp_graph_build_forward(g, b), BP_OK);
+    ck_assert_int_ne(bp_backend_graph_compute(m, g), BP_OK);
+    ck_assert(strlen(bp_last_error()) > 0);
+    bp_graph_free(g);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+    bp_backend_free(m);
+}
+END_TEST
+
+static Suite *meta_suite(void)
+{
+    Suite *s = suite_create("meta");
+    TCase *tc = tcase_create("meta");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_two_devices);
+    tcase_add_test(tc, test_three_devices);
+    tcase_add_test(tc, test_host_staged_fallback);
+    tcase_add_test(tc, test_uneven_and_empty_slices);
+    tcase_add_test(tc, test_in_scheduler);
+    tcase_add_test(tc, test_tensor_roundtrip);
+    tcase_add_test(tc, test_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return bp_test_run(meta_suite());
+}
