@@ -66,13 +66,13 @@ check)
         summarize
         exit "$status"
     fi
-    # The loader and scheduler suites once more under valgrind memcheck: any error or
+    # The loader, scheduler and meta suites once more under valgrind memcheck: any error or
     # definite/indirect leak fails the run.
     if command -v valgrind >/dev/null 2>&1; then
-        make -j"$jobs" check TESTS="tests/test-loader tests/test-sched" \
+        make -j"$jobs" check TESTS="tests/test-loader tests/test-sched tests/test-meta" \
             LOG_COMPILER="$(pwd)/libtool --mode=execute valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite,indirect" ||
             { cat test-suite.log; exit 1; }
-        echo "valgrind: tests/test-loader and tests/test-sched clean"
+        echo "valgrind: tests/test-loader, tests/test-sched and tests/test-meta clean"
     fi
     make -j"$jobs" distcheck
     summarize

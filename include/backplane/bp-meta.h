@@ -32,6 +32,11 @@ typedef bool (*bp_meta_split_fn)(const bp_tensor *weight, int n_devices, struct 
 typedef bp_device *(*bp_meta_device_new_fn)(bp_device *const *devices, int n,
                                             bp_meta_split_fn split, void *user_data);
 
+/* The "bp_meta_backend_stats" proc address: all-reduces a meta backend has done since it was
+ * created and the wall time they took (seconds). BP_ERR_INVALID_ARG for other backends. */
+typedef enum bp_status (*bp_meta_backend_stats_fn)(bp_backend *backend, int *n_reduces,
+                                                   double *reduce_seconds);
+
 /* Helper: resolves the proc address and calls it. NULL with an error when the meta plugin is
  * not loaded. */
 static inline bp_device *bp_meta_device_new(bp_device *const *devices, int n,

@@ -13,6 +13,8 @@
 #include "config.h"
 
 #include <stdlib.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -137,10 +139,28 @@ static bool make_shadows(struct run *r, const bp_tensor *t, const struct bp_meta
 
 /* ---- Running what is queued -------------------------------------------------------------- */
 
+/* One part's graph on a thread of its own, for backends whose compute blocks the caller. */
+struct part_job {
+    bp_backend *backend;
+    bp_graph *graph;
+    enum bp_status status;
+    char error[256];
+};
+
+static void *part_thread(void *arg)
+{
+    struct part_job *j = arg;
+    j->status = bp_backend_graph_compute(j->backend, j->graph);
+    if (j->status != BP_OK)
+        snprintf(j->error, sizeof(j->error), "%s", bp_last_error());
+    return NULL;
+}
+
 static enum bp_status flush(struct run *r)
 {
     bp_graph *graphs[BP_META_MAX_DEVICES] = {0};
     enum bp_status st = BP_OK;
+    int n_graphs = 0;
     for (int p = 0; p < r->n && st == BP_OK; p++) {
         if (r->n_pending[p] == 0)
             continue;
@@ -149,8 +169,40 @@ static enum bp_status flush(struct run *r)
             st = bp_last_status();
         for (int i = 0; st == BP_OK && i < r->n_pending[p]; i++)
             st = bp_graph_build_forward(graphs[p], r->pending[p][i]);
-        if (st == BP_OK)
+        n_graphs++;
+    }
+    /* Parts that compute asynchronously are started from here; the others (the CPU: its compute
+     * returns when done) each get a thread, the last one runs on this thread. */
+    struct part_job jobs[BP_META_MAX_DEVICES];
+    pthread_t threads[BP_META_MAX_DEVICES];
+    bool started[BP_META_MAX_DEVICES] = {false};
+    int last_sync = -1;
+    for (int p = 0; p < r->n && st == BP_OK; p++) {
+        if (graphs[p] == NULL)
+            continue;
+        if (r->mb->async[p] || n_graphs == 1) {
             st = bp_backend_graph_compute_async(r->mb->parts[p], graphs[p]);
+            continue;
+        }
+        jobs[p] = (struct part_job){.backend = r->mb->parts[p], .graph = graphs[p]};
+        last_sync = p;
+    }
+    for (int p = 0; p < last_sync && st == BP_OK; p++) {
+        if (graphs[p] == NULL || r->mb->async[p] || n_graphs == 1)
+            continue;
+        started[p] = pthread_create(&threads[p], NULL, part_thread, &jobs[p]) == 0;
+        if (!started[p])
+            part_thread(&jobs[p]); /* no thread to be had: run it here */
+    }
+    if (last_sync >= 0 && st == BP_OK)
+        part_thread(&jobs[last_sync]);
+    for (int p = 0; p <= last_sync; p++) {
+        if (started[p])
+            pthread_join(threads[p], NULL);
+    }
+    for (int p = 0; p <= last_sync && st == BP_OK; p++) {
+        if (graphs[p] != NULL && !r->mb->async[p] && n_graphs > 1 && jobs[p].status != BP_OK)
+            st = bp_set_error(jobs[p].status, "%s", jobs[p].error);
     }
     for (int p = 0; p < r->n; p++) {
         enum bp_status s2 = bp_backend_synchronize(r->mb->parts[p]);

@@ -35,6 +35,7 @@ struct meta_buf {
 struct meta_backend {
     struct meta_dev *md;
     bp_backend *parts[BP_META_MAX_DEVICES];
+    bool async[BP_META_MAX_DEVICES]; /* compute returns before the work is done */
     bp_comm *comm; /* when every part is of one registry that has collectives */
     bp_comm_allreduce_fn allreduce;
     bp_comm_free_fn comm_free;

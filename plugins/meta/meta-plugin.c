@@ -267,6 +267,19 @@ static enum bp_status mbe_compute(bp_backend *be, bp_graph *g)
     return meta_graph_compute(bp_backend_get_context(be), g);
 }
 
+static enum bp_status meta_backend_stats(bp_backend *be, int *n_reduces, double *seconds)
+{
+    if (be == NULL || meta.reg == NULL || bp_device_get_registry(bp_backend_get_device(be)) != meta.reg)
+        return bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_backend_stats: '%s' is not a meta backend",
+                            be ? bp_backend_name(be) : "(null)");
+    struct meta_backend *mb = bp_backend_get_context(be);
+    if (n_reduces)
+        *n_reduces = mb->n_reduces;
+    if (seconds)
+        *seconds = mb->reduce_seconds;
+    return BP_OK;
+}
+
 static const struct bp_backend_iface meta_backend_iface = {
     .struct_size = sizeof(struct bp_backend_iface),
     .get_name = mbe_name,
@@ -336,6 +349,9 @@ static bp_backend *mdev_init_backend(bp_device *dev, const char *params)
             free(mb);
             return NULL;
         }
+        struct bp_device_props pr;
+        bp_device_get_props(md->parts[p], &pr);
+        mb->async[p] = pr.caps.async;
     }
     /* Collectives of the parts' registry, when all parts share one and it has them. */
     bp_registry *reg = bp_device_get_registry(md->parts[0]);
@@ -509,6 +525,8 @@ static void *mreg_proc(bp_registry *reg, const char *name)
         return (void *)meta_device_new;
     if (strcmp(name, "bp_meta_init_by_name") == 0)
         return (void *)meta_init_by_name;
+    if (strcmp(name, "bp_meta_backend_stats") == 0)
+        return (void *)meta_backend_stats;
     return NULL;
 }
 
