@@ -168,7 +168,7 @@ START_TEST(test_three_devices)
 }
 END_TEST
 
-START_TEST(test_host_staged_fallback)
+START_TEST(test_generic_fallback)
 {
     setenv("BP_META_NO_COMM", "1", 1);
     bp_backend *m = meta_by_name("Meta(CPU0,CPU1,CPU2)");
@@ -285,7 +285,7 @@ static Suite *meta_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_two_devices);
     tcase_add_test(tc, test_three_devices);
-    tcase_add_test(tc, test_host_staged_fallback);
+    tcase_add_test(tc, test_generic_fallback);
     tcase_add_test(tc, test_uneven_and_empty_slices);
     tcase_add_test(tc, test_in_scheduler);
     tcase_add_test(tc, test_tensor_roundtrip);

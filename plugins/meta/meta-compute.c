@@ -289,6 +289,79 @@ static enum bp_status gather(struct run *r, const bp_tensor *t, const struct bp_
 }
 
 /* PARTIAL -> MIRRORED: the parts' summands are added up on every part. */
+/* full[p] += the copy of full[q] held in tmp[p], on part p's backend. */
+static enum bp_status add_into(struct run *r, int p, bp_tensor *full, bp_tensor *tmp)
+{
+    bp_tensor *sum = bp_new_tensor_4d(r->ctx, full->type, full->ne[0], full->ne[1], full->ne[2],
+                                      full->ne[3]);
+    if (sum == NULL)
+        return bp_last_status();
+    sum->op = BP_OP_ADD;
+    sum->src[0] = full;
+    sum->src[1] = tmp;
+    sum->buffer = full->buffer;
+    sum->data = full->data; /* in place: element i reads and writes only element i */
+    if (!bp_device_supports_op(bp_backend_get_device(r->mb->parts[p]), sum))
+        return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s cannot add up partial sums of %s tensor "
+                            "'%s'", r->md->name, bp_backend_name(r->mb->parts[p]),
+                            bp_type_name(full->type), full->name);
+    bp_graph *g = bp_graph_new(8);
+    if (g == NULL)
+        return bp_last_status();
+    enum bp_status st = bp_graph_build_forward(g, sum);
+    if (st == BP_OK)
+        st = bp_backend_graph_compute(r->mb->parts[p], g);
+    bp_graph_free(g);
+    sum->op = BP_OP_NONE; /* done: plain data from now on */
+    sum->src[0] = sum->src[1] = NULL;
+    return st;
+}
+
+/* Sums full[0..n) in place without collectives: fold the parts beyond the largest power of two
+ * m onto the first ones, butterfly over m (at step s, part p adds part p ^ s's value), copy the
+ * result back out to the folded parts. Copies go device to device (or through the host, as
+ * bp_tensor_copy does for the pair); the adds are ADD graphs on each part's own backend. */
+static enum bp_status butterfly(struct run *r, bp_tensor *const *full)
+{
+    const int n = r->n;
+    int m = 1;
+    while (m * 2 <= n)
+        m *= 2;
+    const size_t bytes = bp_nbytes(full[0]);
+    bp_buffer *tbuf[BP_META_MAX_DEVICES] = {0};
+    bp_tensor *tmp[BP_META_MAX_DEVICES] = {0};
+    enum bp_status st = BP_OK;
+    for (int p = 0; p < m && st == BP_OK; p++) {
+        bp_buffer_type *bt = bp_device_get_buffer_type(r->md->parts[p]);
+        tbuf[p] = bp_buffer_type_alloc(bt, bytes);
+        tmp[p] = tbuf[p] ? bp_new_tensor_4d(r->ctx, full[p]->type, full[p]->ne[0], full[p]->ne[1],
+                                            full[p]->ne[2], full[p]->ne[3])
+                         : NULL;
+        if (tmp[p] == NULL) {
+            st = bp_last_status();
+            break;
+        }
+        tmp[p]->buffer = tbuf[p];
+        tmp[p]->data = bp_buffer_get_base(tbuf[p]);
+    }
+    for (int p = m; p < n && st == BP_OK; p++) { /* fold */
+        st = bp_tensor_copy(full[p], tmp[p - m]);
+        if (st == BP_OK)
+            st = add_into(r, p - m, full[p - m], tmp[p - m]);
+    }
+    for (int step = 1; step < m && st == BP_OK; step *= 2) {
+        for (int p = 0; p < m && st == BP_OK; p++) /* every copy before any add of this step */
+            st = bp_tensor_copy(full[p ^ step], tmp[p]);
+        for (int p = 0; p < m && st == BP_OK; p++)
+            st = add_into(r, p, full[p], tmp[p]);
+    }
+    for (int p = m; p < n && st == BP_OK; p++) /* unfold */
+        st = bp_tensor_copy(full[p - m], full[p]);
+    for (int p = 0; p < m; p++)
+        bp_buffer_free(tbuf[p]);
+    return st;
+}
+
 static enum bp_status allreduce(struct run *r, const bp_tensor *t)
 {
     const double t0 = now();
@@ -296,29 +369,13 @@ static enum bp_status allreduce(struct run *r, const bp_tensor *t)
     bp_tensor *full[BP_META_MAX_DEVICES];
     if (!make_shadows(r, t, &MIRROR, full))
         return bp_last_status();
-    if (r->mb->comm != NULL && t->type == BP_TYPE_F32 && bp_is_contiguous(t)) {
+    if (!bp_is_contiguous(t))
+        st = bp_set_error(BP_ERR_UNSUPPORTED, "%s: cannot add up partial sums of the "
+                          "non-contiguous tensor '%s'", r->md->name, t->name);
+    else if (r->mb->comm != NULL && t->type == BP_TYPE_F32)
         st = r->mb->allreduce(r->mb->comm, full, r->n);
-    } else if (t->type != BP_TYPE_F32) {
-        st = bp_set_error(BP_ERR_TYPE, "%s: cannot add up partial sums of %s tensor '%s'",
-                          r->md->name, bp_type_name(t->type), t->name);
-    } else {
-        /* No collectives: stage through the host (copies out, one sum, copies back). */
-        const size_t bytes = bp_nbytes(t);
-        const int64_t count = (int64_t)(bytes / sizeof(float));
-        float *sum = calloc((size_t)count + 1, sizeof(float));
-        float *part = malloc(bytes + 4);
-        for (int p = 0; p < r->n && st == BP_OK && sum && part; p++) {
-            st = bp_tensor_get(full[p], part, 0, bytes);
-            for (int64_t i = 0; i < count && st == BP_OK; i++)
-                sum[i] += part[i];
-        }
-        if (sum == NULL || part == NULL)
-            st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", r->md->name);
-        for (int p = 0; p < r->n && st == BP_OK; p++)
-            st = bp_tensor_set(full[p], sum, 0, bytes);
-        free(sum);
-        free(part);
-    }
+    else
+        st = butterfly(r, full);
     r->mb->reduce_seconds += now() - t0;
     r->mb->n_reduces++;
     return st;
