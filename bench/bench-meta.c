@@ -1,7 +1,7 @@
 /* bench-meta.c - tensor parallelism on CPU devices: an MLP-heavy transformer layer computed on
  * Meta(CPU0,CPU1) with one thread per device against one CPU device with two threads, in the
  * same run. Reports the median step time of each, their throughput ratio and the share of the
- * meta step spent in all-reduces. One result per line: name, shape, threads, value, unit.
+ * meta step spent in all-reduces. Passes alternate between the two. One result per line: name, shape, threads, value, unit.
  *
  *   bench-meta [--shapes 512x2048x8,1024x4096x32,2048x8192x64] [--iters 15] */
 #include "config.h"
@@ -23,67 +23,75 @@
 #define BP_BENCH_META_DIR ""
 #endif
 
-/* Median seconds per forward pass of cfg with weights and activations in be's buffers. */
-static double step(bp_backend *be, const struct tf_config *cfg, int iters)
-{
-    bp_buffer_type *buft = bp_backend_get_default_buffer_type(be);
-    bp_context *wctx = bp_context_new(tf_weights_n_tensors(cfg));
+/* One forward pass of a config with weights and activations in one backend's buffers. */
+struct prepared {
+    bp_backend *be;
+    bp_context *wctx, *ctx;
     struct tf_weights w;
-    double med = -1;
-    if (!tf_weights_new(wctx, cfg, &w)) {
-        bp_context_free(wctx);
-        return -1;
-    }
-    bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, buft);
-    bp_context *ctx = bp_context_new(tf_graph_n_tensors(cfg));
+    bp_buffer *wbuf, *abuf;
+    bp_graph *g;
+};
+
+static void release(struct prepared *p)
+{
+    bp_graph_free(p->g);
+    bp_buffer_free(p->abuf);
+    bp_context_free(p->ctx);
+    bp_buffer_free(p->wbuf);
+    free(p->w.layers);
+    bp_context_free(p->wctx);
+}
+
+static bool prepare(struct prepared *p, bp_backend *be, const struct tf_config *cfg)
+{
+    memset(p, 0, sizeof(*p));
+    p->be = be;
+    bp_buffer_type *buft = bp_backend_get_default_buffer_type(be);
     struct tf_graph tg;
-    bp_graph *g = NULL;
-    bp_buffer *abuf = NULL;
-    double *t = malloc((size_t)iters * sizeof(double));
-    if (wbuf == NULL || ctx == NULL || t == NULL || !tf_build(ctx, cfg, &w, &tg))
-        goto out;
-    bp_buffer_set_usage(wbuf, BP_BUFFER_USAGE_WEIGHTS);
+    p->wctx = bp_context_new(tf_weights_n_tensors(cfg));
+    p->ctx = bp_context_new(tf_graph_n_tensors(cfg));
+    if (p->wctx == NULL || p->ctx == NULL || !tf_weights_new(p->wctx, cfg, &p->w) ||
+        !tf_build(p->ctx, cfg, &p->w, &tg))
+        goto fail;
+    p->wbuf = bp_alloc_ctx_tensors(p->wctx, buft);
+    p->abuf = bp_alloc_ctx_tensors(p->ctx, buft);
+    p->g = bp_graph_new(tf_graph_n_tensors(cfg) + tf_weights_n_tensors(cfg));
+    if (p->wbuf == NULL || p->abuf == NULL || p->g == NULL ||
+        bp_graph_build_forward(p->g, tg.logits) != BP_OK)
+        goto fail;
+    bp_buffer_set_usage(p->wbuf, BP_BUFFER_USAGE_WEIGHTS);
     /* Small values keep the activations finite; the figures do not depend on them. */
-    for (size_t i = 0; i < bp_context_n_tensors(wctx); i++) {
-        bp_tensor *wt = bp_context_get_tensor(wctx, i);
+    for (size_t i = 0; i < bp_context_n_tensors(p->wctx); i++) {
+        bp_tensor *wt = bp_context_get_tensor(p->wctx, i);
         const size_t n = (size_t)bp_nelements(wt);
         float *v = malloc(n * sizeof(float));
         if (v == NULL)
-            goto out;
+            goto fail;
         for (size_t j = 0; j < n; j++)
             v[j] = (float)((j * 2654435761u) % 1000) * 1e-5f - 0.005f;
         bp_tensor_set(wt, v, 0, n * sizeof(float));
         free(v);
     }
-    g = bp_graph_new(tf_graph_n_tensors(cfg) + tf_weights_n_tensors(cfg));
-    abuf = bp_alloc_ctx_tensors(ctx, buft);
-    if (g == NULL || abuf == NULL || bp_graph_build_forward(g, tg.logits) != BP_OK)
-        goto out;
     int32_t tok[4096];
     for (int i = 0; i < cfg->n_tok; i++)
         tok[i] = i % cfg->n_vocab;
-    bp_buffer_clear(abuf, 0); /* an all-zero mask: every token sees every token */
+    bp_buffer_clear(p->abuf, 0); /* an all-zero mask: every token sees every token */
     bp_tensor_set(tg.tokens, tok, 0, (size_t)cfg->n_tok * 4);
     bp_tensor_set(tg.pos, tok, 0, (size_t)cfg->n_tok * 4);
-    if (bp_backend_graph_compute(be, g) != BP_OK) /* warm-up */
-        goto out;
-    for (int it = 0; it < iters; it++) {
-        const double t0 = bench_now();
-        bp_backend_graph_compute(be, g);
-        t[it] = bench_now() - t0;
-    }
-    med = bench_median(t, iters);
-out:
-    if (med < 0)
-        fprintf(stderr, "bench-meta: %s: %s\n", bp_backend_name(be), bp_last_error());
-    free(t);
-    bp_graph_free(g);
-    bp_buffer_free(abuf);
-    bp_context_free(ctx);
-    bp_buffer_free(wbuf);
-    free(w.layers);
-    bp_context_free(wctx);
-    return med;
+    if (bp_backend_graph_compute(be, p->g) != BP_OK) /* warm-up */
+        goto fail;
+    return true;
+fail:
+    fprintf(stderr, "bench-meta: %s: %s\n", bp_backend_name(be), bp_last_error());
+    release(p);
+    return false;
+}
+
+static double timed(struct prepared *p)
+{
+    const double t0 = bench_now();
+    bp_backend_graph_compute(p->be, p->g);
+    return bench_now() - t0;
 }
 
 int main(int argc, char **argv)
@@ -119,22 +127,47 @@ int main(int argc, char **argv)
         const struct tf_config cfg = {.n_layer = 1, .n_embd = embd, .n_ff = ff,
                                       .n_head = embd / 64, .n_vocab = 256, .n_tok = tok,
                                       .wtype = BP_TYPE_F32};
-        const double t1 = step(one, &cfg, iters);
+        struct prepared single, split;
+        if (!prepare(&single, one, &cfg))
+            continue;
+        if (!prepare(&split, meta, &cfg)) {
+            release(&single);
+            continue;
+        }
+        /* Alternating passes, so that a change in the machine's load hits both alike. */
+        double *ts = malloc((size_t)iters * sizeof(double)), *tm = malloc((size_t)iters * sizeof(double));
+        double *ratio = malloc((size_t)iters * sizeof(double));
         int r0 = 0, r1 = 0;
         double s0 = 0, s1 = 0;
         stats(meta, &r0, &s0);
-        const double tm = step(meta, &cfg, iters);
+        for (int it = 0; ts && tm && ratio && it < iters; it++) {
+            ts[it] = timed(&single);
+            tm[it] = timed(&split);
+            ratio[it] = ts[it] / tm[it];
+        }
         stats(meta, &r1, &s1);
-        if (t1 <= 0 || tm <= 0)
+        release(&split);
+        release(&single);
+        if (ts == NULL || tm == NULL || ratio == NULL) {
+            free(ts);
+            free(tm);
+            free(ratio);
             continue;
-        /* all-reduce share: the reduce time of all iterations (and the warm-up) over theirs */
-        const double share = (s1 - s0) / ((double)(iters + 1) * tm);
+        }
+        double reduce_total = s1 - s0, meta_total = 0;
+        for (int it = 0; it < iters; it++)
+            meta_total += tm[it];
+        const double t1 = bench_median(ts, iters), tmed = bench_median(tm, iters);
+        const double rmed = bench_median(ratio, iters), share = reduce_total / meta_total;
+        free(ts);
+        free(tm);
+        free(ratio);
         char shape[96];
         snprintf(shape, sizeof(shape), "embd=%d,ff=%d,tok=%d,vocab=256,f32", embd, ff, tok);
         printf("cpu0_2threads %s 2 %.3f ms\n", shape, t1 * 1e3);
-        printf("meta_cpu0_cpu1_1thread_each %s 2 %.3f ms\n", shape, tm * 1e3);
-        printf("meta_vs_single_throughput %s 2 %.2f x\n", shape, t1 / tm);
-        printf("meta_allreduces_per_step %s 2 %d\n", shape, (r1 - r0) / (iters + 1));
+        printf("meta_cpu0_cpu1_1thread_each %s 2 %.3f ms\n", shape, tmed * 1e3);
+        printf("meta_vs_single_throughput %s 2 %.2f x (median of per-pass ratios)\n", shape, rmed);
+        printf("meta_allreduces_per_step %s 2 %d\n", shape, (r1 - r0) / iters);
         printf("meta_allreduce_share %s 2 %.1f %%\n", shape, share * 100);
         fflush(stdout);
     }

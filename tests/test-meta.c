@@ -250,6 +250,32 @@ START_TEST(test_tensor_roundtrip)
 }
 END_TEST
 
+START_TEST(test_device_identity_and_props)
+{
+    bp_device *parts[2] = {bp_device_by_name("CPU0"), bp_device_by_name("CPU1")};
+    bp_device *a = bp_meta_device_new(parts, 2, NULL, NULL);
+    bp_device *b = bp_meta_device_new(parts, 2, NULL, NULL);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_eq(a, b);
+    bp_backend *m = meta_by_name("meta(CPU0,CPU1)");
+    ck_assert_ptr_eq(bp_backend_get_device(m), a);
+    bp_device *swapped[2] = {parts[1], parts[0]};
+    ck_assert_ptr_ne(bp_meta_device_new(swapped, 2, NULL, NULL), a);
+    /* memory is the sum of the parts */
+    size_t f0, t0, f1, t1, fm, tm;
+    bp_device_memory(parts[0], &f0, &t0);
+    bp_device_memory(parts[1], &f1, &t1);
+    bp_device_memory(a, &fm, &tm);
+    ck_assert_uint_eq(tm, t0 + t1);
+    ck_assert_int_eq(bp_device_get_type(a), BP_DEVICE_TYPE_META);
+    /* a meta device is not a part of another */
+    bp_device *nested[2] = {a, parts[0]};
+    ck_assert_ptr_null(bp_meta_device_new(nested, 2, NULL, NULL));
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "meta device"));
+    bp_backend_free(m);
+}
+END_TEST
+
 START_TEST(test_errors)
 {
     ck_assert_ptr_null(bp_backend_init_by_name("Meta(CPU0,NOPE7)", NULL));
@@ -289,6 +315,7 @@ static Suite *meta_suite(void)
     tcase_add_test(tc, test_uneven_and_empty_slices);
     tcase_add_test(tc, test_in_scheduler);
     tcase_add_test(tc, test_tensor_roundtrip);
+    tcase_add_test(tc, test_device_identity_and_props);
     tcase_add_test(tc, test_errors);
     suite_add_tcase(s, tc);
     return s;
