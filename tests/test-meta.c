@@ -8,8 +8,8 @@
 
 #include <backplane/bp-meta.h>
 
-#include "../bench/transformer.h"
 #include "test-util.h"
+#include "tf-model.h"
 
 static bp_backend *cpu;
 
@@ -32,57 +32,6 @@ static void teardown(void)
 
 static const struct tf_config tiny = {.n_layer = 2, .n_embd = 48, .n_ff = 96, .n_head = 6,
                                       .n_vocab = 40, .n_tok = 5, .wtype = BP_TYPE_F32};
-
-struct model {
-    bp_context *wctx;
-    struct tf_weights w;
-    bp_buffer *wbuf;
-};
-
-static void model_init(struct model *m, const struct tf_config *cfg, bp_buffer_type *buft)
-{
-    m->wctx = bp_context_new(tf_weights_n_tensors(cfg));
-    ck_assert(tf_weights_new(m->wctx, cfg, &m->w));
-    m->wbuf = bp_alloc_ctx_tensors(m->wctx, buft);
-    ck_assert_msg(m->wbuf != NULL, "%s", bp_last_error());
-    bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
-    uint32_t seed = 11;
-    for (size_t i = 0; i < bp_context_n_tensors(m->wctx); i++) {
-        bp_tensor *t = bp_context_get_tensor(m->wctx, i);
-        const int64_t n = bp_nelements(t);
-        float *v = malloc((size_t)n * sizeof(float));
-        for (int64_t j = 0; j < n; j++) {
-            seed = seed * 1664525u + 1013904223u;
-            v[j] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 0.4f;
-        }
-        ck_assert_int_eq(bp_tensor_set(t, v, 0, (size_t)n * sizeof(float)), BP_OK);
-        free(v);
-    }
-}
-
-static void model_free(struct model *m)
-{
-    bp_buffer_free(m->wbuf);
-    free(m->w.layers);
-    bp_context_free(m->wctx);
-}
-
-static void set_inputs(const struct tf_graph *tg, const struct tf_config *cfg)
-{
-    const int T = cfg->n_tok;
-    int32_t tok[64], pos[64];
-    uint16_t mask[64 * 64];
-    for (int i = 0; i < T; i++) {
-        tok[i] = (i * 7 + 3) % cfg->n_vocab;
-        pos[i] = i;
-    }
-    for (int r = 0; r < T; r++)
-        for (int c = 0; c < T; c++)
-            mask[r * T + c] = c <= r ? bp_fp32_to_fp16(0.0f) : bp_fp32_to_fp16(-INFINITY);
-    ck_assert_int_eq(bp_tensor_set(tg->tokens, tok, 0, (size_t)T * 4), BP_OK);
-    ck_assert_int_eq(bp_tensor_set(tg->pos, pos, 0, (size_t)T * 4), BP_OK);
-    ck_assert_int_eq(bp_tensor_set(tg->mask, mask, 0, (size_t)T * T * 2), BP_OK);
-}
 
 /* Logits of one forward pass with weights and activations in be's buffers (sched: through a
  * scheduler over be and the CPU instead). */
@@ -107,7 +56,7 @@ static float *run(bp_backend *be, const struct tf_config *cfg, bool sched)
         abuf = bp_alloc_ctx_tensors(ctx, buft);
         ck_assert_msg(abuf != NULL, "%s", bp_last_error());
     }
-    set_inputs(&tg, cfg);
+    set_inputs(&tg, cfg, 0);
     enum bp_status st = s ? bp_sched_graph_compute(s, g) : bp_backend_graph_compute(be, g);
     ck_assert_msg(st == BP_OK, "%s", bp_last_error());
     const size_t bytes = bp_nbytes(tg.logits);
@@ -121,21 +70,11 @@ static float *run(bp_backend *be, const struct tf_config *cfg, bool sched)
     return out;
 }
 
-static void assert_close(const float *x, const float *ref, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)x[i] - ref[i]) * ((double)x[i] - ref[i]);
-        den += (double)ref[i] * ref[i];
-    }
-    ck_assert_msg(den > 0 && num / den < 1e-10, "NMSE %g", num / den);
-}
-
 static void check_against_cpu(bp_backend *meta, const struct tf_config *cfg, bool sched)
 {
     float *ref = run(cpu, cfg, false);
     float *got = run(meta, cfg, sched);
-    assert_close(got, ref, (int64_t)cfg->n_vocab * cfg->n_tok);
+    assert_close_nmse(got, ref, (int64_t)cfg->n_vocab * cfg->n_tok, 1e-10);
     free(ref);
     free(got);
 }

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "../bench/transformer.h"
 #include "test-util.h"
+#include "tf-model.h"
 
 static bp_backend *accel, *cpu;
 
@@ -31,41 +31,6 @@ static void teardown(void)
 static const struct tf_config tiny = {.n_layer = 2, .n_embd = 32, .n_ff = 48, .n_head = 4,
                                       .n_vocab = 50, .n_tok = 5, .wtype = BP_TYPE_F32};
 
-/* A model: weights in buft (marked as weights), filled from a fixed generator. */
-struct model {
-    bp_context *wctx;
-    struct tf_weights w;
-    bp_buffer *wbuf;
-};
-
-static void model_init(struct model *m, const struct tf_config *cfg, bp_buffer_type *buft)
-{
-    m->wctx = bp_context_new(tf_weights_n_tensors(cfg));
-    ck_assert(tf_weights_new(m->wctx, cfg, &m->w));
-    m->wbuf = bp_alloc_ctx_tensors(m->wctx, buft);
-    ck_assert_ptr_nonnull(m->wbuf);
-    bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
-    uint32_t seed = 7;
-    for (size_t i = 0; i < bp_context_n_tensors(m->wctx); i++) {
-        bp_tensor *t = bp_context_get_tensor(m->wctx, i);
-        const int64_t n = bp_nelements(t);
-        float *v = malloc((size_t)n * sizeof(float));
-        for (int64_t j = 0; j < n; j++) {
-            seed = seed * 1664525u + 1013904223u;
-            v[j] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 0.4f;
-        }
-        ck_assert_int_eq(bp_tensor_set(t, v, 0, (size_t)n * sizeof(float)), BP_OK);
-        free(v);
-    }
-}
-
-static void model_free(struct model *m)
-{
-    bp_buffer_free(m->wbuf);
-    free(m->w.layers);
-    bp_context_free(m->wctx);
-}
-
 /* The forward graph of cfg over model m, in a fresh context (*ctx, caller frees both). */
 static bp_graph *build_graph(const struct model *m, const struct tf_config *cfg, bp_context **ctx,
                              struct tf_graph *tg)
@@ -75,23 +40,6 @@ static bp_graph *build_graph(const struct model *m, const struct tf_config *cfg,
     bp_graph *g = bp_graph_new(tf_graph_n_tensors(cfg) + tf_weights_n_tensors(cfg));
     ck_assert_int_eq(bp_graph_build_forward(g, tg->logits), BP_OK);
     return g;
-}
-
-static void set_inputs(const struct tf_graph *tg, const struct tf_config *cfg, int salt)
-{
-    const int T = cfg->n_tok;
-    int32_t tok[64], pos[64];
-    uint16_t mask[64 * 64];
-    for (int i = 0; i < T; i++) {
-        tok[i] = (i * 7 + 3 + salt) % cfg->n_vocab;
-        pos[i] = i;
-    }
-    for (int r = 0; r < T; r++)
-        for (int c = 0; c < T; c++)
-            mask[r * T + c] = c <= r ? bp_fp32_to_fp16(0.0f) : bp_fp32_to_fp16(-INFINITY);
-    ck_assert_int_eq(bp_tensor_set(tg->tokens, tok, 0, (size_t)T * 4), BP_OK);
-    ck_assert_int_eq(bp_tensor_set(tg->pos, pos, 0, (size_t)T * 4), BP_OK);
-    ck_assert_int_eq(bp_tensor_set(tg->mask, mask, 0, (size_t)T * T * 2), BP_OK);
 }
 
 /* Logits of one forward pass through a scheduler over `backends`. */
@@ -122,12 +70,7 @@ static float *run(bp_backend *const *backends, int n, bool parallel, bp_buffer_t
 
 static void assert_close(const float *x, const float *ref, int64_t n)
 {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)x[i] - ref[i]) * ((double)x[i] - ref[i]);
-        den += (double)ref[i] * ref[i];
-    }
-    ck_assert_msg(den > 0 && num / den < 1e-9, "NMSE %g", num / den);
+    assert_close_nmse(x, ref, n, 1e-9);
 }
 
 #define N_LOGITS(cfg) ((int64_t)(cfg).n_vocab * (cfg).n_tok)
