@@ -2,7 +2,8 @@
 # dev.sh - build backplane from a git checkout on a Debian machine, installing what is missing.
 #
 #   tools/dev.sh run     build everything, then run the main job (the `backplane` tool)
-#   tools/dev.sh check   build everything, run `make check` and `make distcheck`
+#   tools/dev.sh check   build everything, run `make check` (again under valgrind for some
+#                        suites, and from an ASan+UBSan build) and `make distcheck`
 #
 # Builds out of tree in ./build with warnings as errors. BP_CONFIGURE_FLAGS adds configure flags.
 set -eu
@@ -73,6 +74,21 @@ check)
             LOG_COMPILER="$(pwd)/libtool --mode=execute valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite,indirect" ||
             { cat test-suite.log; exit 1; }
         echo "valgrind: tests/test-loader, tests/test-sched and tests/test-meta clean"
+    fi
+    # The whole suite once more from an AddressSanitizer + UndefinedBehaviorSanitizer build in
+    # ../build-asan: any report (including a leak) fails the run. BP_CHECK_SANITIZE=0 skips it.
+    if [ "${BP_CHECK_SANITIZE:-1}" != 0 ]; then
+        san="-fsanitize=address,undefined"
+        mkdir -p ../build-asan
+        (cd ../build-asan &&
+            { [ -f Makefile ] && [ ../configure -ot Makefile ] ||
+                ../configure --enable-werror \
+                    CFLAGS="-g -O1 $san -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+                    LDFLAGS="$san"; } &&
+            make -j"$jobs" >/dev/null &&
+            ASAN_OPTIONS=detect_leaks=1 make -j"$jobs" check) ||
+            { cat ../build-asan/test-suite.log 2>/dev/null; exit 1; }
+        echo "sanitizers: make check clean under ASan+UBSan (build-asan)"
     fi
     make -j"$jobs" distcheck
     summarize
