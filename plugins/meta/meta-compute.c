@@ -147,13 +147,83 @@ struct part_job {
     char error[256];
 };
 
-static void *part_thread(void *arg)
+static void run_job(struct part_job *j)
 {
-    struct part_job *j = arg;
     j->status = bp_backend_graph_compute(j->backend, j->graph);
     if (j->status != BP_OK)
         snprintf(j->error, sizeof(j->error), "%s", bp_last_error());
+}
+
+enum { WORKER_IDLE, WORKER_BUSY, WORKER_QUIT };
+
+static void *worker_main(void *arg)
+{
+    struct meta_worker *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->state == WORKER_IDLE)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (w->state == WORKER_QUIT)
+            break;
+        pthread_mutex_unlock(&w->mu);
+        run_job(w->job);
+        pthread_mutex_lock(&w->mu);
+        w->state = WORKER_IDLE;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
     return NULL;
+}
+
+/* Hands j to w's thread (started on first use); false when no thread can be had. */
+static bool worker_submit(struct meta_worker *w, struct part_job *j)
+{
+    if (!w->running) {
+        if (pthread_mutex_init(&w->mu, NULL) != 0)
+            return false;
+        if (pthread_cond_init(&w->cv, NULL) != 0) {
+            pthread_mutex_destroy(&w->mu);
+            return false;
+        }
+        w->state = WORKER_IDLE;
+        if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+            pthread_cond_destroy(&w->cv);
+            pthread_mutex_destroy(&w->mu);
+            return false;
+        }
+        w->running = true;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->job = j;
+    w->state = WORKER_BUSY;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return true;
+}
+
+static void worker_wait(struct meta_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (w->state == WORKER_BUSY)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+}
+
+void meta_workers_stop(struct meta_backend *mb)
+{
+    for (int p = 0; p < BP_META_MAX_DEVICES; p++) {
+        struct meta_worker *w = &mb->workers[p];
+        if (!w->running)
+            continue;
+        pthread_mutex_lock(&w->mu);
+        w->state = WORKER_QUIT;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+        pthread_cond_destroy(&w->cv);
+        pthread_mutex_destroy(&w->mu);
+        w->running = false;
+    }
 }
 
 static enum bp_status flush(struct run *r)
@@ -172,10 +242,9 @@ static enum bp_status flush(struct run *r)
         n_graphs++;
     }
     /* Parts that compute asynchronously are started from here; the others (the CPU: its compute
-     * returns when done) each get a thread, the last one runs on this thread. */
+     * returns when done) run on worker threads the backend keeps, the last one on this thread. */
     struct part_job jobs[BP_META_MAX_DEVICES];
-    pthread_t threads[BP_META_MAX_DEVICES];
-    bool started[BP_META_MAX_DEVICES] = {false};
+    bool handed[BP_META_MAX_DEVICES] = {false};
     int last_sync = -1;
     for (int p = 0; p < r->n && st == BP_OK; p++) {
         if (graphs[p] == NULL)
@@ -190,15 +259,15 @@ static enum bp_status flush(struct run *r)
     for (int p = 0; p < last_sync && st == BP_OK; p++) {
         if (graphs[p] == NULL || r->mb->async[p] || n_graphs == 1)
             continue;
-        started[p] = pthread_create(&threads[p], NULL, part_thread, &jobs[p]) == 0;
-        if (!started[p])
-            part_thread(&jobs[p]); /* no thread to be had: run it here */
+        handed[p] = worker_submit(&r->mb->workers[p], &jobs[p]);
+        if (!handed[p])
+            run_job(&jobs[p]); /* no thread to be had: run it here */
     }
     if (last_sync >= 0 && st == BP_OK)
-        part_thread(&jobs[last_sync]);
-    for (int p = 0; p <= last_sync; p++) {
-        if (started[p])
-            pthread_join(threads[p], NULL);
+        run_job(&jobs[last_sync]);
+    for (int p = 0; p < last_sync; p++) {
+        if (handed[p])
+            worker_wait(&r->mb->workers[p]);
     }
     for (int p = 0; p <= last_sync && st == BP_OK; p++) {
         if (graphs[p] != NULL && !r->mb->async[p] && n_graphs > 1 && jobs[p].status != BP_OK)

@@ -2,6 +2,8 @@
 #ifndef BP_META_IMPL_H
 #define BP_META_IMPL_H
 
+#include <pthread.h>
+
 #include <backplane/bp-comm.h>
 #include <backplane/bp-meta.h>
 #include <backplane/bp-plugin.h>
@@ -32,6 +34,16 @@ struct meta_buf {
     bp_buffer *parts[BP_META_MAX_DEVICES];
 };
 
+/* A thread that runs one part's graphs for a part whose compute blocks the caller. */
+struct meta_worker {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state; /* WORKER_IDLE, WORKER_BUSY, WORKER_QUIT (meta-compute.c) */
+    void *job;
+    bool running; /* thread, mutex and condition exist */
+};
+
 struct meta_backend {
     struct meta_dev *md;
     bp_backend *parts[BP_META_MAX_DEVICES];
@@ -39,6 +51,7 @@ struct meta_backend {
     bp_comm *comm; /* when every part is of one registry that has collectives */
     bp_comm_allreduce_fn allreduce;
     bp_comm_free_fn comm_free;
+    struct meta_worker workers[BP_META_MAX_DEVICES];
     double reduce_seconds; /* time spent in all-reduces, for benchmarks */
     int n_reduces;
 };
@@ -51,6 +64,8 @@ bool meta_state_set(struct meta_dev *md, const bp_tensor *t, const struct bp_met
 
 /* meta-compute.c */
 enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g);
+/* Ends and joins the backend's worker threads. */
+void meta_workers_stop(struct meta_backend *mb);
 /* Reads bytes [offset, offset + size) of t as the value its state represents. */
 enum bp_status meta_read(struct meta_dev *md, const bp_tensor *t, void *data, size_t offset,
                          size_t size);

@@ -246,6 +246,7 @@ static const char *mbe_name(bp_backend *be)
 static void mbe_free(bp_backend *be)
 {
     struct meta_backend *mb = bp_backend_get_context(be);
+    meta_workers_stop(mb);
     if (mb->comm)
         mb->comm_free(mb->comm);
     for (int p = 0; p < mb->md->n; p++)
