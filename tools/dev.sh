@@ -53,7 +53,7 @@ case "${1:-}" in
 run)
     build
     # Run against the plugins just built (nothing is installed).
-    BP_PLUGIN_PATH="$(pwd)/plugins/cpu/.libs${BP_PLUGIN_PATH:+:$BP_PLUGIN_PATH}"
+    BP_PLUGIN_PATH="$(pwd)/plugins/cpu/.libs:$(pwd)/plugins/meta/.libs${BP_PLUGIN_PATH:+:$BP_PLUGIN_PATH}"
     export BP_PLUGIN_PATH
     ./tools/backplane version
     ./tools/backplane list
