@@ -357,7 +357,6 @@ static enum bp_status gather(struct run *r, const bp_tensor *t, const struct bp_
     return st;
 }
 
-/* PARTIAL -> MIRRORED: the parts' summands are added up on every part. */
 /* full[p] += the copy of full[q] held in tmp[p], on part p's backend. */
 static enum bp_status add_into(struct run *r, int p, bp_tensor *full, bp_tensor *tmp)
 {
@@ -431,6 +430,7 @@ static enum bp_status butterfly(struct run *r, bp_tensor *const *full)
     return st;
 }
 
+/* PARTIAL -> MIRRORED: the parts' summands are added up on every part. */
 static enum bp_status allreduce(struct run *r, const bp_tensor *t)
 {
     const double t0 = now();
@@ -813,10 +813,16 @@ enum bp_status meta_read(struct meta_dev *md, const bp_tensor *t, void *data, si
         host.view_src = NULL;
         host.buffer = bp_buffer_from_host_ptr(full, bytes);
         host.data = full;
+        if (host.buffer == NULL)
+            st = bp_last_status();
         for (int p = 0; p < md->n && st == BP_OK; p++) {
             if (s->sizes[p] == 0)
                 continue;
             bp_tensor *from = shadow(&r, t, s, p);
+            if (from == NULL) {
+                st = bp_last_status();
+                break;
+            }
             bp_tensor to = *from;
             to.buffer = host.buffer;
             to.data = full + ((char *)from->data - (char *)meta_part_address(t, p));
@@ -826,6 +832,10 @@ enum bp_status meta_read(struct meta_dev *md, const bp_tensor *t, void *data, si
     } else {
         bp_tensor *p0 = shadow(&r, t, &MIRROR, 0);
         st = p0 ? bp_tensor_get(p0, full, 0, bytes) : bp_last_status();
+        if (st == BP_OK && s->state == BP_META_PARTIAL && t->type != BP_TYPE_F32)
+            st = bp_set_error(BP_ERR_TYPE, "%s: cannot read '%s': it holds partial sums of type "
+                              "%s, which only f32 supports", md->name, t->name,
+                              bp_type_name(t->type));
         if (s->state == BP_META_PARTIAL && t->type == BP_TYPE_F32) {
             for (int p = 1; p < md->n && st == BP_OK; p++) {
                 bp_tensor *pp = shadow(&r, t, &MIRROR, p);
