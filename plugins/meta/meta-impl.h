@@ -11,6 +11,8 @@
 /* The state a tensor had after the last computation, for reading it back. */
 struct meta_entry {
     const bp_tensor *t;
+    const bp_buffer *buffer; /* where t was when the state was set: a later tensor at the same */
+    const void *data;        /* address, or t moved elsewhere, does not inherit the state */
     struct bp_meta_split s;
 };
 
@@ -61,6 +63,8 @@ void *meta_part_address(const bp_tensor *t, int part);
 bp_buffer *meta_part_buffer(const bp_tensor *t, int part);
 const struct bp_meta_split *meta_state_get(struct meta_dev *md, const bp_tensor *t);
 bool meta_state_set(struct meta_dev *md, const bp_tensor *t, const struct bp_meta_split *s);
+/* Drops the states of tensors in buf (freed or cleared: its data is the same on every part). */
+void meta_states_forget(struct meta_dev *md, const bp_buffer *buf);
 
 /* meta-compute.c */
 enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g);

@@ -39,29 +39,50 @@ const struct bp_meta_split *meta_state_get(struct meta_dev *md, const bp_tensor 
     if (md->states_size == 0)
         return &mirrored;
     const struct meta_entry *e = find_slot(md->states, md->states_size, t);
-    return e->t == t ? &e->s : &mirrored;
+    return e->t == t && e->buffer == t->buffer && e->data == t->data ? &e->s : &mirrored;
+}
+
+/* Rebuilds the table from the entries that are kept (linear probing has no cheap delete). */
+static bool rehash(struct meta_dev *md, size_t size, const bp_buffer *drop)
+{
+    struct meta_entry *tab = calloc(size, sizeof(*tab));
+    if (tab == NULL)
+        return false;
+    size_t used = 0;
+    for (size_t i = 0; i < md->states_size; i++) {
+        if (md->states[i].t != NULL && (drop == NULL || md->states[i].buffer != drop)) {
+            *find_slot(tab, size, md->states[i].t) = md->states[i];
+            used++;
+        }
+    }
+    free(md->states);
+    md->states = tab;
+    md->states_size = size;
+    md->states_used = used;
+    return true;
+}
+
+void meta_states_forget(struct meta_dev *md, const bp_buffer *buf)
+{
+    if (md->states_used > 0 && !rehash(md, md->states_size, buf)) {
+        /* No memory for a new table: forget everything rather than keep stale states. */
+        memset(md->states, 0, md->states_size * sizeof(*md->states));
+        md->states_used = 0;
+    }
 }
 
 bool meta_state_set(struct meta_dev *md, const bp_tensor *t, const struct bp_meta_split *s)
 {
-    if (2 * (md->states_used + 1) > md->states_size) {
-        size_t size = md->states_size ? 2 * md->states_size : 1024;
-        struct meta_entry *tab = calloc(size, sizeof(*tab));
-        if (tab == NULL)
-            return false;
-        for (size_t i = 0; i < md->states_size; i++) {
-            if (md->states[i].t != NULL)
-                *find_slot(tab, size, md->states[i].t) = md->states[i];
-        }
-        free(md->states);
-        md->states = tab;
-        md->states_size = size;
-    }
+    if (2 * (md->states_used + 1) > md->states_size &&
+        !rehash(md, md->states_size ? 2 * md->states_size : 1024, NULL))
+        return false;
     struct meta_entry *e = find_slot(md->states, md->states_size, t);
     if (e->t == NULL) {
         e->t = t;
         md->states_used++;
     }
+    e->buffer = t->buffer;
+    e->data = t->data;
     e->s = *s;
     return true;
 }
@@ -101,9 +122,20 @@ static void *mbuf_base(bp_buffer *buf)
 static void mbuf_free(bp_buffer *buf)
 {
     struct meta_buf *mb = bp_buffer_get_context(buf);
+    meta_states_forget(mb->md, buf);
     for (int p = 0; p < mb->md->n; p++)
         bp_buffer_free(mb->parts[p]);
     free(mb);
+}
+
+/* After a write of the same bytes to every part the tensor is MIRRORED. */
+static enum bp_status mark_mirrored(struct meta_dev *md, const bp_tensor *t)
+{
+    static const struct bp_meta_split mirrored = {.state = BP_META_MIRRORED};
+    return meta_state_set(md, t, &mirrored)
+               ? BP_OK
+               : bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory recording the state of "
+                              "'%s'", md->name, t->name);
 }
 
 static enum bp_status mbuf_memset(bp_buffer *buf, bp_tensor *t, uint8_t v, size_t off, size_t n)
@@ -115,8 +147,7 @@ static enum bp_status mbuf_memset(bp_buffer *buf, bp_tensor *t, uint8_t v, size_
         if (st != BP_OK)
             return st;
     }
-    static const struct bp_meta_split mirrored = {.state = BP_META_MIRRORED};
-    return meta_state_set(mb->md, t, &mirrored) ? BP_OK : BP_ERR_OUT_OF_MEMORY;
+    return mark_mirrored(mb->md, t);
 }
 
 /* Every part gets the full data: whatever split the tensor is given later is already there. */
@@ -129,8 +160,7 @@ static enum bp_status mbuf_set(bp_buffer *buf, bp_tensor *t, const void *d, size
         if (st != BP_OK)
             return st;
     }
-    static const struct bp_meta_split mirrored = {.state = BP_META_MIRRORED};
-    return meta_state_set(mb->md, t, &mirrored) ? BP_OK : BP_ERR_OUT_OF_MEMORY;
+    return mark_mirrored(mb->md, t);
 }
 
 static enum bp_status mbuf_get(bp_buffer *buf, const bp_tensor *t, void *d, size_t off, size_t n)
@@ -147,6 +177,7 @@ static enum bp_status mbuf_clear(bp_buffer *buf, uint8_t v)
         if (st != BP_OK)
             return st;
     }
+    meta_states_forget(mb->md, buf);
     return BP_OK;
 }
 
