@@ -3,7 +3,9 @@
  * limits. One result per line: name, shape, threads, value, unit. Never fails on a number.
  *
  *   bench-matmul [--types f32,f16,bf16,q8_0,q4_0] [--M 4096] [--K 4096,14336] [--N 1,8,32,512]
- *                [--threads 1,2] [--min-time 1.0] [--no-peer] */
+ *                [--threads 1,2] [--min-time 1.0] [--no-peer] [--no-limits]
+ *
+ * --no-limits skips the FMA peak and triad measurements (quick comparisons only). */
 #include "config.h"
 
 #include <stdio.h>
@@ -54,15 +56,16 @@ static void fill(bp_tensor *t)
     free(row);
 }
 
-/* Median seconds of one compute, repeated for at least min_time (3 to 15 runs). */
+/* Median seconds of one compute, repeated for at least min_time (3 to BENCH_MAX_RUNS runs). */
+#define BENCH_MAX_RUNS 2000
 static double time_graph(bp_backend *be, bp_graph *g, double min_time)
 {
-    double t[15];
+    double t[BENCH_MAX_RUNS];
     int n = 0;
     double start = bench_now();
     bp_backend_graph_compute(be, g); /* warm-up */
     start = bench_now();
-    while (n < 15 && (n < 3 || bench_now() - start < min_time)) {
+    while (n < BENCH_MAX_RUNS && (n < 3 || bench_now() - start < min_time)) {
         double t0 = bench_now();
         bp_backend_graph_compute(be, g);
         t[n++] = bench_now() - t0;
@@ -74,7 +77,7 @@ static double time_graph(bp_backend *be, bp_graph *g, double min_time)
 static double time_openblas(const float *a, const float *b, float *c, long M, long N, long K,
                             double min_time)
 {
-    double t[15];
+    double t[BENCH_MAX_RUNS];
     int n = 0;
     for (int warm = 0; warm < 1; warm++) {
         if (N == 1)
@@ -85,7 +88,7 @@ static double time_openblas(const float *a, const float *b, float *c, long M, lo
                         (int)K, b, (int)K, 0.0f, c, (int)M);
     }
     double start = bench_now();
-    while (n < 15 && (n < 3 || bench_now() - start < min_time)) {
+    while (n < BENCH_MAX_RUNS && (n < 3 || bench_now() - start < min_time)) {
         double t0 = bench_now();
         if (N == 1)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)M, (int)K, 1.0f, a, (int)K, b, 1, 0.0f,
@@ -109,6 +112,7 @@ int main(int argc, char **argv)
     const double min_time = atof(bench_arg(argc, argv, "--min-time", "1.0"));
     const char *types = bench_arg(argc, argv, "--types", "f32,f16,bf16,q8_0,q4_0");
     const bool peer = !bench_flag(argc, argv, "--no-peer");
+    const bool limits = !bench_flag(argc, argv, "--no-limits");
 
     if (bp_device_by_name("CPU") == NULL && BP_BENCH_CPU_DIR[0] != '\0')
         bp_plugin_load_all_from(BP_BENCH_CPU_DIR);
@@ -122,7 +126,7 @@ int main(int argc, char **argv)
         (int (*)(bp_backend *, int))bp_registry_get_proc_address(
             bp_device_get_registry(bp_backend_get_device(be)), "bp_cpu_set_n_threads");
 
-    for (int ti = 0; ti < nT; ti++) {
+    for (int ti = 0; ti < nT && limits; ti++) {
         printf("fma_peak - %ld %.1f GFLOP/s\n", Ts[ti], bench_fma_peak((int)Ts[ti]));
         printf("triad 3x256MiB %ld %.1f GB/s\n", Ts[ti], bench_triad((int)Ts[ti]));
     }

@@ -683,11 +683,149 @@ static void dot_quant_cols(enum bp_type type, const void *xrow, const struct bp_
 }
 #endif
 
-/* dst[m, n] for rows [m0, m1): quantised A against B already quantised to Q8_0 (bq). */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__) && defined(__F16C__)
+#define HAVE_QROWS8 1
+/* Eight rows of quantised A against one Q8_0 column y, with VNNI (vpdpbusd: unsigned bytes times
+ * signed bytes, four at a time into each 32-bit lane). The weights are made unsigned: a Q4_0
+ * nibble is q + 8, a Q8_0 byte x ^ 0x80 is x + 128, so each block's dot product comes out too
+ * large by sum(y) << sh (sh = 3 or 7); ysum holds sum(y) per block, computed once per column.
+ *
+ * One 512-bit register holds the same 16 bytes of a block for four rows, one row per 128-bit
+ * lane, against those 16 bytes of y broadcast to every lane; the two halves of the block go into
+ * the same accumulator, so each row ends with four partial sums in its own lane and no bytes
+ * move between lanes. Two registers cover eight rows; one unpack-and-add round and a permute
+ * leave the eight sums in the order 0 4 1 5 2 6 3 7, and the rows' scales are staged in that
+ * order once per group of rows (qrows8_scales), so that no shuffle is spent on them per block. */
+static const int qrows8_order[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+static int64_t qblock_size(enum bp_type type)
+{
+    return type == BP_TYPE_Q4_0 ? (int64_t)sizeof(struct bp_block_q4_0)
+                                : (int64_t)sizeof(struct bp_block_q8_0);
+}
+
+/* sc[8 i + j] = scale of block i of row qrows8_order[j]. */
+static void qrows8_scales(enum bp_type type, const char *row0, int64_t lda, int64_t nb, uint16_t *sc)
+{
+    const int64_t bs = qblock_size(type);
+    for (int j = 0; j < 8; j++) {
+        const char *row = row0 + qrows8_order[j] * lda;
+        for (int64_t i = 0; i < nb; i++)
+            memcpy(&sc[8 * i + j], row + i * bs, sizeof(uint16_t));
+    }
+}
+
+/* Bytes [off, off + 16) of the quants of one block in four rows, one row per 128-bit lane. */
+BP_CPU_INLINE __m512i qrows8_load4(const char *const r[4], int64_t off)
+{
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(r[0] + off)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[1] + off)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[2] + off)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[3] + off)), 3);
+}
+
+BP_CPU_INLINE __m512i qrows8_dot4(enum bp_type type, const char *const r[4], int64_t o,
+                                  __m512i ylo, __m512i yhi)
+{
+    const __m512i z = _mm512_setzero_si512();
+    if (type == BP_TYPE_Q4_0) {
+        const __m512i q = qrows8_load4(r, o + 2), m = _mm512_set1_epi8(0x0f);
+        const __m512i lo = _mm512_and_si512(q, m), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m);
+        return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ylo), hi, yhi);
+    }
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i lo = _mm512_xor_si512(qrows8_load4(r, o + 2), flip);
+    const __m512i hi = _mm512_xor_si512(qrows8_load4(r, o + 18), flip);
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ylo), hi, yhi);
+}
+
+static void qrows8(enum bp_type type, const char *row0, int64_t lda, const uint16_t *sc,
+                   const struct bp_block_q8_0 *y, const int32_t *ysum, int64_t nb, float out[8])
+{
+    const int64_t bs = qblock_size(type);
+    const int sh = type == BP_TYPE_Q4_0 ? 3 : 7;
+    const char *r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = row0 + i * lda;
+    const __m512i idx = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const int64_t o = i * bs;
+        const __m512i ylo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y[i].qs));
+        const __m512i yhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[i].qs + 16)));
+        const __m512i a = qrows8_dot4(type, r, o, ylo, yhi);     /* rows 0-3 */
+        const __m512i b = qrows8_dot4(type, r + 4, o, ylo, yhi); /* rows 4-7 */
+        /* Per lane k: [a0+a2, b0+b2, a1+a3, b1+b3], then [row k, row k + 4, ...]. */
+        __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+        t = _mm512_add_epi32(_mm512_unpacklo_epi64(t, t), _mm512_unpackhi_epi64(t, t));
+        __m256i s = _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, t));
+        s = _mm256_sub_epi32(s, _mm256_set1_epi32(ysum[i] << sh));
+        const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 8 * i)));
+        const __m256 scale = _mm256_mul_ps(dx, _mm256_set1_ps(_cvtsh_ss(y[i].d)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
+    }
+    float tmp[8];
+    _mm256_storeu_ps(tmp, acc);
+    for (int i = 0; i < 8; i++)
+        out[qrows8_order[i]] = tmp[i];
+}
+#endif
+
+/* One column of B to Q8_0 blocks, exactly as the runtime's Q8_0 conversion does it (scale
+ * amax / 127 rounded to f16, quants x * (1 / scale) rounded to nearest even), and the sum of
+ * each block's quants. */
+static void quantize_col(const float *x, struct bp_block_q8_0 *b, int32_t *sums, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+        const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        const __m512 vid = _mm512_set1_ps(id);
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+        _mm_storeu_si128((__m128i *)b[i].qs, _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(b[i].qs + 16), _mm512_cvtsepi32_epi8(q1));
+        sums[i] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = bp_fp32_to_fp16(d);
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) {
+            b[i].qs[j] = (int8_t)lrintf(x[j] * id);
+            sum += b[i].qs[j];
+        }
+        sums[i] = sum;
+#endif
+    }
+}
+
+/* dst[m, n] for rows [m0, m1): quantised A against B already quantised to Q8_0 (bq; ysum: the
+ * sum of each block's quants). */
 static void dot_rows_quant(const bp_tensor *a, const char *abase, const struct bp_block_q8_0 *bq,
-                           char *cbase, int64_t ldc, int64_t m0, int64_t m1, int64_t N)
+                           const int32_t *ysum, char *cbase, int64_t ldc, int64_t m0, int64_t m1,
+                           int64_t N, void *scratch)
 {
     const int64_t nb = a->ne[0] / 32;
+    (void)ysum;
+    (void)scratch;
+#ifdef HAVE_QROWS8
+    const int64_t lda = (int64_t)a->nb[1];
+    for (; m0 + 8 <= m1; m0 += 8) {
+        qrows8_scales(a->type, abase + m0 * lda, lda, nb, scratch);
+        for (int64_t n = 0; n < N; n++) {
+            float out[8];
+            qrows8(a->type, abase + m0 * lda, lda, scratch, bq + n * nb, ysum + n * nb, nb, out);
+            for (int i = 0; i < 8; i++)
+                ((float *)cbase)[n * ldc + m0 + i] = out[i];
+        }
+    }
+#endif
     for (int64_t m = m0; m < m1; m++) {
         const char *row = abase + m * (int64_t)a->nb[1];
         for (int64_t n = 0; n < N; n += 4) {
@@ -750,7 +888,8 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
         *per_thread = (size_t)(RD * K + 64) * sizeof(float);
         /* B quantised to Q8_0, one batch at a time. */
         *shared = quantized(dst->src[0]->type)
-                      ? (size_t)(N * ((K + 31) / 32)) * sizeof(struct bp_block_q8_0)
+                      ? (size_t)(N * ((K + 31) / 32)) *
+                            (sizeof(struct bp_block_q8_0) + sizeof(int32_t))
                       : 0;
     }
 }
@@ -785,22 +924,26 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
                 continue;
             }
             int64_t m0, m1;
-            bp_cpu_split(M, p->ith, p->nth, &m0, &m1);
             if (!quantized(a->type)) {
+                bp_cpu_split(M, p->ith, p->nth, &m0, &m1);
                 dot_rows_float(a, abase, b, bbase, cbase, ldc, m0, m1, N);
                 continue;
             }
             /* Quantise B's columns (shared by all threads), then integer dot products. */
             struct bp_block_q8_0 *bq = p->wshared;
             const int64_t nb = a->ne[0] / 32;
+            int32_t *ysum = (int32_t *)(bq + N * nb);
             int64_t n0, n1;
             bp_cpu_split(N, p->ith, p->nth, &n0, &n1);
             for (int64_t n = n0; n < n1; n++)
-                bp_type_get_traits(BP_TYPE_Q8_0)
-                    ->from_float((const float *)(bbase + n * (int64_t)b->nb[1]), bq + n * nb,
-                                 a->ne[0]);
+                quantize_col((const float *)(bbase + n * (int64_t)b->nb[1]), bq + n * nb,
+                             ysum + n * nb, nb);
+            /* Rows in groups of eight, so that every thread can use the eight-row kernel. */
+            bp_cpu_split((M + 7) / 8, p->ith, p->nth, &m0, &m1);
+            m0 *= 8;
+            m1 = m1 * 8 < M ? m1 * 8 : M;
             bp_cpu_pool_barrier(p->pool);
-            dot_rows_quant(a, abase, bq, cbase, ldc, m0, m1, N);
+            dot_rows_quant(a, abase, bq, ysum, cbase, ldc, m0, m1, N, tmp);
             bp_cpu_pool_barrier(p->pool); /* bq is rewritten for the next batch */
         }
     }
