@@ -379,8 +379,14 @@ static struct bp_plugin *finish_load(struct candidate *c)
     reg->plugin = p;
     plugins[n_plugins++] = p;
     size_t nd = bp_registry_device_count(reg);
+    /* A registry may say why it has no devices (e.g. CUDA without a driver). */
+    const char *(*note_fn)(void) =
+        (const char *(*)(void))bp_registry_get_proc_address(reg, "bp_registry_note");
+    const char *note = note_fn != NULL ? note_fn() : NULL;
     p->record = add_record(c->path, c->name, c->variant, c->score, BP_PLUGIN_LOADED,
-                           "registry '%s' with %zu device%s", rname, nd, nd == 1 ? "" : "s");
+                           "registry '%s' with %zu device%s%s%s", rname, nd, nd == 1 ? "" : "s",
+                           note != NULL && note[0] != '\0' ? ": " : "",
+                           note != NULL ? note : "");
     return p;
 }
 

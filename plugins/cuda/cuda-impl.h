@@ -1,0 +1,62 @@
+/* cuda-impl.h - private to plugins/cuda: what the C side (cuda-plugin.c) and the kernels
+ * (cuda-kernels.cu, compiled by nvcc as C++) share. Plain C types only, so that both compilers
+ * read it the same way. Every launcher queues its work on the given stream and returns the
+ * cudaError_t of the launch (0 when queued). */
+#ifndef BP_CUDA_IMPL_H
+#define BP_CUDA_IMPL_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Type codes, equal to enum bp_type (checked in cuda-plugin.c). */
+enum { CU_F32 = 0, CU_F16 = 1, CU_BF16 = 2, CU_I32 = 3, CU_Q8_0 = 4, CU_Q4_0 = 5 };
+
+/* A tensor as the kernels see it: device address, type, shape and byte strides. */
+struct cu_t {
+    char *data;
+    int type;
+    int64_t ne[4];
+    int64_t nb[4];
+};
+
+/* Ops the launchers take, in the runtime's terms. */
+enum { CU_ADD, CU_SUB, CU_MUL, CU_DIV };
+enum { CU_SUM_ROWS, CU_MEAN, CU_ARGMAX, CU_NORM, CU_RMS_NORM, CU_SOFT_MAX };
+/* Unary codes are enum bp_unary_op; CU_SCALE multiplies by the parameter. */
+enum { CU_NEG, CU_ABS, CU_RELU, CU_GELU, CU_SILU, CU_SIGMOID, CU_TANH, CU_EXP, CU_SQR, CU_SQRT,
+       CU_SCALE = 100 };
+
+/* Error codes the kernels leave in the backend's device flag (read at synchronisation). */
+enum { CU_ERR_NONE = 0, CU_ERR_ROW_ID = 1 };
+
+int bp_cu_binary(int op, struct cu_t d, struct cu_t a, struct cu_t b, cudaStream_t s);
+int bp_cu_unary(int op, float param, struct cu_t d, struct cu_t a, cudaStream_t s);
+/* d and a have the same number of elements, walked in logical order (i0 fastest). */
+int bp_cu_copy(struct cu_t d, struct cu_t a, cudaStream_t s);
+/* One block per row of a; mask (SOFT_MAX only) may be NULL. */
+int bp_cu_rows(int op, float param, struct cu_t d, struct cu_t a, const struct cu_t *mask,
+               cudaStream_t s);
+int bp_cu_rope(struct cu_t d, struct cu_t x, struct cu_t pos, int n_dims, int mode,
+               float freq_base, float freq_scale, cudaStream_t s);
+int bp_cu_get_rows(struct cu_t d, struct cu_t a, struct cu_t ids, int *err, cudaStream_t s);
+int bp_cu_set_rows(struct cu_t d, struct cu_t src, struct cu_t ids, int *err, cudaStream_t s);
+int bp_cu_concat(struct cu_t d, struct cu_t a, struct cu_t b, int dim, cudaStream_t s);
+/* b may be NULL: then a holds gate and up side by side along dimension 0. */
+int bp_cu_glu(int swiglu, struct cu_t d, struct cu_t a, const struct cu_t *b, cudaStream_t s);
+/* dst = a^T b for few columns of b: one warp per row of a, any weight type (F32, F16, BF16,
+ * Q8_0, Q4_0), batches broadcast like MUL_MAT. */
+int bp_cu_matvec(struct cu_t d, struct cu_t a, struct cu_t b, cudaStream_t s);
+/* Rows of the 2-D slice (i2, i3) of a, converted to a dense row-major matrix of type
+ * out_type (CU_F32, CU_F16 or CU_BF16) with ne[0] elements per row: the GEMM inputs. */
+int bp_cu_convert(void *out, int out_type, struct cu_t a, int64_t i2, int64_t i3, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

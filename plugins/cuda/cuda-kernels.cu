@@ -1,0 +1,547 @@
+/* cuda-kernels.cu - the CUDA plugin's kernels and their launchers (see cuda-impl.h).
+ *
+ * Most kernels index tensors through their byte strides, so that broadcast sources, permuted
+ * and other non-contiguous views work without copies; elements are read and written through
+ * ld()/st(), which convert F16 and BF16 to and from f32. Row-wise ops run one block per row
+ * with a shared-memory reduction; MUL_MAT with one or a few columns runs one warp per row of
+ * the weights (matvec) and larger products go to cuBLAS (cuda-plugin.c), with bp_cu_convert
+ * preparing F16/BF16 copies of its inputs. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "cuda-impl.h"
+
+#define THREADS 256
+
+static __device__ __forceinline__ float ld(const char *p, int type)
+{
+    switch (type) {
+    case CU_F16: return __half2float(*(const __half *)p);
+    case CU_BF16: return __bfloat162float(*(const __nv_bfloat16 *)p);
+    case CU_I32: return (float)*(const int32_t *)p;
+    default: return *(const float *)p;
+    }
+}
+
+static __device__ __forceinline__ void st(char *p, int type, float v)
+{
+    switch (type) {
+    case CU_F16: *(__half *)p = __float2half_rn(v); break;
+    case CU_BF16: *(__nv_bfloat16 *)p = __float2bfloat16_rn(v); break;
+    case CU_I32: *(int32_t *)p = (int32_t)rintf(v); break;
+    default: *(float *)p = v; break;
+    }
+}
+
+static __device__ __forceinline__ char *at(const cu_t &t, int64_t i0, int64_t i1, int64_t i2,
+                                           int64_t i3)
+{
+    return t.data + i0 * t.nb[0] + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+}
+
+static __device__ __forceinline__ void unravel(const cu_t &t, int64_t i, int64_t idx[4])
+{
+    idx[0] = i % t.ne[0];
+    i /= t.ne[0];
+    idx[1] = i % t.ne[1];
+    i /= t.ne[1];
+    idx[2] = i % t.ne[2];
+    idx[3] = i / t.ne[2];
+}
+
+static int64_t nelements(const cu_t &t)
+{
+    return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
+}
+
+static int64_t nrows(const cu_t &t)
+{
+    return t.ne[1] * t.ne[2] * t.ne[3];
+}
+
+static int blocks_for(int64_t n)
+{
+    int64_t b = (n + THREADS - 1) / THREADS;
+    return (int)(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);
+}
+
+static int launched(void)
+{
+    return (int)cudaGetLastError();
+}
+
+/* Quantised rows: element k of the row starting at p. */
+static __device__ __forceinline__ float ld_q(const char *row, int type, int64_t k)
+{
+    if (type == CU_Q8_0) {
+        const char *b = row + (k / 32) * 34;
+        return __half2float(*(const __half *)b) * (float)((const int8_t *)(b + 2))[k % 32];
+    }
+    const char *b = row + (k / 32) * 18;
+    const int j = (int)(k % 32);
+    const uint8_t q = ((const uint8_t *)(b + 2))[j & 15];
+    const int v = (j < 16 ? (q & 0x0f) : (q >> 4)) - 8;
+    return __half2float(*(const __half *)b) * (float)v;
+}
+
+static __device__ __forceinline__ float ld_row(const char *row, int type, int64_t nb0, int64_t k)
+{
+    if (type == CU_Q8_0 || type == CU_Q4_0)
+        return ld_q(row, type, k);
+    return ld(row + k * nb0, type);
+}
+
+/* ---- Element-wise ---------------------------------------------------------------------- */
+
+__global__ void k_binary(int op, cu_t d, cu_t a, cu_t b, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t x[4];
+        unravel(d, i, x);
+        const float u = ld(at(a, x[0], x[1], x[2], x[3]), a.type);
+        const float v = ld(at(b, x[0] % b.ne[0], x[1] % b.ne[1], x[2] % b.ne[2], x[3] % b.ne[3]),
+                           b.type);
+        const float r = op == CU_ADD ? u + v : op == CU_SUB ? u - v : op == CU_MUL ? u * v : u / v;
+        st(at(d, x[0], x[1], x[2], x[3]), d.type, r);
+    }
+}
+
+static __device__ __forceinline__ float unary(int op, float x, float p)
+{
+    switch (op) {
+    case CU_NEG: return -x;
+    case CU_ABS: return fabsf(x);
+    case CU_RELU: return x > 0.0f ? x : 0.0f;
+    case CU_GELU: return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    case CU_SILU: return x / (1.0f + expf(-x));
+    case CU_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case CU_TANH: return tanhf(x);
+    case CU_EXP: return expf(x);
+    case CU_SQR: return x * x;
+    case CU_SQRT: return sqrtf(x);
+    default: return x * p; /* CU_SCALE */
+    }
+}
+
+__global__ void k_unary(int op, float p, cu_t d, cu_t a, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t x[4];
+        unravel(d, i, x);
+        st(at(d, x[0], x[1], x[2], x[3]), d.type,
+           unary(op, ld(at(a, x[0], x[1], x[2], x[3]), a.type), p));
+    }
+}
+
+__global__ void k_copy(cu_t d, cu_t a, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t x[4], y[4];
+        unravel(d, i, x);
+        unravel(a, i, y);
+        st(at(d, x[0], x[1], x[2], x[3]), d.type, ld(at(a, y[0], y[1], y[2], y[3]), a.type));
+    }
+}
+
+__global__ void k_glu(int swiglu, cu_t d, cu_t a, cu_t b, int has_b, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t x[4];
+        unravel(d, i, x);
+        const float g = ld(at(a, x[0], x[1], x[2], x[3]), a.type);
+        const float u = has_b ? ld(at(b, x[0], x[1], x[2], x[3]), b.type)
+                              : ld(at(a, x[0] + d.ne[0], x[1], x[2], x[3]), a.type);
+        st(at(d, x[0], x[1], x[2], x[3]), d.type, unary(swiglu ? CU_SILU : CU_GELU, g, 0) * u);
+    }
+}
+
+__global__ void k_concat(cu_t d, cu_t a, cu_t b, int dim, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t x[4];
+        unravel(d, i, x);
+        const int64_t o[4] = {x[0], x[1], x[2], x[3]};
+        float v;
+        if (x[dim] < a.ne[dim]) {
+            v = ld(at(a, x[0], x[1], x[2], x[3]), a.type);
+        } else {
+            x[dim] -= a.ne[dim];
+            v = ld(at(b, x[0], x[1], x[2], x[3]), b.type);
+        }
+        st(at(d, o[0], o[1], o[2], o[3]), d.type, v);
+    }
+}
+
+extern "C" int bp_cu_binary(int op, cu_t d, cu_t a, cu_t b, cudaStream_t s)
+{
+    const int64_t n = nelements(d);
+    k_binary<<<blocks_for(n), THREADS, 0, s>>>(op, d, a, b, n);
+    return launched();
+}
+
+extern "C" int bp_cu_unary(int op, float p, cu_t d, cu_t a, cudaStream_t s)
+{
+    const int64_t n = nelements(d);
+    k_unary<<<blocks_for(n), THREADS, 0, s>>>(op, p, d, a, n);
+    return launched();
+}
+
+extern "C" int bp_cu_copy(cu_t d, cu_t a, cudaStream_t s)
+{
+    const int64_t n = nelements(d);
+    k_copy<<<blocks_for(n), THREADS, 0, s>>>(d, a, n);
+    return launched();
+}
+
+extern "C" int bp_cu_glu(int swiglu, cu_t d, cu_t a, const cu_t *b, cudaStream_t s)
+{
+    const int64_t n = nelements(d);
+    k_glu<<<blocks_for(n), THREADS, 0, s>>>(swiglu, d, a, b ? *b : a, b != NULL, n);
+    return launched();
+}
+
+extern "C" int bp_cu_concat(cu_t d, cu_t a, cu_t b, int dim, cudaStream_t s)
+{
+    const int64_t n = nelements(d);
+    k_concat<<<blocks_for(n), THREADS, 0, s>>>(d, a, b, dim, n);
+    return launched();
+}
+
+/* ---- Row-wise ---------------------------------------------------------------------------- */
+
+/* Sum over the block; every thread gets the result. red has THREADS / 32 slots. */
+static __device__ float block_sum(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* red may still be read from a previous reduction */
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = 0.0f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+        r += red[w];
+    return r;
+}
+
+static __device__ float block_max(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+        r = fmaxf(r, red[w]);
+    return r;
+}
+
+/* One block per row (blockIdx.x = i1 + ne1 (i2 + ne2 i3)). Every element of the row is read
+ * before any is written, so dst may be the source's memory (in-place). */
+__global__ void k_rows(int op, float p, cu_t d, cu_t a, cu_t mask, int has_mask)
+{
+    __shared__ float red[THREADS / 32];
+    __shared__ int arg_s[THREADS];
+    __shared__ float argv_s[THREADS];
+    int64_t r = blockIdx.x;
+    const int64_t i1 = r % a.ne[1];
+    r /= a.ne[1];
+    const int64_t i2 = r % a.ne[2], i3 = r / a.ne[2];
+    const int64_t n = a.ne[0];
+    const char *row = at(a, 0, i1, i2, i3);
+
+    if (op == CU_ARGMAX) {
+        float best = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+            const float v = ld(row + k * a.nb[0], a.type);
+            if (bi == 0x7fffffff || v > best) {
+                best = v;
+                bi = (int)k;
+            }
+        }
+        argv_s[threadIdx.x] = best;
+        arg_s[threadIdx.x] = bi;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float bv = -INFINITY;
+            int b = 0;
+            bool any = false;
+            for (int t = 0; t < (int)blockDim.x; t++) {
+                if (arg_s[t] == 0x7fffffff)
+                    continue;
+                /* the first maximum wins, as in the reference */
+                if (!any || argv_s[t] > bv || (argv_s[t] == bv && arg_s[t] < b)) {
+                    bv = argv_s[t];
+                    b = arg_s[t];
+                    any = true;
+                }
+            }
+            st(at(d, 0, i1, i2, i3), d.type, (float)b);
+        }
+        return;
+    }
+    if (op == CU_SUM_ROWS || op == CU_MEAN) {
+        float s = 0.0f;
+        for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
+            s += ld(row + k * a.nb[0], a.type);
+        s = block_sum(s, red);
+        if (threadIdx.x == 0)
+            st(at(d, 0, i1, i2, i3), d.type, op == CU_MEAN && n > 0 ? s / (float)n : s);
+        return;
+    }
+    char *out = at(d, 0, i1, i2, i3);
+    if (op == CU_RMS_NORM || op == CU_NORM) {
+        float s = 0.0f, sq = 0.0f;
+        for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+            const float v = ld(row + k * a.nb[0], a.type);
+            s += v;
+            sq += v * v;
+        }
+        s = block_sum(s, red);
+        sq = block_sum(sq, red);
+        float mean = 0.0f, scale;
+        if (op == CU_RMS_NORM) {
+            scale = rsqrtf(sq / (float)n + p);
+        } else {
+            mean = s / (float)n;
+            float var = 0.0f;
+            for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+                const float v = ld(row + k * a.nb[0], a.type) - mean;
+                var += v * v;
+            }
+            var = block_sum(var, red);
+            scale = rsqrtf(var / (float)n + p);
+        }
+        __syncthreads(); /* every thread has read the row before any writes (in-place) */
+        for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
+            st(out + k * d.nb[0], d.type, (ld(row + k * a.nb[0], a.type) - mean) * scale);
+        return;
+    }
+    /* CU_SOFT_MAX: scale, add the mask (broadcast over dimensions 2 and 3), normalise. */
+    const char *mrow = has_mask ? at(mask, 0, i1, i2 % mask.ne[2], i3 % mask.ne[3]) : NULL;
+    float mx = -INFINITY;
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+        float v = ld(row + k * a.nb[0], a.type) * p;
+        if (mrow)
+            v += ld(mrow + k * mask.nb[0], mask.type);
+        mx = fmaxf(mx, v);
+    }
+    mx = block_max(mx, red);
+    float sum = 0.0f;
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+        float v = ld(row + k * a.nb[0], a.type) * p;
+        if (mrow)
+            v += ld(mrow + k * mask.nb[0], mask.type);
+        sum += mx == -INFINITY ? 0.0f : expf(v - mx);
+    }
+    sum = block_sum(sum, red);
+    __syncthreads();
+    /* Each thread rewrites only elements it read itself above, so in-place is safe. */
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+        float v = ld(row + k * a.nb[0], a.type) * p;
+        if (mrow)
+            v += ld(mrow + k * mask.nb[0], mask.type);
+        const float e = mx == -INFINITY ? 0.0f : expf(v - mx);
+        st(out + k * d.nb[0], d.type, sum > 0.0f ? e / sum : 0.0f);
+    }
+}
+
+extern "C" int bp_cu_rows(int op, float p, cu_t d, cu_t a, const cu_t *mask, cudaStream_t s)
+{
+    const int64_t rows = nrows(a);
+    if (rows == 0)
+        return 0;
+    if (rows > 0x7fffffffLL)
+        return (int)cudaErrorInvalidConfiguration;
+    k_rows<<<(unsigned)rows, THREADS, 0, s>>>(op, p, d, a, mask ? *mask : a, mask != NULL);
+    return launched();
+}
+
+/* ---- RoPE -------------------------------------------------------------------------------- */
+
+/* One thread per rotated pair or passed-through element of a row: a pair is read whole before
+ * either of its elements is written, so in-place is correct. */
+__global__ void k_rope(cu_t d, cu_t x, cu_t pos, int n_dims, int neox, float base, float fscale,
+                       int64_t units, int64_t n)
+{
+    const int half = n_dims / 2;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t u = i % units;
+        int64_t r = i / units;
+        const int64_t i1 = r % x.ne[1];
+        r /= x.ne[1];
+        const int64_t i2 = r % x.ne[2], i3 = r / x.ne[2];
+        if (u >= half) { /* beyond n_dims: copied */
+            const int64_t i0 = n_dims + (u - half);
+            st(at(d, i0, i1, i2, i3), d.type, ld(at(x, i0, i1, i2, i3), x.type));
+            continue;
+        }
+        const int pair = (int)u;
+        const int64_t j0 = neox ? pair : 2 * pair, j1 = neox ? pair + half : 2 * pair + 1;
+        const float p = ld(at(pos, i2, 0, 0, 0), pos.type);
+        const float theta = p * fscale * powf(base, -2.0f * (float)pair / (float)n_dims);
+        float sn, cs;
+        sincosf(theta, &sn, &cs);
+        const float v0 = ld(at(x, j0, i1, i2, i3), x.type);
+        const float v1 = ld(at(x, j1, i1, i2, i3), x.type);
+        st(at(d, j0, i1, i2, i3), d.type, v0 * cs - v1 * sn);
+        st(at(d, j1, i1, i2, i3), d.type, v0 * sn + v1 * cs);
+    }
+}
+
+extern "C" int bp_cu_rope(cu_t d, cu_t x, cu_t pos, int n_dims, int mode, float base,
+                          float fscale, cudaStream_t s)
+{
+    const int64_t units = n_dims / 2 + (x.ne[0] - n_dims);
+    const int64_t n = units * nrows(x);
+    if (n == 0)
+        return 0;
+    k_rope<<<blocks_for(n), THREADS, 0, s>>>(d, x, pos, n_dims, mode == 2, base, fscale, units, n);
+    return launched();
+}
+
+/* ---- GET_ROWS, SET_ROWS ------------------------------------------------------------------ */
+
+__global__ void k_get_rows(cu_t d, cu_t a, cu_t ids, int *err, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t e[4];
+        unravel(d, i, e);
+        const int64_t id = *(const int32_t *)at(ids, e[1], e[2], e[3], 0);
+        if (id < 0 || id >= a.ne[1]) {
+            atomicExch(err, CU_ERR_ROW_ID);
+            st(at(d, e[0], e[1], e[2], e[3]), d.type, 0.0f);
+            continue;
+        }
+        const char *row = a.data + id * a.nb[1] + e[2] * a.nb[2] + e[3] * a.nb[3];
+        st(at(d, e[0], e[1], e[2], e[3]), d.type, ld_row(row, a.type, a.nb[0], e[0]));
+    }
+}
+
+__global__ void k_set_rows(cu_t d, cu_t src, cu_t ids, int *err, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t e[4];
+        unravel(src, i, e);
+        const int64_t id = *(const int32_t *)at(ids, e[1], e[2] % ids.ne[1], e[3] % ids.ne[2], 0);
+        if (id < 0 || id >= d.ne[1]) {
+            atomicExch(err, CU_ERR_ROW_ID);
+            continue;
+        }
+        st(at(d, e[0], id, e[2], e[3]), d.type, ld(at(src, e[0], e[1], e[2], e[3]), src.type));
+    }
+}
+
+extern "C" int bp_cu_get_rows(cu_t d, cu_t a, cu_t ids, int *err, cudaStream_t s)
+{
+    const int64_t n = nelements(d);
+    k_get_rows<<<blocks_for(n), THREADS, 0, s>>>(d, a, ids, err, n);
+    return launched();
+}
+
+extern "C" int bp_cu_set_rows(cu_t d, cu_t src, cu_t ids, int *err, cudaStream_t s)
+{
+    const int64_t n = nelements(src);
+    k_set_rows<<<blocks_for(n), THREADS, 0, s>>>(d, src, ids, err, n);
+    return launched();
+}
+
+/* ---- Matrix-vector and GEMM input conversion ---------------------------------------------- */
+
+/* One warp per (row m of a, column n of b, batch); lanes stride over K. */
+__global__ void k_matvec(cu_t d, cu_t a, cu_t b, int64_t total)
+{
+    const int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (w >= total)
+        return;
+    int64_t e[4];
+    int64_t r = w;
+    e[0] = r % d.ne[0];
+    r /= d.ne[0];
+    e[1] = r % d.ne[1];
+    r /= d.ne[1];
+    e[2] = r % d.ne[2];
+    e[3] = r / d.ne[2];
+    const int64_t r2 = b.ne[2] / a.ne[2], r3 = b.ne[3] / a.ne[3];
+    const char *arow = a.data + e[0] * a.nb[1] + (e[2] / r2) * a.nb[2] + (e[3] / r3) * a.nb[3];
+    const char *brow = at(b, 0, e[1], e[2], e[3]);
+    const int64_t K = a.ne[0];
+    float s = 0.0f;
+    if (a.type == CU_Q8_0 || a.type == CU_Q4_0) {
+        /* each lane takes whole blocks: one scale load per 32 elements */
+        const int64_t nb = K / 32;
+        for (int64_t blk = lane; blk < nb; blk += 32) {
+            float part = 0.0f;
+            if (a.type == CU_Q8_0) {
+                const char *q = arow + blk * 34;
+                const int8_t *qs = (const int8_t *)(q + 2);
+                for (int j = 0; j < 32; j++)
+                    part += (float)qs[j] * ld(brow + (blk * 32 + j) * b.nb[0], b.type);
+                s += __half2float(*(const __half *)q) * part;
+            } else {
+                const char *q = arow + blk * 18;
+                const uint8_t *qs = (const uint8_t *)(q + 2);
+                for (int j = 0; j < 16; j++) {
+                    part += (float)((qs[j] & 0x0f) - 8) * ld(brow + (blk * 32 + j) * b.nb[0], b.type);
+                    part += (float)((qs[j] >> 4) - 8) * ld(brow + (blk * 32 + j + 16) * b.nb[0], b.type);
+                }
+                s += __half2float(*(const __half *)q) * part;
+            }
+        }
+    } else {
+        for (int64_t k = lane; k < K; k += 32)
+            s += ld(arow + k * a.nb[0], a.type) * ld(brow + k * b.nb[0], b.type);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0)
+        st(at(d, e[0], e[1], e[2], e[3]), d.type, s);
+}
+
+extern "C" int bp_cu_matvec(cu_t d, cu_t a, cu_t b, cudaStream_t s)
+{
+    const int64_t total = nelements(d);
+    if (total == 0)
+        return 0;
+    const int64_t threads = total * 32;
+    const int64_t blocks = (threads + THREADS - 1) / THREADS;
+    if (blocks > 0x7fffffffLL)
+        return (int)cudaErrorInvalidConfiguration;
+    k_matvec<<<(unsigned)blocks, THREADS, 0, s>>>(d, a, b, total);
+    return launched();
+}
+
+__global__ void k_convert(char *out, int out_type, cu_t a, int64_t i2, int64_t i3, int64_t n)
+{
+    const int64_t K = a.ne[0];
+    const int osz = out_type == CU_F32 ? 4 : 2;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t k = i % K, m = i / K;
+        const char *row = a.data + m * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3];
+        st(out + i * osz, out_type, ld_row(row, a.type, a.nb[0], k));
+    }
+}
+
+extern "C" int bp_cu_convert(void *out, int out_type, cu_t a, int64_t i2, int64_t i3,
+                             cudaStream_t s)
+{
+    const int64_t n = a.ne[0] * a.ne[1];
+    if (n == 0)
+        return 0;
+    k_convert<<<blocks_for(n), THREADS, 0, s>>>((char *)out, out_type, a, i2, i3, n);
+    return launched();
+}
