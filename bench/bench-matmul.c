@@ -4,6 +4,7 @@
  *
  *   bench-matmul [--types f32,f16,bf16,q8_0,q4_0] [--M 4096] [--K 4096,14336] [--N 1,8,32,512]
  *                [--threads 1,2] [--min-time 1.0] [--no-peer] [--no-limits]
+ *   bench-matmul --device CUDA0 [--M 4096] [--K 4096] [--N 4096] [--min-time 1.0]
  *
  * --no-limits skips the FMA peak and triad measurements (quick comparisons only). */
 #include "config.h"
@@ -15,6 +16,10 @@
 #include <backplane/backplane.h>
 
 #include "bench-util.h"
+
+#ifdef BP_BENCH_CUDA
+#include "bench-cuda.h"
+#endif
 
 #ifdef BP_HAVE_OPENBLAS
 #include <cblas.h>
@@ -113,6 +118,20 @@ int main(int argc, char **argv)
     const char *types = bench_arg(argc, argv, "--types", "f32,f16,bf16,q8_0,q4_0");
     const bool peer = !bench_flag(argc, argv, "--no-peer");
     const bool limits = !bench_flag(argc, argv, "--no-limits");
+    const char *device = bench_arg(argc, argv, "--device", "CPU");
+
+    if (strncmp(device, "CUDA", 4) == 0) {
+#ifdef BP_BENCH_CUDA
+        if (bp_device_by_name(device) == NULL)
+            bp_plugin_load_all_from(BP_BENCH_CUDA_DIR);
+        return bench_cuda_matmul(device, atol(bench_arg(argc, argv, "--M", "4096")),
+                                 atol(bench_arg(argc, argv, "--N", "4096")),
+                                 atol(bench_arg(argc, argv, "--K", "4096")), min_time);
+#else
+        printf("# %s: this build has no CUDA: skipped\n", device);
+        return 0;
+#endif
+    }
 
     if (bp_device_by_name("CPU") == NULL && BP_BENCH_CPU_DIR[0] != '\0')
         bp_plugin_load_all_from(BP_BENCH_CPU_DIR);

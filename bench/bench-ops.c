@@ -2,7 +2,11 @@
  * shape of token-by-token generation, where ops are too small to amortise anything), timed
  * with 1 and 2 threads. One result per line: name, shape, threads, value, unit.
  *
- *   bench-ops [--nodes 1800] [--width 16] [--threads 1,2] [--reps 200] */
+ *   bench-ops [--nodes 1800] [--width 16] [--threads 1,2] [--reps 200]
+ *   bench-ops --device CUDA0 [--n 67108864] [--min-time 1.0]
+ *
+ * With a CUDA device it measures instead the bandwidth of large element-wise ops beside
+ * cudaMemcpy (bench-cuda.c). */
 #include "config.h"
 
 #include <stdio.h>
@@ -12,6 +16,10 @@
 #include <backplane/backplane.h>
 
 #include "bench-util.h"
+
+#ifdef BP_BENCH_CUDA
+#include "bench-cuda.h"
+#endif
 
 #ifndef BP_BENCH_CPU_DIR
 #define BP_BENCH_CPU_DIR ""
@@ -23,6 +31,19 @@ int main(int argc, char **argv)
     const int width = atoi(bench_arg(argc, argv, "--width", "16"));
     const int reps = atoi(bench_arg(argc, argv, "--reps", "200"));
     const char *threads = bench_arg(argc, argv, "--threads", "1,2");
+    const char *device = bench_arg(argc, argv, "--device", "CPU");
+
+    if (strncmp(device, "CUDA", 4) == 0) {
+#ifdef BP_BENCH_CUDA
+        if (bp_device_by_name(device) == NULL)
+            bp_plugin_load_all_from(BP_BENCH_CUDA_DIR);
+        return bench_cuda_ops(device, atol(bench_arg(argc, argv, "--n", "67108864")),
+                              atof(bench_arg(argc, argv, "--min-time", "1.0")));
+#else
+        printf("# %s: this build has no CUDA: skipped\n", device);
+        return 0;
+#endif
+    }
 
     if (bp_device_by_name("CPU") == NULL && BP_BENCH_CPU_DIR[0] != '\0')
         bp_plugin_load_all_from(BP_BENCH_CPU_DIR);

@@ -52,7 +52,9 @@ static void list_names(bool devices, char *out, size_t size)
         }
     }
     if (out[0] == '\0')
-        snprintf(out, size, "none (no plugin is loaded; see `backplane list`)");
+        snprintf(out, size, n == 0 ? "none (no plugin is loaded; see `backplane list`)"
+                                   : "none (the loaded plugins found no devices; see "
+                                     "`backplane list`)");
 }
 
 bp_registry *bp_registry_by_name(const char *name)

@@ -47,6 +47,12 @@ summarize() {
         /Checks: / { n = $3 + 0; f = $5 + 0; e = $7 + 0; total += n; failed += f + e }
         / passed, / { total += $2 + $4; failed += $4 }
         END { printf "checks: %d passed, %d failed\n", total - failed, failed }'
+    # Suites that skipped (exit 77, e.g. the GPU suite without a GPU) are named, never counted.
+    for trs in tests/*.trs; do
+        grep -q '^:test-result: SKIP' "$trs" 2>/dev/null || continue
+        log="${trs%.trs}.log"
+        echo "skipped: $(basename "$log" .log): $(grep -m1 '^SKIP: ' "$log" | sed 's/^SKIP: //')"
+    done
 }
 
 case "${1:-}" in

@@ -1,0 +1,217 @@
+/* bench-cuda.c - the CUDA device in bench-matmul and bench-ops (`--device CUDA0`), each figure
+ * beside the same work done by calling CUDA directly in the same run: cuBLAS GEMM on the same
+ * device pointers for MUL_MAT, cudaMemcpy for the bandwidth of element-wise ops. Built only
+ * where configure found CUDA; the peers are linked into the benchmarks, never into the plugin's
+ * users. Times are host wall-clock around a computation that ends with a synchronisation, the
+ * same for the plugin and the peer. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <backplane/backplane.h>
+
+#include "bench-cuda.h"
+#include "bench-util.h"
+
+#define MAX_RUNS 200
+
+static void fill_random(bp_tensor *t)
+{
+    const int64_t n0 = t->ne[0], rows = bp_nrows(t);
+    const size_t row_bytes = bp_row_size(t->type, n0);
+    float *row = malloc((size_t)n0 * sizeof(float));
+    char *conv = malloc(row_bytes);
+    unsigned long long s = 88172645463325252ull;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < n0; i++) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            row[i] = (float)(s % 2000001) / 1000000.0f - 1.0f;
+        }
+        bp_type_get_traits(t->type)->from_float(row, conv, n0);
+        bp_tensor_set(t, conv, (size_t)r * t->nb[1], row_bytes);
+    }
+    free(row);
+    free(conv);
+}
+
+/* Median seconds of fn(arg) over at least min_time (3 to MAX_RUNS runs), after a warm-up. */
+static double time_median(int (*fn)(void *), void *arg, double min_time)
+{
+    double t[MAX_RUNS];
+    int n = 0;
+    if (fn(arg) != 0)
+        return -1.0;
+    double start = bench_now();
+    while (n < MAX_RUNS && (n < 3 || bench_now() - start < min_time)) {
+        double t0 = bench_now();
+        if (fn(arg) != 0)
+            return -1.0;
+        t[n++] = bench_now() - t0;
+    }
+    return bench_median(t, n);
+}
+
+struct graph_job {
+    bp_backend *be;
+    bp_graph *g;
+};
+
+static int run_graph(void *p)
+{
+    struct graph_job *j = p;
+    return bp_backend_graph_compute(j->be, j->g) == BP_OK ? 0 : -1;
+}
+
+struct gemm_job {
+    cublasHandle_t h;
+    int M, N, K;
+    const void *a, *b;
+    void *c;
+    cudaDataType_t ta, tb;
+};
+
+static int run_gemm(void *p)
+{
+    struct gemm_job *j = p;
+    const float one = 1.0f, zero = 0.0f;
+    if (cublasGemmEx(j->h, CUBLAS_OP_T, CUBLAS_OP_N, j->M, j->N, j->K, &one, j->a, j->ta, j->K,
+                     j->b, j->tb, j->K, &zero, j->c, CUDA_R_32F, j->M, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+        return -1;
+    return cudaDeviceSynchronize() == cudaSuccess ? 0 : -1;
+}
+
+struct copy_job {
+    void *dst;
+    const void *src;
+    size_t bytes;
+};
+
+static int run_copy(void *p)
+{
+    struct copy_job *j = p;
+    if (cudaMemcpy(j->dst, j->src, j->bytes, cudaMemcpyDeviceToDevice) != cudaSuccess)
+        return -1;
+    return cudaDeviceSynchronize() == cudaSuccess ? 0 : -1;
+}
+
+static bp_backend *cuda_backend(const char *device)
+{
+    bp_backend *be = bp_backend_init_by_name(device, NULL);
+    if (be == NULL)
+        printf("# %s: not available (%s): skipped\n", device, bp_last_error());
+    else
+        printf("# device: %s (%s)\n", device, bp_device_description(bp_backend_get_device(be)));
+    return be;
+}
+
+int bench_cuda_matmul(const char *device, long M, long N, long K, double min_time)
+{
+    bp_backend *be = cuda_backend(device);
+    if (be == NULL)
+        return 0;
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "bench: cublasCreate failed\n");
+        bp_backend_free(be);
+        return 1;
+    }
+    static const enum bp_type types[] = {BP_TYPE_F32, BP_TYPE_F16, BP_TYPE_BF16};
+    for (int ti = 0; ti < 3; ti++) {
+        const enum bp_type wt = types[ti];
+        bp_context *ctx = bp_context_new(8);
+        bp_tensor *w = bp_new_tensor_2d(ctx, wt, K, M);
+        bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, K, N);
+        bp_tensor *xw = bp_new_tensor_2d(ctx, wt, K, N); /* x in the weights' type, for the peer */
+        bp_tensor *y = bp_mul_mat(ctx, w, x);
+        bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+        if (buf == NULL) {
+            fprintf(stderr, "bench: %s\n", bp_last_error());
+            bp_context_free(ctx);
+            break;
+        }
+        fill_random(w);
+        fill_random(x);
+        fill_random(xw);
+        bp_graph *g = bp_graph_new(4);
+        bp_graph_build_forward(g, y);
+        struct graph_job gj = {be, g};
+        const double t = time_median(run_graph, &gj, min_time);
+        const cudaDataType_t ct = wt == BP_TYPE_F32 ? CUDA_R_32F
+                                : wt == BP_TYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        struct gemm_job pj = {h, (int)M, (int)N, (int)K, w->data, xw->data, y->data, ct, ct};
+        const double tp = time_median(run_gemm, &pj, min_time);
+        char shape[96];
+        snprintf(shape, sizeof(shape), "M=%ld,K=%ld,N=%ld", M, K, N);
+        const double flops = 2.0 * M * N * K;
+        if (t > 0)
+            printf("mul_mat_%s_%s %s - %.1f GFLOP/s\n", bp_type_name(wt), device, shape,
+                   flops / t * 1e-9);
+        if (tp > 0) {
+            printf("cublas_gemm_%s %s - %.1f GFLOP/s\n", bp_type_name(wt), shape,
+                   flops / tp * 1e-9);
+            if (t > 0)
+                printf("ratio_vs_cublas_%s %s - %.2f x\n", bp_type_name(wt), shape, tp / t);
+        }
+        fflush(stdout);
+        bp_graph_free(g);
+        bp_buffer_free(buf);
+        bp_context_free(ctx);
+    }
+    cublasDestroy(h);
+    bp_backend_free(be);
+    return 0;
+}
+
+int bench_cuda_ops(const char *device, long n, double min_time)
+{
+    bp_backend *be = cuda_backend(device);
+    if (be == NULL)
+        return 0;
+    bp_context *ctx = bp_context_new(8);
+    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, n);
+    bp_tensor *b = bp_new_tensor_1d(ctx, BP_TYPE_F32, n);
+    bp_tensor *ops[3] = {bp_add(ctx, a, b), bp_scale(ctx, a, 0.5f), bp_silu(ctx, a)};
+    static const char *const names[3] = {"add", "scale", "silu"};
+    static const int streams[3] = {3, 2, 2}; /* arrays read + written */
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+    if (buf == NULL) {
+        fprintf(stderr, "bench: %s\n", bp_last_error());
+        bp_context_free(ctx);
+        bp_backend_free(be);
+        return 1;
+    }
+    bp_buffer_clear(buf, 0);
+    const size_t bytes = (size_t)n * sizeof(float);
+    char shape[64];
+    snprintf(shape, sizeof(shape), "n=%ld", n);
+    struct copy_job cj = {b->data, a->data, bytes};
+    const double tc = time_median(run_copy, &cj, min_time);
+    if (tc > 0)
+        printf("cudaMemcpy_d2d %s - %.1f GB/s\n", shape, 2.0 * bytes / tc * 1e-9);
+    for (int i = 0; i < 3; i++) {
+        bp_graph *g = bp_graph_new(4);
+        bp_graph_build_forward(g, ops[i]);
+        struct graph_job gj = {be, g};
+        const double t = time_median(run_graph, &gj, min_time);
+        if (t > 0) {
+            const double bw = streams[i] * (double)bytes / t * 1e-9;
+            printf("%s_%s %s - %.1f GB/s\n", names[i], device, shape, bw);
+            if (tc > 0)
+                printf("ratio_vs_memcpy_%s %s - %.2f x\n", names[i], shape,
+                       bw / (2.0 * bytes / tc * 1e-9));
+        }
+        bp_graph_free(g);
+    }
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+    bp_backend_free(be);
+    return 0;
+}
