@@ -136,6 +136,13 @@ __global__ void k_unary(int op, float p, cu_t d, cu_t a, int64_t n)
     }
 }
 
+static __device__ __forceinline__ bool is_quant(int type)
+{
+    return type == CU_Q8_0 || type == CU_Q4_0;
+}
+
+/* Element-wise copy in logical order; the source may be quantised (rows of whole blocks), and
+ * I32 to I32 is copied exactly. */
 __global__ void k_copy(cu_t d, cu_t a, int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -143,7 +150,72 @@ __global__ void k_copy(cu_t d, cu_t a, int64_t n)
         int64_t x[4], y[4];
         unravel(d, i, x);
         unravel(a, i, y);
-        st(at(d, x[0], x[1], x[2], x[3]), d.type, ld(at(a, y[0], y[1], y[2], y[3]), a.type));
+        char *dp = at(d, x[0], x[1], x[2], x[3]);
+        if (d.type == CU_I32 && a.type == CU_I32) {
+            *(int32_t *)dp = *(const int32_t *)at(a, y[0], y[1], y[2], y[3]);
+            continue;
+        }
+        const float v = is_quant(a.type) ? ld_q(at(a, 0, y[1], y[2], y[3]), a.type, y[0])
+                                         : ld(at(a, y[0], y[1], y[2], y[3]), a.type);
+        st(dp, d.type, v);
+    }
+}
+
+/* One block of 32 values to Q8_0 or Q4_0, exactly as the runtime's conversions do it. */
+static __device__ void quantize_block(const float *x, char *out, int type)
+{
+    if (type == CU_Q8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        *(__half *)out = __float2half_rn(dd);
+        for (int j = 0; j < 32; j++)
+            ((int8_t *)(out + 2))[j] = (int8_t)rintf(x[j] * id);
+        return;
+    }
+    float amax = 0.0f, mx = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            mx = x[j];
+        }
+    }
+    const float dd = mx / -8.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    *(__half *)out = __float2half_rn(dd);
+    for (int j = 0; j < 16; j++) {
+        int q0 = (int)(x[j] * id + 8.5f), q1 = (int)(x[j + 16] * id + 8.5f);
+        q0 = q0 < 0 ? 0 : q0 > 15 ? 15 : q0;
+        q1 = q1 < 0 ? 0 : q1 > 15 ? 15 : q1;
+        ((uint8_t *)(out + 2))[j] = (uint8_t)(q0 | (q1 << 4));
+    }
+}
+
+static __device__ __forceinline__ int block_bytes(int type)
+{
+    return type == CU_Q8_0 ? 34 : 18;
+}
+
+/* Copy into a quantised destination: one thread per destination block, the 32 source values
+ * taken in logical order (any source layout and float type). */
+__global__ void k_copy_to_quant(cu_t d, cu_t a, int64_t nblocks)
+{
+    const int64_t bpr = d.ne[0] / 32;
+    for (int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; b < nblocks;
+         b += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = b / bpr, j0 = (b % bpr) * 32;
+        int64_t r = row;
+        const int64_t i1 = r % d.ne[1];
+        r /= d.ne[1];
+        const int64_t i2 = r % d.ne[2], i3 = r / d.ne[2];
+        float x[32];
+        for (int j = 0; j < 32; j++) {
+            int64_t y[4];
+            unravel(a, row * d.ne[0] + j0 + j, y);
+            x[j] = is_quant(a.type) ? ld_q(at(a, 0, y[1], y[2], y[3]), a.type, y[0])
+                                    : ld(at(a, y[0], y[1], y[2], y[3]), a.type);
+        }
+        quantize_block(x, at(d, 0, i1, i2, i3) + (j0 / 32) * block_bytes(d.type), d.type);
     }
 }
 
@@ -195,7 +267,14 @@ extern "C" int bp_cu_unary(int op, float p, cu_t d, cu_t a, cudaStream_t s)
 extern "C" int bp_cu_copy(cu_t d, cu_t a, cudaStream_t s)
 {
     const int64_t n = nelements(d);
-    k_copy<<<blocks_for(n), THREADS, 0, s>>>(d, a, n);
+    if (n == 0)
+        return 0;
+    if (d.type == CU_Q8_0 || d.type == CU_Q4_0) {
+        const int64_t nb = n / 32;
+        k_copy_to_quant<<<blocks_for(nb), THREADS, 0, s>>>(d, a, nb);
+    } else {
+        k_copy<<<blocks_for(n), THREADS, 0, s>>>(d, a, n);
+    }
     return launched();
 }
 
@@ -451,10 +530,40 @@ extern "C" int bp_cu_get_rows(cu_t d, cu_t a, cu_t ids, int *err, cudaStream_t s
     return launched();
 }
 
+/* SET_ROWS into a quantised destination: one thread per (source row, block). */
+__global__ void k_set_rows_quant(cu_t d, cu_t src, cu_t ids, int *err, int64_t nblocks)
+{
+    const int64_t bpr = src.ne[0] / 32;
+    for (int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; b < nblocks;
+         b += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = b / bpr;
+        const int64_t blk = b % bpr;
+        const int64_t i1 = r % src.ne[1];
+        r /= src.ne[1];
+        const int64_t i2 = r % src.ne[2], i3 = r / src.ne[2];
+        const int64_t id = *(const int32_t *)at(ids, i1, i2 % ids.ne[1], i3 % ids.ne[2], 0);
+        if (id < 0 || id >= d.ne[1]) {
+            atomicExch(err, CU_ERR_ROW_ID);
+            continue;
+        }
+        float x[32];
+        for (int j = 0; j < 32; j++)
+            x[j] = ld(at(src, blk * 32 + j, i1, i2, i3), src.type);
+        quantize_block(x, at(d, 0, id, i2, i3) + blk * block_bytes(d.type), d.type);
+    }
+}
+
 extern "C" int bp_cu_set_rows(cu_t d, cu_t src, cu_t ids, int *err, cudaStream_t s)
 {
     const int64_t n = nelements(src);
-    k_set_rows<<<blocks_for(n), THREADS, 0, s>>>(d, src, ids, err, n);
+    if (n == 0)
+        return 0;
+    if (d.type == CU_Q8_0 || d.type == CU_Q4_0) {
+        const int64_t nb = n / 32;
+        k_set_rows_quant<<<blocks_for(nb), THREADS, 0, s>>>(d, src, ids, err, nb);
+    } else {
+        k_set_rows<<<blocks_for(n), THREADS, 0, s>>>(d, src, ids, err, n);
+    }
     return launched();
 }
 

@@ -374,6 +374,24 @@ static bool quant_type(enum bp_type t)
     return t == BP_TYPE_Q8_0 || t == BP_TYPE_Q4_0;
 }
 
+/* Rows stored as whole contiguous blocks (how the quantised kernels address them). */
+static bool rows_of_blocks(const bp_tensor *t)
+{
+    return t->nb[0] == bp_type_size(t->type);
+}
+
+/* DUP, CONT and CPY (the node is the destination): between float types in any layout, I32 to
+ * I32, from a quantised source with whole-block rows, and into a quantised destination with
+ * whole-block rows. */
+static bool copy_supported(const bp_tensor *dst, const bp_tensor *src)
+{
+    if (dst->type == BP_TYPE_I32 || src->type == BP_TYPE_I32)
+        return dst->type == src->type;
+    const bool src_ok = float_type(src->type) || (quant_type(src->type) && rows_of_blocks(src));
+    const bool dst_ok = float_type(dst->type) || (quant_type(dst->type) && rows_of_blocks(dst));
+    return src_ok && dst_ok;
+}
+
 /* Exactly what graph_compute below implements. */
 static bool cuda_supports(const bp_tensor *op)
 {
@@ -387,15 +405,15 @@ static bool cuda_supports(const bp_tensor *op)
         return true;
     case BP_OP_DUP:
     case BP_OP_CONT:
-        return float_type(op->type) && float_type(a->type);
     case BP_OP_CPY:
-        return float_type(a->type) && float_type(b->type);
+        return copy_supported(op, a);
     case BP_OP_GET_ROWS:
         return float_type(op->type) && b->type == BP_TYPE_I32 &&
                (float_type(a->type) ||
                 (quant_type(a->type) && a->nb[0] == bp_type_size(a->type)));
     case BP_OP_SET_ROWS:
-        return float_type(op->type) && float_type(b->type) && op->src[2]->type == BP_TYPE_I32;
+        return (float_type(op->type) || (quant_type(op->type) && rows_of_blocks(op))) &&
+               float_type(b->type) && op->src[2]->type == BP_TYPE_I32;
     case BP_OP_ADD:
     case BP_OP_SUB:
     case BP_OP_MUL:
