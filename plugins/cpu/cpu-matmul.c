@@ -689,7 +689,7 @@ static void dot_quant_cols(enum bp_type type, const void *xrow, const struct bp_
 /* Eight rows of quantised A against one Q8_0 column y, with VNNI (vpdpbusd: unsigned bytes times
  * signed bytes, four at a time into each 32-bit lane). The weights are made unsigned: a Q4_0
  * nibble is q + 8, a Q8_0 byte x ^ 0x80 is x + 128, so each block's dot product comes out too
- * large by sum(y) << sh (sh = 3 or 7); ysum holds sum(y) per block, computed once per column.
+ * large by c sum(y) (c = 8 or 128); ysum holds sum(y) per block, computed once per column.
  *
  * One 512-bit register holds the same 16 bytes of a block for four rows, one row per 128-bit
  * lane, against those 16 bytes of y broadcast to every lane; the two halves of the block go into
@@ -744,7 +744,7 @@ static void qrows8(enum bp_type type, const char *row0, int64_t lda, const uint1
                    const struct bp_block_q8_0 *y, const int32_t *ysum, int64_t nb, float out[8])
 {
     const int64_t bs = qblock_size(type);
-    const int sh = type == BP_TYPE_Q4_0 ? 3 : 7;
+    const int32_t c = type == BP_TYPE_Q4_0 ? 8 : 128;
     const char *r[8];
     for (int i = 0; i < 8; i++)
         r[i] = row0 + i * lda;
@@ -760,7 +760,7 @@ static void qrows8(enum bp_type type, const char *row0, int64_t lda, const uint1
         __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
         t = _mm512_add_epi32(_mm512_unpacklo_epi64(t, t), _mm512_unpackhi_epi64(t, t));
         __m256i s = _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, t));
-        s = _mm256_sub_epi32(s, _mm256_set1_epi32(ysum[i] << sh));
+        s = _mm256_sub_epi32(s, _mm256_set1_epi32(ysum[i] * c));
         const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 8 * i)));
         const __m256 scale = _mm256_mul_ps(dx, _mm256_set1_ps(_cvtsh_ss(y[i].d)));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
@@ -860,6 +860,12 @@ static bool quantized(enum bp_type t)
     return t == BP_TYPE_Q8_0 || t == BP_TYPE_Q4_0;
 }
 
+/* The block sums of B's quantised columns follow the blocks, 64-byte aligned. */
+static size_t ysum_offset(int64_t N, int64_t nb)
+{
+    return ((size_t)(N * nb) * sizeof(struct bp_block_q8_0) + 63) & ~(size_t)63;
+}
+
 bool bp_cpu_mul_mat_supported(const bp_tensor *dst)
 {
     const bp_tensor *a = dst->src[0], *b = dst->src[1];
@@ -888,8 +894,8 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
         *per_thread = (size_t)(RD * K + 64) * sizeof(float);
         /* B quantised to Q8_0, one batch at a time. */
         *shared = quantized(dst->src[0]->type)
-                      ? (size_t)(N * ((K + 31) / 32)) *
-                            (sizeof(struct bp_block_q8_0) + sizeof(int32_t))
+                      ? ysum_offset(N, (K + 31) / 32) + (size_t)(N * ((K + 31) / 32)) *
+                                                              sizeof(int32_t)
                       : 0;
     }
 }
@@ -932,7 +938,7 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
             /* Quantise B's columns (shared by all threads), then integer dot products. */
             struct bp_block_q8_0 *bq = p->wshared;
             const int64_t nb = a->ne[0] / 32;
-            int32_t *ysum = (int32_t *)(bq + N * nb);
+            int32_t *ysum = (int32_t *)((char *)bq + ysum_offset(N, nb));
             int64_t n0, n1;
             bp_cpu_split(N, p->ith, p->nth, &n0, &n1);
             for (int64_t n = n0; n < n1; n++)
