@@ -1125,6 +1125,19 @@ int bp_sched_get_n_splits(bp_sched *s)
     return s ? s->n_splits : 0;
 }
 
+bp_backend *bp_sched_get_split_backend(bp_sched *s, int i, int *n_nodes, int *n_inputs)
+{
+    if (s == NULL || i < 0 || i >= s->n_splits)
+        return bp__error_null(BP_ERR_OUT_OF_BOUNDS, "bp_sched_get_split_backend: split %d of %d",
+                              i, s ? s->n_splits : 0);
+    const struct split *sp = &s->splits[i];
+    if (n_nodes != NULL)
+        *n_nodes = sp->i1 - sp->i0;
+    if (n_inputs != NULL)
+        *n_inputs = sp->n_inputs;
+    return s->backends[sp->backend];
+}
+
 int bp_sched_get_n_copies(bp_sched *s)
 {
     return s ? s->n_copies : 0;

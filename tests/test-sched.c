@@ -56,8 +56,21 @@ static float *run(bp_backend *const *backends, int n, bool parallel, bp_buffer_t
     ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
     set_inputs(&tg, cfg, salt);
     ck_assert_msg(bp_sched_graph_compute(s, g) == BP_OK, "%s", bp_last_error());
-    if (n_splits)
+    if (n_splits) {
         *n_splits = bp_sched_get_n_splits(s);
+        /* every split names one of our backends; together they cover at most the graph */
+        int covered = 0;
+        for (int i = 0; i < *n_splits; i++) {
+            int nodes = -1, inputs = -1;
+            bp_backend *be = bp_sched_get_split_backend(s, i, &nodes, &inputs);
+            ck_assert(be == backends[0] || (n > 1 && be == backends[1]));
+            ck_assert(nodes > 0 && inputs >= 0);
+            covered += nodes;
+        }
+        ck_assert_int_le(covered, bp_graph_n_nodes(g));
+        ck_assert_ptr_null(bp_sched_get_split_backend(s, *n_splits, NULL, NULL));
+        ck_assert_int_eq(bp_last_status(), BP_ERR_OUT_OF_BOUNDS);
+    }
     const size_t bytes = bp_nbytes(tg.logits);
     float *out = malloc(bytes);
     ck_assert_int_eq(bp_tensor_get(tg.logits, out, 0, bytes), BP_OK);

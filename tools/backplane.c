@@ -3,6 +3,7 @@
  *   backplane version         library version
  *   backplane list [--json]   every plugin file considered and why, and every device
  *   backplane ops             the types and ops the runtime knows
+ *   backplane run [...]       serve a transformer on chosen devices (run.c)
  */
 #include "config.h"
 
@@ -11,6 +12,8 @@
 #include <string.h>
 
 #include <backplane/backplane.h>
+
+#include "tool.h"
 
 static void usage(FILE *f)
 {
@@ -21,6 +24,8 @@ static void usage(FILE *f)
                "  list [--json]  list every plugin considered (and why it did or did not load)\n"
                "                 and every device\n"
                "  ops            list the element types and ops the runtime knows\n"
+               "  run [options]  serve a transformer (tiny, small or base) on chosen devices:\n"
+               "                 a prompt, then greedy generation (backplane run --help)\n"
                "  help           print this message\n"
                "\n"
                "environment: BP_PLUGIN_PATH, BP_PLUGINS_ONLY, BP_PLUGINS_DISABLE, BP_CPU_DISABLE,\n"
@@ -186,6 +191,8 @@ int main(int argc, char **argv)
         return cmd_list(argc, argv);
     if (strcmp(argv[1], "ops") == 0)
         return cmd_ops();
+    if (strcmp(argv[1], "run") == 0)
+        return cmd_run(argc - 2, argv + 2);
     if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
         return 0;

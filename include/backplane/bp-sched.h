@@ -51,6 +51,11 @@ BP_API bp_backend *bp_sched_get_tensor_backend(bp_sched *sched, const bp_tensor 
 BP_API int bp_sched_get_n_backends(bp_sched *sched);
 BP_API bp_backend *bp_sched_get_backend(bp_sched *sched, int i);
 BP_API int bp_sched_get_n_splits(bp_sched *sched);
+/* Split i of the last split graph: the backend that runs it, and optionally how many graph
+ * nodes it has and how many inputs are copied into it. NULL (BP_ERR_OUT_OF_BOUNDS) when there
+ * is no split i. */
+BP_API bp_backend *bp_sched_get_split_backend(bp_sched *sched, int i, int *n_nodes,
+                                              int *n_inputs);
 BP_API int bp_sched_get_n_copies(bp_sched *sched);
 /* Bytes of backend's compute buffer (0 when it has none yet). */
 BP_API size_t bp_sched_get_buffer_size(bp_sched *sched, bp_backend *backend);

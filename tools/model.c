@@ -1,0 +1,321 @@
+/* model.c - the decoder of model.h. */
+#include "config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <backplane/bp-plugin.h> /* bp_set_error */
+
+#include "model.h"
+
+static const struct model_config configs[] = {
+    /* n_ff and n_embd are multiples of 32, so every weight type (Q8_0, Q4_0 blocks) fits. */
+    {"tiny", 2, 128, 352, 4, 1024, 256},
+    {"small", 8, 512, 1408, 8, 8192, 512},
+    {"base", 16, 2048, 5632, 16, 32000, 512},
+};
+
+const struct model_config *model_config_by_name(const char *name)
+{
+    for (size_t i = 0; i < sizeof(configs) / sizeof(configs[0]); i++)
+        if (strcmp(configs[i].name, name) == 0)
+            return &configs[i];
+    return NULL;
+}
+
+const char *model_config_names(void)
+{
+    return "tiny, small, base";
+}
+
+int64_t model_n_params(const struct model_config *c)
+{
+    const int64_t E = c->n_embd, F = c->n_ff;
+    return 2 * (int64_t)c->n_vocab * E + E + (int64_t)c->n_layer * (4 * E * E + 3 * E * F + 2 * E);
+}
+
+size_t model_weight_bytes(const struct model_config *c, enum bp_type wtype)
+{
+    const int64_t E = c->n_embd, F = c->n_ff;
+    const size_t mat = 2 * (size_t)c->n_vocab * bp_row_size(wtype, E) +
+                       (size_t)c->n_layer * (4 * (size_t)E * bp_row_size(wtype, E) +
+                                             2 * (size_t)F * bp_row_size(wtype, E) +
+                                             (size_t)E * bp_row_size(wtype, F));
+    return mat + (size_t)(1 + 2 * c->n_layer) * (size_t)E * sizeof(float);
+}
+
+size_t model_kv_bytes(const struct model_config *c)
+{
+    return 2 * (size_t)c->n_layer * (size_t)c->n_ctx * (size_t)c->n_embd * 2;
+}
+
+/* ---- Weights -------------------------------------------------------------------------------- */
+
+struct rng {
+    uint64_t s;
+};
+
+static float next_uniform(struct rng *r) /* in [-1, 1) */
+{
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    const uint64_t x = r->s * 0x2545F4914F6CDD1Dull;
+    return (float)((double)(x >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+/* Rows of t drawn from uniform(-scale, scale) around `center`, in t's type. */
+static enum bp_status fill(bp_tensor *t, uint64_t seed, float center, float scale)
+{
+    struct rng r = {seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull};
+    for (int i = 0; i < 4; i++)
+        next_uniform(&r);
+    const int64_t n0 = t->ne[0], rows = bp_nrows(t);
+    const size_t row_bytes = bp_row_size(t->type, n0);
+    float *f = malloc((size_t)n0 * sizeof(float));
+    char *conv = malloc(row_bytes);
+    enum bp_status st = BP_OK;
+    if (f == NULL || conv == NULL)
+        st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "out of memory filling '%s'", t->name);
+    for (int64_t row = 0; row < rows && st == BP_OK; row++) {
+        for (int64_t i = 0; i < n0; i++)
+            f[i] = center + scale * next_uniform(&r);
+        bp_type_get_traits(t->type)->from_float(f, conv, n0);
+        st = bp_tensor_set(t, conv, (size_t)row * t->nb[1], row_bytes);
+    }
+    free(f);
+    free(conv);
+    return st;
+}
+
+static bp_tensor *matrix(bp_context *ctx, enum bp_type type, int64_t cols, int64_t rows,
+                         const char *fmt, int il)
+{
+    bp_tensor *t = bp_new_tensor_2d(ctx, type, cols, rows);
+    return t ? bp_format_name(t, fmt, il) : NULL;
+}
+
+static bool describe(struct model *m)
+{
+    const struct model_config *c = &m->cfg;
+    const int64_t E = c->n_embd, F = c->n_ff;
+    const enum bp_type wt = m->wtype;
+    bp_context *w = m->wctx;
+    m->tok_embd = bp_set_name(bp_new_tensor_2d(w, wt, E, c->n_vocab), "token_embd");
+    m->out_norm = bp_set_name(bp_new_tensor_1d(w, BP_TYPE_F32, E), "output_norm");
+    m->output = bp_set_name(bp_new_tensor_2d(w, wt, E, c->n_vocab), "output");
+    if (!m->tok_embd || !m->out_norm || !m->output)
+        return false;
+    for (int il = 0; il < c->n_layer; il++) {
+        struct model_layer *l = &m->layers[il];
+        l->attn_norm = matrix(w, BP_TYPE_F32, E, 1, "blk.%d.attn_norm", il);
+        l->wq = matrix(w, wt, E, E, "blk.%d.attn_q", il);
+        l->wk = matrix(w, wt, E, E, "blk.%d.attn_k", il);
+        l->wv = matrix(w, wt, E, E, "blk.%d.attn_v", il);
+        l->wo = matrix(w, wt, E, E, "blk.%d.attn_output", il);
+        l->ffn_norm = matrix(w, BP_TYPE_F32, E, 1, "blk.%d.ffn_norm", il);
+        l->w_gate = matrix(w, wt, E, F, "blk.%d.ffn_gate", il);
+        l->w_up = matrix(w, wt, E, F, "blk.%d.ffn_up", il);
+        l->w_down = matrix(w, wt, F, E, "blk.%d.ffn_down", il);
+        l->k_cache = matrix(m->kvctx, BP_TYPE_F16, E, c->n_ctx, "blk.%d.cache_k", il);
+        l->v_cache = matrix(m->kvctx, BP_TYPE_F16, E, c->n_ctx, "blk.%d.cache_v", il);
+        if (!l->attn_norm || !l->wq || !l->wk || !l->wv || !l->wo || !l->ffn_norm || !l->w_gate ||
+            !l->w_up || !l->w_down || !l->k_cache || !l->v_cache)
+            return false;
+    }
+    return true;
+}
+
+static enum bp_status fill_all(struct model *m, uint64_t seed)
+{
+    const struct model_config *c = &m->cfg;
+    const float se = sqrtf(3.0f / (float)c->n_embd), sf = sqrtf(3.0f / (float)c->n_ff);
+    uint64_t k = seed * 1000003u;
+    enum bp_status st = fill(m->tok_embd, ++k, 0.0f, 1.0f);
+    if (st == BP_OK)
+        st = fill(m->out_norm, ++k, 1.0f, 0.1f);
+    if (st == BP_OK)
+        st = fill(m->output, ++k, 0.0f, se);
+    for (int il = 0; il < c->n_layer && st == BP_OK; il++) {
+        const struct model_layer *l = &m->layers[il];
+        bp_tensor *const mats[] = {l->wq, l->wk, l->wv, l->wo, l->w_gate, l->w_up};
+        st = fill(l->attn_norm, ++k, 1.0f, 0.1f);
+        if (st == BP_OK)
+            st = fill(l->ffn_norm, ++k, 1.0f, 0.1f);
+        for (int i = 0; i < 6 && st == BP_OK; i++)
+            st = fill(mats[i], ++k, 0.0f, se);
+        if (st == BP_OK)
+            st = fill(l->w_down, ++k, 0.0f, sf);
+    }
+    return st;
+}
+
+enum bp_status model_init(struct model *m, const struct model_config *cfg, enum bp_type wtype,
+                          bp_buffer_type *buft, uint64_t seed)
+{
+    memset(m, 0, sizeof(*m));
+    m->cfg = *cfg;
+    m->wtype = wtype;
+    m->layers = calloc((size_t)cfg->n_layer, sizeof(*m->layers));
+    m->wctx = bp_context_new(3 + 9 * (size_t)cfg->n_layer);
+    m->kvctx = bp_context_new(2 * (size_t)cfg->n_layer);
+    enum bp_status st = BP_OK;
+    if (m->layers == NULL || m->wctx == NULL || m->kvctx == NULL)
+        st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "out of memory describing the model");
+    else if (!describe(m))
+        st = bp_last_status();
+    if (st == BP_OK) {
+        for (size_t i = 0; i < bp_context_n_tensors(m->wctx); i++)
+            bp_set_param(bp_context_get_tensor(m->wctx, i));
+        m->wbuf = bp_alloc_ctx_tensors(m->wctx, buft);
+        if (m->wbuf == NULL)
+            st = bp_last_status();
+    }
+    if (st == BP_OK) {
+        bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
+        m->kvbuf = bp_alloc_ctx_tensors(m->kvctx, buft);
+        if (m->kvbuf == NULL)
+            st = bp_last_status();
+    }
+    if (st == BP_OK)
+        st = bp_buffer_clear(m->kvbuf, 0);
+    if (st == BP_OK)
+        st = fill_all(m, seed);
+    if (st != BP_OK)
+        model_free(m);
+    return st;
+}
+
+void model_free(struct model *m)
+{
+    bp_buffer_free(m->wbuf);
+    bp_buffer_free(m->kvbuf);
+    bp_context_free(m->wctx);
+    bp_context_free(m->kvctx);
+    free(m->layers);
+    memset(m, 0, sizeof(*m));
+}
+
+/* ---- One step ---------------------------------------------------------------------------------- */
+
+#define CHECK(x)                                                                                 \
+    do {                                                                                         \
+        if ((x) == NULL)                                                                         \
+            goto fail;                                                                           \
+    } while (0)
+
+enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, struct model_step *st)
+{
+    const struct model_config *c = &m->cfg;
+    memset(st, 0, sizeof(*st));
+    if (n_tok < 1 || pos0 < 0 || pos0 + n_tok > c->n_ctx)
+        return bp_set_error(BP_ERR_INVALID_ARG, "model '%s': positions %d..%d do not fit its "
+                            "context of %d", c->name, pos0, pos0 + n_tok - 1, c->n_ctx);
+    const int64_t E = c->n_embd, H = c->n_head, D = E / H, T = n_tok, KV = pos0 + n_tok;
+    const float eps = 1e-5f, kq_scale = 1.0f / sqrtf((float)D);
+    const size_t n_nodes = 64 + 48 * (size_t)c->n_layer;
+    st->n_tok = n_tok;
+    st->pos0 = pos0;
+    st->ctx = bp_context_new(n_nodes);
+    st->graph = bp_graph_new(n_nodes * 2);
+    if (st->ctx == NULL || st->graph == NULL)
+        goto fail;
+    bp_context *ctx = st->ctx;
+    CHECK(st->tokens = bp_set_name(bp_new_tensor_1d(ctx, BP_TYPE_I32, T), "tokens"));
+    CHECK(st->pos = bp_set_name(bp_new_tensor_1d(ctx, BP_TYPE_I32, T), "pos"));
+    CHECK(st->mask = bp_set_name(bp_new_tensor_2d(ctx, BP_TYPE_F16, KV, T), "mask"));
+    bp_set_input(st->tokens);
+    bp_set_input(st->pos);
+    bp_set_input(st->mask);
+
+    bp_tensor *x, *cur;
+    CHECK(x = bp_get_rows(ctx, m->tok_embd, st->tokens));
+    for (int il = 0; il < c->n_layer; il++) {
+        const struct model_layer *l = &m->layers[il];
+        CHECK(cur = bp_rms_norm(ctx, x, eps));
+        CHECK(cur = bp_mul(ctx, cur, l->attn_norm));
+
+        bp_tensor *q, *k, *v;
+        CHECK(q = bp_reshape_3d(ctx, bp_mul_mat(ctx, l->wq, cur), D, H, T));
+        CHECK(k = bp_reshape_3d(ctx, bp_mul_mat(ctx, l->wk, cur), D, H, T));
+        CHECK(v = bp_mul_mat(ctx, l->wv, cur));
+        CHECK(q = bp_rope(ctx, q, st->pos, (int)D, BP_ROPE_NEOX, 10000.0f, 1.0f));
+        CHECK(k = bp_rope(ctx, k, st->pos, (int)D, BP_ROPE_NEOX, 10000.0f, 1.0f));
+
+        /* This step's keys and values into the cache (row = position), then the cached
+         * positions 0..KV-1 as [D, KV, H] views of what was written. */
+        bp_tensor *kc, *vc;
+        CHECK(kc = bp_set_rows(ctx, l->k_cache, bp_reshape_2d(ctx, k, E, T), st->pos));
+        CHECK(vc = bp_set_rows(ctx, l->v_cache, v, st->pos));
+        bp_tensor *K, *V;
+        CHECK(K = bp_view_3d(ctx, kc, D, KV, H, kc->nb[1], (size_t)D * kc->nb[0], 0));
+        CHECK(V = bp_view_3d(ctx, vc, D, KV, H, vc->nb[1], (size_t)D * vc->nb[0], 0));
+
+        bp_tensor *kq;
+        CHECK(q = bp_permute(ctx, q, 0, 2, 1, 3));  /* [D, T, H] */
+        CHECK(kq = bp_mul_mat(ctx, K, q));           /* [KV, T, H] */
+        CHECK(kq = bp_soft_max_ext(ctx, kq, st->mask, kq_scale));
+        CHECK(V = bp_cont(ctx, bp_permute(ctx, V, 1, 0, 2, 3))); /* [KV, D, H] */
+        bp_tensor *kqv;
+        CHECK(kqv = bp_mul_mat(ctx, V, kq));                   /* [D, T, H] */
+        CHECK(kqv = bp_permute(ctx, kqv, 0, 2, 1, 3));         /* [D, H, T] */
+        CHECK(cur = bp_cont_4d(ctx, kqv, E, T, 1, 1));
+        CHECK(cur = bp_mul_mat(ctx, l->wo, cur));
+        CHECK(x = bp_add(ctx, x, cur));
+
+        CHECK(cur = bp_rms_norm(ctx, x, eps));
+        CHECK(cur = bp_mul(ctx, cur, l->ffn_norm));
+        bp_tensor *gate, *up;
+        CHECK(gate = bp_mul_mat(ctx, l->w_gate, cur));
+        CHECK(up = bp_mul_mat(ctx, l->w_up, cur));
+        CHECK(cur = bp_swiglu(ctx, gate, up));
+        CHECK(cur = bp_mul_mat(ctx, l->w_down, cur));
+        CHECK(x = bp_add(ctx, x, cur));
+    }
+    CHECK(cur = bp_rms_norm(ctx, x, eps));
+    CHECK(cur = bp_mul(ctx, cur, m->out_norm));
+    CHECK(cur = bp_view_2d(ctx, cur, E, 1, cur->nb[1], (size_t)(T - 1) * cur->nb[1]));
+    CHECK(st->logits = bp_set_name(bp_mul_mat(ctx, m->output, cur), "logits"));
+    bp_set_output(st->logits);
+    if (bp_graph_build_forward(st->graph, st->logits) != BP_OK)
+        goto fail;
+    return BP_OK;
+fail:;
+    enum bp_status s = bp_last_status() != BP_OK ? bp_last_status() : BP_ERR_OUT_OF_MEMORY;
+    model_step_free(st);
+    return s;
+}
+
+enum bp_status model_step_inputs(const struct model_step *st, const int32_t *tokens)
+{
+    const int T = st->n_tok, KV = st->pos0 + st->n_tok;
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t));
+    uint16_t *mask = malloc((size_t)KV * (size_t)T * sizeof(uint16_t));
+    if (pos == NULL || mask == NULL) {
+        free(pos);
+        free(mask);
+        return bp_set_error(BP_ERR_OUT_OF_MEMORY, "out of memory for the step's inputs");
+    }
+    const uint16_t zero = bp_fp32_to_fp16(0.0f), ninf = bp_fp32_to_fp16(-INFINITY);
+    for (int j = 0; j < T; j++) {
+        pos[j] = st->pos0 + j;
+        for (int i = 0; i < KV; i++)
+            mask[(size_t)j * KV + (size_t)i] = i <= st->pos0 + j ? zero : ninf;
+    }
+    enum bp_status s = bp_tensor_set(st->tokens, tokens, 0, (size_t)T * sizeof(int32_t));
+    if (s == BP_OK)
+        s = bp_tensor_set(st->pos, pos, 0, (size_t)T * sizeof(int32_t));
+    if (s == BP_OK)
+        s = bp_tensor_set(st->mask, mask, 0, (size_t)KV * (size_t)T * sizeof(uint16_t));
+    free(pos);
+    free(mask);
+    return s;
+}
+
+void model_step_free(struct model_step *st)
+{
+    bp_graph_free(st->graph);
+    bp_context_free(st->ctx);
+    memset(st, 0, sizeof(*st));
+}

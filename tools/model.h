@@ -1,0 +1,62 @@
+/* model.h - private to tools/: the llama-style decoder `backplane run` serves, with weights from
+ * a seeded generator and a KV cache, built from the public op builders only. */
+#ifndef BP_TOOLS_MODEL_H
+#define BP_TOOLS_MODEL_H
+
+#include <stdint.h>
+
+#include <backplane/backplane.h>
+
+struct model_config {
+    const char *name;
+    int n_layer, n_embd, n_ff, n_head, n_vocab;
+    int n_ctx; /* KV cache length: prompt plus generated tokens must fit */
+};
+
+/* "tiny", "small" or "base" (about 1B parameters); NULL for anything else. */
+const struct model_config *model_config_by_name(const char *name);
+/* Names of the configurations, for messages: "tiny, small, base". */
+const char *model_config_names(void);
+/* Parameters and weight bytes of cfg with 2-D weights of type wtype (norms are f32). */
+int64_t model_n_params(const struct model_config *cfg);
+size_t model_weight_bytes(const struct model_config *cfg, enum bp_type wtype);
+/* Bytes of the KV cache (f16 keys and values for every layer and position). */
+size_t model_kv_bytes(const struct model_config *cfg);
+
+struct model_layer {
+    bp_tensor *attn_norm, *wq, *wk, *wv, *wo;
+    bp_tensor *ffn_norm, *w_gate, *w_up, *w_down;
+    bp_tensor *k_cache, *v_cache; /* f16 [n_embd, n_ctx]: row p holds position p */
+};
+
+struct model {
+    struct model_config cfg;
+    enum bp_type wtype;
+    bp_context *wctx, *kvctx;
+    bp_buffer *wbuf, *kvbuf;
+    bp_tensor *tok_embd, *out_norm, *output;
+    struct model_layer *layers;
+};
+
+/* Describes, allocates (in buft, the weights' buffer marked as weights) and fills the model
+ * from seed; the KV cache is zeroed. BP_OK or a status with bp_last_error() set; on failure
+ * nothing is left to free. */
+enum bp_status model_init(struct model *m, const struct model_config *cfg, enum bp_type wtype,
+                          bp_buffer_type *buft, uint64_t seed);
+void model_free(struct model *m);
+
+/* One forward step over n_tok tokens at positions pos0.., attending to the n_kv = pos0 + n_tok
+ * cached positions; logits are those of the last token only ([n_vocab]). */
+struct model_step {
+    bp_context *ctx;
+    bp_graph *graph;
+    bp_tensor *tokens, *pos, *mask, *logits;
+    int n_tok, pos0;
+};
+
+enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, struct model_step *st);
+/* Sets tokens, positions and the causal mask (after the scheduler has allocated the graph). */
+enum bp_status model_step_inputs(const struct model_step *st, const int32_t *tokens);
+void model_step_free(struct model_step *st);
+
+#endif

@@ -1,0 +1,586 @@
+/* run.c - `backplane run`: serves the decoder of model.c on any mix of plugins' devices through
+ * the scheduler: a batched prompt, then greedy generation one token at a time.
+ *
+ * The device list (-d) is comma-separated at the outer level, so "Meta(CPU0,CPU1),CPU" names two
+ * backends. The weights and the KV cache go to the first device; the scheduler runs each op
+ * there when it can and on the CPU (always last) otherwise. --check runs the same model on the
+ * CPU alone and compares logits and tokens. */
+#include "config.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <backplane/bp-plugin.h> /* bp_set_error */
+
+#include "model.h"
+#include "tool.h"
+
+#define MAX_BACKENDS 8
+
+struct run_opts {
+    const struct model_config *cfg;
+    enum bp_type wtype;
+    const char *devices; /* NULL: the best present */
+    int n_prompt, n_gen, threads;
+    uint64_t seed;
+    bool check, json;
+    const char *dot;
+};
+
+struct split_info {
+    char backend[64];
+    int nodes;
+};
+
+/* What one run produced. */
+struct run_result {
+    int n_backends;
+    char names[MAX_BACKENDS][64];
+    char descriptions[MAX_BACKENDS][256];
+    size_t compute_bytes[MAX_BACKENDS];
+    size_t weight_bytes, kv_bytes;
+    char weight_buft[64];
+    int prompt_splits, gen_splits;
+    struct split_info gen_split[16];
+    int n_gen_split_info;
+    double prompt_seconds, gen_median_seconds;
+    int32_t *tokens;  /* n_gen generated ids */
+    float *logits;    /* n_gen x n_vocab: logits that chose each token */
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void result_free(struct run_result *r)
+{
+    free(r->tokens);
+    free(r->logits);
+}
+
+/* Splits list at commas outside parentheses; false when there are too many or a name is empty. */
+static int split_devices(const char *list, char out[][128], int max)
+{
+    int n = 0, depth = 0;
+    size_t len = 0;
+    for (const char *p = list;; p++) {
+        if (*p == '\0' || (*p == ',' && depth == 0)) {
+            while (len > 0 && isspace((unsigned char)out[n][len - 1]))
+                len--;
+            out[n][len] = '\0';
+            if (len == 0 || n + 1 > max)
+                return -1;
+            n++;
+            len = 0;
+            if (*p == '\0')
+                return n;
+            continue;
+        }
+        if (*p == '(')
+            depth++;
+        else if (*p == ')')
+            depth--;
+        if (len == 0 && isspace((unsigned char)*p))
+            continue;
+        if (len + 1 >= 128)
+            return -1;
+        out[n][len++] = *p;
+    }
+}
+
+static bool is_cpu(bp_backend *be)
+{
+    return bp_device_get_type(bp_backend_get_device(be)) == BP_DEVICE_TYPE_CPU;
+}
+
+/* A device by name, or the first device of a registry of that name ("CPU" when the CPU plugin
+ * has several devices); NULL with the lookup's error. */
+static bp_device *find_device(const char *name)
+{
+    bp_device *dev = bp_device_by_name(name);
+    if (dev != NULL)
+        return dev;
+    char err[512];
+    snprintf(err, sizeof(err), "%s", bp_last_error());
+    bp_registry *reg = bp_registry_by_name(name);
+    if (reg != NULL && bp_registry_device_count(reg) > 0)
+        return bp_registry_get_device(reg, 0);
+    bp_set_error(BP_ERR_NOT_FOUND, "%s", err);
+    return NULL;
+}
+
+/* Every part of "Meta(A,B,...)" is a CPU device (so a thread count applies to all of them). */
+static bool meta_all_cpu(const char *name)
+{
+    char inner[512], parts[MAX_BACKENDS][128];
+    const size_t len = strlen(name);
+    if (len < 7 || name[len - 1] != ')' || len - 6 >= sizeof(inner))
+        return false;
+    memcpy(inner, name + 5, len - 6);
+    inner[len - 6] = '\0';
+    const int n = split_devices(inner, parts, MAX_BACKENDS);
+    for (int i = 0; i < n; i++) {
+        bp_device *d = bp_device_by_name(parts[i]);
+        if (d == NULL || bp_device_get_type(d) != BP_DEVICE_TYPE_CPU)
+            return false;
+    }
+    return n > 0;
+}
+
+static bp_backend *open_backend(const char *name, int threads)
+{
+    char params[32];
+    snprintf(params, sizeof(params), "threads=%d", threads);
+    if (strncmp(name, "Meta(", 5) == 0)
+        return bp_backend_init_by_name(name, threads > 0 && meta_all_cpu(name) ? params : NULL);
+    bp_device *dev = find_device(name);
+    if (dev == NULL)
+        return NULL;
+    const bool cpu = bp_device_get_type(dev) == BP_DEVICE_TYPE_CPU;
+    return bp_device_init_backend(dev, threads > 0 && cpu ? params : NULL);
+}
+
+/* The backends named by list (or the best present), with a CPU backend last. */
+static int open_backends(const char *list, int threads, bp_backend **out)
+{
+    char names[MAX_BACKENDS][128];
+    int n = 0;
+    if (list != NULL) {
+        n = split_devices(list, names, MAX_BACKENDS - 1);
+        if (n < 0) {
+            fprintf(stderr, "backplane run: cannot read the device list '%s' (at most %d "
+                    "comma-separated names)\n", list, MAX_BACKENDS - 1);
+            return -1;
+        }
+    } else {
+        for (size_t i = 0; i < bp_device_count() && n < MAX_BACKENDS - 1; i++) {
+            bp_device *d = bp_device_get(i);
+            if (bp_device_get_type(d) == BP_DEVICE_TYPE_GPU)
+                snprintf(names[n++], sizeof(names[0]), "%s", bp_device_name(d));
+        }
+    }
+    int nb = 0;
+    bool have_cpu = false;
+    for (int i = 0; i < n; i++) {
+        bp_backend *be = open_backend(names[i], threads);
+        if (be == NULL) {
+            fprintf(stderr, "backplane run: device '%s': %s\n", names[i], bp_last_error());
+            goto fail;
+        }
+        out[nb++] = be;
+        if (is_cpu(be)) {
+            have_cpu = true;
+            if (i != n - 1) {
+                fprintf(stderr, "backplane run: the CPU device '%s' must come last in -d\n",
+                        names[i]);
+                goto fail;
+            }
+        }
+    }
+    if (!have_cpu) {
+        bp_backend *cpu = open_backend("CPU", threads);
+        if (cpu == NULL) {
+            fprintf(stderr, "backplane run: no CPU backend to finish the graph with: %s\n",
+                    bp_last_error());
+            goto fail;
+        }
+        out[nb++] = cpu;
+    }
+    return nb;
+fail:
+    for (int i = 0; i < nb; i++)
+        bp_backend_free(out[i]);
+    return -1;
+}
+
+/* Can be's device multiply by weights of type t? (Other ops on the weights, such as the
+ * embedding lookup, may run on the CPU: the scheduler copies what they need.) */
+static bool runs_wtype(bp_backend *be, enum bp_type t, int64_t n_embd)
+{
+    bp_context *ctx = bp_context_new(8);
+    if (ctx == NULL)
+        return false;
+    bp_tensor *w = bp_new_tensor_2d(ctx, t, n_embd, 8);
+    bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, n_embd, 1);
+    bool ok = w && x && bp_backend_supports_op(be, bp_mul_mat(ctx, w, x));
+    bp_context_free(ctx);
+    return ok;
+}
+
+static const enum bp_type weight_types[] = {BP_TYPE_F32, BP_TYPE_F16, BP_TYPE_BF16, BP_TYPE_Q8_0,
+                                            BP_TYPE_Q4_0};
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static void progress(bool show, const char *what, int done, int total)
+{
+    if (!show)
+        return;
+    fprintf(stderr, "\r%s %d/%d", what, done, total);
+    if (done == total)
+        fprintf(stderr, "\r%*s\r", 40, "");
+    fflush(stderr);
+}
+
+/* One step through the scheduler; the logits of its last token go to out. */
+static enum bp_status step(bp_sched *s, const struct model *m, int n_tok, int pos0,
+                           const int32_t *tokens, float *out, struct model_step *keep)
+{
+    struct model_step st;
+    enum bp_status rc = model_step_build(m, n_tok, pos0, &st);
+    if (rc != BP_OK)
+        return rc;
+    bp_sched_reset(s);
+    rc = bp_sched_alloc_graph(s, st.graph);
+    if (rc == BP_OK)
+        rc = model_step_inputs(&st, tokens);
+    if (rc == BP_OK)
+        rc = bp_sched_graph_compute(s, st.graph);
+    if (rc == BP_OK)
+        rc = bp_tensor_get(st.logits, out, 0, (size_t)m->cfg.n_vocab * sizeof(float));
+    if (rc == BP_OK && keep != NULL)
+        *keep = st;
+    else
+        model_step_free(&st);
+    return rc;
+}
+
+static int run_once(const struct run_opts *o, const char *devices, struct run_result *r,
+                    bool quiet)
+{
+    memset(r, 0, sizeof(*r));
+    const struct model_config *cfg = o->cfg;
+    bp_backend *be[MAX_BACKENDS];
+    int nb = open_backends(devices, o->threads, be);
+    if (nb < 0)
+        return 1;
+    int status = 1;
+    struct model m = {0};
+    bp_sched *s = NULL;
+    int32_t *prompt = NULL;
+    double *times = NULL;
+    bool show = !quiet && !o->json && isatty(2);
+    r->n_backends = nb;
+    for (int i = 0; i < nb; i++) {
+        snprintf(r->names[i], sizeof(r->names[i]), "%s", bp_backend_name(be[i]));
+        snprintf(r->descriptions[i], sizeof(r->descriptions[i]), "%s",
+                 bp_device_description(bp_backend_get_device(be[i])));
+    }
+
+    /* What the weights' device can hold and run. */
+    bp_device *wdev = bp_backend_get_device(be[0]);
+    if (!runs_wtype(be[0], o->wtype, cfg->n_embd)) {
+        char can[128] = "";
+        for (size_t t = 0; t < sizeof(weight_types) / sizeof(weight_types[0]); t++)
+            if (runs_wtype(be[0], weight_types[t], cfg->n_embd))
+                snprintf(can + strlen(can), sizeof(can) - strlen(can), "%s%s", can[0] ? ", " : "",
+                         bp_type_name(weight_types[t]));
+        fprintf(stderr, "backplane run: %s cannot run %s weights; it can run: %s\n",
+                r->names[0], bp_type_name(o->wtype), can[0] ? can : "none of them");
+        goto out;
+    }
+    size_t mem_free = 0, mem_total = 0;
+    bp_device_memory(wdev, &mem_free, &mem_total);
+    const size_t need = model_weight_bytes(cfg, o->wtype) + model_kv_bytes(cfg);
+    if (mem_total > 0 && need > mem_free) {
+        fprintf(stderr, "backplane run: model '%s' with %s weights needs %.2f GiB for weights "
+                "and KV cache; %s has %.2f GiB free of %.2f GiB\n", cfg->name,
+                bp_type_name(o->wtype), need / 1073741824.0, r->names[0], mem_free / 1073741824.0,
+                mem_total / 1073741824.0);
+        goto out;
+    }
+    bp_buffer_type *wbuft = bp_backend_get_default_buffer_type(be[0]);
+    if (show)
+        fprintf(stderr, "loading %s (%s weights) on %s...", cfg->name, bp_type_name(o->wtype),
+                r->names[0]);
+    if (model_init(&m, cfg, o->wtype, wbuft, o->seed) != BP_OK) {
+        fprintf(stderr, "%sbackplane run: cannot load model '%s' on %s: %s\n", show ? "\n" : "",
+                cfg->name, r->names[0], bp_last_error());
+        goto out;
+    }
+    if (show)
+        fprintf(stderr, "\r%*s\r", 60, "");
+    r->weight_bytes = bp_buffer_get_size(m.wbuf);
+    r->kv_bytes = bp_buffer_get_size(m.kvbuf);
+    snprintf(r->weight_buft, sizeof(r->weight_buft), "%s", bp_buffer_type_name(wbuft));
+
+    s = bp_sched_new(be, NULL, nb, 128 + 64 * (size_t)cfg->n_layer, false);
+    prompt = malloc((size_t)o->n_prompt * sizeof(int32_t));
+    r->tokens = malloc((size_t)o->n_gen * sizeof(int32_t));
+    r->logits = malloc((size_t)o->n_gen * (size_t)cfg->n_vocab * sizeof(float));
+    times = malloc((size_t)o->n_gen * sizeof(double));
+    if (s == NULL || prompt == NULL || r->tokens == NULL || r->logits == NULL || times == NULL) {
+        fprintf(stderr, "backplane run: %s\n", s == NULL ? bp_last_error() : "out of memory");
+        goto out;
+    }
+    uint64_t x = o->seed * 0x9E3779B97F4A7C15ull + 12345;
+    for (int i = 0; i < o->n_prompt; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        prompt[i] = (int32_t)(x % (uint64_t)cfg->n_vocab);
+    }
+
+    double t0 = now();
+    if (step(s, &m, o->n_prompt, 0, prompt, r->logits, NULL) != BP_OK) {
+        fprintf(stderr, "backplane run: prompt: %s\n", bp_last_error());
+        goto out;
+    }
+    r->prompt_seconds = now() - t0;
+    r->prompt_splits = bp_sched_get_n_splits(s);
+    r->tokens[0] = argmax(r->logits, cfg->n_vocab);
+    for (int i = 1; i < o->n_gen; i++) {
+        struct model_step keep;
+        const bool last = i == o->n_gen - 1;
+        t0 = now();
+        if (step(s, &m, 1, o->n_prompt + i - 1, &r->tokens[i - 1],
+                 r->logits + (size_t)i * cfg->n_vocab, last ? &keep : NULL) != BP_OK) {
+            fprintf(stderr, "%sbackplane run: generating token %d: %s\n", show ? "\n" : "", i + 1,
+                    bp_last_error());
+            goto out;
+        }
+        times[i - 1] = now() - t0;
+        r->tokens[i] = argmax(r->logits + (size_t)i * cfg->n_vocab, cfg->n_vocab);
+        progress(show, "generating", i + 1, o->n_gen);
+        if (last) {
+            r->gen_splits = bp_sched_get_n_splits(s);
+            for (int k = 0; k < r->gen_splits && r->n_gen_split_info < 16; k++) {
+                int nodes = 0;
+                bp_backend *sb = bp_sched_get_split_backend(s, k, &nodes, NULL);
+                struct split_info *si = &r->gen_split[r->n_gen_split_info++];
+                snprintf(si->backend, sizeof(si->backend), "%s", sb ? bp_backend_name(sb) : "?");
+                si->nodes = nodes;
+            }
+            if (o->dot != NULL && !quiet) {
+                FILE *f = fopen(o->dot, "w");
+                if (f == NULL || bp_sched_dump_dot(s, keep.graph, f) != BP_OK)
+                    fprintf(stderr, "backplane run: cannot write %s\n", o->dot);
+                if (f != NULL)
+                    fclose(f);
+            }
+            model_step_free(&keep);
+        }
+    }
+    if (o->n_gen > 1) {
+        qsort(times, (size_t)o->n_gen - 1, sizeof(double), cmp_double);
+        const int k = o->n_gen - 1;
+        r->gen_median_seconds = k % 2 ? times[k / 2] : 0.5 * (times[k / 2 - 1] + times[k / 2]);
+    }
+    for (int i = 0; i < nb; i++)
+        r->compute_bytes[i] = bp_sched_get_buffer_size(s, be[i]);
+    status = 0;
+out:
+    free(prompt);
+    free(times);
+    bp_sched_free(s);
+    if (m.wctx != NULL)
+        model_free(&m);
+    for (int i = 0; i < nb; i++)
+        bp_backend_free(be[i]);
+    return status;
+}
+
+static double mib(size_t b)
+{
+    return (double)b / 1048576.0;
+}
+
+static void print_text(const struct run_opts *o, const struct run_result *r)
+{
+    const struct model_config *c = o->cfg;
+    printf("model:      %s (%d layers, n_embd %d, n_ff %d, %d heads, vocab %d; %.1f M parameters), "
+           "%s weights, seed %llu\n", c->name, c->n_layer, c->n_embd, c->n_ff, c->n_head,
+           c->n_vocab, (double)model_n_params(c) / 1e6, bp_type_name(o->wtype),
+           (unsigned long long)o->seed);
+    for (int i = 0; i < r->n_backends; i++)
+        printf("%-11s %s: %s\n", i == 0 ? "devices:" : "", r->names[i], r->descriptions[i]);
+    printf("buffers:    weights %.2f MiB and KV cache %.2f MiB in %s", mib(r->weight_bytes),
+           mib(r->kv_bytes), r->weight_buft);
+    for (int i = 0; i < r->n_backends; i++)
+        printf("; compute %s %.2f MiB", r->names[i], mib(r->compute_bytes[i]));
+    printf("\n");
+    printf("prompt:     %d tokens in one graph, %d split%s, %.1f tokens/s (%.1f ms)\n", o->n_prompt,
+           r->prompt_splits, r->prompt_splits == 1 ? "" : "s",
+           o->n_prompt / r->prompt_seconds, r->prompt_seconds * 1e3);
+    if (o->n_gen > 1) {
+        printf("generation: %d tokens, %d split%s per graph:", o->n_gen - 1, r->gen_splits,
+               r->gen_splits == 1 ? "" : "s");
+        for (int i = 0; i < r->n_gen_split_info; i++)
+            printf(" %s %d nodes%s", r->gen_split[i].backend, r->gen_split[i].nodes,
+                   i + 1 < r->n_gen_split_info ? "," : "");
+        if (r->gen_splits > r->n_gen_split_info)
+            printf(", ...");
+        printf("\n            %.1f tokens/s (median %.2f ms per token)\n",
+               1.0 / r->gen_median_seconds, r->gen_median_seconds * 1e3);
+    }
+    printf("tokens:    ");
+    for (int i = 0; i < o->n_gen; i++)
+        printf(" %d", r->tokens[i]);
+    printf("\n");
+}
+
+static void print_json(const struct run_opts *o, const struct run_result *r, int check_done,
+                       bool agree, double max_diff)
+{
+    const struct model_config *c = o->cfg;
+    printf("{\"model\": \"%s\", \"parameters\": %lld, \"wtype\": \"%s\", \"seed\": %llu,\n",
+           c->name, (long long)model_n_params(c), bp_type_name(o->wtype),
+           (unsigned long long)o->seed);
+    printf(" \"devices\": [");
+    for (int i = 0; i < r->n_backends; i++)
+        printf("%s{\"name\": \"%s\", \"compute_bytes\": %zu}", i ? ", " : "", r->names[i],
+               r->compute_bytes[i]);
+    printf("],\n \"weight_bytes\": %zu, \"kv_bytes\": %zu, \"weight_buffer_type\": \"%s\",\n",
+           r->weight_bytes, r->kv_bytes, r->weight_buft);
+    printf(" \"prompt_tokens\": %d, \"prompt_splits\": %d, \"prompt_tokens_per_s\": %.3f,\n",
+           o->n_prompt, r->prompt_splits, o->n_prompt / r->prompt_seconds);
+    printf(" \"generated_tokens\": %d, \"generation_splits\": %d, \"generation_tokens_per_s\": "
+           "%.3f,\n", o->n_gen, r->gen_splits,
+           o->n_gen > 1 ? 1.0 / r->gen_median_seconds : 0.0);
+    printf(" \"tokens\": [");
+    for (int i = 0; i < o->n_gen; i++)
+        printf("%s%d", i ? ", " : "", r->tokens[i]);
+    printf("]");
+    if (check_done)
+        printf(",\n \"check\": {\"tokens_agree\": %s, \"max_logit_diff\": %.6g}", agree ? "true"
+                                                                                          : "false",
+               max_diff);
+    printf("}\n");
+}
+
+static void run_usage(FILE *f)
+{
+    fprintf(f, "usage: backplane run [--model tiny|small|base] [--wtype f32|f16|bf16|q8_0|q4_0]\n"
+               "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
+               "                     [--seed N] [--check] [--json] [--dot FILE]\n"
+               "\n"
+               "  -d DEVICES  comma-separated backends, e.g. CPU, CUDA0,CPU or \"Meta(CPU0,CPU1)\";\n"
+               "              weights and KV cache live on the first; a CPU backend is added last\n"
+               "              when missing (default: every GPU, then the CPU)\n"
+               "  --check     also run on the CPU alone; report the largest logit difference and\n"
+               "              whether the generated tokens agree (exit status 1 when they do not)\n");
+}
+
+int cmd_run(int argc, char **argv)
+{
+    struct run_opts o = {.cfg = model_config_by_name("tiny"), .wtype = BP_TYPE_F32,
+                         .n_prompt = 32, .n_gen = 16, .seed = 1};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool takes = true;
+        if (strcmp(a, "--model") == 0 && v) {
+            o.cfg = model_config_by_name(v);
+            if (o.cfg == NULL) {
+                fprintf(stderr, "backplane run: no model '%s'; models: %s\n", v,
+                        model_config_names());
+                return 2;
+            }
+        } else if (strcmp(a, "--wtype") == 0 && v) {
+            if (bp_type_from_name(v, &o.wtype) != BP_OK || o.wtype == BP_TYPE_I32) {
+                fprintf(stderr, "backplane run: '%s' is not a weight type (f32, f16, bf16, "
+                        "q8_0, q4_0)\n", v);
+                return 2;
+            }
+        } else if ((strcmp(a, "-d") == 0 || strcmp(a, "--devices") == 0) && v) {
+            o.devices = v;
+        } else if ((strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) && v) {
+            o.n_prompt = atoi(v);
+        } else if ((strcmp(a, "-n") == 0 || strcmp(a, "--gen") == 0) && v) {
+            o.n_gen = atoi(v);
+        } else if ((strcmp(a, "-t") == 0 || strcmp(a, "--threads") == 0) && v) {
+            o.threads = atoi(v);
+        } else if (strcmp(a, "--seed") == 0 && v) {
+            o.seed = strtoull(v, NULL, 10);
+        } else if (strcmp(a, "--dot") == 0 && v) {
+            o.dot = v;
+        } else {
+            takes = false;
+            if (strcmp(a, "--check") == 0) {
+                o.check = true;
+            } else if (strcmp(a, "--json") == 0) {
+                o.json = true;
+            } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+                run_usage(stdout);
+                return 0;
+            } else {
+                fprintf(stderr, "backplane run: unknown or incomplete option '%s'\n", a);
+                run_usage(stderr);
+                return 2;
+            }
+        }
+        if (takes)
+            i++;
+    }
+    if (o.n_prompt < 1 || o.n_gen < 1 || o.n_prompt + o.n_gen - 1 > o.cfg->n_ctx ||
+        o.threads < 0) {
+        fprintf(stderr, "backplane run: need -p >= 1 and -n >= 1 with -p + -n - 1 <= %d (the "
+                "context of '%s'), -t >= 0\n", o.cfg->n_ctx, o.cfg->name);
+        return 2;
+    }
+    bp_plugin_load_all();
+
+    struct run_result r, ref;
+    if (run_once(&o, o.devices, &r, false) != 0) {
+        result_free(&r);
+        return 1;
+    }
+    int status = 0;
+    bool agree = true;
+    double max_diff = 0.0;
+    int compared = 0;
+    if (o.check) {
+        if (run_once(&o, "CPU", &ref, true) != 0) {
+            result_free(&r);
+            result_free(&ref);
+            return 1;
+        }
+        /* Logits are comparable while both runs have seen the same tokens. */
+        for (int i = 0; i < o.n_gen; i++) {
+            const float *a = r.logits + (size_t)i * o.cfg->n_vocab;
+            const float *b = ref.logits + (size_t)i * o.cfg->n_vocab;
+            for (int k = 0; k < o.cfg->n_vocab; k++)
+                max_diff = fmax(max_diff, fabs((double)a[k] - (double)b[k]));
+            compared++;
+            if (r.tokens[i] != ref.tokens[i]) {
+                agree = false;
+                break;
+            }
+        }
+        status = agree ? 0 : 1;
+    }
+    if (o.json) {
+        print_json(&o, &r, o.check, agree, max_diff);
+    } else {
+        print_text(&o, &r);
+        if (o.check)
+            printf("check:      on CPU alone: tokens %s; largest logit difference %.3g over %d "
+                   "step%s\n", agree ? "agree" : "DIFFER", max_diff, compared,
+                   compared == 1 ? "" : "s");
+    }
+    result_free(&r);
+    if (o.check)
+        result_free(&ref);
+    return status;
+}
