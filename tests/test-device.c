@@ -295,7 +295,9 @@ static bool dev_supports_op(bp_device *dev, const bp_tensor *op)
     case BP_OP_VIEW:
     case BP_OP_PERMUTE:
     case BP_OP_TRANSPOSE:
-    case BP_OP_MUL_MAT:
+        return true;
+    case BP_OP_MUL_MAT: /* like a device without 4-bit kernels */
+        return op->src[0]->type != BP_TYPE_Q4_0;
     case BP_OP_ADD:
     case BP_OP_MUL:
     case BP_OP_SCALE:

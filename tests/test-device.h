@@ -22,9 +22,9 @@ bp_registry *test_device_registry_new(size_t max_buffer);
 /* The same with another registry name and n_devices devices named <dev_prefix>0, 1, ... */
 bp_registry *test_device_registry_new_named(const char *reg_name, const char *dev_prefix,
                                             int n_devices, size_t max_buffer);
-/* Makes the devices of this process support only views, MUL_MAT, ADD, MUL, SCALE, RMS_NORM,
- * SOFT_MAX and CONT (not ROPE, GET_ROWS, GLU, ...), like an accelerator with a partial op set,
- * so the scheduler has to split graphs around it. */
+/* Makes the devices of this process support only views, MUL_MAT (not with Q4_0 weights), ADD,
+ * MUL, SCALE, RMS_NORM, SOFT_MAX and CONT (not ROPE, GET_ROWS, GLU, ...), like an accelerator
+ * with a partial op set, so the scheduler has to split graphs around it. */
 void test_device_set_op_subset(bool on);
 
 /* The proc address the registry offers, for the get_proc_address test. */

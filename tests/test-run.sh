@@ -1,0 +1,62 @@
+#!/bin/sh
+# test-run.sh - `backplane run` (the main job): the tiny model on the CPU, on the test
+# accelerator plus the CPU, and on Meta(CPU0,CPU1) (with the CPU collectives and with the generic
+# butterfly) must generate the same tokens as the CPU alone, with logits within tolerance; its
+# outputs (--json, --dot) and errors. Run by make check.
+set -u
+tool="${top_builddir:-.}/tools/backplane"
+cpu="$BP_TEST_CPU_PLUGIN_DIR" accel="$BP_TEST_ACCEL_PLUGIN_DIR" meta="$BP_TEST_META_PLUGIN_DIR"
+export BP_PLUGIN_PATH="$cpu:$accel:$meta" BP_PLUGIN_SYSTEM_PATH= BP_LOG_LEVEL=none
+pass=0
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+check() { # description, command...
+    desc=$1
+    shift
+    if "$@" >"$tmp/out" 2>&1; then
+        pass=$((pass + 1))
+    else
+        fail=$((fail + 1))
+        echo "FAIL: $desc"
+        sed 's/^/    /' "$tmp/out"
+    fi
+}
+# agrees DEVICES [extra options]: --check passes, and the largest logit difference is small.
+agrees() {
+    d=$1
+    shift
+    out=$("$tool" run --model tiny -p 12 -n 10 -t 1 -d "$d" --check "$@") || { echo "$out"; return 1; }
+    echo "$out"
+    echo "$out" | grep -q "check: .*tokens agree" || return 1
+    diff=$(echo "$out" | sed -n 's/.*largest logit difference \([^ ]*\) over.*/\1/p')
+    awk -v d="$diff" 'BEGIN { exit !(d != "" && d + 0 < 1e-3) }'
+}
+# (called as `test-run.sh --agrees ...` so that an environment can be set for one check)
+if [ "${1:-}" = --agrees ]; then
+    shift
+    agrees "$@"
+    exit $?
+fi
+
+check "tiny on the CPU equals itself, exactly" sh -c "'$tool' run --model tiny -p 12 -n 10 --check | grep -q 'tokens agree; largest logit difference 0 over 10 steps'"
+check "two runs give the same tokens" sh -c "test \"\$('$tool' run -n 6 | grep tokens:)\" = \"\$('$tool' run -n 6 -t 1 | grep tokens:)\""
+check "accelerator + CPU agrees with the CPU" agrees "ACCEL0,CPU"
+check "the accelerator run has several splits" sh -c "'$tool' run -d ACCEL0 -n 3 | grep -q 'generation: 2 tokens, [0-9][0-9]* splits per graph: CPU 1 nodes, ACCEL0'"
+check "Meta(CPU0,CPU1) agrees (collectives)" env BP_CPU_DEVICES=2 "$0" --agrees "Meta(CPU0,CPU1)"
+check "Meta(CPU0,CPU1) agrees (butterfly)" env BP_CPU_DEVICES=2 BP_META_NO_COMM=1 "$0" --agrees "Meta(CPU0,CPU1)"
+check "Meta(CPU0,CPU1,CPU2) agrees, q8_0 weights" env BP_CPU_DEVICES=3 "$0" --agrees "Meta(CPU0,CPU1,CPU2)" --wtype q8_0
+check "json reports the check" sh -c "'$tool' run -n 4 --check --json | grep -q '\"check\": {\"tokens_agree\": true'"
+if command -v python3 >/dev/null 2>&1; then
+    check "json parses" sh -c "'$tool' run -n 4 --json | python3 -m json.tool"
+fi
+check "--dot writes the scheduled graph" sh -c "'$tool' run -d ACCEL0 -n 2 --dot '$tmp/g.dot' && grep -q '^digraph' '$tmp/g.dot' && grep -q cluster '$tmp/g.dot'"
+check "an unknown device is named with the ones that exist" sh -c "'$tool' run -d GPU7 2>&1; test \$? -eq 1" 
+check "the unknown device message lists devices" sh -c "'$tool' run -d GPU7 2>&1 | grep -q \"device 'GPU7': .*devices: .*CPU\""
+check "a weight type the device cannot run, with the ones it can" sh -c "'$tool' run -d ACCEL0 --wtype q4_0 2>&1 | grep -q 'ACCEL0 cannot run q4_0 weights; it can run: f32, f16, bf16, q8_0'"
+check "a model larger than the device's memory" sh -c "'$tool' run -d ACCEL0 --model small 2>&1 | grep -q \"model 'small' with f32 weights needs .* GiB for weights and KV cache; ACCEL0 has\""
+check "an unknown model exits 2 with the names" sh -c "'$tool' run --model huge 2>&1 | grep -q 'models: tiny, small, base'; '$tool' run --model huge 2>/dev/null; test \$? -eq 2"
+check "a prompt longer than the context is refused" sh -c "'$tool' run -p 300 2>&1 | grep -q 'context of'"
+check "the CPU must come last" sh -c "'$tool' run -d CPU,ACCEL0 2>&1 | grep -q 'must come last'"
+echo "$pass passed, $fail failed"
+test "$fail" -eq 0
