@@ -1,7 +1,8 @@
 #!/bin/sh
 # dev.sh - build backplane from a git checkout on a Debian machine, installing what is missing.
 #
-#   tools/dev.sh run     build everything, then run the main job (the `backplane` tool)
+#   tools/dev.sh run     build everything, then run the main job: `backplane list` and
+#                        `backplane run --model tiny --check`
 #   tools/dev.sh check   build everything, run `make check` (again under valgrind for some
 #                        suites, and from an ASan+UBSan build) and `make distcheck`
 #
@@ -60,9 +61,14 @@ run)
     build
     # Run against the plugins just built (nothing is installed).
     BP_PLUGIN_PATH="$(pwd)/plugins/cpu/.libs:$(pwd)/plugins/meta/.libs${BP_PLUGIN_PATH:+:$BP_PLUGIN_PATH}"
+    [ -d plugins/cuda/.libs ] && BP_PLUGIN_PATH="$(pwd)/plugins/cuda/.libs:$BP_PLUGIN_PATH"
     export BP_PLUGIN_PATH
     ./tools/backplane version
     ./tools/backplane list
+    # The main job: the tiny model on the best devices here, checked against the CPU alone.
+    echo
+    echo '$ backplane run --model tiny --check'
+    ./tools/backplane run --model tiny --check
     ;;
 check)
     build
