@@ -6,7 +6,8 @@
 set -u
 tool="${top_builddir:-.}/tools/backplane"
 cpu="$BP_TEST_CPU_PLUGIN_DIR" accel="$BP_TEST_ACCEL_PLUGIN_DIR" meta="$BP_TEST_META_PLUGIN_DIR"
-export BP_PLUGIN_PATH="$cpu:$accel:$meta" BP_PLUGIN_SYSTEM_PATH= BP_LOG_LEVEL=none
+example="$BP_TEST_EXAMPLE_PLUGIN_DIR"
+export BP_PLUGIN_PATH="$cpu:$accel:$meta:$example" BP_PLUGIN_SYSTEM_PATH= BP_LOG_LEVEL=none
 pass=0
 fail=0
 tmp=$(mktemp -d)
@@ -46,6 +47,8 @@ check "the accelerator run has several splits" sh -c "'$tool' run -d ACCEL0 -n 3
 check "Meta(CPU0,CPU1) agrees (collectives)" env BP_CPU_DEVICES=2 "$0" --agrees "Meta(CPU0,CPU1)"
 check "Meta(CPU0,CPU1) agrees (butterfly)" env BP_CPU_DEVICES=2 BP_META_NO_COMM=1 "$0" --agrees "Meta(CPU0,CPU1)"
 check "Meta(CPU0,CPU1,CPU2) agrees, q8_0 weights" env BP_CPU_DEVICES=3 "$0" --agrees "Meta(CPU0,CPU1,CPU2)" --wtype q8_0
+check "the example plugin (examples/) loads and serves the model with the CPU" agrees "EXAMPLE0"
+check "the example plugin runs the element-wise ops" sh -c "'$tool' run -d EXAMPLE0 -n 2 | grep -q 'splits per graph: .*EXAMPLE0'"
 check "json reports the check" sh -c "'$tool' run -n 4 --check --json | grep -q '\"check\": {\"tokens_agree\": true'"
 if command -v python3 >/dev/null 2>&1; then
     check "json parses" sh -c "'$tool' run -n 4 --json | python3 -m json.tool"

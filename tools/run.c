@@ -45,6 +45,7 @@ struct run_result {
     size_t compute_bytes[MAX_BACKENDS];
     size_t weight_bytes, kv_bytes;
     char weight_buft[64];
+    int weights_on; /* index of the backend that holds the weights */
     int prompt_splits, gen_splits;
     struct split_info gen_split[16];
     int n_gen_split_info;
@@ -288,35 +289,43 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
                  bp_device_description(bp_backend_get_device(be[i])));
     }
 
-    /* What the weights' device can hold and run. */
-    bp_device *wdev = bp_backend_get_device(be[0]);
-    if (!runs_wtype(be[0], o->wtype, cfg->n_embd)) {
-        char can[128] = "";
+    /* The weights go to the first device that multiplies at all (a device without MUL_MAT,
+     * like the example plugin, only takes the other ops); it must run this weight type. */
+    int w = 0;
+    char can[128] = "";
+    for (; w < nb; w++) {
+        can[0] = '\0';
         for (size_t t = 0; t < sizeof(weight_types) / sizeof(weight_types[0]); t++)
-            if (runs_wtype(be[0], weight_types[t], cfg->n_embd))
+            if (runs_wtype(be[w], weight_types[t], cfg->n_embd))
                 snprintf(can + strlen(can), sizeof(can) - strlen(can), "%s%s", can[0] ? ", " : "",
                          bp_type_name(weight_types[t]));
+        if (can[0] != '\0')
+            break;
+    }
+    if (w == nb || !runs_wtype(be[w], o->wtype, cfg->n_embd)) {
         fprintf(stderr, "backplane run: %s cannot run %s weights; it can run: %s\n",
-                r->names[0], bp_type_name(o->wtype), can[0] ? can : "none of them");
+                r->names[w < nb ? w : 0], bp_type_name(o->wtype), can[0] ? can : "none of them");
         goto out;
     }
+    r->weights_on = w;
+    bp_device *wdev = bp_backend_get_device(be[w]);
     size_t mem_free = 0, mem_total = 0;
     bp_device_memory(wdev, &mem_free, &mem_total);
     const size_t need = model_weight_bytes(cfg, o->wtype) + model_kv_bytes(cfg);
     if (mem_total > 0 && need > mem_free) {
         fprintf(stderr, "backplane run: model '%s' with %s weights needs %.2f GiB for weights "
                 "and KV cache; %s has %.2f GiB free of %.2f GiB\n", cfg->name,
-                bp_type_name(o->wtype), need / 1073741824.0, r->names[0], mem_free / 1073741824.0,
+                bp_type_name(o->wtype), need / 1073741824.0, r->names[w], mem_free / 1073741824.0,
                 mem_total / 1073741824.0);
         goto out;
     }
-    bp_buffer_type *wbuft = bp_backend_get_default_buffer_type(be[0]);
+    bp_buffer_type *wbuft = bp_backend_get_default_buffer_type(be[w]);
     if (show)
         fprintf(stderr, "loading %s (%s weights) on %s...", cfg->name, bp_type_name(o->wtype),
-                r->names[0]);
+                r->names[w]);
     if (model_init(&m, cfg, o->wtype, wbuft, o->seed) != BP_OK) {
         fprintf(stderr, "%sbackplane run: cannot load model '%s' on %s: %s\n", show ? "\n" : "",
-                cfg->name, r->names[0], bp_last_error());
+                cfg->name, r->names[w], bp_last_error());
         goto out;
     }
     if (show)
@@ -415,8 +424,8 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
            (unsigned long long)o->seed);
     for (int i = 0; i < r->n_backends; i++)
         printf("%-11s %s: %s\n", i == 0 ? "devices:" : "", r->names[i], r->descriptions[i]);
-    printf("buffers:    weights %.2f MiB and KV cache %.2f MiB in %s", mib(r->weight_bytes),
-           mib(r->kv_bytes), r->weight_buft);
+    printf("buffers:    weights %.2f MiB and KV cache %.2f MiB on %s (%s)", mib(r->weight_bytes),
+           mib(r->kv_bytes), r->names[r->weights_on], r->weight_buft);
     for (int i = 0; i < r->n_backends; i++)
         printf("; compute %s %.2f MiB", r->names[i], mib(r->compute_bytes[i]));
     printf("\n");
@@ -447,6 +456,7 @@ static void print_json(const struct run_opts *o, const struct run_result *r, int
     printf("{\"model\": \"%s\", \"parameters\": %lld, \"wtype\": \"%s\", \"seed\": %llu,\n",
            c->name, (long long)model_n_params(c), bp_type_name(o->wtype),
            (unsigned long long)o->seed);
+    printf(" \"weights_on\": \"%s\",\n", r->names[r->weights_on]);
     printf(" \"devices\": [");
     for (int i = 0; i < r->n_backends; i++)
         printf("%s{\"name\": \"%s\", \"compute_bytes\": %zu}", i ? ", " : "", r->names[i],
@@ -476,8 +486,8 @@ static void run_usage(FILE *f)
                "                     [--seed N] [--check] [--json] [--dot FILE]\n"
                "\n"
                "  -d DEVICES  comma-separated backends, e.g. CPU, CUDA0,CPU or \"Meta(CPU0,CPU1)\";\n"
-               "              weights and KV cache live on the first; a CPU backend is added last\n"
-               "              when missing (default: every GPU, then the CPU)\n"
+               "              weights and KV cache live on the first that can multiply; a CPU\n"
+               "              backend is added last when missing (default: every GPU, then CPU)\n"
                "  --check     also run on the CPU alone; report the largest logit difference and\n"
                "              whether the generated tokens agree (exit status 1 when they do not)\n");
 }
