@@ -4,6 +4,7 @@
  *   backplane list [--json]   every plugin file considered and why, and every device
  *   backplane ops             the types and ops the runtime knows
  *   backplane run [...]       serve a transformer on chosen devices (run.c)
+ *   backplane bench [...]     matmul and element-wise benchmarks on chosen devices (bench.c)
  */
 #include "config.h"
 
@@ -26,6 +27,9 @@ static void usage(FILE *f)
                "  ops            list the element types and ops the runtime knows\n"
                "  run [options]  serve a transformer (tiny, small or base) on chosen devices:\n"
                "                 a prompt, then greedy generation (backplane run --help)\n"
+               "  bench [opts]   matmul and element-wise throughput on chosen devices (-d LIST,\n"
+               "                 --types, --M, --K, --N, -t, --min-time) beside the machine's\n"
+               "                 FMA peak and triad bandwidth\n"
                "  help           print this message\n"
                "\n"
                "environment: BP_PLUGIN_PATH, BP_PLUGINS_ONLY, BP_PLUGINS_DISABLE, BP_CPU_DISABLE,\n"
@@ -193,6 +197,8 @@ int main(int argc, char **argv)
         return cmd_ops();
     if (strcmp(argv[1], "run") == 0)
         return cmd_run(argc - 2, argv + 2);
+    if (strcmp(argv[1], "bench") == 0)
+        return cmd_bench(argc - 2, argv + 2);
     if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
         return 0;

@@ -155,22 +155,24 @@ static bp_backend *open_backend(const char *name, int threads)
     return bp_device_init_backend(dev, threads > 0 && cpu ? params : NULL);
 }
 
-/* The backends named by list (or the best present), with a CPU backend last. */
-static int open_backends(const char *list, int threads, bp_backend **out)
+int tool_open_backends(const char *list, int threads, bp_backend **out, int max, bool for_run)
 {
     char names[MAX_BACKENDS][128];
     int n = 0;
+    if (max > MAX_BACKENDS)
+        max = MAX_BACKENDS;
+    const int room = for_run ? max - 1 : max; /* run keeps a place for the CPU */
     if (list != NULL) {
-        n = split_devices(list, names, MAX_BACKENDS - 1);
+        n = split_devices(list, names, room);
         if (n < 0) {
-            fprintf(stderr, "backplane run: cannot read the device list '%s' (at most %d "
-                    "comma-separated names)\n", list, MAX_BACKENDS - 1);
+            fprintf(stderr, "backplane: cannot read the device list '%s' (at most %d "
+                    "comma-separated names)\n", list, room);
             return -1;
         }
     } else {
-        for (size_t i = 0; i < bp_device_count() && n < MAX_BACKENDS - 1; i++) {
+        for (size_t i = 0; i < bp_device_count() && n < room; i++) {
             bp_device *d = bp_device_get(i);
-            if (bp_device_get_type(d) == BP_DEVICE_TYPE_GPU)
+            if (!for_run || bp_device_get_type(d) == BP_DEVICE_TYPE_GPU)
                 snprintf(names[n++], sizeof(names[0]), "%s", bp_device_name(d));
         }
     }
@@ -179,11 +181,11 @@ static int open_backends(const char *list, int threads, bp_backend **out)
     for (int i = 0; i < n; i++) {
         bp_backend *be = open_backend(names[i], threads);
         if (be == NULL) {
-            fprintf(stderr, "backplane run: device '%s': %s\n", names[i], bp_last_error());
+            fprintf(stderr, "backplane: device '%s': %s\n", names[i], bp_last_error());
             goto fail;
         }
         out[nb++] = be;
-        if (is_cpu(be)) {
+        if (for_run && is_cpu(be)) {
             have_cpu = true;
             if (i != n - 1) {
                 fprintf(stderr, "backplane run: the CPU device '%s' must come last in -d\n",
@@ -192,7 +194,7 @@ static int open_backends(const char *list, int threads, bp_backend **out)
             }
         }
     }
-    if (!have_cpu) {
+    if (for_run && !have_cpu) {
         bp_backend *cpu = open_backend("CPU", threads);
         if (cpu == NULL) {
             fprintf(stderr, "backplane run: no CPU backend to finish the graph with: %s\n",
@@ -201,7 +203,9 @@ static int open_backends(const char *list, int threads, bp_backend **out)
         }
         out[nb++] = cpu;
     }
-    return nb;
+    if (nb == 0)
+        fprintf(stderr, "backplane: no devices (see `backplane list`)\n");
+    return nb > 0 ? nb : -1;
 fail:
     for (int i = 0; i < nb; i++)
         bp_backend_free(out[i]);
@@ -273,7 +277,7 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     memset(r, 0, sizeof(*r));
     const struct model_config *cfg = o->cfg;
     bp_backend *be[MAX_BACKENDS];
-    int nb = open_backends(devices, o->threads, be);
+    int nb = tool_open_backends(devices, o->threads, be, MAX_BACKENDS, true);
     if (nb < 0)
         return 1;
     int status = 1;

@@ -1,0 +1,180 @@
+/* bench.c - `backplane bench`: the matmul and element-wise benchmarks of bench/ on the devices
+ * the user picks, through the public API only, next to the machine's limits (FMA peak and a
+ * STREAM-style triad, measured in the same run). One result per line: name, shape, device,
+ * value, unit.
+ *
+ *   backplane bench [-d DEVICES] [--types f32,f16,bf16,q8_0,q4_0] [--M 4096] [--K 4096]
+ *                   [--N 1,32] [-t THREADS] [--min-time 0.5] [--no-limits] */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../bench/bench-util.h"
+#include "tool.h"
+
+#define MAX_RUNS 1000
+
+static double median_compute(bp_backend *be, bp_graph *g, double min_time)
+{
+    double t[MAX_RUNS];
+    int n = 0;
+    if (bp_backend_graph_compute(be, g) != BP_OK)
+        return -1.0;
+    const double start = bench_now();
+    while (n < MAX_RUNS && (n < 3 || bench_now() - start < min_time)) {
+        const double t0 = bench_now();
+        if (bp_backend_graph_compute(be, g) != BP_OK)
+            return -1.0;
+        t[n++] = bench_now() - t0;
+    }
+    return bench_median(t, n);
+}
+
+/* Fills t with values in [-1, 1) in its own type, row by row. */
+static void fill(bp_tensor *t)
+{
+    const int64_t n0 = t->ne[0], rows = bp_nrows(t);
+    const size_t rb = bp_row_size(t->type, n0);
+    float *f = malloc((size_t)n0 * sizeof(float));
+    char *c = malloc(rb);
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    for (int64_t r = 0; r < rows && f && c; r++) {
+        for (int64_t i = 0; i < n0; i++) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            f[i] = (float)(s % 2000001) / 1000000.0f - 1.0f;
+        }
+        bp_type_get_traits(t->type)->from_float(f, c, n0);
+        bp_tensor_set(t, c, (size_t)r * t->nb[1], rb);
+    }
+    free(f);
+    free(c);
+}
+
+static void bench_matmul(bp_backend *be, enum bp_type wt, long M, long K, long N, double min_time)
+{
+    const char *dev = bp_backend_name(be);
+    bp_context *ctx = bp_context_new(4);
+    bp_tensor *w = bp_new_tensor_2d(ctx, wt, K, M);
+    bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, K, N);
+    bp_tensor *y = bp_mul_mat(ctx, w, x);
+    if (!bp_backend_supports_op(be, y)) {
+        printf("# mul_mat_%s on %s: not supported, skipped\n", bp_type_name(wt), dev);
+        bp_context_free(ctx);
+        return;
+    }
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+    if (buf == NULL) {
+        printf("# mul_mat_%s on %s: %s\n", bp_type_name(wt), dev, bp_last_error());
+        bp_context_free(ctx);
+        return;
+    }
+    fill(w);
+    fill(x);
+    bp_graph *g = bp_graph_new(4);
+    bp_graph_build_forward(g, y);
+    const double t = median_compute(be, g, min_time);
+    if (t > 0) {
+        printf("mul_mat_%s M=%ld,K=%ld,N=%ld %s %.1f GFLOP/s\n", bp_type_name(wt), M, K, N, dev,
+               2.0 * M * N * K / t * 1e-9);
+        if (N == 1)
+            printf("mul_mat_%s_weight_bw M=%ld,K=%ld,N=1 %s %.1f GB/s\n", bp_type_name(wt), M, K,
+                   dev, (double)bp_nbytes(w) / t * 1e-9);
+    } else {
+        printf("# mul_mat_%s on %s failed: %s\n", bp_type_name(wt), dev, bp_last_error());
+    }
+    fflush(stdout);
+    bp_graph_free(g);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+}
+
+static void bench_add(bp_backend *be, long n, double min_time)
+{
+    const char *dev = bp_backend_name(be);
+    bp_context *ctx = bp_context_new(4);
+    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, n);
+    bp_tensor *b = bp_new_tensor_1d(ctx, BP_TYPE_F32, n);
+    bp_tensor *c = bp_add(ctx, a, b);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+    if (buf == NULL || !bp_backend_supports_op(be, c)) {
+        printf("# add on %s: %s\n", dev, buf ? "not supported, skipped" : bp_last_error());
+        bp_buffer_free(buf);
+        bp_context_free(ctx);
+        return;
+    }
+    bp_buffer_clear(buf, 0);
+    bp_graph *g = bp_graph_new(4);
+    bp_graph_build_forward(g, c);
+    const double t = median_compute(be, g, min_time);
+    if (t > 0)
+        printf("add n=%ld %s %.1f GB/s\n", n, dev, 3.0 * (double)n * sizeof(float) / t * 1e-9);
+    fflush(stdout);
+    bp_graph_free(g);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+}
+
+static int parse_longs(const char *s, long *out, int max)
+{
+    int n = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < max;
+         t = strtok_r(NULL, ",", &save))
+        out[n++] = strtol(t, NULL, 10);
+    return n;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    /* bench_arg looks from index 1 on, like a main()'s argv */
+    const char *devices = bench_arg(argc + 1, argv - 1, "-d", NULL);
+    const char *types = bench_arg(argc + 1, argv - 1, "--types", "f32,f16,bf16,q8_0,q4_0");
+    const long M = atol(bench_arg(argc + 1, argv - 1, "--M", "4096"));
+    const long K = atol(bench_arg(argc + 1, argv - 1, "--K", "4096"));
+    const double min_time = atof(bench_arg(argc + 1, argv - 1, "--min-time", "0.5"));
+    const int threads = atoi(bench_arg(argc + 1, argv - 1, "-t", "0"));
+    long Ns[8];
+    const int nN = parse_longs(bench_arg(argc + 1, argv - 1, "--N", "1,32"), Ns, 8);
+    if (M < 1 || K < 32 || K % 32 != 0 || nN < 1 || threads < 0 || min_time <= 0) {
+        fprintf(stderr, "backplane bench: need --M >= 1, --K a multiple of 32, --N values, "
+                "-t >= 0, --min-time > 0\n");
+        return 2;
+    }
+    bp_plugin_load_all();
+    bp_backend *be[8];
+    const int nb = tool_open_backends(devices, threads, be, 8, false);
+    if (nb < 0)
+        return 1;
+    if (!bench_flag(argc + 1, argv - 1, "--no-limits")) {
+        const int t = threads > 0 ? threads : 1;
+        printf("fma_peak - host %.1f GFLOP/s (%d thread%s)\n", bench_fma_peak(t), t,
+               t == 1 ? "" : "s");
+        printf("triad 3x256MiB host %.1f GB/s (%d thread%s)\n", bench_triad(t), t,
+               t == 1 ? "" : "s");
+    }
+    for (int i = 0; i < nb; i++) {
+        printf("# device: %s (%s)\n", bp_backend_name(be[i]),
+               bp_device_description(bp_backend_get_device(be[i])));
+        char tb[128];
+        snprintf(tb, sizeof(tb), "%s", types);
+        for (char *save = NULL, *tn = strtok_r(tb, ",", &save); tn;
+             tn = strtok_r(NULL, ",", &save)) {
+            enum bp_type t;
+            if (bp_type_from_name(tn, &t) != BP_OK || t == BP_TYPE_I32) {
+                fprintf(stderr, "backplane bench: '%s' is not a weight type\n", tn);
+                continue;
+            }
+            for (int k = 0; k < nN; k++)
+                bench_matmul(be[i], t, M, K, Ns[k], min_time);
+        }
+        bench_add(be[i], 16L << 20, min_time);
+    }
+    for (int i = 0; i < nb; i++)
+        bp_backend_free(be[i]);
+    return 0;
+}
