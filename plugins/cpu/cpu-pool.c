@@ -5,12 +5,20 @@
  * counter and wakes them (condition variable); all threads, the caller included as thread 0,
  * run the job, and the caller waits until every worker has reported back. Inside a job,
  * threads synchronise with bp_cpu_pool_barrier, which spins briefly (the next node is usually
- * microseconds away) and then yields, so an oversubscribed machine is not starved. */
+ * microseconds away) and then yields, so an oversubscribed machine is not starved.
+ *
+ * Between jobs, workers watch the generation counter for about a millisecond before they go to
+ * sleep (pausing, then yielding the core), and the caller watches the count of running workers
+ * the same way before it sleeps:
+ * token-by-token generation runs a small graph every few hundred microseconds, and waking a
+ * sleeping thread costs far more than that on virtual machines (an idle vCPU must be scheduled
+ * again), which made two threads slower than one. */
 #include "config.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "cpu-impl.h"
 
@@ -21,6 +29,57 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
+/* How a thread watches for the next job (or the end of this one) before sleeping: a few
+ * thousand pauses, then yielding the core (another thread of ours may be waiting for it, on a
+ * machine with fewer free cores than threads) until about a millisecond has passed. */
+#define POOL_PAUSES 2000
+#define POOL_WATCH_NS 1000000L
+
+static long elapsed_ns(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (t.tv_sec - t0->tv_sec) * 1000000000L + (t.tv_nsec - t0->tv_nsec);
+}
+
+/* Watches *v until it differs from `unlike` (true) or the watch is over (false). */
+static bool watch_uint(atomic_uint *v, unsigned unlike, const atomic_bool *stop)
+{
+    struct timespec t0;
+    for (int i = 0;; i++) {
+        if (atomic_load_explicit(v, memory_order_acquire) != unlike ||
+            (stop && atomic_load_explicit(stop, memory_order_relaxed)))
+            return true;
+        if (i < POOL_PAUSES) {
+            CPU_RELAX();
+            continue;
+        }
+        if (i == POOL_PAUSES)
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+        else if (elapsed_ns(&t0) > POOL_WATCH_NS)
+            return false;
+        sched_yield();
+    }
+}
+
+static bool watch_zero(atomic_int *v)
+{
+    struct timespec t0;
+    for (int i = 0;; i++) {
+        if (atomic_load_explicit(v, memory_order_acquire) == 0)
+            return true;
+        if (i < POOL_PAUSES) {
+            CPU_RELAX();
+            continue;
+        }
+        if (i == POOL_PAUSES)
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+        else if (elapsed_ns(&t0) > POOL_WATCH_NS)
+            return false;
+        sched_yield();
+    }
+}
+
 struct bp_cpu_pool {
     int n_threads;
     pthread_t *threads;
@@ -28,9 +87,10 @@ struct bp_cpu_pool {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     pthread_cond_t done;
-    unsigned generation; /* bumped per job, under lock */
-    int running;         /* workers still in the current job */
+    atomic_uint generation; /* bumped per job, under lock */
+    atomic_int running;     /* workers still in the current job */
     bool stop;
+    atomic_bool stop_flag; /* stop, readable without the lock */
     bp_cpu_job_fn job;
     void *arg;
 
@@ -51,24 +111,27 @@ static void *worker_main(void *argp)
     struct bp_cpu_pool *pool = wa.pool;
     unsigned seen = 0;
     for (;;) {
+        watch_uint(&pool->generation, seen, &pool->stop_flag);
         pthread_mutex_lock(&pool->lock);
-        while (pool->generation == seen && !pool->stop)
+        while (atomic_load_explicit(&pool->generation, memory_order_relaxed) == seen &&
+               !pool->stop)
             pthread_cond_wait(&pool->wake, &pool->lock);
         if (pool->stop) {
             pthread_mutex_unlock(&pool->lock);
             return NULL;
         }
-        seen = pool->generation;
+        seen = atomic_load_explicit(&pool->generation, memory_order_relaxed);
         bp_cpu_job_fn job = pool->job;
         void *arg = pool->arg;
         pthread_mutex_unlock(&pool->lock);
 
         job(arg, wa.ith, pool->n_threads);
 
-        pthread_mutex_lock(&pool->lock);
-        if (--pool->running == 0)
+        if (atomic_fetch_sub_explicit(&pool->running, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&pool->lock); /* the caller may be asleep on `done` */
             pthread_cond_signal(&pool->done);
-        pthread_mutex_unlock(&pool->lock);
+            pthread_mutex_unlock(&pool->lock);
+        }
     }
 }
 
@@ -89,6 +152,9 @@ struct bp_cpu_pool *bp_cpu_pool_new(int n_threads)
     pthread_cond_init(&pool->done, NULL);
     atomic_init(&pool->arrived, 0);
     atomic_init(&pool->phase, 0);
+    atomic_init(&pool->generation, 0);
+    atomic_init(&pool->running, 0);
+    atomic_init(&pool->stop_flag, false);
     pool->threads = calloc((size_t)n_threads, sizeof(pthread_t));
     if (pool->threads == NULL)
         goto fail;
@@ -126,6 +192,7 @@ void bp_cpu_pool_free(struct bp_cpu_pool *pool)
         return;
     pthread_mutex_lock(&pool->lock);
     pool->stop = true;
+    atomic_store(&pool->stop_flag, true);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
     for (int i = 1; i < pool->n_threads; i++)
@@ -151,15 +218,17 @@ void bp_cpu_pool_run(struct bp_cpu_pool *pool, bp_cpu_job_fn job, void *arg)
     pthread_mutex_lock(&pool->lock);
     pool->job = job;
     pool->arg = arg;
-    pool->running = pool->n_threads - 1;
-    pool->generation++;
+    atomic_store_explicit(&pool->running, pool->n_threads - 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
 
     job(arg, 0, pool->n_threads);
 
+    if (watch_zero(&pool->running))
+        return;
     pthread_mutex_lock(&pool->lock);
-    while (pool->running > 0)
+    while (atomic_load_explicit(&pool->running, memory_order_acquire) > 0)
         pthread_cond_wait(&pool->done, &pool->lock);
     pthread_mutex_unlock(&pool->lock);
 }
