@@ -42,6 +42,7 @@ struct run_result {
     int n_backends;
     char names[MAX_BACKENDS][64];
     char descriptions[MAX_BACKENDS][256];
+    char plugins[MAX_BACKENDS][256]; /* file of the plugin that provides the device */
     size_t compute_bytes[MAX_BACKENDS];
     size_t weight_bytes, kv_bytes;
     char weight_buft[64];
@@ -238,9 +239,10 @@ static int argmax(const float *x, int n)
     return best;
 }
 
-static void progress(bool show, const char *what, int done, int total)
+/* A progress line on stderr (a terminal) once the run has taken more than a second. */
+static void progress(bool show, double started, const char *what, int done, int total)
 {
-    if (!show)
+    if (!show || now() - started < 1.0)
         return;
     fprintf(stderr, "\r%s %d/%d", what, done, total);
     if (done == total)
@@ -271,6 +273,19 @@ static enum bp_status step(bp_sched *s, const struct model *m, int n_tok, int po
     return rc;
 }
 
+/* The file of the loaded plugin whose registry is called reg, or "?". */
+static const char *plugin_of(const char *reg)
+{
+    char want[160];
+    snprintf(want, sizeof(want), "registry '%s' ", reg);
+    for (size_t i = 0; i < bp_plugin_report_count(); i++) {
+        const struct bp_plugin_record *rec = bp_plugin_report_get(i);
+        if (rec->status == BP_PLUGIN_LOADED && strncmp(rec->message, want, strlen(want)) == 0)
+            return rec->path;
+    }
+    return "?";
+}
+
 static int run_once(const struct run_opts *o, const char *devices, struct run_result *r,
                     bool quiet)
 {
@@ -286,11 +301,14 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     int32_t *prompt = NULL;
     double *times = NULL;
     bool show = !quiet && !o->json && isatty(2);
+    const double started = now();
     r->n_backends = nb;
     for (int i = 0; i < nb; i++) {
+        bp_device *d = bp_backend_get_device(be[i]);
         snprintf(r->names[i], sizeof(r->names[i]), "%s", bp_backend_name(be[i]));
-        snprintf(r->descriptions[i], sizeof(r->descriptions[i]), "%s",
-                 bp_device_description(bp_backend_get_device(be[i])));
+        snprintf(r->descriptions[i], sizeof(r->descriptions[i]), "%s", bp_device_description(d));
+        snprintf(r->plugins[i], sizeof(r->plugins[i]), "%s",
+                 plugin_of(bp_registry_name(bp_device_get_registry(d))));
     }
 
     /* The weights go to the first device that multiplies at all (a device without MUL_MAT,
@@ -324,7 +342,7 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
         goto out;
     }
     bp_buffer_type *wbuft = bp_backend_get_default_buffer_type(be[w]);
-    if (show)
+    if (show && model_weight_bytes(cfg, o->wtype) > (64u << 20)) /* takes a while */
         fprintf(stderr, "loading %s (%s weights) on %s...", cfg->name, bp_type_name(o->wtype),
                 r->names[w]);
     if (model_init(&m, cfg, o->wtype, wbuft, o->seed) != BP_OK) {
@@ -375,7 +393,7 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
         }
         times[i - 1] = now() - t0;
         r->tokens[i] = argmax(r->logits + (size_t)i * cfg->n_vocab, cfg->n_vocab);
-        progress(show, "generating", i + 1, o->n_gen);
+        progress(show, started, "generating", i + 1, o->n_gen);
         if (last) {
             r->gen_splits = bp_sched_get_n_splits(s);
             for (int k = 0; k < r->gen_splits && r->n_gen_split_info < 16; k++) {
@@ -427,7 +445,8 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
            c->n_vocab, (double)model_n_params(c) / 1e6, bp_type_name(o->wtype),
            (unsigned long long)o->seed);
     for (int i = 0; i < r->n_backends; i++)
-        printf("%-11s %s: %s\n", i == 0 ? "devices:" : "", r->names[i], r->descriptions[i]);
+        printf("%-11s %s: %s\n%-11s (plugin %s)\n", i == 0 ? "devices:" : "", r->names[i],
+               r->descriptions[i], "", r->plugins[i]);
     printf("buffers:    weights %.2f MiB and KV cache %.2f MiB on %s (%s)", mib(r->weight_bytes),
            mib(r->kv_bytes), r->names[r->weights_on], r->weight_buft);
     for (int i = 0; i < r->n_backends; i++)
@@ -463,8 +482,8 @@ static void print_json(const struct run_opts *o, const struct run_result *r, int
     printf(" \"weights_on\": \"%s\",\n", r->names[r->weights_on]);
     printf(" \"devices\": [");
     for (int i = 0; i < r->n_backends; i++)
-        printf("%s{\"name\": \"%s\", \"compute_bytes\": %zu}", i ? ", " : "", r->names[i],
-               r->compute_bytes[i]);
+        printf("%s{\"name\": \"%s\", \"plugin\": \"%s\", \"compute_bytes\": %zu}", i ? ", " : "",
+               r->names[i], r->plugins[i], r->compute_bytes[i]);
     printf("],\n \"weight_bytes\": %zu, \"kv_bytes\": %zu, \"weight_buffer_type\": \"%s\",\n",
            r->weight_bytes, r->kv_bytes, r->weight_buft);
     printf(" \"prompt_tokens\": %d, \"prompt_splits\": %d, \"prompt_tokens_per_s\": %.3f,\n",
