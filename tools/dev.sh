@@ -4,7 +4,8 @@
 #   tools/dev.sh run     build everything, then run the main job: `backplane list` and
 #                        `backplane run --model tiny --check`
 #   tools/dev.sh check   build everything, run `make check` (again under valgrind for some
-#                        suites, and from an ASan+UBSan build) and `make distcheck`
+#                        suites, and from an ASan+UBSan build), `make distcheck` and, as root,
+#                        build and install the Debian packages (tests/packaging.sh)
 #
 # Builds out of tree in ./build with warnings as errors. BP_CONFIGURE_FLAGS adds configure flags.
 set -eu
@@ -48,6 +49,7 @@ summarize() {
         /Checks: / { n = $3 + 0; f = $5 + 0; e = $7 + 0; total += n; failed += f + e }
         / passed, / { total += $2 + $4; failed += $4 }
         END { printf "checks: %d passed, %d failed\n", total - failed, failed }'
+    grep -h '^SKIP: ' tests/packaging.log 2>/dev/null | sed 's/^SKIP: /skipped: packaging: /'
     # Suites that skipped (exit 77, e.g. the GPU suite without a GPU) are named, never counted.
     for trs in tests/*.trs; do
         grep -q '^:test-result: SKIP' "$trs" 2>/dev/null || continue
@@ -103,6 +105,18 @@ check)
         echo "sanitizers: make check clean under ASan+UBSan (build-asan)"
     fi
     make -j"$jobs" distcheck
+    # The Debian packages from the tarball distcheck just made, installed and removed for real
+    # (root only; tests/packaging.sh skips with exit 77 otherwise).
+    pstatus=0
+    sh ../tests/packaging.sh "backplane-$(sed -n 's/^PACKAGE_VERSION = //p' Makefile).tar.gz" \
+        > tests/packaging.log 2>&1 || pstatus=$?
+    if [ "$pstatus" -eq 77 ]; then
+        echo "packaging: $(grep -m1 '^SKIP: ' tests/packaging.log)"
+    elif [ "$pstatus" -ne 0 ]; then
+        cat tests/packaging.log
+        summarize
+        exit 1
+    fi
     summarize
     ;;
 *)
