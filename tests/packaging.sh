@@ -52,7 +52,7 @@ if ! (cd "$src" && DEB_BUILD_OPTIONS="nocheck parallel=$(nproc)" dpkg-buildpacka
     exit 1
 fi
 deb() { ls "$work"/"$1"_*.deb; }
-check "the packages were built" sh -c "ls '$work'/*.deb | grep -c '\.deb$' | grep -qx 5"
+check "the five packages were built" sh -c "ls '$work'/*.deb | grep -v dbgsym | grep -c '\.deb$' | grep -qx 5"
 check "libbackplane0 holds the versioned library only" sh -c "dpkg -c \$(ls '$work'/libbackplane0_*.deb) | grep -q 'libbackplane.so.0.0.0' && ! dpkg -c \$(ls '$work'/libbackplane0_*.deb) | grep -q 'include/'"
 check "each plugin package holds its plugin" sh -c "dpkg -c \$(ls '$work'/backplane-plugin-cpu_*.deb) | grep -q 'backplane/plugins/backplane-cpu-avx512.so' && dpkg -c \$(ls '$work'/backplane-plugin-meta_*.deb) | grep -q 'backplane/plugins/backplane-meta.so'"
 check "plugin packages depend on the plugin API" sh -c "dpkg -f \$(ls '$work'/backplane-plugin-meta_*.deb) Depends | grep -q 'backplane-plugin-api-1'"
