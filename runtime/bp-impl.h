@@ -21,6 +21,8 @@ enum bp_status bp__verror(enum bp_status status, const char *fmt, va_list ap);
 
 /* The library's one allocation path, so out-of-memory handling can be exercised by tests.
  * On failure they set bp_last_error() (naming `what`) and return NULL. */
+/* True when fault injection wants this allocation to fail (see mem.c); false otherwise. */
+bool bp__fault(size_t size, const char *what);
 void *bp__malloc(size_t size, const char *what);
 void *bp__calloc(size_t n, size_t size, const char *what);
 void *bp__realloc(void *p, size_t size, const char *what);

@@ -109,7 +109,8 @@ static bp_buffer *host_buft_alloc(bp_buffer_type *buft, size_t size)
     rounded &= ~(size_t)(BP_HOST_ALIGNMENT - 1);
     if (rounded == 0)
         rounded = BP_HOST_ALIGNMENT;
-    void *mem = aligned_alloc(BP_HOST_ALIGNMENT, rounded);
+    void *mem = bp__fault(rounded, "a host buffer") ? NULL
+                                                     : aligned_alloc(BP_HOST_ALIGNMENT, rounded);
     if (mem == NULL)
         return bp__error_null(BP_ERR_OUT_OF_MEMORY,
                               "out of memory allocating a host buffer of %zu bytes", size);

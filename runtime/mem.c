@@ -2,17 +2,60 @@
  *
  * Everything the runtime allocates goes through these wrappers so that an allocation failure
  * always becomes BP_ERR_OUT_OF_MEMORY with a message naming what was being allocated, and so
- * that tests can make allocations fail on purpose. */
+ * that tests can make allocations fail on purpose.
+ *
+ * Fault injection (configure --enable-fault-injection, the default for development builds;
+ * packages are built without it): with BP_FAIL_ALLOC_AFTER=N in the environment, allocation
+ * number N (counting from 0, every wrapper below and the host buffers of host.c) fails as if
+ * memory were exhausted, once, and a warning is logged. tests/test-faults.c walks N over every
+ * allocation of a whole load-build-schedule-compute sequence. */
 #include "config.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bp-impl.h"
 
+#ifdef BP_FAULT_INJECTION
+static atomic_long fail_after = -2; /* -2: environment not read yet, -1: off */
+static atomic_long n_allocs;
+
+bool bp__fault(size_t size, const char *what)
+{
+    long after = atomic_load_explicit(&fail_after, memory_order_relaxed);
+    if (after == -2) {
+        const char *e = getenv("BP_FAIL_ALLOC_AFTER");
+        long v = -1;
+        if (e != NULL && e[0] != '\0') {
+            char *end = NULL;
+            v = strtol(e, &end, 10);
+            if (*end != '\0' || v < 0)
+                v = -1;
+        }
+        atomic_compare_exchange_strong(&fail_after, &after, v);
+        after = atomic_load(&fail_after);
+    }
+    if (after < 0)
+        return false;
+    if (atomic_fetch_add(&n_allocs, 1) != after)
+        return false;
+    bp_log(BP_LOG_WARN, "fault injection: failing allocation %ld (%zu bytes for %s)", after, size,
+           what);
+    return true;
+}
+#else
+bool bp__fault(size_t size, const char *what)
+{
+    (void)size;
+    (void)what;
+    return false;
+}
+#endif
+
 void *bp__malloc(size_t size, const char *what)
 {
-    void *p = malloc(size ? size : 1);
+    void *p = bp__fault(size, what) ? NULL : malloc(size ? size : 1);
     if (p == NULL)
         bp__error(BP_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes for %s", size, what);
     return p;
@@ -26,7 +69,7 @@ void *bp__calloc(size_t n, size_t size, const char *what)
                   what);
         return NULL;
     }
-    void *p = calloc(total ? n : 1, total ? size : 1);
+    void *p = bp__fault(total, what) ? NULL : calloc(total ? n : 1, total ? size : 1);
     if (p == NULL)
         bp__error(BP_ERR_OUT_OF_MEMORY, "out of memory allocating %zu bytes for %s", total, what);
     return p;
@@ -34,7 +77,7 @@ void *bp__calloc(size_t n, size_t size, const char *what)
 
 void *bp__realloc(void *p, size_t size, const char *what)
 {
-    void *q = realloc(p, size ? size : 1);
+    void *q = bp__fault(size, what) ? NULL : realloc(p, size ? size : 1);
     if (q == NULL)
         bp__error(BP_ERR_OUT_OF_MEMORY, "out of memory growing %s to %zu bytes", what, size);
     return q;
