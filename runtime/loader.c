@@ -446,6 +446,7 @@ static void scan_dir(const char *dir, struct candidate **cands, size_t *n, size_
     }
     char **names = NULL;
     size_t nn = 0;
+    bool incomplete = false;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
         if (strncmp(e->d_name, "backplane-", 10) != 0)
             continue;
@@ -453,12 +454,18 @@ static void scan_dir(const char *dir, struct candidate **cands, size_t *n, size_
         char *copy = grown ? bp__strdup(e->d_name, "a file name") : NULL;
         if (grown)
             names = grown;
-        if (copy == NULL)
+        if (copy == NULL) {
+            incomplete = true;
             break;
+        }
         names[nn++] = copy;
     }
     closedir(d);
-    qsort(names, nn, sizeof(*names), cmp_str);
+    if (incomplete)
+        bp_log(BP_LOG_ERROR, "plugin directory %s: out of memory while listing it; plugins after "
+               "the first %zu were not considered", dir, nn);
+    if (nn > 1)
+        qsort(names, nn, sizeof(*names), cmp_str);
     for (size_t i = 0; i < nn; i++) {
         char path[PATH_MAX];
         snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
