@@ -92,17 +92,28 @@ check)
     # The whole suite once more from an AddressSanitizer + UndefinedBehaviorSanitizer build in
     # ../build-asan: any report (including a leak) fails the run. BP_CHECK_SANITIZE=0 skips it.
     if [ "${BP_CHECK_SANITIZE:-1}" != 0 ]; then
-        san="-fsanitize=address,undefined"
         mkdir -p ../build-asan
         (cd ../build-asan &&
             { [ -f Makefile ] && [ ../configure -ot Makefile ] ||
-                ../configure --enable-werror \
-                    CFLAGS="-g -O1 $san -fno-omit-frame-pointer -fno-sanitize-recover=all" \
-                    LDFLAGS="$san"; } &&
+                ../configure --enable-werror --enable-sanitizers CFLAGS="-g -O1"; } &&
             make -j"$jobs" >/dev/null &&
             ASAN_OPTIONS=detect_leaks=1 make -j"$jobs" check) ||
             { cat ../build-asan/test-suite.log 2>/dev/null; exit 1; }
         echo "sanitizers: make check clean under ASan+UBSan (build-asan)"
+    fi
+    # The threaded suites once more from a ThreadSanitizer build in ../build-tsan: two threads
+    # with their own backends over shared weights, the scheduler's pipelined evaluations, the
+    # meta backend's worker threads. Any report fails the run. BP_CHECK_SANITIZE=0 skips it.
+    if [ "${BP_CHECK_SANITIZE:-1}" != 0 ]; then
+        mkdir -p ../build-tsan
+        (cd ../build-tsan &&
+            { [ -f Makefile ] && [ ../configure -ot Makefile ] ||
+                ../configure --enable-werror --enable-tsan --without-cuda CFLAGS="-g -O1"; } &&
+            make -j"$jobs" >/dev/null &&
+            TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" make -j"$jobs" check \
+                TESTS="tests/test-threads tests/test-sched tests/test-meta") ||
+            { cat ../build-tsan/test-suite.log 2>/dev/null; exit 1; }
+        echo "sanitizers: tests/test-threads, test-sched and test-meta clean under TSan (build-tsan)"
     fi
     make -j"$jobs" distcheck
     # The Debian packages from the tarball distcheck just made, installed and removed for real
