@@ -15,7 +15,15 @@
  * process, so `backplane list` can say why something is missing.
  *
  * Buffers, backends and events of a plugin hold a reference on it; unload is refused while any
- * are alive. Discovery runs once (pthread_once); explicit loads and unloads take a mutex. */
+ * are alive. Discovery runs once (pthread_once); explicit loads and unloads take a mutex.
+ *
+ * Probing (BP_PLUGIN_PROBE=1): before a file is opened in this process, a forked child opens
+ * it and runs its init; a child killed by a signal (or that exits on its own, or takes longer
+ * than a minute) gets the file refused with the reason, and the process goes on. Verdicts are
+ * cached by path, size and modification time in BP_PLUGIN_PROBE_CACHE (default
+ * $XDG_CACHE_HOME/backplane/probe-cache, else ~/.cache/backplane/probe-cache), so each plugin
+ * file is probed once. Probe early: the child of a process with other threads may only do
+ * what is safe after fork, and dlopen and plugin init are not guaranteed to be. */
 #include "config.h"
 
 #include <dirent.h>
@@ -24,12 +32,15 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend-impl.h"
@@ -242,6 +253,150 @@ static void missing_features(uint64_t missing, char *out, size_t n)
     }
 }
 
+/* ---- Probing in a child process ---------------------------------------------------------- */
+
+static bool probe_cache_path(char *out, size_t n)
+{
+    const char *p = secure_getenv("BP_PLUGIN_PROBE_CACHE");
+    if (p != NULL && p[0] != '\0') {
+        snprintf(out, n, "%s", p);
+        return true;
+    }
+    const char *xdg = secure_getenv("XDG_CACHE_HOME"), *home = secure_getenv("HOME");
+    if (xdg != NULL && xdg[0] == '/')
+        snprintf(out, n, "%s/backplane/probe-cache", xdg);
+    else if (home != NULL && home[0] == '/')
+        snprintf(out, n, "%s/.cache/backplane/probe-cache", home);
+    else
+        return false;
+    return true;
+}
+
+/* The cached verdict for st (a line "<size> <mtime s> <mtime ns> <verdict> <path>"), or false. */
+static bool probe_cached(const char *cache, const char *path, const struct stat *st, char *verdict,
+                         size_t n)
+{
+    FILE *f = fopen(cache, "r");
+    if (f == NULL)
+        return false;
+    char line[PATH_MAX + 256];
+    bool found = false;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        long long size, sec, nsec;
+        char v[64];
+        int used = 0;
+        line[strcspn(line, "\n")] = '\0';
+        if (sscanf(line, "%lld %lld %lld %63s %n", &size, &sec, &nsec, v, &used) != 4 || used == 0)
+            continue;
+        if (strcmp(line + used, path) == 0 && size == (long long)st->st_size &&
+            sec == (long long)st->st_mtim.tv_sec && nsec == (long long)st->st_mtim.tv_nsec) {
+            snprintf(verdict, n, "%s", v); /* the last line for the file wins */
+            found = true;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static void probe_remember(const char *cache, const char *path, const struct stat *st,
+                           const char *verdict)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", cache);
+    char *slash = strrchr(dir, '/');
+    if (slash != NULL && slash != dir) {
+        *slash = '\0';
+        char *parent = strrchr(dir, '/');
+        if (parent != NULL && parent != dir) { /* .../.cache/backplane: make both levels */
+            *parent = '\0';
+            mkdir(dir, 0700);
+            *parent = '/';
+        }
+        mkdir(dir, 0700);
+    }
+    FILE *f = fopen(cache, "a");
+    if (f == NULL) {
+        bp_log(BP_LOG_WARN, "plugin probe: cannot write the verdict cache %s: %s", cache,
+               strerror(errno));
+        return;
+    }
+    fprintf(f, "%lld %lld %lld %s %s\n", (long long)st->st_size, (long long)st->st_mtim.tv_sec,
+            (long long)st->st_mtim.tv_nsec, verdict, path);
+    fclose(f);
+}
+
+/* Opens and initialises path in a child process. True when the child came back normally (or
+ * could not even open the file: the real dlopen reports that); otherwise why says what
+ * happened to it. */
+static bool probe(const char *path, char *why, size_t n)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return true; /* the checks after this say what is wrong */
+    char cache[PATH_MAX], verdict[64] = "";
+    const bool have_cache = probe_cache_path(cache, sizeof(cache));
+    bool cached = have_cache && probe_cached(cache, path, &st, verdict, sizeof(verdict));
+    if (!cached) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid < 0) {
+            bp_log(BP_LOG_WARN, "plugin probe: fork failed (%s); loading %s unprobed",
+                   strerror(errno), path);
+            return true;
+        }
+        if (pid == 0) {
+            const struct rlimit no_core = {0, 0}; /* a crashing probe leaves no core file */
+            setrlimit(RLIMIT_CORE, &no_core);
+            alarm(60);
+            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            if (h == NULL)
+                _exit(0);
+            const struct bp_plugin_descriptor *d = dlsym(h, BP_PLUGIN_SYMBOL);
+            /* only what the real load would run: a plugin refused before init is not inited */
+            if (d == NULL || d->struct_size < offsetof(struct bp_plugin_descriptor, score) ||
+                d->api_major != BP_PLUGIN_API_MAJOR || d->api_minor > BP_PLUGIN_API_MINOR ||
+                d->init == NULL || (d->cpu_features & ~bp_cpu_features()) != 0)
+                _exit(0);
+            if (d->struct_size >= offsetof(struct bp_plugin_descriptor, score) + sizeof(d->score) &&
+                d->score != NULL && d->score() <= 0)
+                _exit(0);
+            d->init();
+            _exit(0);
+        }
+        int status = 0;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+        if (WIFSIGNALED(status))
+            snprintf(verdict, sizeof(verdict), "signal:%d", WTERMSIG(status));
+        else if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+            snprintf(verdict, sizeof(verdict), "exit:%d", WEXITSTATUS(status));
+        else
+            snprintf(verdict, sizeof(verdict), "ok");
+        if (have_cache)
+            probe_remember(cache, path, &st, verdict);
+    }
+    if (strcmp(verdict, "ok") == 0)
+        return true;
+    int code = 0;
+    const char *src = cached ? " (cached verdict; touch the file to probe it again)" : "";
+    if (sscanf(verdict, "signal:%d", &code) == 1)
+        snprintf(why, n, "the probe crashed: opening and initialising it in a child process "
+                 "ended with signal %d (%s)%s", code,
+                 code == SIGALRM ? "no answer within a minute" : strsignal(code), src);
+    else if (sscanf(verdict, "exit:%d", &code) == 1)
+        snprintf(why, n, "the probe exited: opening and initialising it in a child process "
+                 "ended the process with status %d%s", code, src);
+    else
+        snprintf(why, n, "the probe verdict '%s' is not understood%s", verdict, src);
+    return false;
+}
+
+static bool probing(void)
+{
+    const char *p = secure_getenv("BP_PLUGIN_PROBE");
+    return p != NULL && strcmp(p, "1") == 0;
+}
+
 /* Everything before init: file checks, dlopen, descriptor checks, CPU features, score. Records
  * the refusal and closes the handle when the candidate cannot be used. */
 static bool prepare(struct candidate *c)
@@ -250,6 +405,10 @@ static bool prepare(struct candidate *c)
     c->viable = false;
     c->score = -1;
     if (!file_is_safe(c->path, why, sizeof(why))) {
+        add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_REFUSED, "%s", why);
+        return false;
+    }
+    if (probing() && !probe(c->path, why, sizeof(why))) {
         add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_REFUSED, "%s", why);
         return false;
     }

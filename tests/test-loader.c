@@ -425,6 +425,47 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* BP_PLUGIN_PROBE=1: a plugin whose init crashes is refused with the reason instead of taking
+ * the process down; good plugins still load; the verdict is cached by path, size and mtime. */
+START_TEST(test_probe_refuses_crashing_init)
+{
+    setenv("BP_PLUGIN_PATH", "", 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
+    char cache[] = "/tmp/bp-probe-cache-XXXXXX";
+    int fd = mkstemp(cache);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    setenv("BP_PLUGIN_PROBE", "1", 1);
+    setenv("BP_PLUGIN_PROBE_CACHE", cache, 1);
+    const char *crash_dir = getenv("BP_TEST_CRASH_PLUGIN_DIR");
+    ck_assert_ptr_nonnull(crash_dir);
+    bp_plugin_load_all_from(crash_dir);
+    ck_assert_record("backplane-crashinit.so", BP_PLUGIN_REFUSED, "ended with signal 11");
+    ck_assert_ptr_null(bp_registry_by_name("Crashinit"));
+    bp_plugin_load_all_from(plugin_dir()); /* the process is alive and goes on */
+    ck_assert_ptr_nonnull(bp_device_by_name("GOOD0"));
+
+    FILE *f = fopen(cache, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[4096];
+    bool crash = false, good = false;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        crash |= strstr(line, " signal:11 ") && strstr(line, "backplane-crashinit.so");
+        good |= strstr(line, " ok ") && strstr(line, "/backplane-good.so");
+    }
+    fclose(f);
+    ck_assert_msg(crash && good, "verdicts missing from the cache");
+
+    /* The second time the cached verdict decides, without another child. */
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/backplane-crashinit.so", crash_dir);
+    ck_assert_ptr_null(bp_plugin_load(path));
+    ck_assert_msg(strstr(bp_last_error(), "cached verdict") != NULL, "%s", bp_last_error());
+    unsetenv("BP_PLUGIN_PROBE");
+    unlink(cache);
+}
+END_TEST
+
 START_TEST(test_relative_path_entries_ignored)
 {
     char path[4096];
@@ -477,6 +518,7 @@ int main(void)
     BP_TCASE(s, test_unload_waits_for_users, 30);
     BP_TCASE(s, test_explicit_load, 30);
     BP_TCASE(s, test_refusals, 60);
+    BP_TCASE(s, test_probe_refuses_crashing_init, 60);
     BP_TCASE(s, test_relative_path_entries_ignored, 30);
     BP_TCASE(s, test_concurrent_discovery_runs_once, 30);
     return bp_test_run(s);

@@ -9,7 +9,9 @@
  *   MODE_INIT_NULL                init fails (with a reason)
  *   MODE_MUST_NOT_INIT            init aborts: the loader must refuse the plugin before it
  *   MODE_NEEDS_LIB                init calls into libbpmissing.so, which is never installed
- *   MODE_OP_SUBSET                an accelerator with a partial op set (scheduler tests) */
+ *   MODE_OP_SUBSET                an accelerator with a partial op set (scheduler tests)
+ *   MODE_INIT_CRASH               init dereferences a null pointer (probing tests) */
+#include <signal.h>
 #include <stdlib.h>
 
 #include "../test-device.h"
@@ -32,6 +34,9 @@ static bp_registry *plugin_init(void)
 {
 #if defined(MODE_MUST_NOT_INIT)
     abort();
+#elif defined(MODE_INIT_CRASH)
+    raise(SIGSEGV); /* what a null dereference would do, without the undefined behaviour */
+    return NULL;
 #elif defined(MODE_INIT_NULL)
     bp_set_error(BP_ERR_BACKEND, "%s: no devices today", PLUGIN_NAME);
     return NULL;
