@@ -360,7 +360,9 @@ static bool probe(const char *path, char *why, size_t n)
             if (d->struct_size >= offsetof(struct bp_plugin_descriptor, score) + sizeof(d->score) &&
                 d->score != NULL && d->score() <= 0)
                 _exit(0);
-            d->init();
+            bp_registry *reg = d->init();
+            if (reg != NULL) /* tidy, for leak checkers that watch the child (valgrind) */
+                bp_registry_free(reg);
             _exit(0);
         }
         int status = 0;

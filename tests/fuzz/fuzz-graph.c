@@ -1,0 +1,217 @@
+/* fuzz-graph.c - libFuzzer target: random graphs built through the public op builders from the
+ * input bytes (leaf shapes and types, then a sequence of ops on earlier tensors), computed
+ * through the scheduler over the test accelerator (a partial op set, so graphs get split) and
+ * the CPU, and compared with the reference implementation of tests/ref.c. A builder may refuse
+ * (that is its job); a crash, a leak, an error without a message or a wrong result is a finding
+ * (abort). Built and run by tests/fuzz/run.sh. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <backplane/backplane.h>
+
+#include "../ref.h"
+
+#define MAX_T 24
+
+struct input {
+    const uint8_t *p;
+    size_t n;
+};
+
+static unsigned take(struct input *in)
+{
+    if (in->n == 0)
+        return 0;
+    in->n--;
+    return *in->p++;
+}
+
+static bp_backend *backends[2];
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    const char *cpu = getenv("BP_FUZZ_CPU_DIR"), *accel = getenv("BP_FUZZ_ACCEL_DIR");
+    if (cpu == NULL || accel == NULL) {
+        fprintf(stderr, "fuzz-graph: set BP_FUZZ_CPU_DIR and BP_FUZZ_ACCEL_DIR\n");
+        abort();
+    }
+    bp_log_set_level(BP_LOG_NONE);
+    bp_plugin_load_all_from(cpu);
+    bp_plugin_load_all_from(accel);
+    backends[0] = bp_backend_init_by_name("ACCEL0", NULL);
+    backends[1] = bp_backend_init_by_name("CPU", "threads=1");
+    if (backends[0] == NULL || backends[1] == NULL) {
+        fprintf(stderr, "fuzz-graph: %s\n", bp_last_error());
+        abort();
+    }
+    return 0;
+}
+
+/* The same graph, from the same bytes, every time: leafs in lctx, ops in octx. */
+static bp_tensor *build(const uint8_t *data, size_t size, bp_context *lctx, bp_context *octx)
+{
+    struct input in = {data, size};
+    bp_tensor *t[MAX_T];
+    int n = 0;
+    const int n_leafs = 1 + (int)(take(&in) % 3);
+    for (int i = 0; i < n_leafs; i++) {
+        int64_t ne[4] = {1 + take(&in) % 7, 1 + take(&in) % 5, 1 + take(&in) % 3,
+                         1 + take(&in) % 2};
+        enum bp_type type = take(&in) % 4 == 0 ? BP_TYPE_F16 : BP_TYPE_F32;
+        t[n] = bp_new_tensor_4d(lctx, type, ne[0], ne[1], ne[2], ne[3]);
+        if (t[n] == NULL)
+            return NULL;
+        bp_set_input(t[n]);
+        n++;
+    }
+    for (int k = 0; k < 10 && in.n > 0 && n < MAX_T; k++) {
+        const unsigned op = take(&in) % 14;
+        bp_tensor *a = t[take(&in) % n], *b = t[take(&in) % n], *r = NULL;
+        switch (op) {
+        case 0: r = bp_add(octx, a, b); break;
+        case 1: r = bp_sub(octx, a, b); break;
+        case 2: r = bp_mul(octx, a, b); break;
+        case 3: r = bp_scale(octx, a, (float)((int)take(&in) - 128) / 32.0f); break;
+        case 4: {
+            /* no EXP/SQRT: overflow and negative roots make the comparison meaningless */
+            static const enum bp_unary_op ops[] = {BP_UNARY_OP_NEG, BP_UNARY_OP_ABS,
+                                                   BP_UNARY_OP_RELU, BP_UNARY_OP_GELU,
+                                                   BP_UNARY_OP_SILU, BP_UNARY_OP_SIGMOID,
+                                                   BP_UNARY_OP_TANH, BP_UNARY_OP_SQR};
+            r = bp_unary(octx, a, ops[take(&in) % 8]);
+            break;
+        }
+        case 5: r = bp_rms_norm(octx, a, 1e-3f); break;
+        case 6: r = bp_norm(octx, a, 1e-3f); break;
+        case 7: r = bp_soft_max(octx, a); break;
+        case 8: r = bp_mul_mat(octx, a, b); break;
+        case 9: r = bp_cont(octx, bp_transpose(octx, a)); break;
+        case 10: {
+            static const int perms[][4] = {{0, 2, 1, 3}, {1, 0, 2, 3}, {2, 1, 0, 3}, {0, 1, 3, 2}};
+            const int *p = perms[take(&in) % 4];
+            r = bp_cont(octx, bp_permute(octx, a, p[0], p[1], p[2], p[3]));
+            break;
+        }
+        case 11: r = bp_sum_rows(octx, a); break;
+        case 12: r = bp_concat(octx, a, b, (int)(take(&in) % 4)); break;
+        default: r = bp_swiglu(octx, a, b); break;
+        }
+        if (r != NULL)
+            t[n++] = r;
+    }
+    bp_tensor *out = t[n - 1];
+    if (out->op == BP_OP_NONE) /* a leaf: give the graph something to compute */
+        out = bp_scale(octx, out, 1.0f);
+    if (out != NULL)
+        bp_set_output(out);
+    return out;
+}
+
+static void fill(bp_tensor *t, uint64_t seed)
+{
+    const int64_t n = bp_nelements(t);
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        const float v = (float)((seed >> 40) % 4001) / 1000.0f - 2.0f;
+        const int64_t i0 = i % t->ne[0], i1 = (i / t->ne[0]) % t->ne[1];
+        const int64_t i2 = (i / (t->ne[0] * t->ne[1])) % t->ne[2];
+        const int64_t i3 = i / (t->ne[0] * t->ne[1] * t->ne[2]);
+        ref_set(t, i0, i1, i2, i3, v);
+    }
+}
+
+static float *read_out(const bp_tensor *t)
+{
+    const int64_t n = bp_nelements(t);
+    float *o = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    char *raw = malloc(bp_nbytes(t) + 1);
+    bp_tensor_get(t, raw, 0, bp_nbytes(t));
+    bp_tensor view = *t;
+    view.data = raw;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t i0 = i % t->ne[0], i1 = (i / t->ne[0]) % t->ne[1];
+        const int64_t i2 = (i / (t->ne[0] * t->ne[1])) % t->ne[2];
+        const int64_t i3 = i / (t->ne[0] * t->ne[1] * t->ne[2]);
+        o[i] = (float)ref_get(&view, i0, i1, i2, i3);
+    }
+    free(raw);
+    return o;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    bp_context *lr = bp_context_new(MAX_T), *orr = bp_context_new(4 * MAX_T);
+    bp_context *ld = bp_context_new(MAX_T), *od = bp_context_new(4 * MAX_T);
+    bp_tensor *outr = build(data, size, lr, orr), *outd = build(data, size, ld, od);
+    if ((outr == NULL) != (outd == NULL))
+        abort(); /* the builders are not deterministic */
+    bp_graph *gr = bp_graph_new(256), *gd = bp_graph_new(256);
+    bp_buffer *blr = NULL, *bor = NULL, *bld = NULL;
+    bp_sched *s = NULL;
+    float *xr = NULL, *xd = NULL;
+    if (outr == NULL || bp_graph_build_forward(gr, outr) != BP_OK ||
+        bp_graph_build_forward(gd, outd) != BP_OK)
+        goto done;
+    blr = bp_alloc_ctx_tensors(lr, bp_host_buffer_type());
+    bor = bp_alloc_ctx_tensors(orr, bp_host_buffer_type());
+    bld = bp_alloc_ctx_tensors(ld, bp_host_buffer_type());
+    if (blr == NULL || bor == NULL || bld == NULL)
+        abort();
+    for (size_t i = 0; i < bp_context_n_tensors(lr); i++) {
+        fill(bp_context_get_tensor(lr, i), 1000 + i);
+        fill(bp_context_get_tensor(ld, i), 1000 + i);
+    }
+    if (!ref_compute_graph(gr))
+        goto done; /* an op the reference does not define for these types */
+    s = bp_sched_new(backends, NULL, 2, 256, false);
+    if (s == NULL)
+        abort();
+    if (bp_sched_graph_compute(s, gd) != BP_OK) {
+        if (bp_last_error()[0] == '\0')
+            abort(); /* an error must say what went wrong */
+        goto done;
+    }
+    xr = read_out(outr);
+    xd = read_out(outd);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < bp_nelements(outr); i++) {
+        if (isnan(xr[i]) || isnan(xd[i]) || isinf(xr[i]) || isinf(xd[i])) {
+            if (!(isnan(xr[i]) && isnan(xd[i])) && xr[i] != xd[i]) {
+                fprintf(stderr, "element %lld: %g (scheduled) vs %g (reference)\n", (long long)i,
+                        xd[i], xr[i]);
+                abort();
+            }
+            continue;
+        }
+        num += ((double)xd[i] - xr[i]) * ((double)xd[i] - xr[i]);
+        den += (double)xr[i] * xr[i];
+    }
+    /* f16 leafs and f32 kernels against the double reference, through ops that amplify */
+    if (num > 1e-6 * (den + 1e-6)) {
+        fprintf(stderr, "NMSE %g: %s %s [%lld %lld %lld %lld]\n", num / (den + 1e-30),
+                bp_op_name(outd->op), bp_type_name(outd->type), (long long)outd->ne[0],
+                (long long)outd->ne[1], (long long)outd->ne[2], (long long)outd->ne[3]);
+        abort();
+    }
+done:
+    free(xr);
+    free(xd);
+    bp_sched_free(s);
+    bp_graph_free(gr);
+    bp_graph_free(gd);
+    bp_buffer_free(blr);
+    bp_buffer_free(bor);
+    bp_buffer_free(bld);
+    bp_context_free(lr);
+    bp_context_free(orr);
+    bp_context_free(ld);
+    bp_context_free(od);
+    return 0;
+}

@@ -1,0 +1,64 @@
+#!/bin/sh
+# tests/fuzz/run.sh - builds the runtime and plugins with clang's libFuzzer instrumentation plus
+# ASan and UBSan in ./build-fuzz, then runs each target of tests/fuzz for a bounded time on its
+# corpus (the seeds here, plus real plugin files from the build for the loader) and prints one
+# line per target: executions, crashes (must be 0). tools/dev.sh check runs it.
+#
+#   tests/fuzz/run.sh [SECONDS]    seconds per target (default 60)
+#
+# Exits 77 when clang or its libFuzzer runtime (Debian: clang, libclang-rt-14-dev) is missing.
+set -u
+secs=${1:-60}
+top=$(cd "$(dirname "$0")/../.." && pwd)
+command -v clang >/dev/null 2>&1 || { echo "SKIP: clang is not installed"; exit 77; }
+echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; return (int)n * 0; }' \
+    > /tmp/bp-fuzz-probe.c
+clang -fsanitize=fuzzer /tmp/bp-fuzz-probe.c -o /tmp/bp-fuzz-probe >/dev/null 2>&1 ||
+    { rm -f /tmp/bp-fuzz-probe.c; echo "SKIP: clang has no libFuzzer runtime (libclang-rt-14-dev)"; exit 77; }
+rm -f /tmp/bp-fuzz-probe.c /tmp/bp-fuzz-probe
+san="-fsanitize=address,undefined -fno-sanitize-recover=all"
+b="$top/build-fuzz"
+mkdir -p "$b"
+cd "$b" || exit 1
+if [ ! -f Makefile ] || [ "$top/configure" -nt Makefile ]; then
+    "$top/configure" CC=clang CFLAGS="-g -O1 -fsanitize=fuzzer-no-link $san" LDFLAGS="$san" \
+        --without-cuda --disable-cpu-variants > configure.log 2>&1 ||
+        { tail -20 configure.log; exit 1; }
+fi
+make -j"$(nproc)" > make.log 2>&1 || { tail -30 make.log; exit 1; }
+make -j"$(nproc)" tests/accel/backplane-accel.la > /dev/null 2>&1 || exit 1
+inc="-I$top/include -I$b/include -I$b"
+for t in fuzz-graph fuzz-loader; do
+    extra=""
+    [ "$t" = fuzz-graph ] && extra="$top/tests/ref.c"
+    clang -g -O1 -fsanitize=fuzzer $san $inc "$top/tests/fuzz/$t.c" $extra -L"$b/.libs" \
+        -lbackplane -Wl,-rpath,"$b/.libs" -lm -o "$b/$t" || exit 1
+done
+
+export BP_FUZZ_CPU_DIR="$b/plugins/cpu/.libs" BP_FUZZ_ACCEL_DIR="$b/tests/accel/.libs"
+export BP_PLUGIN_PATH= BP_PLUGIN_SYSTEM_PATH=
+export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1"
+status=0
+for t in fuzz-graph fuzz-loader; do
+    corpus="$b/corpus-$t"
+    rm -rf "$corpus"
+    mkdir -p "$corpus"
+    cp "$top/tests/fuzz/corpus-${t#fuzz-}"/* "$corpus/"
+    if [ "$t" = fuzz-loader ]; then # real plugins, mode byte 0: file
+        for so in "$b/plugins/meta/.libs/backplane-meta.so" "$b/tests/accel/.libs/backplane-accel.so"; do
+            { printf '\000'; cat "$so"; } > "$corpus/plugin-$(basename "$so")"
+        done
+    fi
+    mkdir -p "$b/crashes-$t"
+    "$b/$t" -max_total_time="$secs" -print_final_stats=1 -artifact_prefix="$b/crashes-$t/" \
+        -max_len=400000 -timeout=30 "$corpus" > "$b/$t.log" 2>&1
+    rc=$?
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$b/$t.log")
+    crashes=$(find "$b/crashes-$t" -type f | wc -l)
+    echo "fuzz $t: ${execs:-0} executions in ${secs} s, $crashes crashes (exit $rc)"
+    if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
+        grep -A25 -m1 "ERROR\|==ERROR\|runtime error\|deadly signal" "$b/$t.log" | head -40
+        status=1
+    fi
+done
+exit $status
