@@ -347,22 +347,29 @@ static bool probe(const char *path, char *why, size_t n)
         if (pid == 0) {
             const struct rlimit no_core = {0, 0}; /* a crashing probe leaves no core file */
             setrlimit(RLIMIT_CORE, &no_core);
+            /* and dies of the signal: the host's crash handlers (crash reporters, sanitizers,
+             * fuzzers) must not treat the probe's crash as the application's */
+            static const int fatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP};
+            for (size_t i = 0; i < sizeof(fatal) / sizeof(fatal[0]); i++)
+                signal(fatal[i], SIG_DFL);
             alarm(60);
             void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
             if (h == NULL)
                 _exit(0);
             const struct bp_plugin_descriptor *d = dlsym(h, BP_PLUGIN_SYMBOL);
-            /* only what the real load would run: a plugin refused before init is not inited */
-            if (d == NULL || d->struct_size < offsetof(struct bp_plugin_descriptor, score) ||
-                d->api_major != BP_PLUGIN_API_MAJOR || d->api_minor > BP_PLUGIN_API_MINOR ||
-                d->init == NULL || (d->cpu_features & ~bp_cpu_features()) != 0)
-                _exit(0);
-            if (d->struct_size >= offsetof(struct bp_plugin_descriptor, score) + sizeof(d->score) &&
-                d->score != NULL && d->score() <= 0)
-                _exit(0);
-            bp_registry *reg = d->init();
-            if (reg != NULL) /* tidy, for leak checkers that watch the child (valgrind) */
-                bp_registry_free(reg);
+            /* only what the real load would run: a plugin refused before init is not inited;
+             * and every path ends with dlclose, which runs the file's finalisers */
+            if (d != NULL && d->struct_size >= offsetof(struct bp_plugin_descriptor, score) &&
+                d->api_major == BP_PLUGIN_API_MAJOR && d->api_minor <= BP_PLUGIN_API_MINOR &&
+                d->init != NULL && (d->cpu_features & ~bp_cpu_features()) == 0 &&
+                !(d->struct_size >= offsetof(struct bp_plugin_descriptor, score) +
+                                        sizeof(d->score) &&
+                  d->score != NULL && d->score() <= 0)) {
+                bp_registry *reg = d->init();
+                if (reg != NULL) /* tidy, for leak checkers that watch the child (valgrind) */
+                    bp_registry_free(reg);
+            }
+            dlclose(h);
             _exit(0);
         }
         int status = 0;

@@ -115,6 +115,17 @@ check)
             { cat ../build-tsan/test-suite.log 2>/dev/null; exit 1; }
         echo "sanitizers: tests/test-threads, test-sched and test-meta clean under TSan (build-tsan)"
     fi
+    # Fuzzing (tests/fuzz): random scheduled graphs against the reference, plugin files and
+    # hostile names, BP_FUZZ_SECONDS (default 60) per target; any crash fails the run.
+    fstatus=0
+    sh ../tests/fuzz/run.sh "${BP_FUZZ_SECONDS:-60}" > tests/fuzz.log 2>&1 || fstatus=$?
+    if [ "$fstatus" -eq 77 ]; then
+        echo "fuzz: $(grep -m1 '^SKIP: ' tests/fuzz.log)"
+    elif [ "$fstatus" -ne 0 ]; then
+        cat tests/fuzz.log
+        exit 1
+    fi
+    grep '^fuzz ' tests/fuzz.log
     make -j"$jobs" distcheck
     # The Debian packages from the tarball distcheck just made, installed and removed for real
     # (root only; tests/packaging.sh skips with exit 77 otherwise).
