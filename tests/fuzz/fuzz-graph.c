@@ -30,6 +30,7 @@ static unsigned take(struct input *in)
 }
 
 static bp_backend *backends[2];
+static long n_compared, n_ill; /* for the progress line: how much is really checked */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -51,6 +52,26 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         abort();
     }
     return 0;
+}
+
+/* The graph and where the scheduler put each node, for a report. */
+static void dump(bp_graph *g, bp_sched *s, const float *xd, const float *xr, int64_t n)
+{
+    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
+        const bp_tensor *t = bp_graph_node(g, i);
+        bp_backend *be = bp_sched_get_tensor_backend(s, t);
+        fprintf(stderr, "  node %d: %s %s [%lld %lld %lld %lld] nb [%zu %zu %zu %zu] on %s, srcs",
+                i, bp_op_name(t->op), bp_type_name(t->type), (long long)t->ne[0],
+                (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3], t->nb[0], t->nb[1],
+                t->nb[2], t->nb[3], be ? bp_backend_name(be) : "?");
+        for (int k = 0; k < BP_MAX_SRC && t->src[k]; k++)
+            fprintf(stderr, " %s[%lld %lld %lld %lld]", bp_op_name(t->src[k]->op),
+                    (long long)t->src[k]->ne[0], (long long)t->src[k]->ne[1],
+                    (long long)t->src[k]->ne[2], (long long)t->src[k]->ne[3]);
+        fprintf(stderr, "\n");
+    }
+    for (int64_t i = 0; i < n && i < 16; i++)
+        fprintf(stderr, "  out[%lld]: %g scheduled, %g reference\n", (long long)i, xd[i], xr[i]);
 }
 
 /* The same graph, from the same bytes, every time: leafs in lctx, ops in octx. */
@@ -113,12 +134,17 @@ static bp_tensor *build(const uint8_t *data, size_t size, bp_context *lctx, bp_c
     return out;
 }
 
-static void fill(bp_tensor *t, uint64_t seed)
+/* Values in [-2, 2]; with perturb, each moved by a relative 1e-5 (for the conditioning check). */
+static void fill(bp_tensor *t, uint64_t seed, bool perturb)
 {
     const int64_t n = bp_nelements(t);
+    uint64_t p = seed ^ 0x5DEECE66Dull;
     for (int64_t i = 0; i < n; i++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        const float v = (float)((seed >> 40) % 4001) / 1000.0f - 2.0f;
+        p = p * 6364136223846793005ull + 1442695040888963407ull;
+        float v = (float)((seed >> 40) % 4001) / 1000.0f - 2.0f;
+        if (perturb)
+            v *= 1.0f + 1e-5f * ((float)((p >> 40) % 2001) / 1000.0f - 1.0f);
         const int64_t i0 = i % t->ne[0], i1 = (i / t->ne[0]) % t->ne[1];
         const int64_t i2 = (i / (t->ne[0] * t->ne[1])) % t->ne[2];
         const int64_t i3 = i / (t->ne[0] * t->ne[1] * t->ne[2]);
@@ -144,6 +170,56 @@ static float *read_out(const bp_tensor *t)
     return o;
 }
 
+static double nmse(const float *x, const float *ref, int64_t n);
+
+/* The reference computed again from inputs moved by a relative 1e-5: when that moves the result
+ * by more than an NMSE of 1e-4, the graph amplifies input errors so much (a sum of normalised
+ * rows is pure cancellation, for instance) that float kernels and the double reference cannot be
+ * compared; such graphs are skipped rather than reported. */
+static bool ill_conditioned(const uint8_t *data, size_t size, const bp_tensor *outr)
+{
+    bp_context *lp = bp_context_new(MAX_T), *op = bp_context_new(4 * MAX_T);
+    bp_tensor *outp = build(data, size, lp, op);
+    bp_graph *gp = bp_graph_new(256);
+    bp_buffer *bl = NULL, *bo = NULL;
+    bool ill = true;
+    if (outp != NULL && bp_graph_build_forward(gp, outp) == BP_OK &&
+        (bl = bp_alloc_ctx_tensors(lp, bp_host_buffer_type())) != NULL &&
+        (bo = bp_alloc_ctx_tensors(op, bp_host_buffer_type())) != NULL) {
+        for (size_t i = 0; i < bp_context_n_tensors(lp); i++)
+            fill(bp_context_get_tensor(lp, i), 1000 + i, true);
+        if (ref_compute_graph(gp)) {
+            float *a = read_out(outr), *b = read_out(outp);
+            const double e = nmse(b, a, bp_nelements(outr));
+            ill = !(e <= 1e-4);
+            free(a);
+            free(b);
+        }
+    }
+    bp_buffer_free(bl);
+    bp_buffer_free(bo);
+    bp_graph_free(gp);
+    bp_context_free(lp);
+    bp_context_free(op);
+    return ill;
+}
+
+/* NMSE over the finite pairs; any NaN/inf disagreement counts as infinite. */
+static double nmse(const float *x, const float *ref, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(x[i]) || !isfinite(ref[i])) {
+            if (!(isnan(x[i]) && isnan(ref[i])) && x[i] != ref[i])
+                return INFINITY;
+            continue;
+        }
+        num += ((double)x[i] - ref[i]) * ((double)x[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? num / den : (num > 0 ? INFINITY : 0.0);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -165,11 +241,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (blr == NULL || bor == NULL || bld == NULL)
         abort();
     for (size_t i = 0; i < bp_context_n_tensors(lr); i++) {
-        fill(bp_context_get_tensor(lr, i), 1000 + i);
-        fill(bp_context_get_tensor(ld, i), 1000 + i);
+        fill(bp_context_get_tensor(lr, i), 1000 + i, false);
+        fill(bp_context_get_tensor(ld, i), 1000 + i, false);
     }
     if (!ref_compute_graph(gr))
         goto done; /* an op the reference does not define for these types */
+    if (ill_conditioned(data, size, outr)) {
+        n_ill++;
+        goto done; /* float results cannot be expected to match: nothing to compare */
+    }
     s = bp_sched_new(backends, NULL, 2, 256, false);
     if (s == NULL)
         abort();
@@ -180,26 +260,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     xr = read_out(outr);
     xd = read_out(outd);
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < bp_nelements(outr); i++) {
-        if (isnan(xr[i]) || isnan(xd[i]) || isinf(xr[i]) || isinf(xd[i])) {
-            if (!(isnan(xr[i]) && isnan(xd[i])) && xr[i] != xd[i]) {
-                fprintf(stderr, "element %lld: %g (scheduled) vs %g (reference)\n", (long long)i,
-                        xd[i], xr[i]);
-                abort();
-            }
-            continue;
-        }
-        num += ((double)xd[i] - xr[i]) * ((double)xd[i] - xr[i]);
-        den += (double)xr[i] * xr[i];
-    }
-    /* f32 kernels against the double reference through up to ten ops, some ill-conditioned
-     * (NORM of nearly equal values amplifies rounding): a relative 1e-5 plus an absolute floor
-     * of 1e-3 per element. A wrong kernel or a misplaced split is off by far more. */
-    if (num > 1e-5 * den + 1e-6 * (double)bp_nelements(outr)) {
-        fprintf(stderr, "NMSE %g: %s %s [%lld %lld %lld %lld]\n", num / (den + 1e-30),
+    /* Well-conditioned graphs (see ill_conditioned): f32 kernels against the double reference
+     * through up to ten ops agree to far better than 1e-5; a wrong kernel or a misplaced split
+     * is off by order one. */
+    const double e = nmse(xd, xr, bp_nelements(outr));
+    if (++n_compared % 20000 == 0)
+        fprintf(stderr, "fuzz-graph: %ld results compared, %ld ill-conditioned graphs skipped\n",
+                n_compared, n_ill);
+    if (!(e <= 1e-5)) {
+        fprintf(stderr, "NMSE %g: %s %s [%lld %lld %lld %lld]\n", e,
                 bp_op_name(outd->op), bp_type_name(outd->type), (long long)outd->ne[0],
                 (long long)outd->ne[1], (long long)outd->ne[2], (long long)outd->ne[3]);
+        dump(gd, s, xd, xr, bp_nelements(outr));
         abort();
     }
 done:

@@ -61,6 +61,7 @@ for t in fuzz-graph fuzz-loader; do
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$b/$t.log")
     crashes=$(find "$b/crashes-$t" -type f | wc -l)
     echo "fuzz $t: ${execs:-0} executions in ${secs} s, $crashes crashes (exit $rc)"
+    grep "results compared" "$b/$t.log" | tail -1 | sed 's/^/fuzz   /'
     if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
         grep -A25 -m1 "ERROR\|==ERROR\|runtime error\|deadly signal" "$b/$t.log" | head -40
         status=1
