@@ -158,6 +158,92 @@ START_TEST(test_uneven_and_empty_slices)
 }
 END_TEST
 
+/* Megatron by name and shape: attention q/k/v and the MLP's gate/up ([n_embd, n_ff]) split on
+ * their output rows, the attention output and the MLP's down ([n_ff, n_embd]) on their input
+ * columns; embeddings, the output projection and norms stay whole. */
+static bool megatron(const bp_tensor *w, int n, struct bp_meta_split *out, void *user)
+{
+    (void)user;
+    const bool named_rows = strstr(w->name, ".wq") || strstr(w->name, ".wk") ||
+                            strstr(w->name, ".wv");
+    const bool gate_up = w->name[0] == '\0' && w->ne[0] == 48 && w->ne[1] == 96;
+    const bool down = w->name[0] == '\0' && w->ne[0] == 96 && w->ne[1] == 48;
+    const bool cols = strstr(w->name, ".wo") != NULL || down;
+    if (!named_rows && !gate_up && !cols)
+        return false;
+    memset(out, 0, sizeof(*out));
+    out->state = BP_META_SPLIT;
+    out->axis = cols ? 0 : 1;
+    /* halves: 24 of 48 is three whole heads of 8 */
+    const int64_t ne = w->ne[out->axis];
+    for (int p = 0; p < n; p++)
+        out->sizes[p] = ne / n;
+    out->sizes[n - 1] += ne % n;
+    return true;
+}
+
+/* Weights the callback splits are stored as slices: each part holds about half the model, a
+ * transformer computes the same, and the weights read back (and compute) whole. */
+START_TEST(test_weights_stored_as_slices)
+{
+    bp_device *parts[2] = {bp_device_by_name("CPU0"), bp_device_by_name("CPU1")};
+    bp_device *d = bp_meta_device_new(parts, 2, megatron, NULL);
+    ck_assert_msg(d != NULL, "%s", bp_last_error());
+    bp_backend *m = bp_device_init_backend(d, "threads=1");
+    ck_assert_msg(m != NULL, "%s", bp_last_error());
+    check_against_cpu(m, &tiny, false);
+
+    bp_meta_buffer_part_bytes_fn part_bytes = (bp_meta_buffer_part_bytes_fn)
+        bp_registry_get_proc_address(bp_registry_by_name("Meta"), "bp_meta_buffer_part_bytes");
+    ck_assert_ptr_nonnull(part_bytes);
+    struct model mod;
+    model_init(&mod, &tiny, bp_backend_get_default_buffer_type(m));
+    const size_t full = bp_buffer_get_size(mod.wbuf);
+    const size_t b0 = part_bytes(mod.wbuf, 0), b1 = part_bytes(mod.wbuf, 1);
+    /* 46,080 of 50,160 floats are split matrices: each part holds 27,120 floats, 54 % */
+    ck_assert_msg(b0 < full * 6 / 10 && b1 < full * 6 / 10, "parts hold %zu and %zu of %zu bytes",
+                  b0, b1, full);
+    ck_assert_msg(b0 + b1 > full, "the whole tensors are on both parts");
+    model_free(&mod);
+
+    /* One column-split weight: set whole, read whole, computed on whole where a graph needs it;
+     * and written in rows, as loaders do. */
+    bp_context *wctx = bp_context_new(2);
+    bp_tensor *w = bp_new_tensor_2d(wctx, BP_TYPE_F32, 96, 48); /* a down projection */
+    bp_buffer *wb = bp_alloc_ctx_tensors(wctx, bp_backend_get_default_buffer_type(m));
+    bp_buffer_set_usage(wb, BP_BUFFER_USAGE_WEIGHTS);
+    static float in[96 * 48], out[96 * 48];
+    for (int i = 0; i < 96 * 48; i++)
+        in[i] = (float)(i % 97) - 48.0f;
+    for (int r = 0; r < 48; r++)
+        ck_assert_int_eq(bp_tensor_set(w, in + r * 96, (size_t)r * w->nb[1], w->nb[1]), BP_OK);
+    ck_assert_uint_eq(part_bytes(wb, 0), 48 * 48 * 4);
+    ck_assert_int_eq(bp_tensor_get(w, out, 0, sizeof(out)), BP_OK);
+    ck_assert_mem_eq(in, out, sizeof(in));
+    bp_clear_error();
+    ck_assert_int_eq(bp_tensor_set(w, in, 4, 8), BP_ERR_INVALID_ARG); /* not whole rows */
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "whole rows"));
+    bp_context *ctx = bp_context_new(4);
+    bp_tensor *y = bp_scale(ctx, w, 2.0f); /* wants it whole: a copy for the computation */
+    bp_buffer *yb = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(m));
+    bp_graph *g = bp_graph_new(4);
+    bp_graph_build_forward(g, y);
+    ck_assert_msg(bp_backend_graph_compute(m, g) == BP_OK, "%s", bp_last_error());
+    ck_assert_int_eq(bp_tensor_get(y, out, 0, sizeof(out)), BP_OK);
+    for (int i = 0; i < 96 * 48; i++)
+        ck_assert(out[i] == 2.0f * in[i]);
+    ck_assert_int_eq(bp_tensor_get(w, out, 0, sizeof(out)), BP_OK); /* still in slices */
+    ck_assert_mem_eq(in, out, sizeof(in));
+    ck_assert_uint_eq(part_bytes(wb, 1), 48 * 48 * 4);
+    bp_graph_free(g);
+    bp_buffer_free(yb);
+    bp_context_free(ctx);
+    bp_buffer_free(wb);
+    bp_context_free(wctx);
+    bp_backend_free(m);
+}
+END_TEST
+
 START_TEST(test_in_scheduler)
 {
     bp_backend *m = meta_by_name("Meta(CPU1,CPU2)");
@@ -253,6 +339,7 @@ static Suite *meta_suite(void)
     tcase_add_test(tc, test_generic_fallback);
     tcase_add_test(tc, test_uneven_and_empty_slices);
     tcase_add_test(tc, test_in_scheduler);
+    tcase_add_test(tc, test_weights_stored_as_slices);
     tcase_add_test(tc, test_tensor_roundtrip);
     tcase_add_test(tc, test_device_identity_and_props);
     tcase_add_test(tc, test_errors);

@@ -23,7 +23,11 @@ struct bp_meta_split {
 };
 
 /* Chooses how a weight (a tensor in a buffer with usage BP_BUFFER_USAGE_WEIGHTS) is split over
- * the n devices: fill *out and return true, or return false for the default policy. */
+ * the n devices: fill *out and return true, or return false for the default policy. It is
+ * asked when the weight is first written: a split along the rows (axis 1) or, in whole blocks,
+ * the columns (axis 0) of a 2-D weight is then how the weight is stored - each device holds
+ * only its slice - and every graph uses it split that way (a graph that needs it otherwise gets
+ * a whole copy per device for that computation). */
 typedef bool (*bp_meta_split_fn)(const bp_tensor *weight, int n_devices, struct bp_meta_split *out,
                                  void *user_data);
 
@@ -36,6 +40,11 @@ typedef bp_device *(*bp_meta_device_new_fn)(bp_device *const *devices, int n,
  * created and the wall time they took (seconds). BP_ERR_INVALID_ARG for other backends. */
 typedef enum bp_status (*bp_meta_backend_stats_fn)(bp_backend *backend, int *n_reduces,
                                                    double *reduce_seconds);
+
+/* The "bp_meta_buffer_part_bytes" proc address: bytes a meta buffer holds on its part `part`
+ * (storage is made at first use; weights split by the callback hold only their slices). 0 for
+ * other buffers or parts. */
+typedef size_t (*bp_meta_buffer_part_bytes_fn)(bp_buffer *buffer, int part);
 
 /* Helper: resolves the proc address and calls it. NULL with an error when the meta plugin is
  * not loaded. */

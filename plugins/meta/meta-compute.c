@@ -24,6 +24,8 @@ struct record {
     const bp_tensor *t;
     struct bp_meta_split s;
     bp_tensor *sh[BP_META_MAX_DEVICES];
+    /* A sliced weight needed in another state: a whole copy per part for this run. */
+    bp_buffer *temp[BP_META_MAX_DEVICES];
 };
 
 struct run {
@@ -97,14 +99,17 @@ static struct record *rec_of(struct run *r, const bp_tensor *t)
     while (r->recs[i].t != NULL && r->recs[i].t != t)
         i = (i + 1) & (r->recs_size - 1);
     if (r->recs[i].t == NULL) {
+        const struct meta_slot *sl = meta_sliced_slot(t);
         r->recs[i].t = t;
-        r->recs[i].s = *meta_state_get(r->md, t); /* what the last computation left */
+        /* a sliced weight is in its storage split; anything else as the last run left it */
+        r->recs[i].s = sl != NULL ? sl->s : *meta_state_get(r->md, t);
     }
     return &r->recs[i];
 }
 
-/* t as part p sees it in state s: a tensor on the part's memory, sliced when s is SPLIT. */
-static bp_tensor *shadow(struct run *r, const bp_tensor *t, const struct bp_meta_split *s, int p)
+/* t in state s as part p sees it, laid out like t in (buf, base): sliced when s is SPLIT. */
+static bp_tensor *shadow_at(struct run *r, const bp_tensor *t, const struct bp_meta_split *s,
+                            int p, bp_buffer *buf, void *base)
 {
     int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
     size_t offs = 0;
@@ -121,9 +126,39 @@ static bp_tensor *shadow(struct run *r, const bp_tensor *t, const struct bp_meta
     memcpy(sh->nb, t->nb, sizeof(sh->nb));
     memcpy(sh->op_params, t->op_params, sizeof(sh->op_params));
     memcpy(sh->name, t->name, sizeof(sh->name));
-    sh->buffer = meta_part_buffer(t, p);
-    sh->data = (char *)meta_part_address(t, p) + offs;
+    sh->buffer = buf;
+    sh->data = (char *)base + offs;
     return sh;
+}
+
+/* Part p's packed slice of a sliced weight: rows of the slice's own width. */
+static bp_tensor *packed_shadow(struct run *r, const bp_tensor *t, const struct meta_slot *sl,
+                                int p)
+{
+    int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+    ne[sl->s.axis] = sl->s.sizes[p];
+    bp_tensor *sh = bp_new_tensor_4d(r->ctx, t->type, ne[0], ne[1], ne[2], ne[3]);
+    if (sh == NULL)
+        return NULL;
+    memcpy(sh->op_params, t->op_params, sizeof(sh->op_params));
+    memcpy(sh->name, t->name, sizeof(sh->name));
+    sh->buffer = sl->part[p];
+    sh->data = bp_buffer_get_base(sl->part[p]);
+    return sh; /* strides: bp_new_tensor_4d's contiguous ones, the packed layout */
+}
+
+/* t as part p sees it in state s: a tensor on the part's memory, sliced when s is SPLIT. */
+static bp_tensor *shadow(struct run *r, const bp_tensor *t, const struct bp_meta_split *s, int p)
+{
+    const struct meta_slot *sl = meta_sliced_slot(t);
+    if (sl != NULL) {
+        if (same_state(s, &sl->s, r->n))
+            return packed_shadow(r, t, sl, p);
+        bp_set_error(BP_ERR_UNSUPPORTED, "%s: '%s' is stored in slices; it cannot be used or "
+                     "written in another state here", r->md->name, t->name);
+        return NULL;
+    }
+    return shadow_at(r, t, s, p, meta_part_buffer(t, p), meta_part_address(t, p));
 }
 
 static bool make_shadows(struct run *r, const bp_tensor *t, const struct bp_meta_split *s,
@@ -307,13 +342,14 @@ static bool queue(struct run *r, int p, bp_tensor *sh)
 
 /* ---- Conversions ------------------------------------------------------------------------- */
 
-/* Copies src's elements into dst (same shape and strides, other memory), row by row. */
+/* Copies src's elements into dst (same shape, other memory, each with its own strides), row
+ * by row when both have contiguous rows. */
 static enum bp_status copy_rows(const bp_tensor *src, bp_tensor *dst, char *tmp)
 {
     if (bp_nelements(src) == 0)
         return BP_OK;
     const size_t esz = bp_type_size(src->type);
-    const bool rows = src->nb[0] == esz;
+    const bool rows = src->nb[0] == esz && dst->nb[0] == esz;
     const size_t seg = rows ? bp_row_size(src->type, src->ne[0]) : esz;
     for (int64_t i3 = 0; i3 < src->ne[3]; i3++)
         for (int64_t i2 = 0; i2 < src->ne[2]; i2++)
@@ -321,13 +357,61 @@ static enum bp_status copy_rows(const bp_tensor *src, bp_tensor *dst, char *tmp)
                 for (int64_t i0 = 0; i0 < (rows ? 1 : src->ne[0]); i0++) {
                     size_t off = (size_t)i0 * src->nb[0] + (size_t)i1 * src->nb[1] +
                                  (size_t)i2 * src->nb[2] + (size_t)i3 * src->nb[3];
+                    size_t doff = (size_t)i0 * dst->nb[0] + (size_t)i1 * dst->nb[1] +
+                                  (size_t)i2 * dst->nb[2] + (size_t)i3 * dst->nb[3];
                     enum bp_status st = bp_tensor_get(src, tmp, off, seg);
                     if (st == BP_OK)
-                        st = bp_tensor_set(dst, tmp, off, seg);
+                        st = bp_tensor_set(dst, tmp, doff, seg);
                     if (st != BP_OK)
                         return st;
                 }
     return BP_OK;
+}
+
+/* Where part p's slice of a sliced weight t sits in a whole copy of t at (buf, base). */
+static bp_tensor slice_in_whole(const bp_tensor *t, const struct meta_slot *sl, int p,
+                                const bp_tensor *packed, bp_buffer *buf, char *base)
+{
+    bp_tensor to = *packed;
+    memcpy(to.nb, t->nb, sizeof(to.nb));
+    to.buffer = buf;
+    to.data = base + (sl->s.axis == 1 ? (size_t)start_of(&sl->s, p) * t->nb[1]
+                                      : bp_row_size(t->type, start_of(&sl->s, p)));
+    return to;
+}
+
+/* A sliced weight needed whole (or split otherwise) in this run: every part gets a whole copy,
+ * assembled from all parts' slices, freed when the run ends. */
+static enum bp_status unslice(struct run *r, struct record *rec)
+{
+    const bp_tensor *t = rec->t;
+    const struct meta_slot *sl = meta_sliced_slot(t);
+    const size_t bytes = bp_nbytes(t);
+    char *tmp = malloc(bp_row_size(t->type, t->ne[0]) + 64);
+    if (tmp == NULL)
+        return bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", r->md->name);
+    enum bp_status st = BP_OK;
+    for (int p = 0; p < r->n && st == BP_OK; p++) {
+        rec->temp[p] = bp_buffer_type_alloc(bp_device_get_buffer_type(r->md->parts[p]), bytes);
+        if (rec->temp[p] == NULL)
+            st = bp_last_status();
+    }
+    for (int q = 0; q < r->n && st == BP_OK; q++) {
+        if (sl->s.sizes[q] == 0)
+            continue;
+        bp_tensor *from = packed_shadow(r, t, sl, q);
+        if (from == NULL) {
+            st = bp_last_status();
+            break;
+        }
+        for (int p = 0; p < r->n && st == BP_OK; p++) {
+            bp_tensor to = slice_in_whole(t, sl, q, from, rec->temp[p],
+                                          bp_buffer_get_base(rec->temp[p]));
+            st = copy_rows(from, &to, tmp);
+        }
+    }
+    free(tmp);
+    return st;
 }
 
 /* SPLIT -> MIRRORED: every part receives every other part's slice. */
@@ -455,6 +539,22 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
                            bp_tensor **out)
 {
     struct record *rec = rec_of(r, t);
+    const struct meta_slot *sl = meta_sliced_slot(t);
+    if (sl != NULL && !same_state(&sl->s, want, r->n)) {
+        /* Stored in slices, wanted otherwise: whole copies for this run, then any state of
+         * those is a view of them. */
+        if (rec->temp[0] == NULL) {
+            enum bp_status st = unslice(r, rec);
+            if (st != BP_OK)
+                return st;
+        }
+        for (int p = 0; p < r->n; p++) {
+            out[p] = shadow_at(r, t, want, p, rec->temp[p], bp_buffer_get_base(rec->temp[p]));
+            if (out[p] == NULL)
+                return bp_last_status();
+        }
+        return BP_OK;
+    }
     if (same_state(&rec->s, want, r->n) && rec->sh[0] != NULL) {
         memcpy(out, rec->sh, (size_t)r->n * sizeof(*out));
         return BP_OK;
@@ -728,6 +828,17 @@ enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g)
             return bp_set_error(BP_ERR_INVALID_ARG, "%s: node '%s' (%s) is not in one of its "
                                 "buffers", mb->md->name, t->name, bp_op_name(t->op));
     }
+    /* Storage on the parts for every tensor involved (buffers get theirs at first use). */
+    for (int i = 0; i < nn + nl && st == BP_OK; i++) {
+        const bp_tensor *t = i < nn ? bp_graph_node(g, i) : bp_graph_leaf(g, i - nn);
+        for (int k = -1; k < BP_MAX_SRC && st == BP_OK; k++) {
+            const bp_tensor *u = k < 0 ? t : t->src[k];
+            if (u != NULL && u->buffer != NULL && bp_buffer_get_type(u->buffer) == mb->md->buft)
+                st = meta_prepare(u);
+        }
+    }
+    if (st != BP_OK)
+        return st;
     r.recs_size = 64;
     while (r.recs_size < 4 * (size_t)(nn + nl + 1))
         r.recs_size <<= 1;
@@ -774,12 +885,17 @@ enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g)
     }
     if (st == BP_OK)
         st = flush(&r);
-    /* Remember what each tensor holds, so reads gather, sum or pick accordingly. */
+    /* Remember what each tensor holds, so reads gather, sum or pick accordingly (a sliced
+     * weight stays what its storage is). */
     for (size_t i = 0; st == BP_OK && i < r.recs_size; i++) {
-        if (r.recs[i].t != NULL && !meta_state_set(mb->md, r.recs[i].t, &r.recs[i].s))
+        if (r.recs[i].t != NULL && meta_sliced_slot(r.recs[i].t) == NULL &&
+            !meta_state_set(mb->md, r.recs[i].t, &r.recs[i].s))
             st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
     }
 done:
+    for (size_t i = 0; r.recs != NULL && i < r.recs_size; i++)
+        for (int p = 0; p < r.n; p++)
+            bp_buffer_free(r.recs[i].temp[p]);
     for (int p = 0; p < r.n; p++)
         free(r.pending[p]);
     bp_context_free(r.ctx);
@@ -792,7 +908,8 @@ done:
 enum bp_status meta_read(struct meta_dev *md, const bp_tensor *t, void *data, size_t offset,
                          size_t size)
 {
-    const struct bp_meta_split *s = meta_state_get(md, t);
+    const struct meta_slot *sl = meta_sliced_slot(t);
+    const struct bp_meta_split *s = sl != NULL ? &sl->s : meta_state_get(md, t);
     const size_t bytes = bp_nbytes(t);
     char *full = malloc(bytes + 64), *tmp = malloc(bytes + 64);
     enum bp_status st = BP_OK;
@@ -824,8 +941,12 @@ enum bp_status meta_read(struct meta_dev *md, const bp_tensor *t, void *data, si
                 break;
             }
             bp_tensor to = *from;
-            to.buffer = host.buffer;
-            to.data = full + ((char *)from->data - (char *)meta_part_address(t, p));
+            if (sl != NULL) {
+                to = slice_in_whole(t, sl, p, from, host.buffer, full);
+            } else {
+                to.buffer = host.buffer;
+                to.data = full + ((char *)from->data - (char *)meta_part_address(t, p));
+            }
             st = copy_rows(from, &to, tmp);
         }
         bp_buffer_free(host.buffer);

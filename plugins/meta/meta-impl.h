@@ -31,9 +31,28 @@ struct meta_dev {
     size_t states_used;
 };
 
+/* How one weight is stored in a weights buffer (usage BP_BUFFER_USAGE_WEIGHTS): a buffer of its
+ * own on every part, holding the whole tensor, or - when the split callback gave it a split
+ * when it was first written - only that part's slice, packed (docs/meta.md, "Memory"). */
+struct meta_slot {
+    const char *data; /* where the tensor is in the meta buffer's address range */
+    size_t nbytes;
+    bool sliced;
+    struct bp_meta_split s; /* sliced: the split it is stored in */
+    bp_buffer *part[BP_META_MAX_DEVICES];
+};
+
+/* A meta buffer stands for an address range it reserves (no memory). Its storage on the parts
+ * is made at first use: for a weights buffer, one slot per tensor; for any other buffer, one
+ * buffer of the full size per part ("materialised"), with the same layout as the range. */
 struct meta_buf {
     struct meta_dev *md;
-    bp_buffer *parts[BP_META_MAX_DEVICES];
+    char *reserve;
+    size_t size, reserve_size;
+    bool materialized;
+    bp_buffer *parts[BP_META_MAX_DEVICES]; /* materialised */
+    struct meta_slot *slots;               /* weights buffers, sorted by data */
+    size_t n_slots, cap_slots;
 };
 
 /* A thread that runs one part's graphs for a part whose compute blocks the caller. */
@@ -59,8 +78,14 @@ struct meta_backend {
 };
 
 /* meta-plugin.c */
+/* Where t's data lives on part `part`. For a sliced weight that is the part's packed slice. */
 void *meta_part_address(const bp_tensor *t, int part);
 bp_buffer *meta_part_buffer(const bp_tensor *t, int part);
+/* Makes sure t has storage on the parts (materialises its buffer, or gives a weight without
+ * one a zeroed whole slot). */
+enum bp_status meta_prepare(const bp_tensor *t);
+/* The slot of a sliced weight whose data t is (t itself or a same-address view), else NULL. */
+const struct meta_slot *meta_sliced_slot(const bp_tensor *t);
 const struct bp_meta_split *meta_state_get(struct meta_dev *md, const bp_tensor *t);
 bool meta_state_set(struct meta_dev *md, const bp_tensor *t, const struct bp_meta_split *s);
 /* Drops the states of tensors in buf (freed or cleared: its data is the same on every part). */
