@@ -174,10 +174,13 @@ static void op_binary(bp_tensor *dst, const struct bp_cpu_params *p)
     }
 }
 
+/* The tanh approximation, written as x * sigmoid(2z): 0.5 (1 + tanh z) = 1 / (1 + e^-2z). Same
+ * function, but no 1 + tanh(z) that cancels to 0 in float for z below about -9 (where the
+ * value is x e^2z, tiny but not 0; found by tests/fuzz). */
 BP_CPU_INLINE float gelu(float x)
 {
     const float c = 0.79788456080286535588f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+    return x / (1.0f + expf(-2.0f * c * (x + 0.044715f * x * x * x)));
 }
 
 BP_CPU_INLINE float silu(float x)

@@ -114,7 +114,8 @@ static __device__ __forceinline__ float unary(int op, float x, float p)
     case CU_NEG: return -x;
     case CU_ABS: return fabsf(x);
     case CU_RELU: return x > 0.0f ? x : 0.0f;
-    case CU_GELU: return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    case CU_GELU: /* x sigmoid(2z) = 0.5 x (1 + tanh z), without cancellation for z << 0 */
+        return x / (1.0f + expf(-1.5957691216f * (x + 0.044715f * x * x * x)));
     case CU_SILU: return x / (1.0f + expf(-x));
     case CU_SIGMOID: return 1.0f / (1.0f + expf(-x));
     case CU_TANH: return tanhf(x);

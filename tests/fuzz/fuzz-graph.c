@@ -55,8 +55,18 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 }
 
 /* The graph and where the scheduler put each node, for a report. */
-static void dump(bp_graph *g, bp_sched *s, const float *xd, const float *xr, int64_t n)
+static void dump(bp_graph *g, bp_sched *s, const float *xd, const float *xr, int64_t n,
+                 bp_graph *gr)
 {
+    for (int i = 0; i < bp_graph_n_leafs(gr); i++)
+        fprintf(stderr, "  leaf %d: %s, first value %g\n", i,
+                bp_type_name(bp_graph_leaf(gr, i)->type), ref_get(bp_graph_leaf(gr, i), 0, 0, 0, 0));
+    for (int i = 0; i < bp_graph_n_nodes(gr); i++) {
+        const bp_tensor *t = bp_graph_node(gr, i);
+        fprintf(stderr, "  reference node %d: %s op_params[0] %d (%g), first value %g\n", i,
+                bp_op_name(t->op), t->op_params[0], bp_get_op_param_f32(t, 0),
+                ref_get(t, 0, 0, 0, 0));
+    }
     for (int i = 0; i < bp_graph_n_nodes(g); i++) {
         const bp_tensor *t = bp_graph_node(g, i);
         bp_backend *be = bp_sched_get_tensor_backend(s, t);
@@ -271,7 +281,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fprintf(stderr, "NMSE %g: %s %s [%lld %lld %lld %lld]\n", e,
                 bp_op_name(outd->op), bp_type_name(outd->type), (long long)outd->ne[0],
                 (long long)outd->ne[1], (long long)outd->ne[2], (long long)outd->ne[3]);
-        dump(gd, s, xd, xr, bp_nelements(outr));
+        dump(gd, s, xd, xr, bp_nelements(outr), gr);
         abort();
     }
 done:
