@@ -4,7 +4,10 @@
 # corpus (the seeds here, plus real plugin files from the build for the loader) and prints one
 # line per target: executions, crashes (must be 0). tools/dev.sh check runs it.
 #
-#   tests/fuzz/run.sh [SECONDS]    seconds per target (default 60)
+#   tests/fuzz/run.sh [SECONDS]    seconds per target at most (default 60)
+#
+# BP_FUZZ_SEED (default 1) and BP_FUZZ_RUNS (default 120,000 graphs, 40,000 loader inputs) fix
+# the inputs tried, so a run is repeatable; set another seed for a fresh campaign.
 #
 # Exits 77 when clang or its libFuzzer runtime (Debian: clang, libclang-rt-14-dev) is missing.
 set -u
@@ -55,12 +58,17 @@ for t in fuzz-graph fuzz-loader; do
         done
     fi
     mkdir -p "$b/crashes-$t"
-    "$b/$t" -max_total_time="$secs" -print_final_stats=1 -artifact_prefix="$b/crashes-$t/" \
-        -max_len=400000 -timeout=30 "$corpus" > "$b/$t.log" 2>&1
+    # A fixed seed and a fixed number of runs make a run repeatable: what CI finds, the same
+    # command finds here (the time limit only cuts the same sequence short on a slow machine).
+    runs=120000
+    [ "$t" = fuzz-loader ] && runs=40000
+    "$b/$t" -seed="${BP_FUZZ_SEED:-1}" -runs="${BP_FUZZ_RUNS:-$runs}" -max_total_time="$secs" \
+        -print_final_stats=1 -artifact_prefix="$b/crashes-$t/" -max_len=400000 -timeout=30 \
+        "$corpus" > "$b/$t.log" 2>&1
     rc=$?
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$b/$t.log")
     crashes=$(find "$b/crashes-$t" -type f | wc -l)
-    echo "fuzz $t: ${execs:-0} executions in ${secs} s, $crashes crashes (exit $rc)"
+    echo "fuzz $t: ${execs:-0} executions (seed ${BP_FUZZ_SEED:-1}, at most ${secs} s), $crashes crashes (exit $rc)"
     grep "results compared" "$b/$t.log" | tail -1 | sed 's/^/fuzz   /'
     if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
         grep -A25 -m1 "ERROR\|==ERROR\|runtime error\|deadly signal" "$b/$t.log" | head -40
