@@ -46,6 +46,7 @@ check "accelerator + CPU agrees with the CPU" agrees "ACCEL0,CPU"
 check "the accelerator run has several splits" sh -c "'$tool' run -d ACCEL0 -n 3 | grep -q 'generation: 2 tokens, [0-9][0-9]* splits per graph: CPU 1 nodes, ACCEL0'"
 check "Meta(CPU0,CPU1) agrees (collectives)" env BP_CPU_DEVICES=2 "$0" --agrees "Meta(CPU0,CPU1)"
 check "Meta(CPU0,CPU1) agrees (butterfly)" env BP_CPU_DEVICES=2 BP_META_NO_COMM=1 "$0" --agrees "Meta(CPU0,CPU1)"
+check "Meta(CPU0,CPU1) stores the matrices split: each part holds under 70 % of the weights" env BP_CPU_DEVICES=2 sh -c "'$tool' run -d 'Meta(CPU0,CPU1)' -n 2 | sed -n 's/.*weights \([0-9.]*\) MiB and KV.*per part: \([0-9.]*\) + \([0-9.]*\) MiB.*/\1 \2 \3/p' | awk '{ exit !(NF == 3 && \$2 < 0.7 * \$1 && \$3 < 0.7 * \$1) }'"
 check "Meta(CPU0,CPU1,CPU2) agrees, q8_0 weights" env BP_CPU_DEVICES=3 "$0" --agrees "Meta(CPU0,CPU1,CPU2)" --wtype q8_0
 check "the example plugin (examples/) loads and serves the model with the CPU" agrees "EXAMPLE0"
 check "the example plugin runs the element-wise ops" sh -c "'$tool' run -d EXAMPLE0 -n 2 | grep -q 'splits per graph: .*EXAMPLE0'"

@@ -17,6 +17,8 @@
 
 #include <backplane/bp-plugin.h> /* bp_set_error */
 
+#include <backplane/bp-meta.h>
+
 #include "model.h"
 #include "tool.h"
 
@@ -47,6 +49,8 @@ struct run_result {
     size_t weight_bytes, kv_bytes;
     char weight_buft[64];
     int weights_on; /* index of the backend that holds the weights */
+    size_t weight_part_bytes[MAX_BACKENDS]; /* weights on a meta device: what each part holds */
+    int n_weight_parts;
     int prompt_splits, gen_splits;
     struct split_info gen_split[16];
     int n_gen_split_info;
@@ -143,12 +147,77 @@ static bool meta_all_cpu(const char *name)
     return n > 0;
 }
 
+/* The split the meta backend stores the model's matrices in (Megatron): attention q/k/v and the
+ * MLP's gate/up by output rows, the attention output and the MLP's down by input columns, the
+ * output projection by vocabulary rows; whole heads (or blocks of 32) per device. Embeddings
+ * and norms stay whole. Each device then holds about 1/n of the model. */
+static bool megatron_split(const bp_tensor *w, int n, struct bp_meta_split *out, void *user)
+{
+    const struct model_config *c = user;
+    const char *name = w->name;
+    const char *dot = strrchr(name, '.');
+    const char *kind = dot ? dot + 1 : name;
+    int axis;
+    int64_t unit;
+    if (strcmp(kind, "attn_q") == 0 || strcmp(kind, "attn_k") == 0 ||
+        strcmp(kind, "attn_v") == 0) {
+        axis = 1;
+        unit = c->n_embd / c->n_head;
+    } else if (strcmp(kind, "attn_output") == 0) {
+        axis = 0;
+        unit = c->n_embd / c->n_head;
+    } else if (strcmp(kind, "ffn_gate") == 0 || strcmp(kind, "ffn_up") == 0 ||
+               strcmp(name, "output") == 0) {
+        axis = 1;
+        unit = 32;
+    } else if (strcmp(kind, "ffn_down") == 0) {
+        axis = 0;
+        unit = 32;
+    } else {
+        return false;
+    }
+    const int64_t ne = w->ne[axis], units = ne / unit;
+    if (unit < 1 || ne % unit != 0 || units < n || (axis == 0 && unit % 32 != 0))
+        return false; /* cannot be cut into whole units for every device: keep it whole */
+    memset(out, 0, sizeof(*out));
+    out->state = BP_META_SPLIT;
+    out->axis = axis;
+    for (int p = 0; p < n; p++)
+        out->sizes[p] = (units / n + (p < units % n ? 1 : 0)) * unit;
+    return true;
+}
+
+static const struct model_config *split_model; /* for megatron_split, set by run_once */
+
+/* "Meta(A,B,...)": a meta device over the named devices that stores the model's matrices split
+ * (megatron_split), so that each device holds its share only. */
+static bp_backend *open_meta(const char *name, const char *params)
+{
+    char inner[512], names[MAX_BACKENDS][128];
+    const size_t len = strlen(name);
+    if (len < 7 || name[len - 1] != ')' || len - 6 >= sizeof(inner))
+        return bp_backend_init_by_name(name, params); /* let the meta plugin explain */
+    memcpy(inner, name + 5, len - 6);
+    inner[len - 6] = '\0';
+    const int n = split_devices(inner, names, MAX_BACKENDS);
+    bp_device *parts[MAX_BACKENDS];
+    for (int i = 0; i < n; i++) {
+        parts[i] = find_device(names[i]);
+        if (parts[i] == NULL)
+            return NULL;
+    }
+    if (n < 1 || split_model == NULL)
+        return bp_backend_init_by_name(name, params);
+    bp_device *d = bp_meta_device_new(parts, n, megatron_split, (void *)split_model);
+    return d != NULL ? bp_device_init_backend(d, params) : NULL;
+}
+
 static bp_backend *open_backend(const char *name, int threads)
 {
     char params[32];
     snprintf(params, sizeof(params), "threads=%d", threads);
     if (strncmp(name, "Meta(", 5) == 0)
-        return bp_backend_init_by_name(name, threads > 0 && meta_all_cpu(name) ? params : NULL);
+        return open_meta(name, threads > 0 && meta_all_cpu(name) ? params : NULL);
     bp_device *dev = find_device(name);
     if (dev == NULL)
         return NULL;
@@ -291,6 +360,7 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
 {
     memset(r, 0, sizeof(*r));
     const struct model_config *cfg = o->cfg;
+    split_model = cfg;
     bp_backend *be[MAX_BACKENDS];
     int nb = tool_open_backends(devices, o->threads, be, MAX_BACKENDS, true);
     if (nb < 0)
@@ -353,6 +423,14 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     if (show)
         fprintf(stderr, "\r%*s\r", 60, "");
     r->weight_bytes = bp_buffer_get_size(m.wbuf);
+    bp_registry *meta_reg = bp_device_get_registry(wdev);
+    bp_meta_buffer_part_bytes_fn part_bytes = (bp_meta_buffer_part_bytes_fn)
+        bp_registry_get_proc_address(meta_reg, "bp_meta_buffer_part_bytes");
+    for (int p = 0; part_bytes != NULL && p < MAX_BACKENDS; p++) {
+        r->weight_part_bytes[p] = part_bytes(m.wbuf, p);
+        if (r->weight_part_bytes[p] > 0)
+            r->n_weight_parts = p + 1;
+    }
     r->kv_bytes = bp_buffer_get_size(m.kvbuf);
     snprintf(r->weight_buft, sizeof(r->weight_buft), "%s", bp_buffer_type_name(wbuft));
 
@@ -449,6 +527,10 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
                r->descriptions[i], "", r->plugins[i]);
     printf("buffers:    weights %.2f MiB and KV cache %.2f MiB on %s (%s)", mib(r->weight_bytes),
            mib(r->kv_bytes), r->names[r->weights_on], r->weight_buft);
+    for (int p = 0; p < r->n_weight_parts; p++)
+        printf("%s%.2f", p == 0 ? "; weights per part: " : " + ", mib(r->weight_part_bytes[p]));
+    if (r->n_weight_parts > 0)
+        printf(" MiB");
     for (int i = 0; i < r->n_backends; i++)
         printf("; compute %s %.2f MiB", r->names[i], mib(r->compute_bytes[i]));
     printf("\n");
