@@ -57,7 +57,9 @@ for t in fuzz-graph fuzz-loader; do
             [ -f "$so" ] && { printf '\000'; cat "$so"; } > "$corpus/plugin-$(basename "$so")"
         done
     fi
-    mkdir -p "$b/crashes-$t"
+    mkdir -p "$b/crashes-$t" "$b/findings-$t"
+    rm -f "$b/findings-$t"/*
+    export BP_FUZZ_FINDINGS="$b/findings-$t"
     # A fixed seed and a fixed number of runs make a run repeatable: what CI finds, the same
     # command finds here (the time limit only cuts the same sequence short on a slow machine).
     runs=120000
@@ -68,7 +70,11 @@ for t in fuzz-graph fuzz-loader; do
     rc=$?
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$b/$t.log")
     crashes=$(find "$b/crashes-$t" -type f | wc -l)
-    echo "fuzz $t: ${execs:-0} executions (seed ${BP_FUZZ_SEED:-1}, at most ${secs} s), $crashes crashes (exit $rc)"
+    findings=$(find "$b/findings-$t" -type f | wc -l)
+    echo "fuzz $t: ${execs:-0} executions (seed ${BP_FUZZ_SEED:-1}, at most ${secs} s), $crashes crashes (exit $rc), $findings wrong results"
+    # A wrong result is reported with its input and graph, for a person to look at (it may be a
+    # numerically ill-conditioned graph the tolerance does not cover); it does not fail the run.
+    [ "$findings" -gt 0 ] && grep -A14 "NMSE" "$b/$t.log" | head -40 && ls "$b/findings-$t"
     grep "results compared" "$b/$t.log" | tail -1 | sed 's/^/fuzz   /'
     if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
         grep -A25 -m1 "ERROR\|==ERROR\|runtime error\|deadly signal" "$b/$t.log" | head -40
