@@ -41,7 +41,7 @@
 #define NR 4
 #endif
 
-#define KC 256   /* K block: B micro-panel (KC x NR) stays in L1 */
+#define KC 512   /* K block: B micro-panel (KC x NR, 24 KiB) stays in L1; C is swept K / KC times */
 #define MC 128   /* rows of A packed at a time (MC x KC in L2) */
 #define BP_CPU_GEMM_MIN_N 16 /* below this, dot-product tiles (no packing) */
 
