@@ -323,6 +323,7 @@ typedef __m256 bvf;
 #define BM 12          /* rows of A per block */
 #define BN (2 * BVW)   /* columns of B per chunk: two vectors */
 #define BCAST_MAX_N 48
+#define BKC 256 /* K chunk: the B panel (BKC x BN floats, 32 KiB) stays in L1 */
 
 /* out[BM][BN] += A rows (chunk of kc, row stride lda floats) x bpanel (kc x BN). */
 static void bcast_kernel(const float *restrict a, int64_t lda, const float *restrict bpanel,
@@ -372,25 +373,36 @@ static void bcast_batch(bp_tensor *dst, const char *abase, const char *bbase, ch
     int64_t bm0, bm1;
     bp_cpu_split((M + BM - 1) / BM, p->ith, p->nth, &bm0, &bm1);
     float *out = tmp;                        /* nchunks x BM x BN accumulators */
-    float *achunk = tmp + nchunks * BM * BN; /* BM x KC converted rows */
+    float *achunk = tmp + nchunks * BM * BN; /* BM x BKC converted rows */
+    /* f32 rows are read where they are (when the row stride is whole floats); other types,
+     * and the rows missing from a short last block, go through achunk. */
+    const bool direct = a->type == BP_TYPE_F32 && a->nb[1] % sizeof(float) == 0;
     for (int64_t blk = bm0; blk < bm1; blk++) {
         const int64_t m = blk * BM, rows = M - m < BM ? M - m : BM;
         memset(out, 0, (size_t)(nchunks * BM * BN) * sizeof(float));
-        for (int64_t kk = 0; kk < K; kk += KC) {
-            const int64_t kc = K - kk < KC ? K - kk : KC;
-            /* Rows as f32 (missing rows of a short block are zero). */
-            for (int64_t r = 0; r < BM; r++) {
-                float *dstr = achunk + r * KC;
-                if (r >= rows) {
-                    memset(dstr, 0, (size_t)kc * sizeof(float));
-                    continue;
+        for (int64_t kk = 0; kk < K; kk += BKC) {
+            const int64_t kc = K - kk < BKC ? K - kk : BKC;
+            const float *arows = achunk;
+            int64_t lda = BKC;
+            if (direct && rows == BM) {
+                arows = (const float *)(abase + m * (int64_t)a->nb[1]) + kk;
+                lda = (int64_t)(a->nb[1] / sizeof(float));
+            } else {
+                /* Rows as f32 (missing rows of a short block are zero). */
+                for (int64_t r = 0; r < BM; r++) {
+                    float *dstr = achunk + r * BKC;
+                    if (r >= rows) {
+                        memset(dstr, 0, (size_t)kc * sizeof(float));
+                        continue;
+                    }
+                    const char *row = abase + (m + r) * (int64_t)a->nb[1];
+                    const int64_t blck = bp_type_block_size(a->type);
+                    bp_cpu_to_float(a->type, row + kk / blck * (int64_t)bp_type_size(a->type),
+                                    dstr, kc);
                 }
-                const char *row = abase + (m + r) * (int64_t)a->nb[1];
-                const int64_t blck = bp_type_block_size(a->type);
-                bp_cpu_to_float(a->type, row + kk / blck * (int64_t)bp_type_size(a->type), dstr, kc);
             }
             for (int64_t c = 0; c < nchunks; c++)
-                bcast_kernel(achunk, KC, bpack + (c * K + kk) * BN, kc, out + c * BM * BN);
+                bcast_kernel(arows, lda, bpack + (c * K + kk) * BN, kc, out + c * BM * BN);
         }
         for (int64_t c = 0; c < nchunks; c++)
             for (int64_t j = 0; j < BN && c * BN + j < N; j++)
@@ -882,7 +894,7 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
 #ifdef HAVE_BCAST
     if (use_bcast(dst)) {
         const int64_t nchunks = (N + BN - 1) / BN;
-        *per_thread = (size_t)(nchunks * BM * BN + BM * KC + 64) * sizeof(float);
+        *per_thread = (size_t)(nchunks * BM * BN + BM * BKC + 64) * sizeof(float);
         *shared = (size_t)(nchunks * K * BN) * sizeof(float);
         return;
     }
