@@ -349,6 +349,24 @@ static void bcast_kernel(const float *restrict a, int64_t lda, const float *rest
     }
 }
 
+/* The same for a last chunk of at most BVW columns: one vector per row, half the work of the
+ * two-vector kernel on zero padding. */
+static void bcast_kernel1(const float *restrict a, int64_t lda, const float *restrict bpanel,
+                          int64_t kc, float *restrict out)
+{
+    bvf acc[BM];
+    for (int r = 0; r < BM; r++)
+        acc[r] = BV_LOAD(out + r * BN);
+    for (int64_t k = 0; k < kc; k++) {
+        const bvf b0 = BV_LOAD(bpanel + k * BN);
+#pragma GCC unroll 12
+        for (int r = 0; r < BM; r++)
+            acc[r] = BV_FMA(BV_SET1(a[r * lda + k]), b0, acc[r]);
+    }
+    for (int r = 0; r < BM; r++)
+        BV_STORE(out + r * BN, acc[r]);
+}
+
 static void bcast_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
                         const struct bp_cpu_params *p, float *bpack, float *tmp)
 {
@@ -401,8 +419,12 @@ static void bcast_batch(bp_tensor *dst, const char *abase, const char *bbase, ch
                                     dstr, kc);
                 }
             }
-            for (int64_t c = 0; c < nchunks; c++)
-                bcast_kernel(arows, lda, bpack + (c * K + kk) * BN, kc, out + c * BM * BN);
+            for (int64_t c = 0; c < nchunks; c++) {
+                if (N - c * BN <= BVW) /* the columns past N in this chunk are padding */
+                    bcast_kernel1(arows, lda, bpack + (c * K + kk) * BN, kc, out + c * BM * BN);
+                else
+                    bcast_kernel(arows, lda, bpack + (c * K + kk) * BN, kc, out + c * BM * BN);
+            }
         }
         for (int64_t c = 0; c < nchunks; c++)
             for (int64_t j = 0; j < BN && c * BN + j < N; j++)
