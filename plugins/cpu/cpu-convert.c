@@ -122,3 +122,32 @@ void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n)
         break;
     }
 }
+
+void bp_cpu_from_float(enum bp_type type, const float *src, void *dst, int64_t n)
+{
+    if (type == BP_TYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    if (type != BP_TYPE_F16) {
+        bp_type_get_traits(type)->from_float(src, dst, n);
+        return;
+    }
+    uint16_t *h = dst;
+    int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+    /* Round to nearest even, like the runtime; a chunk with a NaN goes the runtime's way, so
+     * NaN payloads come out the same too. */
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(src + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) {
+            for (int j = 0; j < 8; j++)
+                h[i + j] = bp_fp32_to_fp16(src[i + j]);
+            continue;
+        }
+        _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+#endif
+    for (; i < n; i++)
+        h[i] = bp_fp32_to_fp16(src[i]);
+}

@@ -66,6 +66,21 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
 
 /* Rows of float from any type (contiguous row of src, n elements), vectorised (cpu-convert.c). */
 void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n);
+/* n floats to a row of type (the runtime's conversions, bit for bit; F16 with F16C). */
+void bp_cpu_from_float(enum bp_type type, const float *src, void *dst, int64_t n);
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+BP_CPU_INLINE float bp_cpu_half_to_float(uint16_t h)
+{
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    return bp_fp16_to_fp32(h);
+#endif
+}
 
 /* ---- Devices and collectives (cpu-plugin.c, cpu-comm.c) ---------------------------------- */
 

@@ -35,14 +35,30 @@ static const float *row_f32(const bp_tensor *t, int64_t i1, int64_t i2, int64_t 
         return tmp;
     }
     /* Non-contiguous rows exist only for plain types (quantised axis 0 never moves). */
-    for (int64_t i = 0; i < t->ne[0]; i++)
-        bp_cpu_to_float(t->type, row + i * (int64_t)t->nb[0], tmp + i, 1);
+    const int64_t nb0 = (int64_t)t->nb[0];
+    switch (t->type) {
+    case BP_TYPE_F32:
+        for (int64_t i = 0; i < t->ne[0]; i++)
+            memcpy(tmp + i, row + i * nb0, sizeof(float));
+        break;
+    case BP_TYPE_F16:
+        for (int64_t i = 0; i < t->ne[0]; i++) {
+            uint16_t h;
+            memcpy(&h, row + i * nb0, sizeof(h));
+            tmp[i] = bp_cpu_half_to_float(h);
+        }
+        break;
+    default:
+        for (int64_t i = 0; i < t->ne[0]; i++)
+            bp_cpu_to_float(t->type, row + i * nb0, tmp + i, 1);
+        break;
+    }
     return tmp;
 }
 
 static void write_row(bp_tensor *t, int64_t i1, int64_t i2, int64_t i3, const float *src)
 {
-    bp_type_get_traits(t->type)->from_float(src, bp_cpu_row(t, i1, i2, i3), t->ne[0]);
+    bp_cpu_from_float(t->type, src, bp_cpu_row(t, i1, i2, i3), t->ne[0]);
 }
 
 /* ---- Copies ----------------------------------------------------------------------------- */
@@ -88,7 +104,7 @@ static void op_copy(bp_tensor *dst, const bp_tensor *src, const struct bp_cpu_pa
         int64_t i1, i2, i3;
         unflatten(src, r, &i1, &i2, &i3);
         const float *x = row_f32(src, i1, i2, i3, tmp);
-        bp_type_get_traits(dst->type)->from_float(x, (char *)dst->data + r * n0 * (int64_t)ds, n0);
+        bp_cpu_from_float(dst->type, x, (char *)dst->data + r * n0 * (int64_t)ds, n0);
     }
 }
 
