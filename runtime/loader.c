@@ -325,6 +325,10 @@ static void probe_remember(const char *cache, const char *path, const struct sta
     fclose(f);
 }
 
+/* Sanitizer runtimes, when the program is built with one: its death callbacks (a fuzzer's crash
+ * reporter, for instance) belong to the application and must not run in the probe child. */
+extern void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
+
 /* Opens and initialises path in a child process. True when the child came back normally (or
  * could not even open the file: the real dlopen reports that); otherwise why says what
  * happened to it. */
@@ -352,6 +356,8 @@ static bool probe(const char *path, char *why, size_t n)
             static const int fatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP};
             for (size_t i = 0; i < sizeof(fatal) / sizeof(fatal[0]); i++)
                 signal(fatal[i], SIG_DFL);
+            if (__sanitizer_set_death_callback != NULL)
+                __sanitizer_set_death_callback(NULL);
             alarm(60);
             void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
             if (h == NULL)
