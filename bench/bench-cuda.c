@@ -20,27 +20,6 @@
 
 #define MAX_RUNS 200
 
-static void fill_random(bp_tensor *t)
-{
-    const int64_t n0 = t->ne[0], rows = bp_nrows(t);
-    const size_t row_bytes = bp_row_size(t->type, n0);
-    float *row = malloc((size_t)n0 * sizeof(float));
-    char *conv = malloc(row_bytes);
-    unsigned long long s = 88172645463325252ull;
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t i = 0; i < n0; i++) {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            row[i] = (float)(s % 2000001) / 1000000.0f - 1.0f;
-        }
-        bp_type_get_traits(t->type)->from_float(row, conv, n0);
-        bp_tensor_set(t, conv, (size_t)r * t->nb[1], row_bytes);
-    }
-    free(row);
-    free(conv);
-}
-
 /* Median seconds of fn(arg) over at least min_time (3 to MAX_RUNS runs), after a warm-up. */
 static double time_median(int (*fn)(void *), void *arg, double min_time)
 {
@@ -137,9 +116,9 @@ int bench_cuda_matmul(const char *device, long M, long N, long K, double min_tim
             bp_context_free(ctx);
             break;
         }
-        fill_random(w);
-        fill_random(x);
-        fill_random(xw);
+        bench_fill(w, 1);
+        bench_fill(x, 2);
+        bench_fill(xw, 2);
         bp_graph *g = bp_graph_new(4);
         bp_graph_build_forward(g, y);
         struct graph_job gj = {be, g};

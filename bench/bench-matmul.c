@@ -40,27 +40,6 @@ static int parse_list(const char *s, long *out, int max)
     return n;
 }
 
-static unsigned long long rng = 88172645463325252ull;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)(rng % 2000001) / 1000000.0f - 1.0f;
-}
-
-static void fill(bp_tensor *t)
-{
-    const int64_t n0 = t->ne[0], rows = bp_nrows(t);
-    float *row = malloc((size_t)n0 * sizeof(float));
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t i = 0; i < n0; i++)
-            row[i] = frand();
-        bp_type_get_traits(t->type)->from_float(row, (char *)t->data + r * (int64_t)t->nb[1], n0);
-    }
-    free(row);
-}
-
 /* Median seconds of one compute, repeated for at least min_time (3 to BENCH_MAX_RUNS runs). */
 #define BENCH_MAX_RUNS 2000
 static double time_graph(bp_backend *be, bp_graph *g, double min_time)
@@ -173,8 +152,8 @@ int main(int argc, char **argv)
                     fprintf(stderr, "bench-matmul: %s\n", bp_last_error());
                     return 1;
                 }
-                fill(w);
-                fill(x);
+                bench_fill(w, 1);
+                bench_fill(x, 2);
                 for (int ni = 0; ni < nN; ni++) {
                     const long N = Ns[ni];
                     bp_context *ctx = bp_context_new(4);

@@ -15,6 +15,27 @@ double bench_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+void bench_fill(bp_tensor *t, unsigned long long seed)
+{
+    const int64_t n0 = t->ne[0], rows = bp_nrows(t);
+    const size_t row_bytes = bp_row_size(t->type, n0);
+    float *row = malloc((size_t)n0 * sizeof(float));
+    char *conv = malloc(row_bytes);
+    unsigned long long s = seed ? seed : 88172645463325252ull;
+    for (int64_t r = 0; r < rows && row != NULL && conv != NULL; r++) {
+        for (int64_t i = 0; i < n0; i++) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            row[i] = (float)(s % 2000001) / 1000000.0f - 1.0f;
+        }
+        bp_type_get_traits(t->type)->from_float(row, conv, n0);
+        bp_tensor_set(t, conv, (size_t)r * t->nb[1], row_bytes);
+    }
+    free(row);
+    free(conv);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;

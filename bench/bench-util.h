@@ -6,7 +6,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <backplane/backplane.h>
+
 double bench_now(void); /* seconds, monotonic */
+/* Fills t (in any buffer, any element type) with values in [-1, 1] from a xorshift generator
+ * started at seed, converted row by row to t's type and written with bp_tensor_set. */
+void bench_fill(bp_tensor *t, unsigned long long seed);
 double bench_median(double *v, int n);
 /* The value after `key` in argv, or def. */
 const char *bench_arg(int argc, char **argv, const char *key, const char *def);

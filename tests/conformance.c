@@ -198,3 +198,16 @@ done:
     bp_context_free(cd);
     return ok;
 }
+
+int conf_run_variants(bp_backend *be, const struct conf_case *c, char *first, size_t first_size)
+{
+    int failed = 0;
+    first[0] = '\0';
+    for (int v = 0; v < c->n_variants; v++) {
+        bool unsupported;
+        char why[512];
+        if (!conf_run(be, c, v, &unsupported, why, sizeof(why)) && failed++ == 0)
+            snprintf(first, first_size, "%s", why);
+    }
+    return failed;
+}

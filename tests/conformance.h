@@ -27,6 +27,10 @@ double conf_nmse(const float *x, const float *ref, int64_t n);
 bool conf_run(bp_backend *be, const struct conf_case *c, int v, bool *unsupported, char *why,
               size_t why_size);
 
+/* Runs every variant of c on be (unsupported counts as failed); returns how many failed and
+ * writes the first reason into first. */
+int conf_run_variants(bp_backend *be, const struct conf_case *c, char *first, size_t first_size);
+
 /* Every case of the suite (tests/conformance-cases.c). */
 extern const struct conf_case conf_cases[];
 extern const int conf_n_cases;

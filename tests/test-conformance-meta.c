@@ -28,14 +28,8 @@ static void teardown(void)
 START_TEST(test_case)
 {
     const struct conf_case *c = &conf_cases[_i];
-    int failed = 0;
-    char first[512] = "";
-    for (int v = 0; v < c->n_variants; v++) {
-        bool unsupported;
-        char why[512];
-        if (!conf_run(backend, c, v, &unsupported, why, sizeof(why)) && failed++ == 0)
-            snprintf(first, sizeof(first), "%s", why);
-    }
+    char first[512];
+    const int failed = conf_run_variants(backend, c, first, sizeof(first));
     ck_assert_msg(failed == 0, "%s on %s: %d of %d variants failed; first: %s", c->name,
                   meta_name, failed, c->n_variants, first);
 }

@@ -32,28 +32,6 @@ static double median_compute(bp_backend *be, bp_graph *g, double min_time)
     return bench_median(t, n);
 }
 
-/* Fills t with values in [-1, 1) in its own type, row by row. */
-static void fill(bp_tensor *t)
-{
-    const int64_t n0 = t->ne[0], rows = bp_nrows(t);
-    const size_t rb = bp_row_size(t->type, n0);
-    float *f = malloc((size_t)n0 * sizeof(float));
-    char *c = malloc(rb);
-    uint64_t s = 0x9E3779B97F4A7C15ull;
-    for (int64_t r = 0; r < rows && f && c; r++) {
-        for (int64_t i = 0; i < n0; i++) {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            f[i] = (float)(s % 2000001) / 1000000.0f - 1.0f;
-        }
-        bp_type_get_traits(t->type)->from_float(f, c, n0);
-        bp_tensor_set(t, c, (size_t)r * t->nb[1], rb);
-    }
-    free(f);
-    free(c);
-}
-
 static void bench_matmul(bp_backend *be, enum bp_type wt, long M, long K, long N, double min_time)
 {
     const char *dev = bp_backend_name(be);
@@ -72,8 +50,8 @@ static void bench_matmul(bp_backend *be, enum bp_type wt, long M, long K, long N
         bp_context_free(ctx);
         return;
     }
-    fill(w);
-    fill(x);
+    bench_fill(w, 1);
+    bench_fill(x, 2);
     bp_graph *g = bp_graph_new(4);
     bp_graph_build_forward(g, y);
     const double t = median_compute(be, g, min_time);

@@ -129,16 +129,25 @@ static bp_device *find_device(const char *name)
     return NULL;
 }
 
+/* The part names of "Meta(A,B,...)" into names; their count, or -1 when name is not of that
+ * form. */
+static int meta_part_names(const char *name, char names[][128])
+{
+    char inner[512];
+    const size_t len = strlen(name);
+    if (strncmp(name, "Meta(", 5) != 0 || len < 7 || name[len - 1] != ')' ||
+        len - 6 >= sizeof(inner))
+        return -1;
+    memcpy(inner, name + 5, len - 6);
+    inner[len - 6] = '\0';
+    return split_devices(inner, names, MAX_BACKENDS);
+}
+
 /* Every part of "Meta(A,B,...)" is a CPU device (so a thread count applies to all of them). */
 static bool meta_all_cpu(const char *name)
 {
-    char inner[512], parts[MAX_BACKENDS][128];
-    const size_t len = strlen(name);
-    if (len < 7 || name[len - 1] != ')' || len - 6 >= sizeof(inner))
-        return false;
-    memcpy(inner, name + 5, len - 6);
-    inner[len - 6] = '\0';
-    const int n = split_devices(inner, parts, MAX_BACKENDS);
+    char parts[MAX_BACKENDS][128];
+    const int n = meta_part_names(name, parts);
     for (int i = 0; i < n; i++) {
         bp_device *d = bp_device_by_name(parts[i]);
         if (d == NULL || bp_device_get_type(d) != BP_DEVICE_TYPE_CPU)
@@ -193,21 +202,16 @@ static const struct model_config *split_model; /* for megatron_split, set by run
  * (megatron_split), so that each device holds its share only. */
 static bp_backend *open_meta(const char *name, const char *params)
 {
-    char inner[512], names[MAX_BACKENDS][128];
-    const size_t len = strlen(name);
-    if (len < 7 || name[len - 1] != ')' || len - 6 >= sizeof(inner))
+    char names[MAX_BACKENDS][128];
+    const int n = meta_part_names(name, names);
+    if (n < 1 || split_model == NULL)
         return bp_backend_init_by_name(name, params); /* let the meta plugin explain */
-    memcpy(inner, name + 5, len - 6);
-    inner[len - 6] = '\0';
-    const int n = split_devices(inner, names, MAX_BACKENDS);
     bp_device *parts[MAX_BACKENDS];
     for (int i = 0; i < n; i++) {
         parts[i] = find_device(names[i]);
         if (parts[i] == NULL)
             return NULL;
     }
-    if (n < 1 || split_model == NULL)
-        return bp_backend_init_by_name(name, params);
     bp_device *d = bp_meta_device_new(parts, n, megatron_split, (void *)split_model);
     return d != NULL ? bp_device_init_backend(d, params) : NULL;
 }

@@ -348,7 +348,11 @@ static enum bp_status scatter(struct meta_buf *mb, const struct meta_slot *sl, c
     return st;
 }
 
-static enum bp_status mbuf_memset(bp_buffer *buf, bp_tensor *t, uint8_t v, size_t off, size_t n)
+/* Writes the same bytes (d, or the value v when d is NULL) to t's storage: to every part for a
+ * whole tensor (any later split of it is then a view of memory already there), or scattered
+ * for a weight the split callback slices, each part getting only its own. */
+static enum bp_status write_parts(bp_buffer *buf, bp_tensor *t, const void *d, uint8_t v,
+                                  size_t off, size_t n)
 {
     struct meta_buf *mb = bp_buffer_get_context(buf);
     enum bp_status st = meta_prepare(t);
@@ -356,34 +360,24 @@ static enum bp_status mbuf_memset(bp_buffer *buf, bp_tensor *t, uint8_t v, size_
         return st;
     const struct meta_slot *sl = meta_sliced_slot(t);
     if (sl != NULL)
-        return scatter(mb, sl, owner_of(t), NULL, off, n, v);
+        return scatter(mb, sl, owner_of(t), d, off, n, v);
     for (int p = 0; p < mb->md->n; p++) {
         bp_tensor pv = part_view(t, p);
-        st = bp_tensor_memset(&pv, v, off, n);
+        st = d ? bp_tensor_set(&pv, d, off, n) : bp_tensor_memset(&pv, v, off, n);
         if (st != BP_OK)
             return st;
     }
     return mark_mirrored(mb->md, t);
 }
 
-/* A whole tensor goes to every part (any later split of it is then a view of memory already
- * there); a weight the split callback slices goes in slices, each part getting only its own. */
+static enum bp_status mbuf_memset(bp_buffer *buf, bp_tensor *t, uint8_t v, size_t off, size_t n)
+{
+    return write_parts(buf, t, NULL, v, off, n);
+}
+
 static enum bp_status mbuf_set(bp_buffer *buf, bp_tensor *t, const void *d, size_t off, size_t n)
 {
-    struct meta_buf *mb = bp_buffer_get_context(buf);
-    enum bp_status st = meta_prepare(t);
-    if (st != BP_OK)
-        return st;
-    const struct meta_slot *sl = meta_sliced_slot(t);
-    if (sl != NULL)
-        return scatter(mb, sl, owner_of(t), d, off, n, 0);
-    for (int p = 0; p < mb->md->n; p++) {
-        bp_tensor pv = part_view(t, p);
-        st = bp_tensor_set(&pv, d, off, n);
-        if (st != BP_OK)
-            return st;
-    }
-    return mark_mirrored(mb->md, t);
+    return write_parts(buf, t, d, 0, off, n);
 }
 
 static enum bp_status mbuf_get(bp_buffer *buf, const bp_tensor *t, void *d, size_t off, size_t n)
