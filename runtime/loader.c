@@ -253,6 +253,47 @@ static void missing_features(uint64_t missing, char *out, size_t n)
     }
 }
 
+/* Why the descriptor d of candidate c cannot be used (in buf when it needs formatting), or NULL.
+ * The probe child runs exactly this too, so a descriptor whose fields point nowhere crashes
+ * the child, not the process. */
+static const char *descriptor_problem(const struct bp_plugin_descriptor *d,
+                                      const struct candidate *c, char *buf, size_t n)
+{
+    const size_t min_size = offsetof(struct bp_plugin_descriptor, score);
+    if (d == NULL)
+        return "it has no entry point '" BP_PLUGIN_SYMBOL "' (not a backplane plugin?)";
+    if (d->struct_size < min_size) {
+        snprintf(buf, n, "its descriptor is %zu bytes, less than the %zu every version has",
+                 d->struct_size, min_size);
+        return buf;
+    }
+    if (d->api_major != BP_PLUGIN_API_MAJOR || d->api_minor > BP_PLUGIN_API_MINOR) {
+        snprintf(buf, n, "it was built for plugin API %d.%d; this runtime has %d.%d (same major "
+                 "and an equal or older minor needed)", d->api_major, d->api_minor,
+                 BP_PLUGIN_API_MAJOR, BP_PLUGIN_API_MINOR);
+        return buf;
+    }
+    if (d->name == NULL || strcmp(d->name, c->name) != 0 || d->variant == NULL ||
+        strcmp(d->variant, c->variant) != 0) {
+        snprintf(buf, n, "its descriptor says name '%s' variant '%s', but the file name says "
+                 "'%s' and '%s'", d->name ? d->name : "(null)",
+                 d->variant ? d->variant : "(null)", c->name, c->variant);
+        return buf;
+    }
+    if (d->init == NULL)
+        return "its descriptor has no init function";
+    return NULL;
+}
+
+/* Its score (1 without a score function); asked only of a usable descriptor. */
+static int descriptor_score(const struct bp_plugin_descriptor *d)
+{
+    if (d->struct_size >= offsetof(struct bp_plugin_descriptor, score) + sizeof(d->score) &&
+        d->score != NULL)
+        return d->score();
+    return 1;
+}
+
 /* ---- Probing in a child process ---------------------------------------------------------- */
 
 static bool probe_cache_path(char *out, size_t n)
@@ -332,8 +373,9 @@ extern void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__
 /* Opens and initialises path in a child process. True when the child came back normally (or
  * could not even open the file: the real dlopen reports that); otherwise why says what
  * happened to it. */
-static bool probe(const char *path, char *why, size_t n)
+static bool probe(const struct candidate *c, char *why, size_t n)
 {
+    const char *path = c->path;
     struct stat st;
     if (stat(path, &st) != 0)
         return true; /* the checks after this say what is wrong */
@@ -363,14 +405,12 @@ static bool probe(const char *path, char *why, size_t n)
             if (h == NULL)
                 _exit(0);
             const struct bp_plugin_descriptor *d = dlsym(h, BP_PLUGIN_SYMBOL);
-            /* only what the real load would run: a plugin refused before init is not inited;
-             * and every path ends with dlclose, which runs the file's finalisers */
-            if (d != NULL && d->struct_size >= offsetof(struct bp_plugin_descriptor, score) &&
-                d->api_major == BP_PLUGIN_API_MAJOR && d->api_minor <= BP_PLUGIN_API_MINOR &&
-                d->init != NULL && (d->cpu_features & ~bp_cpu_features()) == 0 &&
-                !(d->struct_size >= offsetof(struct bp_plugin_descriptor, score) +
-                                        sizeof(d->score) &&
-                  d->score != NULL && d->score() <= 0)) {
+            /* what the real load runs, in its order: the same descriptor checks (they read
+             * the same strings), features, score, init; and every path ends with dlclose,
+             * which runs the file's finalisers */
+            char buf[512];
+            if (descriptor_problem(d, c, buf, sizeof(buf)) == NULL &&
+                (d->cpu_features & ~bp_cpu_features()) == 0 && descriptor_score(d) > 0) {
                 bp_registry *reg = d->init();
                 if (reg != NULL) /* tidy, for leak checkers that watch the child (valgrind) */
                     bp_registry_free(reg);
@@ -423,7 +463,7 @@ static bool prepare(struct candidate *c)
         add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_REFUSED, "%s", why);
         return false;
     }
-    if (probing() && !probe(c->path, why, sizeof(why))) {
+    if (probing() && !probe(c, why, sizeof(why))) {
         add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_REFUSED, "%s", why);
         return false;
     }
@@ -436,29 +476,8 @@ static bool prepare(struct candidate *c)
         return false;
     }
     const struct bp_plugin_descriptor *d = dlsym(c->handle, BP_PLUGIN_SYMBOL);
-    const char *fail = NULL;
     char buf[512];
-    const size_t min_size = offsetof(struct bp_plugin_descriptor, score);
-    if (d == NULL) {
-        fail = "it has no entry point '" BP_PLUGIN_SYMBOL "' (not a backplane plugin?)";
-    } else if (d->struct_size < min_size) {
-        snprintf(buf, sizeof(buf), "its descriptor is %zu bytes, less than the %zu every version "
-                 "has", d->struct_size, min_size);
-        fail = buf;
-    } else if (d->api_major != BP_PLUGIN_API_MAJOR || d->api_minor > BP_PLUGIN_API_MINOR) {
-        snprintf(buf, sizeof(buf), "it was built for plugin API %d.%d; this runtime has %d.%d "
-                 "(same major and an equal or older minor needed)", d->api_major, d->api_minor,
-                 BP_PLUGIN_API_MAJOR, BP_PLUGIN_API_MINOR);
-        fail = buf;
-    } else if (d->name == NULL || strcmp(d->name, c->name) != 0 || d->variant == NULL ||
-               strcmp(d->variant, c->variant) != 0) {
-        snprintf(buf, sizeof(buf), "its descriptor says name '%s' variant '%s', but the file "
-                 "name says '%s' and '%s'", d->name ? d->name : "(null)",
-                 d->variant ? d->variant : "(null)", c->name, c->variant);
-        fail = buf;
-    } else if (d->init == NULL) {
-        fail = "its descriptor has no init function";
-    }
+    const char *fail = descriptor_problem(d, c, buf, sizeof(buf));
     if (fail != NULL) {
         add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_FAILED, "%s", fail);
         dlclose(c->handle);
@@ -475,10 +494,7 @@ static bool prepare(struct candidate *c)
         return false;
     }
     c->desc = d;
-    c->score = 1;
-    if (d->struct_size >= offsetof(struct bp_plugin_descriptor, score) + sizeof(d->score) &&
-        d->score != NULL)
-        c->score = d->score();
+    c->score = descriptor_score(d);
     if (c->score <= 0) {
         add_record(c->path, c->name, c->variant, c->score, BP_PLUGIN_CANNOT_RUN,
                    "its score is %d: it cannot run on this machine", c->score);
