@@ -223,8 +223,9 @@ static const int64_t mm_shapes[][3] = {
     {32, 1, 1},    {64, 7, 1},     {96, 13, 5},  {64, 17, 9}, {320, 33, 17},
     {544, 45, 64}, {32, 70, 8},    {288, 40, 150}, {64, 3, 129},
     {96, 29, 40},  {64, 24, 16}, /* broadcast kernel: a last chunk of 8, one of exactly 16 */
+    {544, 530, 520}, /* AMX kernel (F16/BF16): several blocks of K, rows and columns, edges */
 };
-#define N_MM_SHAPES 11
+#define N_MM_SHAPES 12
 
 static bp_tensor *mul_mat_case(bp_context *ctx, int v, enum bp_type t)
 {
@@ -238,9 +239,14 @@ static bp_tensor *mul_mat_case(bp_context *ctx, int v, enum bp_type t)
     case 1: /* activations as a permuted view (rows still contiguous) */
         return bp_mul_mat(ctx, leaf(ctx, t, 64, 5, 1, 1),
                           bp_permute(ctx, f32(ctx, 64, 3, 4, 1), 0, 2, 1, 3));
-    default: /* weights as a permuted view: attention's k */
+    case 2: /* weights as a permuted view: attention's k */
         return bp_mul_mat(ctx, bp_permute(ctx, leaf(ctx, t, 64, 3, 10, 1), 0, 2, 1, 3),
                           bp_permute(ctx, f32(ctx, 64, 3, 12, 1), 0, 2, 1, 3));
+    case 3: /* the same with enough columns for the GEMM kernels (attention over a prompt) */
+        return bp_mul_mat(ctx, bp_permute(ctx, leaf(ctx, t, 64, 2, 37, 1), 0, 2, 1, 3),
+                          bp_permute(ctx, f32(ctx, 64, 2, 20, 1), 0, 2, 1, 3));
+    default: /* batch broadcast with enough columns for the GEMM kernels */
+        return bp_mul_mat(ctx, leaf(ctx, t, 96, 20, 2, 1), f32(ctx, 96, 33, 4, 1));
     }
 }
 
@@ -273,11 +279,11 @@ const struct conf_case conf_cases[] = {
     {"soft_max", b_soft_max, 5, NMSE_F32},
     {"rope", b_rope, 6, NMSE_F32},
     {"concat", b_concat, 8, NMSE_F32},
-    {"mul_mat_f32", b_mm_f32, N_MM_SHAPES + 3, NMSE_F32},
-    {"mul_mat_f16", b_mm_f16, N_MM_SHAPES + 3, NMSE_F32},
-    {"mul_mat_bf16", b_mm_bf16, N_MM_SHAPES + 3, NMSE_F32},
-    {"mul_mat_q8_0", b_mm_q8_0, N_MM_SHAPES + 3, NMSE_QUANT},
-    {"mul_mat_q4_0", b_mm_q4_0, N_MM_SHAPES + 3, NMSE_QUANT},
+    {"mul_mat_f32", b_mm_f32, N_MM_SHAPES + 5, NMSE_F32},
+    {"mul_mat_f16", b_mm_f16, N_MM_SHAPES + 5, NMSE_F32},
+    {"mul_mat_bf16", b_mm_bf16, N_MM_SHAPES + 5, NMSE_F32},
+    {"mul_mat_q8_0", b_mm_q8_0, N_MM_SHAPES + 5, NMSE_QUANT},
+    {"mul_mat_q4_0", b_mm_q4_0, N_MM_SHAPES + 5, NMSE_QUANT},
     {"mul_mat_odd_k", b_mm_odd_k, 10, NMSE_F32},
 };
 const int conf_n_cases = (int)(sizeof(conf_cases) / sizeof(conf_cases[0]));

@@ -3,6 +3,7 @@
  *
  * A plugin loads once per process, so each variant runs in a child process of its own; a
  * variant the CPU cannot run is reported as not tested (and the run fails if none can run). */
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,18 +53,24 @@ START_TEST(test_supports_op_is_exact)
 }
 END_TEST
 
-static int run_variant(const char *path)
+static int run_variant(const char *path, bool no_amx)
 {
+    if (no_amx)
+        setenv("BP_CPU_AMX", "0", 1);
     bp_plugin *p = bp_plugin_load(path);
     if (p == NULL) {
         printf("variant %s: not loaded here (%s)\n", path, bp_last_error());
         return 77;
     }
+    bp_device *dev = bp_device_by_name("CPU");
+    printf("variant %s%s: %s\n", path, no_amx ? " with BP_CPU_AMX=0" : "",
+           dev ? bp_device_description(dev) : "no CPU device");
     int failed = 0;
     for (int t = 2; t <= 3; t++) {
         n_threads = t;
         char name[64];
-        snprintf(name, sizeof(name), "conformance-cpu-%s-%dt", bp_plugin_variant(p), t);
+        snprintf(name, sizeof(name), "conformance-cpu-%s%s-%dt", bp_plugin_variant(p),
+                 no_amx ? "-noamx" : "", t);
         Suite *s = suite_create(name);
         TCase *tc = tcase_create("cases");
         tcase_add_checked_fixture(tc, setup, teardown);
@@ -84,18 +91,24 @@ int main(void)
         fprintf(stderr, "BP_TEST_CPU_PLUGIN_DIR is not set (run through make check)\n");
         return 99;
     }
-    static const char *const variants[] = {"backplane-cpu-x86_64.so", "backplane-cpu-avx2.so",
-                                           "backplane-cpu-avx512.so", "backplane-cpu.so"};
+    /* The avx512 variant runs twice: with its AMX kernels where the CPU has them, and with
+     * them turned off (BP_CPU_AMX=0), so that both paths are tested on an AMX machine. */
+    static const struct {
+        const char *file;
+        bool no_amx;
+    } variants[] = {{"backplane-cpu-x86_64.so", false}, {"backplane-cpu-avx2.so", false},
+                    {"backplane-cpu-avx512.so", false}, {"backplane-cpu-avx512.so", true},
+                    {"backplane-cpu.so", false}};
     int ran = 0, failed = 0;
     for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
         char path[4096];
-        snprintf(path, sizeof(path), "%s/%s", dir, variants[i]);
+        snprintf(path, sizeof(path), "%s/%s", dir, variants[i].file);
         if (access(path, R_OK) != 0)
             continue;
         fflush(stdout);
         pid_t pid = fork();
         if (pid == 0)
-            _exit(run_variant(path));
+            _exit(run_variant(path, variants[i].no_amx));
         int status = 0;
         waitpid(pid, &status, 0);
         int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;

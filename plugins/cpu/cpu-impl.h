@@ -82,6 +82,54 @@ BP_CPU_INLINE float bp_cpu_half_to_float(uint16_t h)
 #endif
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* 16 rows x 16 columns of floats transposed: out[c][r] = in[r][c] (in: 16 row vectors). */
+BP_CPU_INLINE void bp_cpu_transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* Now, per 128-bit lane L: rows 4g..4g+3 at column 4L+j end up in r[4g+j]. */
+    for (int g = 0; g < 4; g++) {
+        const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
+        const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]), t3 = _mm512_castps_pd(t[4 * g + 3]);
+        r[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    /* Finally a 4 x 4 transpose of 128-bit lanes for each j. */
+    for (int j = 0; j < 4; j++) {
+        const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 b = _mm512_shuffle_f32x4(r[j], r[4 + j], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(3, 2, 3, 2));
+        t[0 * 4 + j] = _mm512_shuffle_f32x4(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+        t[1 * 4 + j] = _mm512_shuffle_f32x4(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+        t[2 * 4 + j] = _mm512_shuffle_f32x4(b, d, _MM_SHUFFLE(2, 0, 2, 0));
+        t[3 * 4 + j] = _mm512_shuffle_f32x4(b, d, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    for (int i = 0; i < 16; i++)
+        r[i] = t[i];
+}
+
+#endif
+
+/* ---- AMX tiles (cpu-amx.c; the avx512 variant where the CPU and kernel allow) ------------- */
+
+/* Whether this process may use AMX tiles (CPUID, XCR0, Linux's permission; BP_CPU_AMX=0 in the
+ * environment says no). Asked once. */
+bool bp_cpu_amx_available(void);
+/* Whether MUL_MAT node dst runs on the AMX kernel. */
+bool bp_cpu_amx_use(const bp_tensor *dst);
+void bp_cpu_amx_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared);
+/* One batch (2-D slice) of dst; every thread of the pool calls it. */
+void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                        const struct bp_cpu_params *p);
+
 /* ---- Devices and collectives (cpu-plugin.c, cpu-comm.c) ---------------------------------- */
 
 #include <backplane/bp-comm.h>

@@ -159,38 +159,6 @@ static void pack_b(const bp_tensor *b, const char *bbase, int64_t n0, int64_t nc
 }
 
 #if defined(__AVX512F__)
-/* 16 rows x 16 columns of floats transposed: out[c][r] = in[r][c] (in: 16 row vectors). */
-BP_CPU_INLINE void transpose16(__m512 r[16])
-{
-    __m512 t[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    /* Now, per 128-bit lane L: rows 4g..4g+3 at column 4L+j end up in r[4g+j]. */
-    for (int g = 0; g < 4; g++) {
-        const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
-        const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]), t3 = _mm512_castps_pd(t[4 * g + 3]);
-        r[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
-        r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
-        r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
-        r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
-    }
-    /* Finally a 4 x 4 transpose of 128-bit lanes for each j. */
-    for (int j = 0; j < 4; j++) {
-        const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512 b = _mm512_shuffle_f32x4(r[j], r[4 + j], _MM_SHUFFLE(3, 2, 3, 2));
-        const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512 d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], _MM_SHUFFLE(3, 2, 3, 2));
-        t[0 * 4 + j] = _mm512_shuffle_f32x4(a, c, _MM_SHUFFLE(2, 0, 2, 0));
-        t[1 * 4 + j] = _mm512_shuffle_f32x4(a, c, _MM_SHUFFLE(3, 1, 3, 1));
-        t[2 * 4 + j] = _mm512_shuffle_f32x4(b, d, _MM_SHUFFLE(2, 0, 2, 0));
-        t[3 * 4 + j] = _mm512_shuffle_f32x4(b, d, _MM_SHUFFLE(3, 1, 3, 1));
-    }
-    for (int i = 0; i < 16; i++)
-        r[i] = t[i];
-}
-
 /* pack_a with 16 x 16 register transposes: rows are read as vectors along k and written as
  * vectors along m, instead of one scalar store per element. tmp holds 16 converted rows. */
 static void pack_a_fast(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc, int64_t k0,
@@ -222,7 +190,7 @@ static void pack_a_fast(const bp_tensor *a, const char *abase, int64_t m0, int64
                 __m512 v[16];
                 for (int i = 0; i < 16; i++)
                     v[i] = _mm512_loadu_ps(rows[i] + k);
-                transpose16(v);
+                bp_cpu_transpose16(v);
                 for (int c = 0; c < 16; c++)
                     _mm512_store_ps(panel + (k + c) * MR + h * 16, v[c]);
             }
@@ -913,6 +881,12 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
 {
     const int64_t K = dst->src[0]->ne[0], N = dst->ne[1];
     (void)nth;
+#if defined(BP_CPU_HAVE_AMX)
+    if (bp_cpu_amx_use(dst)) {
+        bp_cpu_amx_work_size(dst, per_thread, shared);
+        return;
+    }
+#endif
 #ifdef HAVE_BCAST
     if (use_bcast(dst)) {
         const int64_t nchunks = (N + BN - 1) / BN;
@@ -941,6 +915,9 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
     const int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
     const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
     const bool gemm = use_gemm(dst);
+#if defined(BP_CPU_HAVE_AMX)
+    const bool amx = bp_cpu_amx_use(dst);
+#endif
     float *tmp = p->wdata;
 
     for (int64_t i3 = 0; i3 < dst->ne[3]; i3++) {
@@ -952,6 +929,12 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
             char *cbase = (char *)dst->data + i2 * (int64_t)dst->nb[2] + i3 * (int64_t)dst->nb[3];
             if (M == 0 || N == 0)
                 continue;
+#if defined(BP_CPU_HAVE_AMX)
+            if (amx) {
+                bp_cpu_amx_mul_mat(dst, abase, bbase, cbase, p);
+                continue;
+            }
+#endif
 #ifdef HAVE_BCAST
             if (use_bcast(dst)) {
                 bcast_batch(dst, abase, bbase, cbase, p, p->wshared, tmp);

@@ -447,18 +447,19 @@ static bp_registry *cpu_plugin_init(void)
     }
     char model[192];
     read_model_name(model, sizeof(model));
+    const char *amx = bp_cpu_amx_available() ? "+amx" : "";
     c->n_devices = n;
     for (int i = 0; i < n; i++) {
         struct cpu_device *d = &c->devices[i];
         if (n == 1) {
             snprintf(d->name, sizeof(d->name), "CPU");
-            snprintf(d->description, sizeof(d->description), "%s (%d cores, %s kernels)", model,
-                     online_cores(), bp_cpu_variant_name());
+            snprintf(d->description, sizeof(d->description), "%s (%d cores, %s%s kernels)", model,
+                     online_cores(), bp_cpu_variant_name(), amx);
         } else {
             snprintf(d->name, sizeof(d->name), "CPU%d", i);
             snprintf(d->description, sizeof(d->description),
-                     "%s (device %d of %d sharing %d cores, %s kernels)", model, i, n,
-                     online_cores(), bp_cpu_variant_name());
+                     "%s (device %d of %d sharing %d cores, %s%s kernels)", model, i, n,
+                     online_cores(), bp_cpu_variant_name(), amx);
         }
     }
     the_cpu = c;

@@ -1,0 +1,389 @@
+/* cpu-amx.c - MUL_MAT with Intel AMX tiles (built into the avx512 variant only; used when the
+ * CPU has AMX-TILE, AMX-BF16 and AMX-INT8 and the kernel lets this process use tile data).
+ *
+ * Orientation: the tile "A" operand is the weights (16 rows of A x 32 K values, read straight
+ * from the tensor when it is BF16, from a converted panel otherwise), the tile "B" operand is
+ * the activations, packed once per product by all threads into the VNNI layout AMX wants (for
+ * each pair of K values, 16 columns of two bf16 each), and the 16 x 16 tile of C holds dst rows m
+ * by columns n, so it is transposed on the way out. Four C tiles (32 rows x 32 columns) stay in
+ * tile registers over a K block of KC; between K blocks they go to a per-thread buffer that
+ * covers MB rows x NB columns, so the weights are read once per NB columns and the packed
+ * activations once per MB rows.
+ *
+ * Precision: AMX multiplies bf16 (8 significant bits). To keep F16/BF16 products at the single
+ * precision the conformance thresholds ask for (NMSE 1e-9), each activation is split into two
+ * bf16 values, hi = x rounded to bf16 and lo = x - hi rounded to bf16 (together 16 bits, error
+ * at most 2^-17 |x|), and F16 weights likewise (exactly: an f16 value has 11 bits). Products of
+ * bf16 values are exact in the f32 accumulators. BF16 weights: w*hi + w*lo (two passes). F16
+ * weights: whi*hi + whi*lo + wlo*hi (three passes; the dropped wlo*lo is below 2^-17 |w x|). */
+#include "config.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu-impl.h"
+
+#if defined(BP_CPU_HAVE_AMX)
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+#define MB 256  /* rows of C per thread block (the buffer of C: MB x NB floats) */
+#define NB 512  /* columns of C per block */
+#define KC 512  /* K per block: the C tiles stay in registers this long */
+/* Fewest columns worth the AMX kernel (bench-matmul both ways, 2 threads): BF16 from 4 (N = 4:
+ * 105 against 56 GFLOP/s; one column stays on the memory-bound dot products). F16 weights are
+ * split into two bf16 panels first, which costs about as much as the products below 64. */
+#define AMX_MIN_N_BF16 4
+#define AMX_MIN_N_F16 64
+
+/* ---- Availability ------------------------------------------------------------------------ */
+
+static bool amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_probe(void)
+{
+    unsigned a, b, c, d;
+    const char *env = getenv("BP_CPU_AMX");
+    if (env && strcmp(env, "0") == 0)
+        return;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return;
+    const bool tile = d & (1u << 24), bf16 = d & (1u << 22), int8 = d & (1u << 25);
+    if (!tile || !bf16 || !int8)
+        return;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) /* OSXSAVE */
+        return;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) /* XTILECFG and XTILEDATA enabled by the OS */
+        return;
+    /* Linux hands out tile state per process on request (5.16 and later). */
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0)
+        return;
+    amx_ok = true;
+}
+
+bool bp_cpu_amx_available(void)
+{
+    pthread_once(&amx_once, amx_probe);
+    return amx_ok;
+}
+
+bool bp_cpu_amx_use(const bp_tensor *dst)
+{
+    const bp_tensor *a = dst->src[0];
+    const int64_t min_n = a->type == BP_TYPE_BF16  ? AMX_MIN_N_BF16
+                          : a->type == BP_TYPE_F16 ? AMX_MIN_N_F16
+                                                   : INT64_MAX;
+    return dst->ne[1] >= min_n && a->ne[0] % 32 == 0 && bp_cpu_amx_available();
+}
+
+static int64_t round_up(int64_t x, int64_t m)
+{
+    return (x + m - 1) / m * m;
+}
+
+void bp_cpu_amx_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared)
+{
+    const int64_t K = dst->src[0]->ne[0], N = dst->ne[1];
+    /* C buffer, then hi and lo panels of A (MB rows x KC). */
+    *per_thread = (size_t)MB * NB * sizeof(float) + 2 * (size_t)MB * KC * sizeof(uint16_t) + 64;
+    /* Activations, hi and lo, in groups of 16 columns. */
+    *shared = 2 * (size_t)(round_up(N, 32) * K) * sizeof(uint16_t);
+}
+
+/* ---- bf16 splitting ----------------------------------------------------------------------- */
+
+/* x rounded to bf16 (nearest, ties to even), as f32 bits with the low half zero. NaN stays a
+ * quiet NaN (rounding could carry a NaN with only low mantissa bits into an infinity). */
+BP_CPU_INLINE __m512i round_bf16(__m512 x)
+{
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), odd);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, b, _mm512_set1_epi32(0x00400000));
+    return _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+}
+
+/* x = hi + lo (as bf16 bit patterns in the high halves of the 32-bit lanes). lo is zero where
+ * hi is infinite, so that an infinite x stays infinite. */
+BP_CPU_INLINE void split_bf16(__m512 x, __m512i *hi, __m512i *lo)
+{
+    const __m512i h = round_bf16(x);
+    const __mmask16 inf = _mm512_cmpeq_epi32_mask(
+        _mm512_and_si512(h, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512 l = _mm512_maskz_sub_ps((__mmask16)~inf, x, _mm512_castsi512_ps(h));
+    *hi = h;
+    *lo = round_bf16(l);
+}
+
+/* The high halves of a (values 0..15) and b (16..31) as 32 consecutive bf16. */
+BP_CPU_INLINE __m512i pack_bf16(__m512i a, __m512i b)
+{
+    const __m512i idx = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35,
+                                         33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3,
+                                         1);
+    return _mm512_permutex2var_epi16(a, idx, b);
+}
+
+/* 32 values of a row (f32 or f16) as bf16 hi and lo. */
+BP_CPU_INLINE void split32(__m512 x0, __m512 x1, __m512i *hi, __m512i *lo)
+{
+    __m512i h0, l0, h1, l1;
+    split_bf16(x0, &h0, &l0);
+    split_bf16(x1, &h1, &l1);
+    *hi = pack_bf16(h0, h1);
+    *lo = pack_bf16(l0, l1);
+}
+
+/* ---- Packing ------------------------------------------------------------------------------ */
+
+/* Columns [n0, n0 + 16) of b (zero past N), all of K, into the VNNI layout: for each pair of K
+ * values p, 16 dwords (one per column) of two bf16. out + k * 16 is the tile for K values
+ * [k, k + 32), rows of 64 bytes. */
+static void pack_b_group(const bp_tensor *b, const char *bbase, int64_t n0, int64_t N, int64_t K,
+                         uint16_t *hi, uint16_t *lo)
+{
+    static const float zeros[32];
+    const float *rows[16];
+    for (int j = 0; j < 16; j++)
+        rows[j] = n0 + j < N ? (const float *)(bbase + (n0 + j) * (int64_t)b->nb[1]) : zeros;
+    for (int64_t k = 0; k < K; k += 32) {
+        __m512i vh[16], vl[16];
+        for (int j = 0; j < 16; j++) {
+            const int64_t kk = rows[j] == zeros ? 0 : k;
+            split32(_mm512_loadu_ps(rows[j] + kk), _mm512_loadu_ps(rows[j] + kk + 16), &vh[j],
+                    &vl[j]);
+        }
+        /* Row j holds pairs p = 0..15 of column j; the tile wants row p = pairs of columns. */
+        bp_cpu_transpose16((__m512 *)vh);
+        bp_cpu_transpose16((__m512 *)vl);
+        for (int p = 0; p < 16; p++) {
+            _mm512_storeu_si512(hi + k * 16 + p * 32, vh[p]);
+            _mm512_storeu_si512(lo + k * 16 + p * 32, vl[p]);
+        }
+    }
+}
+
+/* Rows [m0, m0 + rows) of a (zero up to 16 rows), K values [k0, k0 + kc), into tiles of 16 rows
+ * x 32 values (1 KiB each, kc / 32 of them): bf16 copied (hi only), f16 split into hi and lo. */
+static void pack_a_half(const bp_tensor *a, const char *abase, int64_t m0, int rows, int64_t k0,
+                        int64_t kc, uint16_t *hi, uint16_t *lo)
+{
+    for (int r = 0; r < 16; r++) {
+        const uint16_t *row =
+            r < rows ? (const uint16_t *)(abase + (m0 + r) * (int64_t)a->nb[1]) + k0 : NULL;
+        for (int64_t t = 0; t < kc / 32; t++) {
+            uint16_t *h = hi + t * 512 + r * 32, *l = lo + t * 512 + r * 32;
+            if (!row) {
+                _mm512_storeu_si512(h, _mm512_setzero_si512());
+                _mm512_storeu_si512(l, _mm512_setzero_si512());
+            } else if (a->type == BP_TYPE_BF16) {
+                _mm512_storeu_si512(h, _mm512_loadu_si512(row + t * 32));
+            } else {
+                __m512i vh, vl;
+                const __m512 x0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + t * 32)));
+                const __m512 x1 =
+                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + t * 32 + 16)));
+                split32(x0, x1, &vh, &vl);
+                _mm512_storeu_si512(h, vh);
+                _mm512_storeu_si512(l, vl);
+            }
+        }
+    }
+}
+
+/* ---- Tiles -------------------------------------------------------------------------------- */
+
+struct tile_config {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* Tiles 0-3: C (rows h0/h1 x columns j0/j1), 4-5: A (h0, h1), 6-7: B (j0, j1); all 16 x 64 B. */
+static void load_config(void)
+{
+    struct tile_config c;
+    memset(&c, 0, sizeof(c));
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        c.colsb[i] = 64;
+        c.rows[i] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* Where the A tiles of one 16-row half come from: t-th tile at base + t * step, rows stride. */
+struct a_src {
+    const char *hi, *lo;
+    size_t step, stride;
+};
+
+/* C[32 x 32] (four tiles at c, 256 floats each) += A[32 x kc] B[kc x 32], in passes. */
+static void tile_block(const struct a_src *a0, const struct a_src *a1, const uint16_t *bh0,
+                       const uint16_t *bh1, const uint16_t *bl0, const uint16_t *bl1, int64_t kc,
+                       bool f16, bool first, float *c)
+{
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_loadd(0, c, 64);
+        _tile_loadd(1, c + 256, 64);
+        _tile_loadd(2, c + 512, 64);
+        _tile_loadd(3, c + 768, 64);
+    }
+    for (int64_t t = 0; t < kc / 32; t++) {
+        const size_t bo = (size_t)t * 512; /* uint16 per 32 K values of a column group */
+        _tile_loadd(4, a0->hi + t * a0->step, a0->stride);
+        _tile_loadd(5, a1->hi + t * a1->step, a1->stride);
+        _tile_loadd(6, bh0 + bo, 64);
+        _tile_loadd(7, bh1 + bo, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        _tile_loadd(6, bl0 + bo, 64);
+        _tile_loadd(7, bl1 + bo, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        if (f16) {
+            _tile_loadd(4, a0->lo + t * a0->step, a0->stride);
+            _tile_loadd(5, a1->lo + t * a1->step, a1->stride);
+            _tile_loadd(6, bh0 + bo, 64);
+            _tile_loadd(7, bh1 + bo, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c, 64);
+    _tile_stored(1, c + 256, 64);
+    _tile_stored(2, c + 512, 64);
+    _tile_stored(3, c + 768, 64);
+}
+
+/* A 16 x 16 tile t (rows m, columns n) into dst (column n at dst + n * ldc), rows < mrows and
+ * columns < ncols only. */
+static void store_tile(const float *t, float *dst, int64_t ldc, int mrows, int ncols)
+{
+    __m512 r[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_loadu_ps(t + 16 * i);
+    bp_cpu_transpose16(r);
+    const __mmask16 mask = (__mmask16)((1u << mrows) - 1);
+    for (int j = 0; j < ncols; j++)
+        _mm512_mask_storeu_ps(dst + j * ldc, mask, r[j]);
+}
+
+/* ---- Driver ------------------------------------------------------------------------------- */
+
+void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                        const struct bp_cpu_params *p)
+{
+    const bp_tensor *a = dst->src[0], *b = dst->src[1];
+    const int64_t M = dst->ne[0], N = dst->ne[1], K = a->ne[0];
+    const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
+    const int64_t Np = round_up(N, 32);
+    const bool f16 = a->type == BP_TYPE_F16;
+    uint16_t *bhi = p->wshared, *blo = bhi + Np * K;
+
+    /* Everyone packs a share of the activations' 16-column groups. */
+    int64_t g0, g1;
+    bp_cpu_split(Np / 16, p->ith, p->nth, &g0, &g1);
+    for (int64_t g = g0; g < g1; g++)
+        pack_b_group(b, bbase, g * 16, N, K, bhi + g * 16 * K, blo + g * 16 * K);
+    bp_cpu_pool_barrier(p->pool);
+
+    /* Rows of this thread: whole 32-row strips. */
+    int64_t s0, s1;
+    bp_cpu_split((M + 31) / 32, p->ith, p->nth, &s0, &s1);
+    const int64_t m_begin = s0 * 32, m_end = s1 * 32 < M ? s1 * 32 : M;
+    float *cbuf = (float *)(((uintptr_t)p->wdata + 63) & ~(uintptr_t)63);
+    uint16_t *ahi = (uint16_t *)(cbuf + MB * NB), *alo = ahi + MB * KC;
+
+    load_config();
+    for (int64_t n0 = 0; n0 < N; n0 += NB) {
+        const int64_t nw = N - n0 < NB ? N - n0 : NB;
+        const int64_t ng = (nw + 31) / 32;
+        for (int64_t mb0 = m_begin; mb0 < m_end; mb0 += MB) {
+            const int64_t mh = m_end - mb0 < MB ? m_end - mb0 : MB;
+            const int64_t ns = (mh + 31) / 32;
+            for (int64_t k0 = 0; k0 < K; k0 += KC) {
+                const int64_t kc = K - k0 < KC ? K - k0 : KC;
+                /* A for each 16-row half of the block: in place (whole BF16 halves) or packed. */
+                struct a_src src[MB / 16];
+                for (int64_t h = 0; h < 2 * ns; h++) {
+                    const int64_t m = mb0 + h * 16;
+                    const int rows = m_end - m >= 16 ? 16 : (int)(m_end - m > 0 ? m_end - m : 0);
+                    if (!f16 && rows == 16) {
+                        src[h].hi = abase + m * (int64_t)a->nb[1] + k0 * 2;
+                        src[h].lo = NULL;
+                        src[h].step = 64;
+                        src[h].stride = a->nb[1];
+                    } else {
+                        uint16_t *hh = ahi + h * 16 * KC, *ll = alo + h * 16 * KC;
+                        pack_a_half(a, abase, m, rows, k0, kc, hh, ll);
+                        src[h].hi = (const char *)hh;
+                        src[h].lo = (const char *)ll;
+                        src[h].step = 1024;
+                        src[h].stride = 64;
+                    }
+                }
+                for (int64_t g = 0; g < ng; g++) {
+                    const int64_t col = n0 + g * 32; /* first column: groups col/16, col/16 + 1 */
+                    const uint16_t *bh0 = bhi + col * K + k0 * 16, *bh1 = bh0 + 16 * K;
+                    const uint16_t *bl0 = blo + col * K + k0 * 16, *bl1 = bl0 + 16 * K;
+                    for (int64_t s = 0; s < ns; s++)
+                        tile_block(&src[2 * s], &src[2 * s + 1], bh0, bh1, bl0, bl1, kc, f16,
+                                   k0 == 0, cbuf + (s * (NB / 32) + g) * 1024);
+                }
+            }
+            /* The block of C to dst, transposed. */
+            for (int64_t s = 0; s < ns; s++) {
+                for (int64_t g = 0; g < ng; g++) {
+                    const float *c = cbuf + (s * (NB / 32) + g) * 1024;
+                    for (int t = 0; t < 4; t++) {
+                        const int64_t m = mb0 + s * 32 + (t >> 1) * 16;
+                        const int64_t n = n0 + g * 32 + (t & 1) * 16;
+                        if (m >= m_end || n >= N)
+                            continue;
+                        const int mrows = m_end - m < 16 ? (int)(m_end - m) : 16;
+                        const int ncols = N - n < 16 ? (int)(N - n) : 16;
+                        store_tile(c + t * 256, (float *)cbase + n * ldc + m, ldc, mrows, ncols);
+                    }
+                }
+            }
+        }
+    }
+    _tile_release();
+    /* The packed activations are rewritten for the next batch only after everyone is done. */
+    bp_cpu_pool_barrier(p->pool);
+}
+
+#else
+
+bool bp_cpu_amx_available(void)
+{
+    return false;
+}
+
+#endif
