@@ -141,6 +141,9 @@ bp_comm *bp_cpu_comm_init(bp_backend *const *backends, int n);
 enum bp_status bp_cpu_comm_allreduce(bp_comm *comm, bp_tensor *const *tensors, int n);
 void bp_cpu_comm_free(bp_comm *comm);
 
+/* nb blocks of 32 floats to Q8_0 (the runtime's rounding, bit for bit), and the sum of each
+ * block's quants (cpu-matmul.c). */
+void bp_cpu_quantize_q8_0(const float *x, struct bp_block_q8_0 *b, int32_t *sums, int64_t nb);
 /* sum_k x[k] * y[k], with the widest vectors this variant may use (cpu-matmul.c). */
 float bp_cpu_dot_f32(const float *x, const float *y, int64_t n);
 /* "x86_64", "avx2", "avx512" or "generic": what this build was compiled for (cpu-plugin.c). */

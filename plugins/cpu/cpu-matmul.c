@@ -777,7 +777,7 @@ static void qrows8(enum bp_type type, const char *row0, int64_t lda, const uint1
 /* One column of B to Q8_0 blocks, exactly as the runtime's Q8_0 conversion does it (scale
  * amax / 127 rounded to f16, quants x * (1 / scale) rounded to nearest even), and the sum of
  * each block's quants. */
-static void quantize_col(const float *x, struct bp_block_q8_0 *b, int32_t *sums, int64_t nb)
+void bp_cpu_quantize_q8_0(const float *x, struct bp_block_q8_0 *b, int32_t *sums, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 32) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
@@ -959,7 +959,7 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
             int64_t n0, n1;
             bp_cpu_split(N, p->ith, p->nth, &n0, &n1);
             for (int64_t n = n0; n < n1; n++)
-                quantize_col((const float *)(bbase + n * (int64_t)b->nb[1]), bq + n * nb,
+                bp_cpu_quantize_q8_0((const float *)(bbase + n * (int64_t)b->nb[1]), bq + n * nb,
                              ysum + n * nb, nb);
             /* Rows in groups of eight, so that every thread can use the eight-row kernel. */
             bp_cpu_split((M + 7) / 8, p->ith, p->nth, &m0, &m1);
