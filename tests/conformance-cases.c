@@ -224,8 +224,9 @@ static const int64_t mm_shapes[][3] = {
     {544, 45, 64}, {32, 70, 8},    {288, 40, 150}, {64, 3, 129},
     {96, 29, 40},  {64, 24, 16}, /* broadcast kernel: a last chunk of 8, one of exactly 16 */
     {544, 530, 520}, /* AMX kernel (F16/BF16): several blocks of K, rows and columns, edges */
+    {96, 37, 1}, /* one column against whole groups of eight quantised rows and a rest */
 };
-#define N_MM_SHAPES 12
+#define N_MM_SHAPES 13
 
 static bp_tensor *mul_mat_case(bp_context *ctx, int v, enum bp_type t)
 {

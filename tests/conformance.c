@@ -98,6 +98,13 @@ static void fill_leaf(bp_graph *g, bp_tensor *t, uint64_t seed)
     /* Convert row by row into the leaf's own type (it is contiguous: a fresh leaf). */
     const struct bp_type_traits *tr = bp_type_get_traits(t->type);
     const int64_t rows = n > 0 ? n / t->ne[0] : 0;
+    if (t->type == BP_TYPE_Q8_0 || t->type == BP_TYPE_Q4_0) {
+        /* Blocks of very different magnitudes (1/8 to 13/8), so that a kernel that applies the
+         * wrong block's or row's scale is far off, not within quantisation noise. */
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t k = 0; k < t->ne[0]; k++)
+                v[r * t->ne[0] + k] *= 0.125f * (float)(1 + (r * 5 + k / 32 * 3) % 13);
+    }
     for (int64_t r = 0; r < rows; r++)
         tr->from_float(v + r * t->ne[0], (char *)t->data + r * (int64_t)t->nb[1], t->ne[0]);
     free(v);

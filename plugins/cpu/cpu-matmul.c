@@ -22,6 +22,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "cpu-impl.h"
@@ -721,16 +722,17 @@ static void qrows8_scales(enum bp_type type, const char *row0, int64_t lda, int6
 /* Bytes [off, off + 16) of the quants of one block in four rows, one row per 128-bit lane. */
 BP_CPU_INLINE __m512i qrows8_load4(const char *const r[4], int64_t off)
 {
-    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(r[0] + off)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[1] + off)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[2] + off)), 2);
-    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(r[3] + off)), 3);
+    /* Masked broadcasts from memory: a load and a blend each, no shuffle-port inserts. */
+    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(r[0] + off)));
+    v = _mm512_mask_broadcast_i32x4(v, 0x00f0, _mm_loadu_si128((const __m128i *)(r[1] + off)));
+    v = _mm512_mask_broadcast_i32x4(v, 0x0f00, _mm_loadu_si128((const __m128i *)(r[2] + off)));
+    return _mm512_mask_broadcast_i32x4(v, 0xf000, _mm_loadu_si128((const __m128i *)(r[3] + off)));
 }
 
+/* z + the four rows' partial dot products of one block (four per row, in the row's lane). */
 BP_CPU_INLINE __m512i qrows8_dot4(enum bp_type type, const char *const r[4], int64_t o,
-                                  __m512i ylo, __m512i yhi)
+                                  __m512i ylo, __m512i yhi, __m512i z)
 {
-    const __m512i z = _mm512_setzero_si512();
     if (type == BP_TYPE_Q4_0) {
         const __m512i q = qrows8_load4(r, o + 2), m = _mm512_set1_epi8(0x0f);
         const __m512i lo = _mm512_and_si512(q, m), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m);
@@ -756,8 +758,9 @@ static void qrows8(enum bp_type type, const char *row0, int64_t lda, const uint1
         const int64_t o = i * bs;
         const __m512i ylo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y[i].qs));
         const __m512i yhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[i].qs + 16)));
-        const __m512i a = qrows8_dot4(type, r, o, ylo, yhi);     /* rows 0-3 */
-        const __m512i b = qrows8_dot4(type, r + 4, o, ylo, yhi); /* rows 4-7 */
+        const __m512i z = _mm512_setzero_si512();
+        const __m512i a = qrows8_dot4(type, r, o, ylo, yhi, z);     /* rows 0-3 */
+        const __m512i b = qrows8_dot4(type, r + 4, o, ylo, yhi, z); /* rows 4-7 */
         /* Per lane k: [a0+a2, b0+b2, a1+a3, b1+b3], then [row k, row k + 4, ...]. */
         __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
         t = _mm512_add_epi32(_mm512_unpacklo_epi64(t, t), _mm512_unpackhi_epi64(t, t));
@@ -771,6 +774,49 @@ static void qrows8(enum bp_type type, const char *row0, int64_t lda, const uint1
     _mm256_storeu_ps(tmp, acc);
     for (int i = 0; i < 8; i++)
         out[qrows8_order[i]] = tmp[i];
+}
+
+/* qrows8 for one column (N = 1), without staged scales: each block's eight row scales are
+ * gathered in the loop, and the four partial sums per row are scaled and accumulated where
+ * they are (a row's partials share its scale), to be added up once at the end. With one
+ * column, staging the scales cost about as much as the products, and the per-block reduction
+ * was most of the shuffles. The offset correction goes into one partial of each row. Needs
+ * 7 * lda to fit a 32-bit gather index. */
+static void qrows8_1(enum bp_type type, const char *row0, int64_t lda,
+                     const struct bp_block_q8_0 *y, const int32_t *ysum, int64_t nb, float out[8])
+{
+    const int64_t bs = qblock_size(type);
+    const int32_t c = type == BP_TYPE_Q4_0 ? 8 : 128;
+    const char *r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = row0 + i * lda;
+    const __m256i gidx =
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)lda));
+    const __m512i e0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i e1 = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const int64_t o = i * bs;
+        const __m512i ylo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y[i].qs));
+        const __m512i yhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[i].qs + 16)));
+        const __m512i corr = _mm512_maskz_set1_epi32(0x1111, -ysum[i] * c);
+        const __m512i a = qrows8_dot4(type, r, o, ylo, yhi, corr);     /* rows 0-3 */
+        const __m512i b = qrows8_dot4(type, r + 4, o, ylo, yhi, corr); /* rows 4-7 */
+        /* The scales: the first 4 bytes of each row's block (the f16 scale is the low half). */
+        const __m256i g = _mm256_i32gather_epi32((const int *)(row0 + o), gidx, 1);
+        const __m256 dw = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)),
+                                        _mm256_set1_ps(_cvtsh_ss(y[i].d)));
+        const __m512 dz = _mm512_castps256_ps512(dw);
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_permutexvar_ps(e0, dz), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_permutexvar_ps(e1, dz), acc1);
+    }
+    float t0[16], t1[16];
+    _mm512_storeu_ps(t0, acc0);
+    _mm512_storeu_ps(t1, acc1);
+    for (int j = 0; j < 4; j++) {
+        out[j] = (t0[4 * j] + t0[4 * j + 1]) + (t0[4 * j + 2] + t0[4 * j + 3]);
+        out[4 + j] = (t1[4 * j] + t1[4 * j + 1]) + (t1[4 * j + 2] + t1[4 * j + 3]);
+    }
 }
 #endif
 
@@ -818,6 +864,10 @@ static void dot_rows_quant(const bp_tensor *a, const char *abase, const struct b
     (void)scratch;
 #ifdef HAVE_QROWS8
     const int64_t lda = (int64_t)a->nb[1];
+    if (N == 1 && 7 * lda <= INT32_MAX) {
+        for (; m0 + 8 <= m1; m0 += 8)
+            qrows8_1(a->type, abase + m0 * lda, lda, bq, ysum, nb, (float *)cbase + m0);
+    }
     for (; m0 + 8 <= m1; m0 += 8) {
         qrows8_scales(a->type, abase + m0 * lda, lda, nb, scratch);
         for (int64_t n = 0; n < N; n++) {
