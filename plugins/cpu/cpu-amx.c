@@ -31,7 +31,6 @@
 
 #if defined(BP_CPU_HAVE_AMX)
 
-#include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <sys/syscall.h>
@@ -59,20 +58,12 @@ static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
 static void amx_probe(void)
 {
-    unsigned a, b, c, d;
     const char *env = getenv("BP_CPU_AMX");
     if (env && strcmp(env, "0") == 0)
         return;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
-        return;
-    const bool tile = d & (1u << 24), bf16 = d & (1u << 22), int8 = d & (1u << 25);
-    if (!tile || !bf16 || !int8)
-        return;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) /* OSXSAVE */
-        return;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & (3u << 17)) != (3u << 17)) /* XTILECFG and XTILEDATA enabled by the OS */
+    /* The runtime's CPUID/XCR0 check (which also honours BP_CPU_DISABLE=amx_tile). */
+    const uint64_t need = BP_CPU_AMX_TILE | BP_CPU_AMX_BF16 | BP_CPU_AMX_INT8;
+    if ((bp_cpu_features() & need) != need)
         return;
     /* Linux hands out tile state per process on request (5.16 and later). */
     if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0)
