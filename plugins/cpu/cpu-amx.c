@@ -3,7 +3,7 @@
  *
  * Orientation: the tile "A" operand is the weights (16 rows of A x 32 K values, copied or
  * converted into 1 KiB tiles per K block), the tile "B" operand is
- * the activations, packed once per product by all threads into the VNNI layout AMX wants (for
+ * the activations, packed by all threads NB columns at a time into the VNNI layout AMX wants (for
  * each pair of K values, 16 columns of two bf16 each), and the 16 x 16 tile of C holds dst rows m
  * by columns n, so it is transposed on the way out. Four C tiles (32 rows x 32 columns) stay in
  * tile registers over a K block of KC; between K blocks they go to a per-thread buffer that
@@ -103,7 +103,8 @@ static int64_t round_up(int64_t x, int64_t m)
 
 void bp_cpu_amx_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared)
 {
-    const int64_t K = dst->src[0]->ne[0], N = dst->ne[1], Np = round_up(N, 32);
+    const int64_t K = dst->src[0]->ne[0], N = dst->ne[1];
+    const int64_t Np = round_up(N < NB ? N : NB, 32); /* activations are packed NB at a time */
     /* C buffer, then A panels (bf16 hi and lo, or quants and scales). */
     *per_thread = (size_t)MB * NB * sizeof(float) + A_PANEL_BYTES + 64;
     if (quant(dst->src[0]->type)) {
@@ -443,38 +444,40 @@ void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, ch
     const bp_tensor *a = dst->src[0], *b = dst->src[1];
     const int64_t M = dst->ne[0], N = dst->ne[1], K = a->ne[0], nb = K / 32;
     const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
-    const int64_t Np = round_up(N, 32);
     const bool f16 = a->type == BP_TYPE_F16, int8 = quant(a->type);
     float *cbuf = (float *)(((uintptr_t)p->wdata + 63) & ~(uintptr_t)63);
     char *apanel = (char *)(cbuf + MB * NB);
-
-    /* Everyone packs a share of the activations' 16-column groups. */
-    uint16_t *bhi = p->wshared, *blo = bhi + Np * K;        /* bf16 */
-    int8_t *bq = p->wshared;                                 /* int8 */
-    float *bd = (float *)((int8_t *)p->wshared + Np * K);
-    int64_t g0, g1;
-    bp_cpu_split(Np / 16, p->ith, p->nth, &g0, &g1);
-    for (int64_t g = g0; g < g1; g++) {
-        if (int8) {
-            struct bp_block_q8_0 *tmp =
-                (struct bp_block_q8_0 *)(((uintptr_t)apanel + A_PANEL_BYTES + 63) & ~(uintptr_t)63);
-            pack_b_group_q(b, bbase, g * 16, N, nb, bq + g * 16 * K, bd + g * 16 * nb, tmp,
-                           (int32_t *)(tmp + 16 * nb));
-        } else {
-            pack_b_group(b, bbase, g * 16, N, K, bhi + g * 16 * K, blo + g * 16 * K);
-        }
-    }
-    bp_cpu_pool_barrier(p->pool);
 
     /* Rows of this thread: whole 32-row strips. */
     int64_t s0, s1;
     bp_cpu_split((M + 31) / 32, p->ith, p->nth, &s0, &s1);
     const int64_t m_begin = s0 * 32, m_end = s1 * 32 < M ? s1 * 32 : M;
 
+    /* Packed activations of one block of NB columns, in groups of 16 columns. */
+    const int64_t Np = round_up(N < NB ? N : NB, 32);
+    uint16_t *bhi = p->wshared, *blo = bhi + Np * K;   /* bf16 */
+    int8_t *bq = p->wshared;                            /* int8 */
+    float *bd = (float *)((int8_t *)p->wshared + Np * K);
+
     load_config(int8);
     for (int64_t n0 = 0; n0 < N; n0 += NB) {
         const int64_t nw = N - n0 < NB ? N - n0 : NB;
         const int64_t ng = (nw + 31) / 32;
+        /* Everyone packs a share of this block's 16-column groups, then waits for the rest. */
+        int64_t g0, g1;
+        bp_cpu_split(ng * 2, p->ith, p->nth, &g0, &g1);
+        for (int64_t g = g0; g < g1; g++) {
+            if (int8) {
+                struct bp_block_q8_0 *tmp = (struct bp_block_q8_0 *)(
+                    ((uintptr_t)apanel + A_PANEL_BYTES + 63) & ~(uintptr_t)63);
+                pack_b_group_q(b, bbase, n0 + g * 16, N, nb, bq + g * 16 * K, bd + g * 16 * nb,
+                               tmp, (int32_t *)(tmp + 16 * nb));
+            } else {
+                pack_b_group(b, bbase, n0 + g * 16, N, K, bhi + g * 16 * K, blo + g * 16 * K);
+            }
+        }
+        bp_cpu_pool_barrier(p->pool);
+
         for (int64_t mb0 = m_begin; mb0 < m_end; mb0 += MB) {
             const int64_t mh = m_end - mb0 < MB ? m_end - mb0 : MB;
             const int64_t ns = (mh + 31) / 32;
@@ -505,7 +508,7 @@ void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, ch
                     }
                 }
                 for (int64_t g = 0; g < ng; g++) {
-                    const int64_t col = n0 + g * 32; /* first column: groups col/16, col/16 + 1 */
+                    const int64_t col = g * 32; /* in the block: groups col/16, col/16 + 1 */
                     for (int64_t s = 0; s < ns; s++) {
                         float *c = cbuf + (s * (NB / 32) + g) * 1024;
                         if (int8) {
@@ -538,10 +541,10 @@ void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, ch
                 }
             }
         }
+        /* This block's packed activations are rewritten only after everyone is done. */
+        bp_cpu_pool_barrier(p->pool);
     }
     _tile_release();
-    /* The packed activations are rewritten for the next batch only after everyone is done. */
-    bp_cpu_pool_barrier(p->pool);
 }
 
 #else
