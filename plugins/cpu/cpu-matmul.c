@@ -642,17 +642,21 @@ BP_CPU_INLINE float a_scale(enum bp_type type, const void *xrow, int64_t i)
 
 /* out[c] = sum over blocks of d_x d_y (q_x . q_y) for nc <= 4 columns of B (Q8_0): each block
  * of A is loaded (and for Q4_0 unpacked) once for all columns. Two blocks per step keep two
- * independent chains in flight. */
-static void dot_quant_cols(enum bp_type type, const void *xrow, const struct bp_block_q8_0 *const y[4],
-                           int nc, int64_t nb, float out[4])
+ * independent chains in flight. Inlined with a constant nc (below), so that the loops over
+ * columns unroll and the accumulators stay in registers. */
+BP_CPU_INLINE void dot_quant_cols_n(enum bp_type type, const void *xrow,
+                                    const struct bp_block_q8_0 *const y[4], const int nc,
+                                    int64_t nb, float out[4])
 {
     __m256 acc[4][2];
+#pragma GCC unroll 4
     for (int c = 0; c < 4; c++)
         acc[c][0] = acc[c][1] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
         const __m256i x0 = load_a_block(type, xrow, i), x1 = load_a_block(type, xrow, i + 1);
         const float d0 = a_scale(type, xrow, i), d1 = a_scale(type, xrow, i + 1);
+#pragma GCC unroll 4
         for (int c = 0; c < nc; c++) {
             const __m256i s0 = dot_i8x32(x0, _mm256_loadu_si256((const __m256i *)y[c][i].qs));
             const __m256i s1 = dot_i8x32(x1, _mm256_loadu_si256((const __m256i *)y[c][i + 1].qs));
@@ -666,14 +670,34 @@ static void dot_quant_cols(enum bp_type type, const void *xrow, const struct bp_
     for (; i < nb; i++) {
         const __m256i x0 = load_a_block(type, xrow, i);
         const float d0 = a_scale(type, xrow, i);
+#pragma GCC unroll 4
         for (int c = 0; c < nc; c++) {
             const __m256i s0 = dot_i8x32(x0, _mm256_loadu_si256((const __m256i *)y[c][i].qs));
             acc[c][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0),
                                         _mm256_set1_ps(d0 * half_to_float(y[c][i].d)), acc[c][0]);
         }
     }
+#pragma GCC unroll 4
     for (int c = 0; c < nc; c++)
         out[c] = hsum256(_mm256_add_ps(acc[c][0], acc[c][1]));
+}
+static void dot_quant_cols(enum bp_type type, const void *xrow, const struct bp_block_q8_0 *const y[4],
+                           int nc, int64_t nb, float out[4])
+{
+    switch (nc) {
+    case 1:
+        dot_quant_cols_n(type, xrow, y, 1, nb, out);
+        break;
+    case 2:
+        dot_quant_cols_n(type, xrow, y, 2, nb, out);
+        break;
+    case 3:
+        dot_quant_cols_n(type, xrow, y, 3, nb, out);
+        break;
+    default:
+        dot_quant_cols_n(type, xrow, y, 4, nb, out);
+        break;
+    }
 }
 #else
 static void dot_quant_cols(enum bp_type type, const void *xrow, const struct bp_block_q8_0 *const y[4],
