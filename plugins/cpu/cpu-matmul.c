@@ -823,8 +823,9 @@ static void qrows8(enum bp_type type, const char *row0, int64_t lda, const uint1
  * column, staging the scales cost about as much as the products, and the per-block reduction
  * was most of the shuffles. The offset correction goes into one partial of each row. Needs
  * 7 * lda to fit a 32-bit gather index. */
-static void qrows8_1(enum bp_type type, const char *row0, int64_t lda,
-                     const struct bp_block_q8_0 *y, const int32_t *ysum, int64_t nb, float out[8])
+BP_CPU_INLINE void qrows8_1_t(const enum bp_type type, const char *row0, int64_t lda,
+                              const struct bp_block_q8_0 *y, const int32_t *ysum, int64_t nb,
+                              float out[8])
 {
     const int64_t bs = qblock_size(type);
     const int32_t c = type == BP_TYPE_Q4_0 ? 8 : 128;
@@ -858,6 +859,15 @@ static void qrows8_1(enum bp_type type, const char *row0, int64_t lda,
         out[j] = (t0[4 * j] + t0[4 * j + 1]) + (t0[4 * j + 2] + t0[4 * j + 3]);
         out[4 + j] = (t1[4 * j] + t1[4 * j + 1]) + (t1[4 * j + 2] + t1[4 * j + 3]);
     }
+}
+/* One loop per weight type (type is a constant in each inlined copy). */
+static void qrows8_1(enum bp_type type, const char *row0, int64_t lda,
+                     const struct bp_block_q8_0 *y, const int32_t *ysum, int64_t nb, float out[8])
+{
+    if (type == BP_TYPE_Q4_0)
+        qrows8_1_t(BP_TYPE_Q4_0, row0, lda, y, ysum, nb, out);
+    else
+        qrows8_1_t(BP_TYPE_Q8_0, row0, lda, y, ysum, nb, out);
 }
 #endif
 
