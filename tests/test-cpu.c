@@ -161,6 +161,46 @@ START_TEST(test_events_and_unsupported_graph)
 }
 END_TEST
 
+/* Products over K = 0 are zero for every strategy (dot products, broadcast kernel, GEMM, AMX):
+ * the result is filled with junk first so that a kernel that writes nothing is caught. */
+START_TEST(test_mul_mat_empty_k)
+{
+    use_cpu_plugin();
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    ck_assert_ptr_nonnull(be);
+    static const enum bp_type types[] = {BP_TYPE_F32, BP_TYPE_F16, BP_TYPE_BF16, BP_TYPE_Q8_0};
+    static const int64_t ns[] = {3, 20, 64, 600};
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+            bp_context *ctx = bp_context_new(8);
+            bp_tensor *a = bp_new_tensor_2d(ctx, types[ti], 0, 40);
+            bp_tensor *b = bp_new_tensor_2d(ctx, BP_TYPE_F32, 0, ns[ni]);
+            bp_tensor *c = bp_mul_mat(ctx, a, b);
+            ck_assert_ptr_nonnull(c);
+            bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+            ck_assert_ptr_nonnull(buf);
+            const size_t n = (size_t)(40 * ns[ni]);
+            float *v = malloc(n * sizeof(float));
+            for (size_t i = 0; i < n; i++)
+                v[i] = 7.0f;
+            bp_tensor_set(c, v, 0, n * sizeof(float));
+            bp_graph *g = bp_graph_new(8);
+            bp_graph_build_forward(g, c);
+            ck_assert_int_eq(bp_backend_graph_compute(be, g), BP_OK);
+            bp_tensor_get(c, v, 0, n * sizeof(float));
+            for (size_t i = 0; i < n; i++)
+                ck_assert_msg(v[i] == 0.0f, "%s weights, N = %lld: element %zu is %g",
+                              bp_type_name(types[ti]), (long long)ns[ni], i, (double)v[i]);
+            free(v);
+            bp_graph_free(g);
+            bp_buffer_free(buf);
+            bp_context_free(ctx);
+        }
+    }
+    bp_backend_free(be);
+}
+END_TEST
+
 /* A transformer-shaped graph through the graph allocator, the same bits with 1 and 2 threads. */
 START_TEST(test_graph_allocator_and_threads_agree)
 {
@@ -317,6 +357,7 @@ int main(void)
     BP_TCASE(s, test_backend_params, 30);
     BP_TCASE(s, test_set_n_threads, 30);
     BP_TCASE(s, test_events_and_unsupported_graph, 30);
+    BP_TCASE(s, test_mul_mat_empty_k, 60);
     BP_TCASE(s, test_graph_allocator_and_threads_agree, 60);
     BP_TCASE(s, test_several_devices, 30);
     BP_TCASE(s, test_bad_device_count, 30);

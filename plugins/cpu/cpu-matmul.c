@@ -1030,6 +1030,13 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
             char *cbase = (char *)dst->data + i2 * (int64_t)dst->nb[2] + i3 * (int64_t)dst->nb[3];
             if (M == 0 || N == 0)
                 continue;
+            if (a->ne[0] == 0) { /* empty sums: every kernel below assumes some K */
+                int64_t n0, n1;
+                bp_cpu_split(N, p->ith, p->nth, &n0, &n1);
+                for (int64_t n = n0; n < n1; n++)
+                    memset(cbase + n * (int64_t)dst->nb[1], 0, (size_t)M * sizeof(float));
+                continue;
+            }
 #if defined(BP_CPU_HAVE_AMX)
             if (amx) {
                 bp_cpu_amx_mul_mat(dst, abase, bbase, cbase, p);
