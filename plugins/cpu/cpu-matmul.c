@@ -730,103 +730,55 @@ static void dot_quant_cols(enum bp_type type, const void *xrow, const struct bp_
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__) && defined(__F16C__)
 #define HAVE_QROWS8 1
-/* Eight rows of quantised A against one Q8_0 column y, with VNNI (vpdpbusd: unsigned bytes times
- * signed bytes, four at a time into each 32-bit lane). The weights are made unsigned: a Q4_0
- * nibble is q + 8, a Q8_0 byte x ^ 0x80 is x + 128, so each block's dot product comes out too
- * large by c sum(y) (c = 8 or 128); ysum holds sum(y) per block, computed once per column.
+/* Eight rows of quantised A against up to four Q8_0 columns of B, with VNNI (vpdpbusd:
+ * unsigned bytes times signed bytes, four at a time into each 32-bit lane). The weights are
+ * made unsigned: a Q4_0 nibble is q + 8, a Q8_0 byte x ^ 0x80 is x + 128, so each block's dot
+ * product comes out too large by c sum(y) (c = 8 or 128); ysum holds sum(y) per block,
+ * computed once per column, and the correction starts the accumulation.
  *
  * One 512-bit register holds the same 16 bytes of a block for four rows, one row per 128-bit
- * lane, against those 16 bytes of y broadcast to every lane; the two halves of the block go into
- * the same accumulator, so each row ends with four partial sums in its own lane and no bytes
- * move between lanes. Two registers cover eight rows; one unpack-and-add round and a permute
- * leave the eight sums in the order 0 4 1 5 2 6 3 7, and the rows' scales are staged in that
- * order once per group of rows (qrows8_scales), so that no shuffle is spent on them per block. */
-static const int qrows8_order[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-
+ * lane (loaded with masked broadcasts: a load and a blend each, no shuffles), against those 16
+ * bytes of y broadcast to every lane; the two halves of the block go into the same lanes, so
+ * each row ends a block with four partial sums in its own lane. Those partials share the row's
+ * scale, so they are scaled and accumulated where they are and added up once at the end, and
+ * the eight rows' block scales are gathered (vpgatherdd) in the loop: no staging pass and no
+ * per-block reduction. Each block of the eight rows is loaded once for all columns. The
+ * gather needs 7 * lda to fit a 32-bit index. */
 static int64_t qblock_size(enum bp_type type)
 {
     return type == BP_TYPE_Q4_0 ? (int64_t)sizeof(struct bp_block_q4_0)
                                 : (int64_t)sizeof(struct bp_block_q8_0);
 }
 
-/* sc[8 i + j] = scale of block i of row qrows8_order[j]. */
-static void qrows8_scales(enum bp_type type, const char *row0, int64_t lda, int64_t nb, uint16_t *sc)
-{
-    const int64_t bs = qblock_size(type);
-    for (int j = 0; j < 8; j++) {
-        const char *row = row0 + qrows8_order[j] * lda;
-        for (int64_t i = 0; i < nb; i++)
-            memcpy(&sc[8 * i + j], row + i * bs, sizeof(uint16_t));
-    }
-}
-
 /* Bytes [off, off + 16) of the quants of one block in four rows, one row per 128-bit lane. */
 BP_CPU_INLINE __m512i qrows8_load4(const char *const r[4], int64_t off)
 {
-    /* Masked broadcasts from memory: a load and a blend each, no shuffle-port inserts. */
     __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(r[0] + off)));
     v = _mm512_mask_broadcast_i32x4(v, 0x00f0, _mm_loadu_si128((const __m128i *)(r[1] + off)));
     v = _mm512_mask_broadcast_i32x4(v, 0x0f00, _mm_loadu_si128((const __m128i *)(r[2] + off)));
     return _mm512_mask_broadcast_i32x4(v, 0xf000, _mm_loadu_si128((const __m128i *)(r[3] + off)));
 }
 
-/* z + the four rows' partial dot products of one block (four per row, in the row's lane). */
-BP_CPU_INLINE __m512i qrows8_dot4(enum bp_type type, const char *const r[4], int64_t o,
-                                  __m512i ylo, __m512i yhi, __m512i z)
+/* One block of four rows as unsigned bytes: the low and the high 16 values of the block. */
+BP_CPU_INLINE void qrows8_unsigned4(const enum bp_type type, const char *const r[4], int64_t o,
+                                    __m512i *lo, __m512i *hi)
 {
     if (type == BP_TYPE_Q4_0) {
         const __m512i q = qrows8_load4(r, o + 2), m = _mm512_set1_epi8(0x0f);
-        const __m512i lo = _mm512_and_si512(q, m), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m);
-        return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ylo), hi, yhi);
+        *lo = _mm512_and_si512(q, m);
+        *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m);
+    } else {
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        *lo = _mm512_xor_si512(qrows8_load4(r, o + 2), flip);
+        *hi = _mm512_xor_si512(qrows8_load4(r, o + 18), flip);
     }
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512i lo = _mm512_xor_si512(qrows8_load4(r, o + 2), flip);
-    const __m512i hi = _mm512_xor_si512(qrows8_load4(r, o + 18), flip);
-    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ylo), hi, yhi);
 }
 
-static void qrows8(enum bp_type type, const char *row0, int64_t lda, const uint16_t *sc,
-                   const struct bp_block_q8_0 *y, const int32_t *ysum, int64_t nb, float out[8])
-{
-    const int64_t bs = qblock_size(type);
-    const int32_t c = type == BP_TYPE_Q4_0 ? 8 : 128;
-    const char *r[8];
-    for (int i = 0; i < 8; i++)
-        r[i] = row0 + i * lda;
-    const __m512i idx = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const int64_t o = i * bs;
-        const __m512i ylo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y[i].qs));
-        const __m512i yhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[i].qs + 16)));
-        const __m512i z = _mm512_setzero_si512();
-        const __m512i a = qrows8_dot4(type, r, o, ylo, yhi, z);     /* rows 0-3 */
-        const __m512i b = qrows8_dot4(type, r + 4, o, ylo, yhi, z); /* rows 4-7 */
-        /* Per lane k: [a0+a2, b0+b2, a1+a3, b1+b3], then [row k, row k + 4, ...]. */
-        __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-        t = _mm512_add_epi32(_mm512_unpacklo_epi64(t, t), _mm512_unpackhi_epi64(t, t));
-        __m256i s = _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, t));
-        s = _mm256_sub_epi32(s, _mm256_set1_epi32(ysum[i] * c));
-        const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 8 * i)));
-        const __m256 scale = _mm256_mul_ps(dx, _mm256_set1_ps(_cvtsh_ss(y[i].d)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc);
-    }
-    float tmp[8];
-    _mm256_storeu_ps(tmp, acc);
-    for (int i = 0; i < 8; i++)
-        out[qrows8_order[i]] = tmp[i];
-}
-
-/* qrows8 for one column, without staged scales (used for every N < 16: column by column it
- * beat the staged kernel at N = 2 to 15 too, e.g. Q4_0 N = 8 100-127 -> 138-155 GFLOP/s with 2
- * threads over three alternating runs): each block's eight row scales are gathered in the loop, and the four partial sums per row are scaled and accumulated where
- * they are (a row's partials share its scale), to be added up once at the end. With one
- * column, staging the scales cost about as much as the products, and the per-block reduction
- * was most of the shuffles. The offset correction goes into one partial of each row. Needs
- * 7 * lda to fit a 32-bit gather index. */
-BP_CPU_INLINE void qrows8_1_t(const enum bp_type type, const char *row0, int64_t lda,
-                              const struct bp_block_q8_0 *y, const int32_t *ysum, int64_t nb,
-                              float out[8])
+/* out[c * 8 + i] = row i of the eight against column c, for nc columns (a constant in each
+ * inlined copy, so the loops over columns unroll). */
+BP_CPU_INLINE void qrows8_t(const enum bp_type type, const int nc, const char *row0, int64_t lda,
+                            const struct bp_block_q8_0 *const y[4], const int32_t *const ysum[4],
+                            int64_t nb, float *out)
 {
     const int64_t bs = qblock_size(type);
     const int32_t c = type == BP_TYPE_Q4_0 ? 8 : 128;
@@ -837,38 +789,72 @@ BP_CPU_INLINE void qrows8_1_t(const enum bp_type type, const char *row0, int64_t
         _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)lda));
     const __m512i e0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i e1 = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m512 acc[4][2];
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++)
+        acc[j][0] = acc[j][1] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const int64_t o = i * bs;
-        const __m512i ylo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y[i].qs));
-        const __m512i yhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[i].qs + 16)));
-        const __m512i corr = _mm512_maskz_set1_epi32(0x1111, -ysum[i] * c);
-        const __m512i a = qrows8_dot4(type, r, o, ylo, yhi, corr);     /* rows 0-3 */
-        const __m512i b = qrows8_dot4(type, r + 4, o, ylo, yhi, corr); /* rows 4-7 */
+        __m512i lo0, hi0, lo1, hi1;
+        qrows8_unsigned4(type, r, o, &lo0, &hi0);     /* rows 0-3 */
+        qrows8_unsigned4(type, r + 4, o, &lo1, &hi1); /* rows 4-7 */
         /* The scales: the first 4 bytes of each row's block (the f16 scale is the low half). */
         const __m256i g = _mm256_i32gather_epi32((const int *)(row0 + o), gidx, 1);
-        const __m256 dw = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(g)),
-                                        _mm256_set1_ps(_cvtsh_ss(y[i].d)));
-        const __m512 dz = _mm512_castps256_ps512(dw);
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_permutexvar_ps(e0, dz), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_permutexvar_ps(e1, dz), acc1);
+        const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g));
+#pragma GCC unroll 4
+        for (int j = 0; j < nc; j++) {
+            const struct bp_block_q8_0 *yb = y[j] + i;
+            const __m512i ylo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)yb->qs));
+            const __m512i yhi =
+                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(yb->qs + 16)));
+            const __m512i corr = _mm512_maskz_set1_epi32(0x1111, -ysum[j][i] * c);
+            const __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo0, ylo), hi0, yhi);
+            const __m512i b = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo1, ylo), hi1, yhi);
+            const __m512 dz =
+                _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(yb->d))));
+            acc[j][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_permutexvar_ps(e0, dz),
+                                        acc[j][0]);
+            acc[j][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_permutexvar_ps(e1, dz),
+                                        acc[j][1]);
+        }
     }
-    float t0[16], t1[16];
-    _mm512_storeu_ps(t0, acc0);
-    _mm512_storeu_ps(t1, acc1);
-    for (int j = 0; j < 4; j++) {
-        out[j] = (t0[4 * j] + t0[4 * j + 1]) + (t0[4 * j + 2] + t0[4 * j + 3]);
-        out[4 + j] = (t1[4 * j] + t1[4 * j + 1]) + (t1[4 * j + 2] + t1[4 * j + 3]);
+#pragma GCC unroll 4
+    for (int j = 0; j < nc; j++) {
+        float t0[16], t1[16];
+        _mm512_storeu_ps(t0, acc[j][0]);
+        _mm512_storeu_ps(t1, acc[j][1]);
+        for (int k = 0; k < 4; k++) {
+            out[j * 8 + k] = (t0[4 * k] + t0[4 * k + 1]) + (t0[4 * k + 2] + t0[4 * k + 3]);
+            out[j * 8 + 4 + k] = (t1[4 * k] + t1[4 * k + 1]) + (t1[4 * k + 2] + t1[4 * k + 3]);
+        }
     }
 }
-/* One loop per weight type (type is a constant in each inlined copy). */
-static void qrows8_1(enum bp_type type, const char *row0, int64_t lda,
-                     const struct bp_block_q8_0 *y, const int32_t *ysum, int64_t nb, float out[8])
+
+/* One loop per weight type and column count. */
+static void qrows8(enum bp_type type, int nc, const char *row0, int64_t lda,
+                   const struct bp_block_q8_0 *const y[4], const int32_t *const ysum[4],
+                   int64_t nb, float *out)
 {
+#define QROWS8_CASE(T)                                                                         \
+    switch (nc) {                                                                              \
+    case 1:                                                                                    \
+        qrows8_t(T, 1, row0, lda, y, ysum, nb, out);                                           \
+        break;                                                                                 \
+    case 2:                                                                                    \
+        qrows8_t(T, 2, row0, lda, y, ysum, nb, out);                                           \
+        break;                                                                                 \
+    case 3:                                                                                    \
+        qrows8_t(T, 3, row0, lda, y, ysum, nb, out);                                           \
+        break;                                                                                 \
+    default:                                                                                   \
+        qrows8_t(T, 4, row0, lda, y, ysum, nb, out);                                           \
+        break;                                                                                 \
+    }
     if (type == BP_TYPE_Q4_0)
-        qrows8_1_t(BP_TYPE_Q4_0, row0, lda, y, ysum, nb, out);
+        QROWS8_CASE(BP_TYPE_Q4_0)
     else
-        qrows8_1_t(BP_TYPE_Q8_0, row0, lda, y, ysum, nb, out);
+        QROWS8_CASE(BP_TYPE_Q8_0)
+#undef QROWS8_CASE
 }
 #endif
 
@@ -909,29 +895,27 @@ void bp_cpu_quantize_q8_0(const float *x, struct bp_block_q8_0 *b, int32_t *sums
  * sum of each block's quants). */
 static void dot_rows_quant(const bp_tensor *a, const char *abase, const struct bp_block_q8_0 *bq,
                            const int32_t *ysum, char *cbase, int64_t ldc, int64_t m0, int64_t m1,
-                           int64_t N, void *scratch)
+                           int64_t N)
 {
     const int64_t nb = a->ne[0] / 32;
     (void)ysum;
-    (void)scratch;
 #ifdef HAVE_QROWS8
     const int64_t lda = (int64_t)a->nb[1];
     if (7 * lda <= INT32_MAX) {
         for (; m0 + 8 <= m1; m0 += 8)
-            for (int64_t n = 0; n < N; n++) {
-                float out[8];
-                qrows8_1(a->type, abase + m0 * lda, lda, bq + n * nb, ysum + n * nb, nb, out);
-                memcpy((float *)cbase + n * ldc + m0, out, sizeof(out));
+            for (int64_t n = 0; n < N; n += 4) {
+                const int nc = N - n < 4 ? (int)(N - n) : 4;
+                const struct bp_block_q8_0 *y[4];
+                const int32_t *ys[4];
+                for (int c = 0; c < 4; c++) {
+                    y[c] = bq + (n + (c < nc ? c : 0)) * nb;
+                    ys[c] = ysum + (n + (c < nc ? c : 0)) * nb;
+                }
+                float out[32];
+                qrows8(a->type, nc, abase + m0 * lda, lda, y, ys, nb, out);
+                for (int c = 0; c < nc; c++)
+                    memcpy((float *)cbase + (n + c) * ldc + m0, out + c * 8, 8 * sizeof(float));
             }
-    }
-    for (; m0 + 8 <= m1; m0 += 8) {
-        qrows8_scales(a->type, abase + m0 * lda, lda, nb, scratch);
-        for (int64_t n = 0; n < N; n++) {
-            float out[8];
-            qrows8(a->type, abase + m0 * lda, lda, scratch, bq + n * nb, ysum + n * nb, nb, out);
-            for (int i = 0; i < 8; i++)
-                ((float *)cbase)[n * ldc + m0 + i] = out[i];
-        }
     }
 #endif
     for (int64_t m = m0; m < m1; m++) {
@@ -1079,7 +1063,7 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
             m0 *= 8;
             m1 = m1 * 8 < M ? m1 * 8 : M;
             bp_cpu_pool_barrier(p->pool);
-            dot_rows_quant(a, abase, bq, ysum, cbase, ldc, m0, m1, N, tmp);
+            dot_rows_quant(a, abase, bq, ysum, cbase, ldc, m0, m1, N);
             bp_cpu_pool_barrier(p->pool); /* bq is rewritten for the next batch */
         }
     }
