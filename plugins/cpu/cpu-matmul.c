@@ -750,27 +750,28 @@ static int64_t qblock_size(enum bp_type type)
                                 : (int64_t)sizeof(struct bp_block_q8_0);
 }
 
-/* Bytes [off, off + 16) of the quants of one block in four rows, one row per 128-bit lane. */
-BP_CPU_INLINE __m512i qrows8_load4(const char *const r[4], int64_t off)
+/* 16 bytes at p in four rows lda apart (lda3 = 3 lda), one row per 128-bit lane. Addressing
+ * from one pointer keeps the row pointers out of registers the loop needs. */
+BP_CPU_INLINE __m512i qrows8_load4(const char *p, int64_t lda, int64_t lda3)
 {
-    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(r[0] + off)));
-    v = _mm512_mask_broadcast_i32x4(v, 0x00f0, _mm_loadu_si128((const __m128i *)(r[1] + off)));
-    v = _mm512_mask_broadcast_i32x4(v, 0x0f00, _mm_loadu_si128((const __m128i *)(r[2] + off)));
-    return _mm512_mask_broadcast_i32x4(v, 0xf000, _mm_loadu_si128((const __m128i *)(r[3] + off)));
+    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p));
+    v = _mm512_mask_broadcast_i32x4(v, 0x00f0, _mm_loadu_si128((const __m128i *)(p + lda)));
+    v = _mm512_mask_broadcast_i32x4(v, 0x0f00, _mm_loadu_si128((const __m128i *)(p + 2 * lda)));
+    return _mm512_mask_broadcast_i32x4(v, 0xf000, _mm_loadu_si128((const __m128i *)(p + lda3)));
 }
 
-/* One block of four rows as unsigned bytes: the low and the high 16 values of the block. */
-BP_CPU_INLINE void qrows8_unsigned4(const enum bp_type type, const char *const r[4], int64_t o,
-                                    __m512i *lo, __m512i *hi)
+/* One block (starting at p) of four rows as unsigned bytes: its low and high 16 values. */
+BP_CPU_INLINE void qrows8_unsigned4(const enum bp_type type, const char *p, int64_t lda,
+                                    int64_t lda3, __m512i *lo, __m512i *hi)
 {
     if (type == BP_TYPE_Q4_0) {
-        const __m512i q = qrows8_load4(r, o + 2), m = _mm512_set1_epi8(0x0f);
+        const __m512i q = qrows8_load4(p + 2, lda, lda3), m = _mm512_set1_epi8(0x0f);
         *lo = _mm512_and_si512(q, m);
         *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m);
     } else {
         const __m512i flip = _mm512_set1_epi8((char)0x80);
-        *lo = _mm512_xor_si512(qrows8_load4(r, o + 2), flip);
-        *hi = _mm512_xor_si512(qrows8_load4(r, o + 18), flip);
+        *lo = _mm512_xor_si512(qrows8_load4(p + 2, lda, lda3), flip);
+        *hi = _mm512_xor_si512(qrows8_load4(p + 18, lda, lda3), flip);
     }
 }
 
@@ -782,9 +783,7 @@ BP_CPU_INLINE void qrows8_t(const enum bp_type type, const int nc, const char *r
 {
     const int64_t bs = qblock_size(type);
     const int32_t c = type == BP_TYPE_Q4_0 ? 8 : 128;
-    const char *r[8];
-    for (int i = 0; i < 8; i++)
-        r[i] = row0 + i * lda;
+    const int64_t lda3 = 3 * lda;
     const __m256i gidx =
         _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)lda));
     const __m512i e0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -796,8 +795,8 @@ BP_CPU_INLINE void qrows8_t(const enum bp_type type, const int nc, const char *r
     for (int64_t i = 0; i < nb; i++) {
         const int64_t o = i * bs;
         __m512i lo0, hi0, lo1, hi1;
-        qrows8_unsigned4(type, r, o, &lo0, &hi0);     /* rows 0-3 */
-        qrows8_unsigned4(type, r + 4, o, &lo1, &hi1); /* rows 4-7 */
+        qrows8_unsigned4(type, row0 + o, lda, lda3, &lo0, &hi0);           /* rows 0-3 */
+        qrows8_unsigned4(type, row0 + 4 * lda + o, lda, lda3, &lo1, &hi1); /* rows 4-7 */
         /* The scales: the first 4 bytes of each row's block (the f16 scale is the low half). */
         const __m256i g = _mm256_i32gather_epi32((const int *)(row0 + o), gidx, 1);
         const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g));
