@@ -317,6 +317,16 @@ static void load_config(bool int8)
     _tile_loadconfig(&c);
 }
 
+/* The four products of a 2 x 2 block: C tile (h, j) += A tile h x B tile j. Tile numbers
+ * must be constants, hence a macro. */
+#define TILE_PRODUCTS_2X2(op)                                                                  \
+    do {                                                                                       \
+        op(0, 4, 6);                                                                           \
+        op(1, 4, 7);                                                                           \
+        op(2, 5, 6);                                                                           \
+        op(3, 5, 7);                                                                           \
+    } while (0)
+
 /* The A tiles of one 16-row half: tile t at hi + t * 512 (and lo + t * 512 for F16). */
 struct a_src {
     const uint16_t *hi, *lo;
@@ -344,25 +354,16 @@ static void tile_block(const struct a_src *a0, const struct a_src *a1, const uin
         _tile_loadd(5, a1->hi + t * 512, 64);
         _tile_loadd(6, bh0 + bo, 64);
         _tile_loadd(7, bh1 + bo, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        TILE_PRODUCTS_2X2(_tile_dpbf16ps);
         _tile_loadd(6, bl0 + bo, 64);
         _tile_loadd(7, bl1 + bo, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        TILE_PRODUCTS_2X2(_tile_dpbf16ps);
         if (f16) {
             _tile_loadd(4, a0->lo + t * 512, 64);
             _tile_loadd(5, a1->lo + t * 512, 64);
             _tile_loadd(6, bh0 + bo, 64);
             _tile_loadd(7, bh1 + bo, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            TILE_PRODUCTS_2X2(_tile_dpbf16ps);
         }
     }
     _tile_stored(0, c, 64);
@@ -411,10 +412,7 @@ static void tile_block_q(const struct a_src_q *a0, const struct a_src_q *a1, con
         _tile_loadd(5, a1->q + t * 512, 32);
         _tile_loadd(6, b0 + t * 512, 64);
         _tile_loadd(7, b1 + t * 512, 64);
-        _tile_dpbssd(0, 4, 6);
-        _tile_dpbssd(1, 4, 7);
-        _tile_dpbssd(2, 5, 6);
-        _tile_dpbssd(3, 5, 7);
+        TILE_PRODUCTS_2X2(_tile_dpbssd);
         _tile_stored(0, ci, 64);
         _tile_stored(1, ci + 256, 64);
         _tile_stored(2, ci + 512, 64);
