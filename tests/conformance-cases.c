@@ -264,6 +264,28 @@ static bp_tensor *b_mm_odd_k(bp_context *ctx, int v) /* float weights allow any 
     return bp_mul_mat(ctx, leaf(ctx, t, k[v % 5], 9, 1, 1), f32(ctx, k[v % 5], 1 + v % 3 * 6, 1, 1));
 }
 
+/* Shapes drawn from a fixed generator (variant v is the seed), so that the GEMM-sized kernels
+ * (AMX on CPUs that have it) meet row, column and K counts that the fixed list above does not:
+ * K a multiple of 32 up to 320, M up to 200, N up to 300; F16/BF16 or Q8_0/Q4_0 by variant. */
+static bp_tensor *mul_mat_random(bp_context *ctx, int v, bool quant)
+{
+    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(v + 1);
+    int64_t r[3];
+    for (int i = 0; i < 3; i++) {
+        x ^= x >> 31;
+        x *= 0xbf58476d1ce4e5b9ull;
+        x ^= x >> 29;
+        r[i] = (int64_t)(x >> 33);
+    }
+    const int64_t K = 32 * (1 + r[0] % 10), M = 1 + r[1] % 200, N = 1 + r[2] % 300;
+    const enum bp_type t = quant ? (v % 2 ? BP_TYPE_Q4_0 : BP_TYPE_Q8_0)
+                                 : (v % 2 ? BP_TYPE_BF16 : BP_TYPE_F16);
+    return bp_mul_mat(ctx, leaf(ctx, t, K, M, 1, 1), f32(ctx, K, N, 1, 1));
+}
+
+static bp_tensor *b_mm_rand_float(bp_context *ctx, int v) { return mul_mat_random(ctx, v, false); }
+static bp_tensor *b_mm_rand_quant(bp_context *ctx, int v) { return mul_mat_random(ctx, v, true); }
+
 const struct conf_case conf_cases[] = {
     {"cpy", b_cpy, 22, NMSE_F32},
     {"get_rows", b_get_rows, 10, NMSE_F32},
@@ -286,5 +308,7 @@ const struct conf_case conf_cases[] = {
     {"mul_mat_q8_0", b_mm_q8_0, N_MM_SHAPES + 5, NMSE_QUANT},
     {"mul_mat_q4_0", b_mm_q4_0, N_MM_SHAPES + 5, NMSE_QUANT},
     {"mul_mat_odd_k", b_mm_odd_k, 10, NMSE_F32},
+    {"mul_mat_random_f16_bf16", b_mm_rand_float, 12, NMSE_F32},
+    {"mul_mat_random_q8_0_q4_0", b_mm_rand_quant, 12, NMSE_QUANT},
 };
 const int conf_n_cases = (int)(sizeof(conf_cases) / sizeof(conf_cases[0]));
