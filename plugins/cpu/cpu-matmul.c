@@ -17,6 +17,9 @@
  * Q8_0/Q4_0 against B quantised on the fly to Q8_0 (by all threads, before a barrier) with
  * 8-bit integer dot products. This streams the weights once, which is what bounds N = 1.
  *
+ * AMX (avx512 build, cpu-amx.c): where the CPU and kernel allow, BF16, F16 and Q8_0/Q4_0
+ * weights with enough columns go to tile kernels instead (bp_cpu_amx_use decides).
+ *
  * Each build variant compiles this file with its own ISA flags; the #if blocks choose the
  * widest code the variant may use. */
 #include "config.h"
