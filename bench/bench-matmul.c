@@ -29,17 +29,6 @@
 #define BP_BENCH_CPU_DIR ""
 #endif
 
-static int parse_list(const char *s, long *out, int max)
-{
-    int n = 0;
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%s", s);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < max;
-         t = strtok_r(NULL, ",", &save))
-        out[n++] = strtol(t, NULL, 10);
-    return n;
-}
-
 /* Median seconds of one compute, repeated for at least min_time (3 to BENCH_MAX_RUNS runs). */
 #define BENCH_MAX_RUNS 2000
 static double time_graph(bp_backend *be, bp_graph *g, double min_time)
@@ -89,10 +78,10 @@ static double time_openblas(const float *a, const float *b, float *c, long M, lo
 int main(int argc, char **argv)
 {
     long Ms[4], Ks[4], Ns[8], Ts[8];
-    int nM = parse_list(bench_arg(argc, argv, "--M", "4096"), Ms, 4);
-    int nK = parse_list(bench_arg(argc, argv, "--K", "4096,14336"), Ks, 4);
-    int nN = parse_list(bench_arg(argc, argv, "--N", "1,8,32,512"), Ns, 8);
-    int nT = parse_list(bench_arg(argc, argv, "--threads", "1,2"), Ts, 8);
+    int nM = bench_parse_list(bench_arg(argc, argv, "--M", "4096"), Ms, 4);
+    int nK = bench_parse_list(bench_arg(argc, argv, "--K", "4096,14336"), Ks, 4);
+    int nN = bench_parse_list(bench_arg(argc, argv, "--N", "1,8,32,512"), Ns, 8);
+    int nT = bench_parse_list(bench_arg(argc, argv, "--threads", "1,2"), Ts, 8);
     const double min_time = atof(bench_arg(argc, argv, "--min-time", "1.0"));
     const char *types = bench_arg(argc, argv, "--types", "f32,f16,bf16,q8_0,q4_0");
     const bool peer = !bench_flag(argc, argv, "--no-peer");

@@ -2,6 +2,7 @@
 #include "bench-util.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -159,4 +160,15 @@ double bench_triad(int threads)
     free(b);
     free(c);
     return 3.0 * (double)n * sizeof(float) / t * 1e-9;
+}
+
+int bench_parse_list(const char *s, long *out, int max)
+{
+    int n = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < max;
+         t = strtok_r(NULL, ",", &save))
+        out[n++] = strtol(t, NULL, 10);
+    return n;
 }

@@ -16,6 +16,8 @@ double bench_median(double *v, int n);
 /* The value after `key` in argv, or def. */
 const char *bench_arg(int argc, char **argv, const char *key, const char *def);
 bool bench_flag(int argc, char **argv, const char *key);
+/* A comma-separated list of integers ("1,8,32") into out (at most max); returns the count. */
+int bench_parse_list(const char *s, long *out, int max);
 /* Measured peak f32 FMA rate of `threads` cores (GFLOP/s), with the widest vectors available
  * (AVX-512 when the CPU has it). */
 double bench_fma_peak(int threads);

@@ -96,17 +96,6 @@ static void bench_add(bp_backend *be, long n, double min_time)
     bp_context_free(ctx);
 }
 
-static int parse_longs(const char *s, long *out, int max)
-{
-    int n = 0;
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%s", s);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < max;
-         t = strtok_r(NULL, ",", &save))
-        out[n++] = strtol(t, NULL, 10);
-    return n;
-}
-
 int cmd_bench(int argc, char **argv)
 {
     /* bench_arg looks from index 1 on, like a main()'s argv */
@@ -117,7 +106,7 @@ int cmd_bench(int argc, char **argv)
     const double min_time = atof(bench_arg(argc + 1, argv - 1, "--min-time", "0.5"));
     const int threads = atoi(bench_arg(argc + 1, argv - 1, "-t", "0"));
     long Ns[8];
-    const int nN = parse_longs(bench_arg(argc + 1, argv - 1, "--N", "1,32"), Ns, 8);
+    const int nN = bench_parse_list(bench_arg(argc + 1, argv - 1, "--N", "1,32"), Ns, 8);
     if (M < 1 || K < 32 || K % 32 != 0 || nN < 1 || threads < 0 || min_time <= 0) {
         fprintf(stderr, "backplane bench: need --M >= 1, --K a multiple of 32, --N values, "
                 "-t >= 0, --min-time > 0\n");

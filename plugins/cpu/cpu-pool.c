@@ -42,13 +42,13 @@ static long elapsed_ns(const struct timespec *t0)
     return (t.tv_sec - t0->tv_sec) * 1000000000L + (t.tv_nsec - t0->tv_nsec);
 }
 
-/* Watches *v until it differs from `unlike` (true) or the watch is over (false). */
-static bool watch_uint(atomic_uint *v, unsigned unlike, const atomic_bool *stop)
+/* Spins, then yields, until done(arg) (true) or the watch is over (false). Inlined with a
+ * constant done in each caller below. */
+BP_CPU_INLINE bool watch(bool (*done)(const void *), const void *arg)
 {
     struct timespec t0;
     for (int i = 0;; i++) {
-        if (atomic_load_explicit(v, memory_order_acquire) != unlike ||
-            (stop && atomic_load_explicit(stop, memory_order_relaxed)))
+        if (done(arg))
             return true;
         if (i < POOL_PAUSES) {
             CPU_RELAX();
@@ -62,22 +62,34 @@ static bool watch_uint(atomic_uint *v, unsigned unlike, const atomic_bool *stop)
     }
 }
 
+struct generation_watch {
+    atomic_uint *v;
+    unsigned unlike;
+    const atomic_bool *stop;
+};
+
+static bool generation_moved(const void *arg)
+{
+    const struct generation_watch *w = arg;
+    return atomic_load_explicit(w->v, memory_order_acquire) != w->unlike ||
+           (w->stop && atomic_load_explicit(w->stop, memory_order_relaxed));
+}
+
+/* Watches *v until it differs from `unlike` or stop is set (true), or the watch is over. */
+static bool watch_uint(atomic_uint *v, unsigned unlike, const atomic_bool *stop)
+{
+    const struct generation_watch w = {v, unlike, stop};
+    return watch(generation_moved, &w);
+}
+
+static bool is_zero(const void *arg)
+{
+    return atomic_load_explicit((const atomic_int *)arg, memory_order_acquire) == 0;
+}
+
 static bool watch_zero(atomic_int *v)
 {
-    struct timespec t0;
-    for (int i = 0;; i++) {
-        if (atomic_load_explicit(v, memory_order_acquire) == 0)
-            return true;
-        if (i < POOL_PAUSES) {
-            CPU_RELAX();
-            continue;
-        }
-        if (i == POOL_PAUSES)
-            clock_gettime(CLOCK_MONOTONIC, &t0);
-        else if (elapsed_ns(&t0) > POOL_WATCH_NS)
-            return false;
-        sched_yield();
-    }
+    return watch(is_zero, v);
 }
 
 struct bp_cpu_pool {
