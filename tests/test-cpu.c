@@ -348,6 +348,235 @@ START_TEST(test_allreduce)
 }
 END_TEST
 
+/* ---- CPU_REPACK: Q4_0 weights stored row-interleaved ------------------------------------------
+ * Run once per kernel: the best variant with AMX (where the machine has it), the avx512 variant
+ * without (its VNNI kernel for every N), and the avx2 and baseline variants (portable kernel). */
+static const char *const repack_configs[][2] = {
+    {"", ""}, {"BP_CPU_AMX", "0"}, {"BP_CPU_DISABLE", "avx512f"}, {"BP_CPU_DISABLE", "avx512f,avx2"}};
+
+/* Random Q4_0 blocks: scales of varied magnitude, every nibble value. */
+static void random_q4_0(struct bp_block_q4_0 *b, int64_t n, unsigned *seed)
+{
+    for (int64_t i = 0; i < n; i++) {
+        b[i].d = bp_fp32_to_fp16((float)(1 + rand_r(seed) % 13) / 64.0f *
+                                 (rand_r(seed) % 2 ? 1.0f : -1.0f));
+        for (int j = 0; j < 16; j++)
+            b[i].qs[j] = (uint8_t)(rand_r(seed) & 0xff);
+    }
+}
+
+/* Element k of a row of plain Q4_0 blocks, as the format defines it. */
+static double q4_0_value(const struct bp_block_q4_0 *row, int64_t k)
+{
+    const struct bp_block_q4_0 *b = row + k / 32;
+    const int j = (int)(k % 32);
+    const int q = j < 16 ? (b->qs[j] & 0x0f) : (b->qs[j - 16] >> 4);
+    return (double)bp_fp16_to_fp32(b->d) * (q - 8);
+}
+
+static bp_buffer_type *repack_buft(bp_backend *be)
+{
+    bp_device *dev = bp_backend_get_device(be);
+    bp_cpu_repack_buffer_type_fn get = (bp_cpu_repack_buffer_type_fn)bp_registry_get_proc_address(
+        bp_device_get_registry(dev), "bp_cpu_repack_buffer_type");
+    ck_assert_ptr_nonnull(get);
+    bp_buffer_type *bt = get(dev);
+    ck_assert_ptr_nonnull(bt);
+    return bt;
+}
+
+/* MUL_MAT and GET_ROWS with repacked weights against the definition of Q4_0 (double sums of the
+ * activation as given: the kernel quantises it to Q8_0, hence the conformance tolerance), and
+ * against the same product with the weights in host memory. */
+START_TEST(test_repack_mul_mat)
+{
+    use_cpu_plugin();
+    if (repack_configs[_i][0][0])
+        setenv(repack_configs[_i][0], repack_configs[_i][1], 1);
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    ck_assert_ptr_nonnull(be);
+    printf("repack: %s%s%s\n", bp_device_description(bp_backend_get_device(be)),
+           repack_configs[_i][0][0] ? " with " : "", repack_configs[_i][0]);
+    bp_buffer_type *bt = repack_buft(be);
+    ck_assert_str_eq(bp_buffer_type_name(bt), "CPU_REPACK");
+    ck_assert(!bp_buffer_type_is_host(bt));
+    ck_assert(bp_backend_supports_buft(be, bt));
+
+    static const int64_t ks[] = {32, 96, 544}, ms[] = {1, 7, 8, 37, 64}, ns[] = {1, 3, 5, 8, 17, 64};
+    unsigned seed = 7;
+    for (size_t ki = 0; ki < 3; ki++)
+        for (size_t mi = 0; mi < 5; mi++)
+            for (size_t ni = 0; ni < 6; ni++) {
+                const int64_t K = ks[ki], M = ms[mi], N = ns[ni], nblk = K / 32;
+                bp_context *wctx = bp_context_new(4), *ctx = bp_context_new(16);
+                bp_tensor *a = bp_new_tensor_2d(wctx, BP_TYPE_Q4_0, K, M);
+                bp_tensor *ah = bp_new_tensor_2d(ctx, BP_TYPE_Q4_0, K, M);
+                bp_tensor *b = bp_new_tensor_2d(ctx, BP_TYPE_F32, K, N);
+                bp_tensor *ids = bp_new_tensor_1d(ctx, BP_TYPE_I32, 3);
+                bp_tensor *c = bp_mul_mat(ctx, a, b), *ch = bp_mul_mat(ctx, ah, b);
+                bp_tensor *rows = bp_get_rows(ctx, a, ids);
+                ck_assert_ptr_nonnull(rows);
+                bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, bt);
+                bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+                ck_assert_ptr_nonnull(wbuf);
+                ck_assert_ptr_nonnull(buf);
+
+                struct bp_block_q4_0 *w = malloc((size_t)(M * nblk) * sizeof(*w));
+                struct bp_block_q4_0 *back = malloc((size_t)(M * nblk) * sizeof(*w));
+                random_q4_0(w, M * nblk, &seed);
+                const size_t wbytes = (size_t)(M * nblk) * sizeof(*w);
+                ck_assert_int_eq(bp_tensor_set(a, w, 0, wbytes), BP_OK);
+                ck_assert_int_eq(bp_tensor_set(ah, w, 0, wbytes), BP_OK);
+                ck_assert_int_eq(bp_tensor_get(a, back, 0, wbytes), BP_OK);
+                ck_assert(memcmp(w, back, wbytes) == 0);
+                float *x = malloc((size_t)(K * N) * sizeof(float));
+                for (int64_t i = 0; i < K * N; i++)
+                    x[i] = (float)(rand_r(&seed) % 2001 - 1000) / 1000.0f;
+                bp_tensor_set(b, x, 0, (size_t)(K * N) * sizeof(float));
+                const int32_t id[3] = {(int32_t)(M - 1), 0, (int32_t)(M / 2)};
+                bp_tensor_set(ids, id, 0, sizeof(id));
+
+                for (int op = 0; op < 3; op++) {
+                    bp_tensor *t = op == 0 ? c : op == 1 ? ch : rows;
+                    ck_assert(bp_backend_supports_op(be, t));
+                    bp_graph *g = bp_graph_new(8);
+                    bp_graph_build_forward(g, t);
+                    ck_assert_int_eq(bp_backend_graph_compute(be, g), BP_OK);
+                    bp_graph_free(g);
+                }
+                float *got = malloc((size_t)(M * N) * sizeof(float));
+                float *host = malloc((size_t)(M * N) * sizeof(float));
+                bp_tensor_get(c, got, 0, (size_t)(M * N) * sizeof(float));
+                bp_tensor_get(ch, host, 0, (size_t)(M * N) * sizeof(float));
+                double err = 0, ref2 = 0, diff = 0;
+                for (int64_t n = 0; n < N; n++)
+                    for (int64_t m = 0; m < M; m++) {
+                        double r = 0;
+                        for (int64_t k = 0; k < K; k++)
+                            r += q4_0_value(w + m * nblk, k) * x[n * K + k];
+                        const double gv = got[n * M + m];
+                        err += (gv - r) * (gv - r);
+                        ref2 += r * r;
+                        diff += (gv - host[n * M + m]) * (gv - host[n * M + m]);
+                    }
+                /* Below 16 columns the host weights take the same integer sums; from 16, AMX
+                 * (both) or f32 products (host weights, without AMX). */
+                ck_assert_msg(err <= 2e-4 * ref2 && (N >= 16 || diff <= 1e-9 * ref2),
+                              "K %lld M %lld N %lld: NMSE %g against the definition, %g against "
+                              "host weights", (long long)K, (long long)M, (long long)N,
+                              err / ref2, diff / ref2);
+                float *rv = malloc((size_t)(3 * K) * sizeof(float));
+                bp_tensor_get(rows, rv, 0, (size_t)(3 * K) * sizeof(float));
+                for (int i = 0; i < 3; i++)
+                    for (int64_t k = 0; k < K; k++)
+                        ck_assert_msg(rv[i * K + k] == (float)q4_0_value(w + id[i] * nblk, k),
+                                      "get_rows: row %d element %lld", id[i], (long long)k);
+                free(rv);
+                free(got);
+                free(host);
+                free(x);
+                free(back);
+                free(w);
+                bp_buffer_free(buf);
+                bp_buffer_free(wbuf);
+                bp_context_free(ctx);
+                bp_context_free(wctx);
+            }
+    bp_backend_free(be);
+}
+END_TEST
+
+/* Block-wise writes, memset, tensors stored as they are, and what is refused with a reason. */
+START_TEST(test_repack_buffer)
+{
+    use_cpu_plugin();
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    ck_assert_ptr_nonnull(be);
+    bp_buffer_type *bt = repack_buft(be);
+    bp_cpu_repack_buffer_type_fn get = (bp_cpu_repack_buffer_type_fn)bp_registry_get_proc_address(
+        bp_device_get_registry(bp_backend_get_device(be)), "bp_cpu_repack_buffer_type");
+    bp_clear_error();
+    ck_assert_ptr_null(get(NULL));
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "not a CPU device");
+
+    bp_context *wctx = bp_context_new(8), *ctx = bp_context_new(16);
+    bp_tensor *a = bp_new_tensor_2d(wctx, BP_TYPE_Q4_0, 64, 11);
+    bp_set_name(a, "w");
+    bp_tensor *f = bp_new_tensor_2d(wctx, BP_TYPE_F32, 5, 3);
+    bp_tensor *a3 = bp_new_tensor_3d(wctx, BP_TYPE_Q4_0, 32, 2, 2); /* 3-D: stored as it is */
+    bp_tensor *y = bp_new_tensor_2d(ctx, BP_TYPE_F32, 5, 3);
+    bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, 32, 2);
+    bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, bt);
+    ck_assert_ptr_nonnull(wbuf);
+    /* Eleven rows take two groups of eight. */
+    ck_assert_uint_eq(bp_buffer_type_alloc_size(bt, a), 16 * 2 * sizeof(struct bp_block_q4_0));
+
+    struct bp_block_q4_0 w[22], back[22];
+    unsigned seed = 3;
+    random_q4_0(w, 22, &seed);
+    ck_assert_int_eq(bp_tensor_set(a, w, 0, sizeof(w)), BP_OK);
+    random_q4_0(w + 5, 3, &seed); /* blocks 5-7 again, alone */
+    ck_assert_int_eq(bp_tensor_set(a, w + 5, 5 * sizeof(w[0]), 3 * sizeof(w[0])), BP_OK);
+    ck_assert_int_eq(bp_tensor_get(a, back, 0, sizeof(back)), BP_OK);
+    ck_assert(memcmp(w, back, sizeof(w)) == 0);
+    ck_assert_int_eq(bp_tensor_get(a, back, 7 * sizeof(w[0]), 2 * sizeof(w[0])), BP_OK);
+    ck_assert(memcmp(w + 7, back, 2 * sizeof(w[0])) == 0);
+    ck_assert_int_eq(bp_tensor_set(a, w, 5, sizeof(w[0])), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "whole Q4_0 blocks");
+    ck_assert_int_eq(bp_tensor_get(a, back, 0, 20), BP_ERR_INVALID_ARG);
+    ck_assert_int_eq(bp_tensor_memset(a, 0x5a, 3, 18), BP_ERR_INVALID_ARG);
+    ck_assert_int_eq(bp_tensor_memset(a, 0x5a, 18, 36), BP_OK);
+    ck_assert_int_eq(bp_tensor_get(a, back, 0, sizeof(back)), BP_OK);
+    ck_assert(memcmp(w, back, 18) == 0 && memcmp(w + 3, back + 3, 19 * sizeof(w[0])) == 0);
+    for (size_t i = 18; i < 54; i++)
+        ck_assert_uint_eq(((const uint8_t *)back)[i], 0x5a);
+
+    /* An F32 tensor (and a 3-D Q4_0 one) in the same buffer is plain memory for every op. */
+    const float fv[15] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    float fb[15];
+    ck_assert_int_eq(bp_tensor_set(f, fv + 1, 4, sizeof(fv) - 4), BP_OK);
+    ck_assert_int_eq(bp_tensor_set(f, fv, 0, 4), BP_OK);
+    ck_assert_int_eq(bp_tensor_get(f, fb, 0, sizeof(fb)), BP_OK);
+    ck_assert(memcmp(fv, fb, sizeof(fv)) == 0);
+    ck_assert_int_eq(bp_tensor_set(a3, w, 1, 3), BP_OK); /* not repacked: any byte range */
+    bp_tensor *sum = bp_add(ctx, f, y);
+    bp_tensor *mm3 = bp_mul_mat(ctx, a3, bp_reshape_3d(ctx, bp_new_tensor_2d(ctx, BP_TYPE_F32, 32, 4), 32, 2, 2));
+    ck_assert(bp_backend_supports_op(be, sum));
+    ck_assert(bp_backend_supports_op(be, mm3));
+
+    /* Views of repacked data and other ops on it are refused; the scheduler copies instead. */
+    bp_tensor *rows2 = bp_view_2d(ctx, a, 64, 2, a->nb[1], 0);
+    bp_tensor *cp = bp_cpy(ctx, a, bp_new_tensor_2d(ctx, BP_TYPE_Q4_0, 64, 11));
+    bp_tensor *mmv = bp_mul_mat(ctx, rows2, bp_new_tensor_2d(ctx, BP_TYPE_F32, 64, 1));
+    bp_tensor *mmt = bp_mul_mat(ctx, x, bp_new_tensor_2d(ctx, BP_TYPE_F32, 32, 1));
+    ck_assert_ptr_nonnull(cp);
+    ck_assert_ptr_nonnull(mmv);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+    ck_assert_ptr_nonnull(buf);
+    ck_assert(!bp_backend_supports_op(be, rows2));
+    ck_assert(!bp_backend_supports_op(be, cp));
+    ck_assert(!bp_backend_supports_op(be, mmv));
+    ck_assert(bp_backend_supports_op(be, mmt));
+    ck_assert_int_eq(bp_tensor_get(rows2, back, 0, 2 * sizeof(w[0])), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "view of a repacked");
+    /* A weight written through a copy from host memory arrives in whole blocks, repacked. */
+    bp_tensor *src = bp_new_tensor_2d(ctx, BP_TYPE_Q4_0, 64, 11);
+    bp_buffer *sbuf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+    ck_assert_ptr_nonnull(sbuf);
+    bp_tensor_set(src, w, 0, sizeof(w));
+    ck_assert_int_eq(bp_tensor_copy(src, a), BP_OK);
+    ck_assert_int_eq(bp_tensor_get(a, back, 0, sizeof(back)), BP_OK);
+    ck_assert(memcmp(w, back, sizeof(w)) == 0);
+
+    bp_buffer_free(sbuf);
+    bp_buffer_free(buf);
+    bp_buffer_free(wbuf);
+    bp_context_free(ctx);
+    bp_context_free(wctx);
+    bp_backend_free(be);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cpu");
@@ -362,5 +591,11 @@ int main(void)
     BP_TCASE(s, test_several_devices, 30);
     BP_TCASE(s, test_bad_device_count, 30);
     BP_TCASE(s, test_allreduce, 30);
+    BP_TCASE(s, test_repack_buffer, 30);
+    TCase *tc = tcase_create("test_repack_mul_mat");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_repack_mul_mat, 0,
+                        (int)(sizeof(repack_configs) / sizeof(repack_configs[0])));
+    suite_add_tcase(s, tc);
     return bp_test_run(s);
 }

@@ -264,6 +264,7 @@ static void pack_b_group_q(const bp_tensor *b, const char *bbase, int64_t n0, in
 static void pack_a_half_q(const bp_tensor *a, const char *abase, int64_t m0, int rows, int64_t b0,
                           int64_t nbk, int8_t *q, float *d)
 {
+    const bool repacked = bp_cpu_repacked_base(a) != NULL;
     for (int r = 0; r < 16; r++) {
         const char *row = r < rows ? abase + (m0 + r) * (int64_t)a->nb[1] : NULL;
         for (int64_t t = 0; t < nbk; t++) {
@@ -277,7 +278,12 @@ static void pack_a_half_q(const bp_tensor *a, const char *abase, int64_t m0, int
                 d[t * 16 + r] = bp_cpu_half_to_float(x->d);
             } else {
                 /* Q4_0: value j in the low nibble of byte j, value j + 16 in the high; minus 8. */
+                struct bp_block_q4_0 unpacked; /* repacked weights: this block in Q4_0 order */
                 const struct bp_block_q4_0 *x = (const struct bp_block_q4_0 *)row + b0 + t;
+                if (repacked) {
+                    bp_cpu_repack_get_block(a, m0 + r, b0 + t, &unpacked);
+                    x = &unpacked;
+                }
                 const __m128i v = _mm_loadu_si128((const __m128i *)x->qs);
                 const __m128i m = _mm_set1_epi8(0x0f);
                 const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m),

@@ -130,6 +130,26 @@ void bp_cpu_amx_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shar
 void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
                         const struct bp_cpu_params *p);
 
+/* ---- Repacked Q4_0 weights (cpu-repack.c) -------------------------------------------------- */
+
+/* A device's "CPU_REPACK" buffer type (freed with the device). */
+bp_buffer_type *bp_cpu_repack_buft_new(bp_device *dev);
+bool bp_cpu_is_repack_buft(bp_buffer_type *buft);
+/* The tensor whose repacked data t is or views (t itself, or its view_src); NULL when t's data
+ * is in the ordinary layout. */
+const bp_tensor *bp_cpu_repacked_base(const bp_tensor *t);
+/* False when op touches repacked data in a way no kernel reads (only MUL_MAT and GET_ROWS of
+ * the repacked tensor itself, as src[0], do). */
+bool bp_cpu_repack_supports_op(const bp_tensor *op);
+/* Row r, block kb of repacked t in the Q4_0 layout. */
+void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, struct bp_block_q4_0 *out);
+/* Groups of eight rows [g0, g1) of repacked a against N columns quantised to Q8_0 (bq; per
+ * block: ycorr = -4 times the sum of its quants, yd = its scale as float), into c (column n at
+ * c + n * ldc). */
+void bp_cpu_repack_mul_mat(const bp_tensor *a, const struct bp_block_q8_0 *bq,
+                           const int32_t *ycorr, const float *yd, float *c, int64_t ldc,
+                           int64_t g0, int64_t g1, int64_t N);
+
 /* ---- Devices and collectives (cpu-plugin.c, cpu-comm.c) ---------------------------------- */
 
 #include <backplane/bp-comm.h>

@@ -980,22 +980,22 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
     }
 #endif
 #ifdef HAVE_BCAST
-    if (use_bcast(dst)) {
+    if (use_bcast(dst) && bp_cpu_repacked_base(dst->src[0]) == NULL) {
         const int64_t nchunks = (N + BN - 1) / BN;
         *per_thread = (size_t)(nchunks * BM * BN + BM * BKC + 64) * sizeof(float);
         *shared = (size_t)(nchunks * K * BN) * sizeof(float);
         return;
     }
 #endif
-    if (use_gemm(dst)) {
+    if (use_gemm(dst) && bp_cpu_repacked_base(dst->src[0]) == NULL) {
         *per_thread = (size_t)(MC * KC + 16 * KC + 64) * sizeof(float);
         *shared = (size_t)(round_up(N, NR) * KC) * sizeof(float);
     } else {
         *per_thread = (size_t)(RD * K + 64) * sizeof(float);
-        /* B quantised to Q8_0, one batch at a time. */
+        /* B quantised to Q8_0, one batch at a time: blocks, block sums and block scales. */
         *shared = quantized(dst->src[0]->type)
                       ? ysum_offset(N, (K + 31) / 32) + (size_t)(N * ((K + 31) / 32)) *
-                                                              sizeof(int32_t)
+                                                              (sizeof(int32_t) + sizeof(float))
                       : 0;
     }
 }
@@ -1006,7 +1006,9 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
     const int64_t M = dst->ne[0], N = dst->ne[1];
     const int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
     const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
-    const bool gemm = use_gemm(dst);
+    /* Repacked weights (cpu-repack.c) have their own kernel, or AMX. */
+    const bool repacked = bp_cpu_repacked_base(a) != NULL;
+    const bool gemm = !repacked && use_gemm(dst);
 #if defined(BP_CPU_HAVE_AMX)
     const bool amx = bp_cpu_amx_use(dst);
 #endif
@@ -1035,7 +1037,7 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
             }
 #endif
 #ifdef HAVE_BCAST
-            if (use_bcast(dst)) {
+            if (!repacked && use_bcast(dst)) {
                 bcast_batch(dst, abase, bbase, cbase, p, p->wshared, tmp);
                 continue;
             }
@@ -1062,6 +1064,17 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
                              ysum + n * nb, nb);
             /* Rows in groups of eight, so that every thread can use the eight-row kernel. */
             bp_cpu_split((M + 7) / 8, p->ith, p->nth, &m0, &m1);
+            if (repacked) {
+                float *yd = (float *)(ysum + N * nb);
+                for (int64_t i = n0 * nb; i < n1 * nb; i++) {
+                    ysum[i] *= -4; /* per lane: each row has two lanes, -8 sum in all */
+                    yd[i] = bp_cpu_half_to_float(bq[i].d);
+                }
+                bp_cpu_pool_barrier(p->pool);
+                bp_cpu_repack_mul_mat(a, bq, ysum, yd, (float *)cbase, ldc, m0, m1, N);
+                bp_cpu_pool_barrier(p->pool);
+                continue;
+            }
             m0 *= 8;
             m1 = m1 * 8 < M ? m1 * 8 : M;
             bp_cpu_pool_barrier(p->pool);

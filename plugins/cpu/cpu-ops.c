@@ -111,6 +111,7 @@ static void op_copy(bp_tensor *dst, const bp_tensor *src, const struct bp_cpu_pa
 static void op_get_rows(bp_tensor *dst, const struct bp_cpu_params *p)
 {
     const bp_tensor *a = dst->src[0], *ids = dst->src[1];
+    const bool repacked = bp_cpu_repacked_base(a) != NULL;
     int64_t r0, r1;
     bp_cpu_split(ROWS_OF(dst), p->ith, p->nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
@@ -123,6 +124,13 @@ static void op_get_rows(bp_tensor *dst, const struct bp_cpu_params *p)
             /* An id out of range reads nothing: the row becomes NaN, never a wild read. */
             for (int64_t i = 0; i < dst->ne[0]; i++)
                 out[i] = NAN;
+            continue;
+        }
+        if (repacked) { /* the row's blocks in Q4_0 order first (wdata: 2 ne[0] floats) */
+            struct bp_block_q4_0 *blk = p->wdata;
+            for (int64_t kb = 0; kb < a->ne[0] / 32; kb++)
+                bp_cpu_repack_get_block(a, id, kb, blk + kb);
+            bp_cpu_to_float(BP_TYPE_Q4_0, blk, out, a->ne[0]);
             continue;
         }
         const float *x = row_f32(a, id, i2, i3, out);

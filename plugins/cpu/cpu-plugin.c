@@ -37,6 +37,7 @@ struct cpu_device {
     char name[16];
     char description[256];
     bp_device *dev;
+    bp_buffer_type *repack; /* CPU_REPACK, owned by dev */
 };
 
 /* BP_CPU_DEVICES=N splits the machine into N devices ("CPU0".."CPU<N-1>"; one device is just
@@ -305,13 +306,14 @@ static bp_buffer *cpu_dev_from_host_ptr(bp_device *dev, void *ptr, size_t size, 
 static bool cpu_dev_supports_op(bp_device *dev, const bp_tensor *op)
 {
     (void)dev;
-    return bp_cpu_supports_op(op);
+    return bp_cpu_repack_supports_op(op) && bp_cpu_supports_op(op);
 }
 
+/* Host memory, and any CPU device's repacked buffers (they are host memory too). */
 static bool cpu_dev_supports_buft(bp_device *dev, bp_buffer_type *buft)
 {
     (void)dev;
-    return bp_buffer_type_is_host(buft);
+    return bp_buffer_type_is_host(buft) || bp_cpu_is_repack_buft(buft);
 }
 
 static void *cpu_event_new(bp_device *dev)
@@ -370,9 +372,23 @@ static bp_device *cpu_reg_device(bp_registry *reg, size_t i)
     return the_cpu->devices[i].dev;
 }
 
+/* Proc address "bp_cpu_repack_buffer_type": bp_buffer_type *(*)(bp_device *). */
+static bp_buffer_type *cpu_repack_buffer_type(bp_device *dev)
+{
+    for (int i = 0; the_cpu != NULL && i < the_cpu->n_devices; i++) {
+        if (the_cpu->devices[i].dev == dev)
+            return the_cpu->devices[i].repack;
+    }
+    bp_set_error(BP_ERR_INVALID_ARG, "bp_cpu_repack_buffer_type: %s is not a CPU device",
+                 dev ? bp_device_name(dev) : "NULL");
+    return NULL;
+}
+
 static void *cpu_reg_proc(bp_registry *reg, const char *name)
 {
     (void)reg;
+    if (strcmp(name, "bp_cpu_repack_buffer_type") == 0)
+        return (void *)cpu_repack_buffer_type;
     if (strcmp(name, "bp_cpu_set_n_threads") == 0)
         return (void *)cpu_set_n_threads;
     if (strcmp(name, "bp_comm_init") == 0)
@@ -471,7 +487,9 @@ static bp_registry *cpu_plugin_init(void)
     }
     for (int i = 0; i < n; i++) {
         c->devices[i].dev = bp_device_new(c->reg, &cpu_device_iface, &c->devices[i]);
-        if (c->devices[i].dev == NULL) {
+        if (c->devices[i].dev != NULL)
+            c->devices[i].repack = bp_cpu_repack_buft_new(c->devices[i].dev);
+        if (c->devices[i].dev == NULL || c->devices[i].repack == NULL) {
             bp_registry_free(c->reg); /* frees c through cpu_reg_free */
             return NULL;
         }
