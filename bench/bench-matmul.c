@@ -2,10 +2,11 @@
  * on the same f32 shapes in the same run, with the machine's FMA peak and triad bandwidth as the
  * limits. One result per line: name, shape, threads, value, unit. Never fails on a number.
  *
- *   bench-matmul [--types f32,f16,bf16,q8_0,q4_0] [--M 4096] [--K 4096,14336] [--N 1,8,32,512]
- *                [--threads 1,2] [--min-time 1.0] [--no-peer] [--no-limits]
+ *   bench-matmul [--types f32,f16,bf16,q8_0,q4_0,q4_0_repack] [--M 4096] [--K 4096,14336]
+ *                [--N 1,8,32,512] [--threads 1,2] [--min-time 1.0] [--no-peer] [--no-limits]
  *   bench-matmul --device CUDA0 [--M 4096] [--K 4096] [--N 4096] [--min-time 1.0]
  *
+ * A type name ending in _repack puts the weights in the CPU's CPU_REPACK buffer type (Q4_0 only).
  * --no-limits skips the FMA peak and triad measurements (quick comparisons only). */
 #include "config.h"
 
@@ -83,7 +84,7 @@ int main(int argc, char **argv)
     int nN = bench_parse_list(bench_arg(argc, argv, "--N", "1,8,32,512"), Ns, 8);
     int nT = bench_parse_list(bench_arg(argc, argv, "--threads", "1,2"), Ts, 8);
     const double min_time = atof(bench_arg(argc, argv, "--min-time", "1.0"));
-    const char *types = bench_arg(argc, argv, "--types", "f32,f16,bf16,q8_0,q4_0");
+    const char *types = bench_arg(argc, argv, "--types", "f32,f16,bf16,q8_0,q4_0,q4_0_repack");
     const bool peer = !bench_flag(argc, argv, "--no-peer");
     const bool limits = !bench_flag(argc, argv, "--no-limits");
     const char *device = bench_arg(argc, argv, "--device", "CPU");
@@ -123,9 +124,27 @@ int main(int argc, char **argv)
     snprintf(tbuf, sizeof(tbuf), "%s", types);
     for (char *save = NULL, *tn = strtok_r(tbuf, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
         enum bp_type type;
-        if (bp_type_from_name(tn, &type) != BP_OK) {
+        char base[32];
+        snprintf(base, sizeof(base), "%s", tn);
+        const size_t bl = strlen(base);
+        const bool repack = bl > 7 && strcmp(base + bl - 7, "_repack") == 0;
+        if (repack)
+            base[bl - 7] = '\0';
+        if (bp_type_from_name(base, &type) != BP_OK) {
             fprintf(stderr, "bench-matmul: %s\n", bp_last_error());
             continue;
+        }
+        bp_buffer_type *wbt = bp_host_buffer_type();
+        if (repack) {
+            bp_device *dev = bp_backend_get_device(be);
+            bp_cpu_repack_buffer_type_fn get =
+                (bp_cpu_repack_buffer_type_fn)bp_registry_get_proc_address(
+                    bp_device_get_registry(dev), "bp_cpu_repack_buffer_type");
+            wbt = get ? get(dev) : NULL;
+            if (wbt == NULL) {
+                fprintf(stderr, "bench-matmul: %s: no CPU_REPACK buffer type\n", tn);
+                continue;
+            }
         }
         for (int mi = 0; mi < nM; mi++)
             for (int ki = 0; ki < nK; ki++) {
@@ -133,11 +152,12 @@ int main(int argc, char **argv)
                 long maxN = 0;
                 for (int ni = 0; ni < nN; ni++)
                     maxN = Ns[ni] > maxN ? Ns[ni] : maxN;
-                bp_context *wctx = bp_context_new(2);
+                bp_context *wctx = bp_context_new(2), *xctx = bp_context_new(1);
                 bp_tensor *w = bp_new_tensor_2d(wctx, type, K, M);
-                bp_tensor *x = bp_new_tensor_2d(wctx, BP_TYPE_F32, K, maxN);
-                bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, bp_host_buffer_type());
-                if (wbuf == NULL) {
+                bp_tensor *x = bp_new_tensor_2d(xctx, BP_TYPE_F32, K, maxN);
+                bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, wbt);
+                bp_buffer *xbuf = bp_alloc_ctx_tensors(xctx, bp_host_buffer_type());
+                if (wbuf == NULL || xbuf == NULL) {
                     fprintf(stderr, "bench-matmul: %s\n", bp_last_error());
                     return 1;
                 }
@@ -179,7 +199,9 @@ int main(int argc, char **argv)
                     bp_buffer_free(ybuf);
                     bp_context_free(ctx);
                 }
+                bp_buffer_free(xbuf);
                 bp_buffer_free(wbuf);
+                bp_context_free(xctx);
                 bp_context_free(wctx);
             }
     }

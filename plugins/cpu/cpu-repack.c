@@ -35,6 +35,7 @@
 #define QS_BYTES 128 /* quants of one block of a group */
 #define SC_BYTES 16  /* scales of one block of a group */
 #define ALIGNMENT 64
+#define PREFETCH 4096 /* bytes ahead of the quants being read */
 
 /* Identifies our buffer types: their context points here (compared, never read). */
 static const char repack_tag;
@@ -316,6 +317,10 @@ BP_CPU_INLINE void group_t(const int nc, const char *grp, int64_t nblk,
     for (int c = 0; c < nc; c++)
         acc[c] = _mm512_setzero_ps();
     for (int64_t kb = 0; kb < nblk; kb++) {
+        /* The group's quants stream from L3 or memory: ask 4 KiB ahead (measured: +5-15 % at
+         * N = 1 against none, 1 KiB or 2 KiB ahead, or 8 KiB into L2). */
+        _mm_prefetch(grp + kb * QS_BYTES + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch(grp + kb * QS_BYTES + PREFETCH + 64, _MM_HINT_T0);
         const __m512i q0 = _mm512_loadu_si512(grp + kb * QS_BYTES);
         const __m512i q1 = _mm512_loadu_si512(grp + kb * QS_BYTES + 64);
         const __m512i lo0 = _mm512_and_si512(q0, m), hi0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m);
@@ -326,11 +331,14 @@ BP_CPU_INLINE void group_t(const int nc, const char *grp, int64_t nblk,
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) {
             const int8_t *qs = y[c][kb].qs;
-            __m512i s = _mm512_set1_epi32(ycorr[c][kb]);
+            /* Two chains of two dot products, not one of four: the block's sum is ready
+             * sooner, so more blocks are in flight (N = 8 one thread: 1.5x). */
+            __m512i s = _mm512_set1_epi32(ycorr[c][kb]), t = _mm512_setzero_si512();
             s = _mm512_dpbusd_epi32(s, lo0, bcast8(qs));
-            s = _mm512_dpbusd_epi32(s, lo1, bcast8(qs + 8));
+            t = _mm512_dpbusd_epi32(t, lo1, bcast8(qs + 8));
             s = _mm512_dpbusd_epi32(s, hi0, bcast8(qs + 16));
-            s = _mm512_dpbusd_epi32(s, hi1, bcast8(qs + 24));
+            t = _mm512_dpbusd_epi32(t, hi1, bcast8(qs + 24));
+            s = _mm512_add_epi32(s, t);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
                                      _mm512_mul_ps(sw, _mm512_set1_ps(yd[c][kb])), acc[c]);
         }
