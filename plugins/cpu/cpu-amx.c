@@ -259,12 +259,55 @@ static void pack_b_group_q(const bp_tensor *b, const char *bbase, int64_t n0, in
     }
 }
 
+/* pack_a_half_q for Q4_0 in the CPU_REPACK layout (cpu-repack.c; m0 is a multiple of 16, so the
+ * 16 rows are two whole groups of eight): per group and block, the four 64-byte runs of nibbles
+ * (values 0-7, 8-15, 16-23, 24-31 of each row) are unpacked once, and each row takes 8 bytes from
+ * each. */
+static void pack_a_half_repacked(const bp_tensor *a, int64_t m0, int rows, int64_t b0,
+                                 int64_t nbk, int8_t *q, float *d)
+{
+    const int64_t nblk = a->ne[0] / 32;
+    const __m512i m = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+    for (int h = 0; h < 2; h++) {
+        const int live = rows - 8 * h; /* rows of this group that exist */
+        const char *grp = (const char *)a->data + (m0 / 8 + h) * nblk * 144;
+        for (int64_t t = 0; t < nbk; t++) {
+            int8_t *out = q + t * 512 + h * 8 * 32;
+            float *dd = d + t * 16 + h * 8;
+            if (live <= 0) {
+                memset(out, 0, 8 * 32);
+                memset(dd, 0, 8 * sizeof(float));
+                continue;
+            }
+            const char *qs = grp + (b0 + t) * 128;
+            const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+            int8_t v[4][64];
+            _mm512_storeu_si512(v[0], _mm512_sub_epi8(_mm512_and_si512(q0, m), eight));
+            _mm512_storeu_si512(v[1], _mm512_sub_epi8(_mm512_and_si512(q1, m), eight));
+            _mm512_storeu_si512(v[2], _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m), eight));
+            _mm512_storeu_si512(v[3], _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m), eight));
+            for (int j = 0; j < 8; j++)
+                for (int u = 0; u < 4; u++)
+                    memcpy(out + j * 32 + u * 8, v[u] + 8 * j, 8);
+            _mm256_storeu_ps(dd, _mm256_cvtph_ps(_mm_loadu_si128(
+                                     (const __m128i *)(grp + nblk * 128 + (b0 + t) * 16))));
+            for (int j = live; j < 8; j++) { /* rows past the end: nothing */
+                memset(out + j * 32, 0, 32);
+                dd[j] = 0.0f;
+            }
+        }
+    }
+}
+
 /* Rows [m0, m0 + rows) of Q8_0/Q4_0 a (zero up to 16 rows), blocks [b0, b0 + nbk), as tiles of
  * 16 rows x 32 signed quants at q + t * 512 and the rows' scales at d + t * 16. */
 static void pack_a_half_q(const bp_tensor *a, const char *abase, int64_t m0, int rows, int64_t b0,
                           int64_t nbk, int8_t *q, float *d)
 {
-    const bool repacked = bp_cpu_repacked_base(a) != NULL;
+    if (bp_cpu_repacked_base(a) != NULL) {
+        pack_a_half_repacked(a, m0, rows, b0, nbk, q, d);
+        return;
+    }
     for (int r = 0; r < 16; r++) {
         const char *row = r < rows ? abase + (m0 + r) * (int64_t)a->nb[1] : NULL;
         for (int64_t t = 0; t < nbk; t++) {
@@ -278,12 +321,7 @@ static void pack_a_half_q(const bp_tensor *a, const char *abase, int64_t m0, int
                 d[t * 16 + r] = bp_cpu_half_to_float(x->d);
             } else {
                 /* Q4_0: value j in the low nibble of byte j, value j + 16 in the high; minus 8. */
-                struct bp_block_q4_0 unpacked; /* repacked weights: this block in Q4_0 order */
                 const struct bp_block_q4_0 *x = (const struct bp_block_q4_0 *)row + b0 + t;
-                if (repacked) {
-                    bp_cpu_repack_get_block(a, m0 + r, b0 + t, &unpacked);
-                    x = &unpacked;
-                }
                 const __m128i v = _mm_loadu_si128((const __m128i *)x->qs);
                 const __m128i m = _mm_set1_epi8(0x0f);
                 const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m),
