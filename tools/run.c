@@ -31,6 +31,7 @@ struct run_opts {
     int n_prompt, n_gen, threads;
     uint64_t seed;
     bool check, json;
+    bool no_repack; /* keep Q4_0 weights on a CPU device in its default buffer type */
     const char *dot;
 };
 
@@ -416,6 +417,14 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
         goto out;
     }
     bp_buffer_type *wbuft = bp_backend_get_default_buffer_type(be[w]);
+    if (o->wtype == BP_TYPE_Q4_0 && !o->no_repack) {
+        /* The CPU multiplies Q4_0 faster in its row-interleaved layout. */
+        bp_cpu_repack_buffer_type_fn repack = (bp_cpu_repack_buffer_type_fn)
+            bp_registry_get_proc_address(bp_device_get_registry(wdev), "bp_cpu_repack_buffer_type");
+        bp_buffer_type *rbt = repack ? repack(wdev) : NULL;
+        if (rbt != NULL)
+            wbuft = rbt;
+    }
     if (show && model_weight_bytes(cfg, o->wtype) > (64u << 20)) /* takes a while */
         fprintf(stderr, "loading %s (%s weights) on %s...", cfg->name, bp_type_name(o->wtype),
                 r->names[w]);
@@ -592,13 +601,15 @@ static void run_usage(FILE *f)
 {
     fprintf(f, "usage: backplane run [--model tiny|small|base] [--wtype f32|f16|bf16|q8_0|q4_0]\n"
                "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
-               "                     [--seed N] [--check] [--json] [--dot FILE]\n"
+               "                     [--seed N] [--check] [--json] [--dot FILE] [--no-repack]\n"
                "\n"
                "  -d DEVICES  comma-separated backends, e.g. CPU, CUDA0,CPU or \"Meta(CPU0,CPU1)\";\n"
                "              weights and KV cache live on the first that can multiply; a CPU\n"
                "              backend is added last when missing (default: every GPU, then CPU)\n"
                "  --check     also run on the CPU alone; report the largest logit difference and\n"
-               "              whether the generated tokens agree (exit status 1 when they do not)\n");
+               "              whether the generated tokens agree (exit status 1 when they do not)\n"
+               "  --no-repack Q4_0 weights on a CPU device stay in host memory as they are\n"
+               "              (default: the CPU's CPU_REPACK buffer type, row-interleaved)\n");
 }
 
 int cmd_run(int argc, char **argv)
@@ -640,6 +651,8 @@ int cmd_run(int argc, char **argv)
                 o.check = true;
             } else if (strcmp(a, "--json") == 0) {
                 o.json = true;
+            } else if (strcmp(a, "--no-repack") == 0) {
+                o.no_repack = true;
             } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
                 run_usage(stdout);
                 return 0;
