@@ -7,7 +7,10 @@
  *   bench-matmul --device CUDA0 [--M 4096] [--K 4096] [--N 4096] [--min-time 1.0]
  *
  * A type name ending in _repack puts the weights in the CPU's CPU_REPACK buffer type (Q4_0 only).
- * --no-limits skips the FMA peak and triad measurements (quick comparisons only). */
+ * --no-limits skips the FMA peak, triad and read-bandwidth measurements (quick comparisons
+ * only). For N = 1 the benchmark prints the weights' effective bandwidth and, measured right
+ * after, the read bandwidth of a working set of the same size (read_bw): the ceiling for that
+ * product, which stays in L3 at K = 4096. */
 #include "config.h"
 
 #include <stdio.h>
@@ -178,9 +181,14 @@ int main(int argc, char **argv)
                         double t = time_graph(be, g, min_time);
                         printf("mul_mat_%s %s %ld %.1f GFLOP/s\n", tn, shape, Ts[ti],
                                2.0 * M * N * K / t * 1e-9);
-                        if (N == 1)
+                        if (N == 1) {
                             printf("mul_mat_%s_weight_bw %s %ld %.1f GB/s\n", tn, shape, Ts[ti],
                                    (double)bp_nbytes(w) / t * 1e-9);
+                            /* The limit for this working set: the weights read over and over. */
+                            if (limits)
+                                printf("read_bw %zuB %ld %.1f GB/s\n", bp_nbytes(w), Ts[ti],
+                                       bench_read(bp_nbytes(w), (int)Ts[ti]));
+                        }
 #ifdef BP_HAVE_OPENBLAS
                         if (peer && type == BP_TYPE_F32) {
                             openblas_set_num_threads((int)Ts[ti]);

@@ -24,3 +24,21 @@ double bench_fma_loop_avx2(long iters)
     (void)sink;
     return (double)iters * 12 * 8 * 2;
 }
+
+/* bench_read_loop_avx512 with 256-bit loads. */
+double bench_read_loop_avx2(const void *p, size_t n, int passes);
+
+double bench_read_loop_avx2(const void *p, size_t n, int passes)
+{
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                      _mm256_setzero_si256()};
+    for (int r = 0; r < passes; r++) {
+        const char *c = p;
+        for (size_t i = 0; i < n; i += 128)
+            for (int j = 0; j < 4; j++)
+                acc[j] = _mm256_xor_si256(acc[j], _mm256_load_si256((const __m256i *)(c + i + 32 * j)));
+    }
+    const __m256i s = _mm256_xor_si256(_mm256_xor_si256(acc[0], acc[1]),
+                                       _mm256_xor_si256(acc[2], acc[3]));
+    return (double)_mm256_extract_epi32(s, 0) + (double)_mm256_extract_epi32(s, 7);
+}

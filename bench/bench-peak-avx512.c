@@ -22,3 +22,22 @@ double bench_fma_loop_avx512(long iters)
     (void)sink;
     return (double)iters * 12 * 16 * 2;
 }
+
+/* Reads n bytes (a multiple of 256) at p, passes times, with 512-bit loads; returns a value that
+ * depends on every byte so that the loads stay. */
+double bench_read_loop_avx512(const void *p, size_t n, int passes);
+
+double bench_read_loop_avx512(const void *p, size_t n, int passes)
+{
+    __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                      _mm512_setzero_si512()};
+    for (int r = 0; r < passes; r++) {
+        const char *c = p;
+        for (size_t i = 0; i < n; i += 256)
+            for (int j = 0; j < 4; j++)
+                acc[j] = _mm512_xor_si512(acc[j], _mm512_load_si512(c + i + 64 * j));
+    }
+    const __m512i s = _mm512_xor_si512(_mm512_xor_si512(acc[0], acc[1]),
+                                       _mm512_xor_si512(acc[2], acc[3]));
+    return (double)_mm512_reduce_add_epi32(s);
+}

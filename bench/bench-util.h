@@ -24,5 +24,9 @@ double bench_fma_peak(int threads);
 /* Measured triad a[i] = b[i] + s * c[i] bandwidth over arrays far larger than the caches,
  * GB/s (bytes read and written), with `threads` threads. */
 double bench_triad(int threads);
+/* Measured read bandwidth (GB/s) of `threads` threads each reading its share of a working set
+ * of `bytes` over and over: a set that fits the caches measures them (e.g. a weight matrix
+ * that stays in L3 between products). */
+double bench_read(size_t bytes, int threads);
 
 #endif

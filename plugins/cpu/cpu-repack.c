@@ -321,6 +321,10 @@ BP_CPU_INLINE void group_t(const int nc, const char *grp, int64_t nblk,
          * N = 1 against none, 1 KiB or 2 KiB ahead, or 8 KiB into L2). */
         _mm_prefetch(grp + kb * QS_BYTES + PREFETCH, _MM_HINT_T0);
         _mm_prefetch(grp + kb * QS_BYTES + PREFETCH + 64, _MM_HINT_T0);
+#ifdef BP_PF_SC
+        if ((kb & 3) == 0)
+            _mm_prefetch(sc + kb * SC_BYTES + BP_PF_SC, _MM_HINT_T0);
+#endif
         const __m512i q0 = _mm512_loadu_si512(grp + kb * QS_BYTES);
         const __m512i q1 = _mm512_loadu_si512(grp + kb * QS_BYTES + 64);
         const __m512i lo0 = _mm512_and_si512(q0, m), hi0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m);
