@@ -57,6 +57,8 @@ fi
 check "--dot writes the scheduled graph" sh -c "'$tool' run -d ACCEL0 -n 2 --dot '$tmp/g.dot' && grep -q '^digraph' '$tmp/g.dot' && grep -q cluster '$tmp/g.dot'"
 check "an unknown device is named with the ones that exist" sh -c "'$tool' run -d GPU7 2>&1; test \$? -eq 1" 
 check "the unknown device message lists devices" sh -c "'$tool' run -d GPU7 2>&1 | grep -q \"device 'GPU7': .*devices: .*CPU\""
+check "q4_0 weights on the CPU are repacked (CPU_REPACK), --no-repack keeps host memory" sh -c "'$tool' run --wtype q4_0 -n 2 | grep -q 'on CPU (CPU_REPACK)' && '$tool' run --wtype q4_0 -n 2 --no-repack | grep -q 'on CPU (Host)'"
+check "repacked and host q4_0 weights generate the same tokens" sh -c "test \"\$('$tool' run --wtype q4_0 -p 12 -n 10 | grep tokens:)\" = \"\$('$tool' run --wtype q4_0 -p 12 -n 10 --no-repack | grep tokens:)\""
 check "a weight type the device cannot run, with the ones it can" sh -c "'$tool' run -d ACCEL0 --wtype q4_0 2>&1 | grep -q 'ACCEL0 cannot run q4_0 weights; it can run: f32, f16, bf16, q8_0'"
 check "a model larger than the device's memory" sh -c "'$tool' run -d ACCEL0 --model small 2>&1 | grep -q \"model 'small' with f32 weights needs .* GiB for weights and KV cache; ACCEL0 has\""
 check "an unknown model exits 2 with the names" sh -c "'$tool' run --model huge 2>&1 | grep -q 'models: tiny, small, base'; '$tool' run --model huge 2>/dev/null; test \$? -eq 2"
