@@ -136,10 +136,14 @@ static enum bp_status rb_init_tensor(bp_buffer *buf, bp_tensor *t)
     return BP_OK;
 }
 
-/* Checks that [offset, offset + size) of repacked tensor t is whole blocks. */
-static enum bp_status whole_blocks(const char *fn, const bp_tensor *t, size_t offset, size_t size)
+/* Whether [offset, offset + size) of repacked-layout tensor t can be read or written: t itself
+ * (not a view of it), whole blocks. */
+static enum bp_status check_range(const char *fn, const bp_tensor *t, size_t offset, size_t size)
 {
     const size_t bs = sizeof(struct bp_block_q4_0);
+    if (t->view_src != NULL)
+        return bp_set_error(BP_ERR_INVALID_ARG, "CPU_REPACK %s: '%s' is a view of a repacked "
+                            "tensor; use the tensor '%s' itself", fn, t->name, t->view_src->name);
     if (offset % bs != 0 || size % bs != 0)
         return bp_set_error(BP_ERR_INVALID_ARG,
                             "CPU_REPACK %s: tensor '%s' is stored repacked and is read and written "
@@ -156,18 +160,12 @@ static enum bp_status rb_set(bp_buffer *buf, bp_tensor *t, const void *data, siz
         memcpy((char *)t->data + offset, data, size);
         return BP_OK;
     }
-    if (t->view_src != NULL)
-        return bp_set_error(BP_ERR_INVALID_ARG, "CPU_REPACK set: '%s' is a view of a repacked "
-                            "tensor; set the tensor '%s' itself", t->name, t->view_src->name);
-    enum bp_status st = whole_blocks("set", t, offset, size);
-    if (st != BP_OK)
-        return st;
-    const int64_t nblk = t->ne[0] / 32;
+    enum bp_status st = check_range("set", t, offset, size);
+    const int64_t nblk = t->ne[0] / 32, b0 = (int64_t)(offset / sizeof(struct bp_block_q4_0));
     const struct bp_block_q4_0 *in = data;
-    for (int64_t b = (int64_t)(offset / sizeof(*in)), e = b + (int64_t)(size / sizeof(*in)); b < e;
-         b++, in++)
-        put_block(t, b / nblk, b % nblk, in);
-    return BP_OK;
+    for (int64_t i = 0; st == BP_OK && i < (int64_t)(size / sizeof(*in)); i++)
+        put_block(t, (b0 + i) / nblk, (b0 + i) % nblk, in + i);
+    return st;
 }
 
 static enum bp_status rb_get(bp_buffer *buf, const bp_tensor *t, void *data, size_t offset,
@@ -178,18 +176,12 @@ static enum bp_status rb_get(bp_buffer *buf, const bp_tensor *t, void *data, siz
         memcpy(data, (const char *)t->data + offset, size);
         return BP_OK;
     }
-    if (t->view_src != NULL)
-        return bp_set_error(BP_ERR_INVALID_ARG, "CPU_REPACK get: '%s' is a view of a repacked "
-                            "tensor; read the tensor '%s' itself", t->name, t->view_src->name);
-    enum bp_status st = whole_blocks("get", t, offset, size);
-    if (st != BP_OK)
-        return st;
-    const int64_t nblk = t->ne[0] / 32;
+    enum bp_status st = check_range("get", t, offset, size);
+    const int64_t nblk = t->ne[0] / 32, b0 = (int64_t)(offset / sizeof(struct bp_block_q4_0));
     struct bp_block_q4_0 *out = data;
-    for (int64_t b = (int64_t)(offset / sizeof(*out)), e = b + (int64_t)(size / sizeof(*out)); b < e;
-         b++, out++)
-        bp_cpu_repack_get_block(t, b / nblk, b % nblk, out);
-    return BP_OK;
+    for (int64_t i = 0; st == BP_OK && i < (int64_t)(size / sizeof(*out)); i++)
+        bp_cpu_repack_get_block(t, (b0 + i) / nblk, (b0 + i) % nblk, out + i);
+    return st;
 }
 
 /* Every byte of each block gets value: in either layout that is the same bytes, but only whole
@@ -202,19 +194,13 @@ static enum bp_status rb_memset(bp_buffer *buf, bp_tensor *t, uint8_t value, siz
         memset((char *)t->data + offset, value, size);
         return BP_OK;
     }
-    if (t->view_src != NULL)
-        return bp_set_error(BP_ERR_INVALID_ARG, "CPU_REPACK memset: '%s' is a view of a repacked "
-                            "tensor; set the tensor '%s' itself", t->name, t->view_src->name);
-    enum bp_status st = whole_blocks("memset", t, offset, size);
-    if (st != BP_OK)
-        return st;
+    enum bp_status st = check_range("memset", t, offset, size);
     struct bp_block_q4_0 blk;
     memset(&blk, value, sizeof(blk));
-    const int64_t nblk = t->ne[0] / 32;
-    for (int64_t b = (int64_t)(offset / sizeof(blk)), e = b + (int64_t)(size / sizeof(blk)); b < e;
-         b++)
-        put_block(t, b / nblk, b % nblk, &blk);
-    return BP_OK;
+    const int64_t nblk = t->ne[0] / 32, b0 = (int64_t)(offset / sizeof(blk));
+    for (int64_t i = 0; st == BP_OK && i < (int64_t)(size / sizeof(blk)); i++)
+        put_block(t, (b0 + i) / nblk, (b0 + i) % nblk, &blk);
+    return st;
 }
 
 static enum bp_status rb_clear(bp_buffer *buf, uint8_t value)
