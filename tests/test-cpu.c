@@ -1,5 +1,6 @@
 /* test-cpu.c - the CPU plugin as a plugin: discovery of its variants, the device, backend
  * parameters, the thread-count proc address, events, and a graph through the graph allocator. */
+#include <math.h>
 #include <unistd.h>
 
 #include <backplane/bp-plugin.h>
@@ -567,6 +568,46 @@ START_TEST(test_repack_buffer)
     ck_assert_int_eq(bp_tensor_copy(src, a), BP_OK);
     ck_assert_int_eq(bp_tensor_get(a, back, 0, sizeof(back)), BP_OK);
     ck_assert(memcmp(w, back, sizeof(w)) == 0);
+
+    /* Through the scheduler: the product of the weights runs; one of a view of them is refused
+     * with a reason (no other backend is there to take a copy). */
+    bp_context *gctx = bp_context_new(8);
+    bp_tensor *gx = bp_new_tensor_2d(gctx, BP_TYPE_F32, 64, 3);
+    bp_set_input(gx);
+    bp_tensor *gy = bp_mul_mat(gctx, a, gx);
+    bp_tensor *gv = bp_mul_mat(gctx, bp_view_2d(gctx, a, 64, 2, a->nb[1], 0), gx);
+    bp_backend *only[1] = {be};
+    bp_sched *sch = bp_sched_new(only, NULL, 1, 64, false);
+    ck_assert_ptr_nonnull(sch);
+    bp_graph *g = bp_graph_new(16);
+    bp_graph_build_forward(g, gy);
+    ck_assert_int_eq(bp_sched_alloc_graph(sch, g), BP_OK);
+    float xs[64 * 3], ys[11 * 3];
+    for (int i = 0; i < 64 * 3; i++)
+        xs[i] = (float)(i % 7) - 3.0f;
+    bp_tensor_set(gx, xs, 0, sizeof(xs));
+    ck_assert_int_eq(bp_sched_graph_compute(sch, g), BP_OK);
+    bp_tensor_get(gy, ys, 0, sizeof(ys));
+    for (int n = 0; n < 3; n++)
+        for (int m = 0; m < 11; m++) {
+            double r = 0, mag = 0; /* the activation is quantised: 1 % of the terms' size */
+            for (int k = 0; k < 64; k++) {
+                r += q4_0_value(w + 2 * m, k) * xs[n * 64 + k];
+                mag += fabs(q4_0_value(w + 2 * m, k) * xs[n * 64 + k]);
+            }
+            ck_assert_msg(fabs(ys[n * 11 + m] - r) <= 0.01 * mag + 1e-6, "[%d, %d]: %g, not %g",
+                          m, n, (double)ys[n * 11 + m], r);
+        }
+    bp_graph_free(g);
+    bp_sched_reset(sch);
+    g = bp_graph_new(16);
+    bp_graph_build_forward(g, gv);
+    bp_clear_error();
+    ck_assert_int_eq(bp_sched_alloc_graph(sch, g), BP_ERR_UNSUPPORTED);
+    ck_assert_error_has(BP_ERR_UNSUPPORTED, "no backend (CPU) supports");
+    bp_graph_free(g);
+    bp_sched_free(sch);
+    bp_context_free(gctx);
 
     bp_buffer_free(sbuf);
     bp_buffer_free(buf);
