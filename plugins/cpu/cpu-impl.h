@@ -143,6 +143,16 @@ const bp_tensor *bp_cpu_repacked_base(const bp_tensor *t);
 bool bp_cpu_repack_supports_op(const bp_tensor *op);
 /* Row r, block kb of repacked t in the Q4_0 layout. */
 void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, struct bp_block_q4_0 *out);
+/* Rows 8 g .. 8 g + rows - 1 of repacked t in the Q4_0 layout: out[j * nblk + kb]. */
+void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int rows,
+                                struct bp_block_q4_0 *out);
+/* Kernels for the repacked layout: AVX-512 VNNI, and AVX2. The baseline variant unpacks eight
+ * rows at a time and uses its ordinary Q4_0 kernel (cpu-matmul.c). */
+#if (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) &&                  \
+     defined(__F16C__)) ||                                                                     \
+    (!defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#define BP_CPU_REPACK_KERNEL 1
+#endif
 /* Groups of eight rows [g0, g1) of repacked a against N columns quantised to Q8_0 (bq; per
  * block: ycorr = -4 times the sum of its quants, yd = its scale as float), into c (column n at
  * c + n * ldc). */

@@ -1065,6 +1065,7 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
             /* Rows in groups of eight, so that every thread can use the eight-row kernel. */
             bp_cpu_split((M + 7) / 8, p->ith, p->nth, &m0, &m1);
             if (repacked) {
+#ifdef BP_CPU_REPACK_KERNEL
                 float *yd = (float *)(ysum + N * nb);
                 for (int64_t i = n0 * nb; i < n1 * nb; i++) {
                     ysum[i] *= -4; /* per lane: each row has two lanes, -8 sum in all */
@@ -1072,6 +1073,18 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
                 }
                 bp_cpu_pool_barrier(p->pool);
                 bp_cpu_repack_mul_mat(a, bq, ysum, yd, (float *)cbase, ldc, m0, m1, N);
+#else
+                /* Eight rows at a time back in the Q4_0 layout (this thread's scratch), then the
+                 * ordinary kernels. */
+                struct bp_block_q4_0 *rows8 = p->wdata;
+                bp_cpu_pool_barrier(p->pool);
+                for (int64_t g = m0; g < m1; g++) {
+                    const int rows = M - g * 8 < 8 ? (int)(M - g * 8) : 8;
+                    bp_cpu_repack_unpack_group(a, g, rows, rows8);
+                    dot_rows_quant(a, (const char *)rows8, bq, ysum,
+                                   cbase + g * 8 * (int64_t)sizeof(float), ldc, 0, rows, N);
+                }
+#endif
                 bp_cpu_pool_barrier(p->pool);
                 continue;
             }

@@ -87,6 +87,23 @@ void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, struct b
     memcpy(out->qs + 8, g + kb * QS_BYTES + 64 + 8 * j, 8);
 }
 
+void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int rows,
+                                struct bp_block_q4_0 *out)
+{
+    const int64_t nblk = t->ne[0] / 32;
+    const char *grp = (const char *)t->data + g * nblk * (QS_BYTES + SC_BYTES);
+    const char *sc = grp + nblk * QS_BYTES;
+    for (int64_t kb = 0; kb < nblk; kb++) {
+        const char *q = grp + kb * QS_BYTES;
+        for (int j = 0; j < rows; j++) {
+            struct bp_block_q4_0 *o = out + j * nblk + kb;
+            memcpy(&o->d, sc + kb * SC_BYTES + 2 * j, 2);
+            memcpy(o->qs, q + 8 * j, 8);
+            memcpy(o->qs + 8, q + 64 + 8 * j, 8);
+        }
+    }
+}
+
 static void put_block(const bp_tensor *t, int64_t r, int64_t kb, const struct bp_block_q4_0 *in)
 {
     const int64_t nblk = t->ne[0] / 32;
@@ -278,8 +295,11 @@ bp_buffer_type *bp_cpu_repack_buft_new(bp_device *dev)
 
 /* ---- Kernels ------------------------------------------------------------------------------- */
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
+#ifdef BP_CPU_REPACK_KERNEL
 #include <immintrin.h>
+
+#if defined(__AVX512F__)
+#define NC_MAX 4 /* columns per pass */
 
 BP_CPU_INLINE __m512i bcast8(const int8_t *p)
 {
@@ -307,10 +327,6 @@ BP_CPU_INLINE void group_t(const int nc, const char *grp, int64_t nblk,
          * N = 1 against none, 1 KiB or 2 KiB ahead, or 8 KiB into L2). */
         _mm_prefetch(grp + kb * QS_BYTES + PREFETCH, _MM_HINT_T0);
         _mm_prefetch(grp + kb * QS_BYTES + PREFETCH + 64, _MM_HINT_T0);
-#ifdef BP_PF_SC
-        if ((kb & 3) == 0)
-            _mm_prefetch(sc + kb * SC_BYTES + BP_PF_SC, _MM_HINT_T0);
-#endif
         const __m512i q0 = _mm512_loadu_si512(grp + kb * QS_BYTES);
         const __m512i q1 = _mm512_loadu_si512(grp + kb * QS_BYTES + 64);
         const __m512i lo0 = _mm512_and_si512(q0, m), hi0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m);
@@ -359,34 +375,81 @@ static void group(int nc, const char *grp, int64_t nblk, const struct bp_block_q
         break;
     }
 }
-#else
-/* Portable: the same sums, one row at a time, in integers per block. */
+#else /* AVX2: no vpdpbusd, so vpmaddubsw (pairs into 16 bits) and vpmaddwd (into 32) */
+#define NC_MAX 2 /* 16 registers: eight nibble vectors and two accumulators per column */
+
+BP_CPU_INLINE __m256i bcast8(const int8_t *p)
+{
+    int64_t v;
+    memcpy(&v, p, sizeof(v));
+    return _mm256_set1_epi64x(v);
+}
+
+/* As the AVX-512 kernel, each half of the group (rows 0-3, rows 4-7) in its own register. The
+ * four pair sums of a row's lane fit in 16 bits (4 * 2 * 15 * 127), so they are added before
+ * widening. */
+BP_CPU_INLINE void group_t(const int nc, const char *grp, int64_t nblk,
+                           const struct bp_block_q8_0 *const y[4], const int32_t *const ycorr[4],
+                           const float *const yd[4], float *out)
+{
+    const char *sc = grp + nblk * QS_BYTES;
+    const __m256i m = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i dup0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    const __m256i dup1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    __m256 acc[2][2];
+#pragma GCC unroll 2
+    for (int c = 0; c < nc; c++)
+        acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    for (int64_t kb = 0; kb < nblk; kb++) {
+        _mm_prefetch(grp + kb * QS_BYTES + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch(grp + kb * QS_BYTES + PREFETCH + 64, _MM_HINT_T0);
+        const char *q = grp + kb * QS_BYTES;
+        __m256i lo[2][2], hi[2][2]; /* [half of the block's bytes][rows 0-3, 4-7] */
+        for (int u = 0; u < 2; u++)
+            for (int h = 0; h < 2; h++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * u + 32 * h));
+                lo[u][h] = _mm256_and_si256(v, m);
+                hi[u][h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+            }
+        const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + kb * SC_BYTES)));
+#pragma GCC unroll 2
+        for (int c = 0; c < nc; c++) {
+            const int8_t *qs = y[c][kb].qs;
+            const __m256i a0 = bcast8(qs), a1 = bcast8(qs + 8), a2 = bcast8(qs + 16),
+                          a3 = bcast8(qs + 24);
+            const __m256 sd = _mm256_mul_ps(s8, _mm256_set1_ps(yd[c][kb]));
+            for (int h = 0; h < 2; h++) {
+                const __m256i p = _mm256_add_epi16(
+                    _mm256_add_epi16(_mm256_maddubs_epi16(lo[0][h], a0),
+                                     _mm256_maddubs_epi16(lo[1][h], a1)),
+                    _mm256_add_epi16(_mm256_maddubs_epi16(hi[0][h], a2),
+                                     _mm256_maddubs_epi16(hi[1][h], a3)));
+                const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(p, ones),
+                                                     _mm256_set1_epi32(ycorr[c][kb]));
+                const __m256 w = _mm256_permutevar8x32_ps(sd, h ? dup1 : dup0);
+                acc[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), w, acc[c][h]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int c = 0; c < nc; c++)
+        for (int h = 0; h < 2; h++) {
+            float t[8];
+            _mm256_storeu_ps(t, acc[c][h]);
+            for (int j = 0; j < 4; j++)
+                out[8 * c + 4 * h + j] = t[2 * j] + t[2 * j + 1];
+        }
+}
+
 static void group(int nc, const char *grp, int64_t nblk, const struct bp_block_q8_0 *const y[4],
                   const int32_t *const ycorr[4], const float *const yd[4], float *out)
 {
-    const char *sc = grp + nblk * QS_BYTES;
-    for (int c = 0; c < nc; c++) {
-        for (int j = 0; j < GROUP; j++) {
-            float sum = 0.0f;
-            for (int64_t kb = 0; kb < nblk; kb++) {
-                const uint8_t *q = (const uint8_t *)grp + kb * QS_BYTES;
-                const int8_t *a = y[c][kb].qs;
-                int32_t s = 2 * ycorr[c][kb]; /* a row's two lanes' worth: -8 sum(a) */
-                for (int i = 0; i < 8; i++) {
-                    const uint8_t b0 = q[8 * j + i], b1 = q[64 + 8 * j + i];
-                    s += (b0 & 0x0f) * a[i] + (b0 >> 4) * a[16 + i] + (b1 & 0x0f) * a[8 + i] +
-                         (b1 >> 4) * a[24 + i];
-                }
-                uint16_t h;
-                memcpy(&h, sc + kb * SC_BYTES + 2 * j, 2);
-                sum += (float)s * (bp_cpu_half_to_float(h) * yd[c][kb]);
-            }
-            out[8 * c + j] = sum;
-        }
-    }
+    if (nc == 1)
+        group_t(1, grp, nblk, y, ycorr, yd, out);
+    else
+        group_t(2, grp, nblk, y, ycorr, yd, out);
 }
 #endif
-
 void bp_cpu_repack_mul_mat(const bp_tensor *a, const struct bp_block_q8_0 *bq,
                            const int32_t *ycorr, const float *yd, float *c, int64_t ldc,
                            int64_t g0, int64_t g1, int64_t N)
@@ -395,8 +458,8 @@ void bp_cpu_repack_mul_mat(const bp_tensor *a, const struct bp_block_q8_0 *bq,
     for (int64_t g = g0; g < g1; g++) {
         const char *grp = (const char *)a->data + g * nblk * (QS_BYTES + SC_BYTES);
         const int rows = M - g * GROUP < GROUP ? (int)(M - g * GROUP) : GROUP;
-        for (int64_t n = 0; n < N; n += 4) {
-            const int nc = N - n < 4 ? (int)(N - n) : 4;
+        for (int64_t n = 0; n < N; n += NC_MAX) {
+            const int nc = N - n < NC_MAX ? (int)(N - n) : NC_MAX;
             const struct bp_block_q8_0 *y[4];
             const int32_t *yc[4];
             const float *ydc[4];
@@ -413,3 +476,4 @@ void bp_cpu_repack_mul_mat(const bp_tensor *a, const struct bp_block_q8_0 *bq,
         }
     }
 }
+#endif /* BP_CPU_REPACK_KERNEL */
