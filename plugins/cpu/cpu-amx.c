@@ -262,7 +262,7 @@ static void pack_b_group_q(const bp_tensor *b, const char *bbase, int64_t n0, in
 /* pack_a_half_q for Q4_0 in the CPU_REPACK layout (cpu-repack.c; m0 is a multiple of 16, so the
  * 16 rows are two whole groups of eight): per group and block, the four 64-byte runs of nibbles
  * (values 0-7, 8-15, 16-23, 24-31 of each row) are unpacked once, and each row takes 8 bytes from
- * each. */
+ * each, by 64-bit lane permutes. */
 static void pack_a_half_repacked(const bp_tensor *a, int64_t m0, int rows, int64_t b0,
                                  int64_t nbk, int8_t *q, float *d)
 {
@@ -281,14 +281,25 @@ static void pack_a_half_repacked(const bp_tensor *a, int64_t m0, int rows, int64
             }
             const char *qs = grp + (b0 + t) * 128;
             const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
-            int8_t v[4][64];
-            _mm512_storeu_si512(v[0], _mm512_sub_epi8(_mm512_and_si512(q0, m), eight));
-            _mm512_storeu_si512(v[1], _mm512_sub_epi8(_mm512_and_si512(q1, m), eight));
-            _mm512_storeu_si512(v[2], _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m), eight));
-            _mm512_storeu_si512(v[3], _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m), eight));
-            for (int j = 0; j < 8; j++)
-                for (int u = 0; u < 4; u++)
-                    memcpy(out + j * 32 + u * 8, v[u] + 8 * j, 8);
+            /* v0..v3: values 0-7, 8-15, 16-23, 24-31, one 64-bit lane per row. */
+            const __m512i v0 = _mm512_sub_epi8(_mm512_and_si512(q0, m), eight);
+            const __m512i v1 = _mm512_sub_epi8(_mm512_and_si512(q1, m), eight);
+            const __m512i v2 = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m), eight);
+            const __m512i v3 = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m), eight);
+            /* Row j is lanes j of v0, v1, v2, v3: interleave v0/v1 and v2/v3, then take
+             * pairs from each for two rows per register. */
+            for (int half = 0; half < 2; half++) { /* rows 0-3, rows 4-7 */
+                const __m512i ilv = half ? _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15)
+                                         : _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
+                const __m512i p01 = _mm512_permutex2var_epi64(v0, ilv, v1);
+                const __m512i p23 = _mm512_permutex2var_epi64(v2, ilv, v3);
+                _mm512_storeu_si512(out + half * 128,
+                                    _mm512_permutex2var_epi64(
+                                        p01, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), p23));
+                _mm512_storeu_si512(out + half * 128 + 64,
+                                    _mm512_permutex2var_epi64(
+                                        p01, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), p23));
+            }
             _mm256_storeu_ps(dd, _mm256_cvtph_ps(_mm_loadu_si128(
                                      (const __m128i *)(grp + nblk * 128 + (b0 + t) * 16))));
             for (int j = live; j < 8; j++) { /* rows past the end: nothing */
