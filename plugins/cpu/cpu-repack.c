@@ -56,9 +56,10 @@ const bp_tensor *bp_cpu_repacked_base(const bp_tensor *t)
 {
     if (t == NULL)
         return NULL;
+    /* Asked for every source of every node the scheduler places: the cheap tests first. */
     const bp_tensor *base = t->view_src ? t->view_src : t;
-    if (base->buffer == NULL || !bp_cpu_is_repack_buft(bp_buffer_get_type(base->buffer)) ||
-        !eligible(base))
+    if (!eligible(base) || base->buffer == NULL ||
+        !bp_cpu_is_repack_buft(bp_buffer_get_type(base->buffer)))
         return NULL;
     return base;
 }
