@@ -81,13 +81,14 @@ check)
         summarize
         exit "$status"
     fi
-    # The loader, scheduler and meta suites once more under valgrind memcheck: any error or
-    # definite/indirect leak fails the run.
+    # The loader, scheduler, meta and CPU-plugin suites once more under valgrind memcheck: any
+    # error or definite/indirect leak fails the run. (Valgrind's CPU has no AVX-512, so the CPU
+    # suite runs the avx2 and baseline variants' kernels here; ASan below runs the avx512 ones.)
     if command -v valgrind >/dev/null 2>&1; then
-        make -j"$jobs" check TESTS="tests/test-loader tests/test-sched tests/test-meta" \
+        make -j"$jobs" check TESTS="tests/test-loader tests/test-sched tests/test-meta tests/test-cpu" \
             LOG_COMPILER="$(pwd)/libtool --mode=execute valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite,indirect" ||
             { cat test-suite.log; exit 1; }
-        echo "valgrind: tests/test-loader, tests/test-sched and tests/test-meta clean"
+        echo "valgrind: tests/test-loader, tests/test-sched, tests/test-meta and tests/test-cpu clean"
     fi
     # The whole suite once more from an AddressSanitizer + UndefinedBehaviorSanitizer build in
     # ../build-asan: any report (including a leak) fails the run. BP_CHECK_SANITIZE=0 skips it.
