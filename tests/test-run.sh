@@ -66,6 +66,7 @@ check "a prompt longer than the context is refused" sh -c "'$tool' run -p 300 2>
 check "the CPU must come last" sh -c "'$tool' run -d CPU,ACCEL0 2>&1 | grep -q 'must come last'"
 # backplane bench: the same benchmarks on the chosen devices
 check "bench measures matmul and add on the CPU" sh -c "'$tool' bench -d CPU --M 64 --K 64 --N 1,3 --types f32,q4_0 --min-time 0.01 --no-limits > '$tmp/b' && grep -q '^mul_mat_q4_0 M=64,K=64,N=3 CPU [0-9.]* GFLOP/s' '$tmp/b' && grep -q '^mul_mat_f32_weight_bw M=64,K=64,N=1 CPU' '$tmp/b' && grep -q '^add n=16777216 CPU [0-9.]* GB/s' '$tmp/b'"
+check "bench measures repacked q4_0 on the CPU and skips it elsewhere" sh -c "'$tool' bench -d ACCEL0,CPU --M 64 --K 64 --N 1 --types q4_0_repack --min-time 0.01 --no-limits > '$tmp/b' && grep -q '^mul_mat_q4_0_repack M=64,K=64,N=1 CPU [0-9.]* GFLOP/s' '$tmp/b' && grep -q 'mul_mat_q4_0_repack on ACCEL0: no CPU_REPACK buffer type, skipped' '$tmp/b'"
 check "bench skips what a device cannot do" sh -c "'$tool' bench -d ACCEL0 --M 64 --K 64 --N 1 --types q4_0 --min-time 0.01 --no-limits | grep -q 'mul_mat_q4_0 on ACCEL0: not supported, skipped'"
 check "bench refuses a K that is not a multiple of 32" sh -c "'$tool' bench --K 33 2>&1 | grep -q 'multiple of 32'"
 echo "$pass passed, $fail failed"

@@ -4,7 +4,10 @@
  * value, unit.
  *
  *   backplane bench [-d DEVICES] [--types f32,f16,bf16,q8_0,q4_0] [--M 4096] [--K 4096]
- *                   [--N 1,32] [-t THREADS] [--min-time 0.5] [--no-limits] */
+ *                   [--N 1,32] [-t THREADS] [--min-time 0.5] [--no-limits]
+ *
+ * A type name ending in _repack (q4_0_repack) puts the weights in the device's CPU_REPACK buffer
+ * type, where the device has one (the CPU's); elsewhere the line says it was skipped. */
 #include "config.h"
 
 #include <stdio.h>
@@ -32,22 +35,39 @@ static double median_compute(bp_backend *be, bp_graph *g, double min_time)
     return bench_median(t, n);
 }
 
-static void bench_matmul(bp_backend *be, enum bp_type wt, long M, long K, long N, double min_time)
+/* The device's CPU_REPACK buffer type (the CPU plugin's), or NULL. */
+static bp_buffer_type *repack_buft(bp_backend *be)
+{
+    bp_device *dev = bp_backend_get_device(be);
+    bp_cpu_repack_buffer_type_fn get = (bp_cpu_repack_buffer_type_fn)bp_registry_get_proc_address(
+        bp_device_get_registry(dev), "bp_cpu_repack_buffer_type");
+    return get ? get(dev) : NULL;
+}
+
+/* name: the weight type's name, with "_repack" when the weights live in CPU_REPACK. */
+static void bench_matmul(bp_backend *be, const char *name, enum bp_type wt, bool repack, long M,
+                         long K, long N, double min_time)
 {
     const char *dev = bp_backend_name(be);
-    bp_context *ctx = bp_context_new(4);
-    bp_tensor *w = bp_new_tensor_2d(ctx, wt, K, M);
-    bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, K, N);
-    bp_tensor *y = bp_mul_mat(ctx, w, x);
-    if (!bp_backend_supports_op(be, y)) {
-        printf("# mul_mat_%s on %s: not supported, skipped\n", bp_type_name(wt), dev);
-        bp_context_free(ctx);
+    bp_buffer_type *wbt = repack ? repack_buft(be) : bp_backend_get_default_buffer_type(be);
+    if (wbt == NULL) {
+        printf("# mul_mat_%s on %s: no CPU_REPACK buffer type, skipped\n", name, dev);
         return;
     }
-    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+    bp_context *ctx = bp_context_new(4), *wctx = bp_context_new(1);
+    bp_tensor *w = bp_new_tensor_2d(wctx, wt, K, M);
+    bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, K, N);
+    bp_tensor *y = bp_mul_mat(ctx, w, x);
+    const bool supported = bp_backend_supports_op(be, y); /* asked before allocating */
+    bp_buffer *wbuf = supported ? bp_alloc_ctx_tensors(wctx, wbt) : NULL;
+    bp_buffer *buf = wbuf ? bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be)) : NULL;
     if (buf == NULL) {
-        printf("# mul_mat_%s on %s: %s\n", bp_type_name(wt), dev, bp_last_error());
+        printf("# mul_mat_%s on %s: %s\n", name, dev,
+               supported ? bp_last_error() : "not supported, skipped");
+        bp_buffer_free(buf);
+        bp_buffer_free(wbuf);
         bp_context_free(ctx);
+        bp_context_free(wctx);
         return;
     }
     bench_fill(w, 1);
@@ -56,18 +76,20 @@ static void bench_matmul(bp_backend *be, enum bp_type wt, long M, long K, long N
     bp_graph_build_forward(g, y);
     const double t = median_compute(be, g, min_time);
     if (t > 0) {
-        printf("mul_mat_%s M=%ld,K=%ld,N=%ld %s %.1f GFLOP/s\n", bp_type_name(wt), M, K, N, dev,
+        printf("mul_mat_%s M=%ld,K=%ld,N=%ld %s %.1f GFLOP/s\n", name, M, K, N, dev,
                2.0 * M * N * K / t * 1e-9);
         if (N == 1)
-            printf("mul_mat_%s_weight_bw M=%ld,K=%ld,N=1 %s %.1f GB/s\n", bp_type_name(wt), M, K,
-                   dev, (double)bp_nbytes(w) / t * 1e-9);
+            printf("mul_mat_%s_weight_bw M=%ld,K=%ld,N=1 %s %.1f GB/s\n", name, M, K, dev,
+                   (double)bp_nbytes(w) / t * 1e-9);
     } else {
-        printf("# mul_mat_%s on %s failed: %s\n", bp_type_name(wt), dev, bp_last_error());
+        printf("# mul_mat_%s on %s failed: %s\n", name, dev, bp_last_error());
     }
     fflush(stdout);
     bp_graph_free(g);
     bp_buffer_free(buf);
+    bp_buffer_free(wbuf);
     bp_context_free(ctx);
+    bp_context_free(wctx);
 }
 
 static void bench_add(bp_backend *be, long n, double min_time)
@@ -132,12 +154,18 @@ int cmd_bench(int argc, char **argv)
         for (char *save = NULL, *tn = strtok_r(tb, ",", &save); tn;
              tn = strtok_r(NULL, ",", &save)) {
             enum bp_type t;
-            if (bp_type_from_name(tn, &t) != BP_OK || t == BP_TYPE_I32) {
+            char base[32];
+            snprintf(base, sizeof(base), "%s", tn);
+            const size_t bl = strlen(base);
+            const bool repack = bl > 7 && strcmp(base + bl - 7, "_repack") == 0;
+            if (repack)
+                base[bl - 7] = '\0';
+            if (bp_type_from_name(base, &t) != BP_OK || t == BP_TYPE_I32) {
                 fprintf(stderr, "backplane bench: '%s' is not a weight type\n", tn);
                 continue;
             }
             for (int k = 0; k < nN; k++)
-                bench_matmul(be[i], t, M, K, Ns[k], min_time);
+                bench_matmul(be[i], tn, t, repack, M, K, Ns[k], min_time);
         }
         bench_add(be[i], 16L << 20, min_time);
     }
