@@ -127,27 +127,15 @@ int main(int argc, char **argv)
     snprintf(tbuf, sizeof(tbuf), "%s", types);
     for (char *save = NULL, *tn = strtok_r(tbuf, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
         enum bp_type type;
-        char base[32];
-        snprintf(base, sizeof(base), "%s", tn);
-        const size_t bl = strlen(base);
-        const bool repack = bl > 7 && strcmp(base + bl - 7, "_repack") == 0;
-        if (repack)
-            base[bl - 7] = '\0';
-        if (bp_type_from_name(base, &type) != BP_OK) {
-            fprintf(stderr, "bench-matmul: %s\n", bp_last_error());
+        bool repack;
+        if (!bench_weight_type(tn, &type, &repack)) {
+            fprintf(stderr, "bench-matmul: '%s' is not a weight type\n", tn);
             continue;
         }
-        bp_buffer_type *wbt = bp_host_buffer_type();
-        if (repack) {
-            bp_device *dev = bp_backend_get_device(be);
-            bp_cpu_repack_buffer_type_fn get =
-                (bp_cpu_repack_buffer_type_fn)bp_registry_get_proc_address(
-                    bp_device_get_registry(dev), "bp_cpu_repack_buffer_type");
-            wbt = get ? get(dev) : NULL;
-            if (wbt == NULL) {
-                fprintf(stderr, "bench-matmul: %s: no CPU_REPACK buffer type\n", tn);
-                continue;
-            }
+        bp_buffer_type *wbt = repack ? bench_repack_buft(be) : bp_host_buffer_type();
+        if (wbt == NULL) {
+            fprintf(stderr, "bench-matmul: %s: no CPU_REPACK buffer type\n", tn);
+            continue;
         }
         for (int mi = 0; mi < nM; mi++)
             for (int ki = 0; ki < nK; ki++) {

@@ -212,6 +212,25 @@ double bench_read(size_t bytes, int threads)
     return (double)per * (double)threads * passes / bench_median(times, 7) * 1e-9;
 }
 
+bool bench_weight_type(const char *name, enum bp_type *type, bool *repack)
+{
+    char base[32];
+    snprintf(base, sizeof(base), "%s", name);
+    const size_t n = strlen(base);
+    *repack = n > 7 && strcmp(base + n - 7, "_repack") == 0;
+    if (*repack)
+        base[n - 7] = '\0';
+    return bp_type_from_name(base, type) == BP_OK && *type != BP_TYPE_I32;
+}
+
+bp_buffer_type *bench_repack_buft(bp_backend *be)
+{
+    bp_device *dev = bp_backend_get_device(be);
+    bp_cpu_repack_buffer_type_fn get = (bp_cpu_repack_buffer_type_fn)bp_registry_get_proc_address(
+        bp_device_get_registry(dev), "bp_cpu_repack_buffer_type");
+    return get ? get(dev) : NULL;
+}
+
 int bench_parse_list(const char *s, long *out, int max)
 {
     int n = 0;

@@ -16,6 +16,12 @@ double bench_median(double *v, int n);
 /* The value after `key` in argv, or def. */
 const char *bench_arg(int argc, char **argv, const char *key, const char *def);
 bool bench_flag(int argc, char **argv, const char *key);
+/* A --types entry: the weight type named, and whether the name ends in "_repack" (weights in
+ * the CPU's CPU_REPACK buffer type: "q4_0_repack"). False when it names no weight type. */
+bool bench_weight_type(const char *name, enum bp_type *type, bool *repack);
+/* The CPU_REPACK buffer type of be's device (proc address "bp_cpu_repack_buffer_type"), or NULL
+ * when the device has none. */
+bp_buffer_type *bench_repack_buft(bp_backend *be);
 /* A comma-separated list of integers ("1,8,32") into out (at most max); returns the count. */
 int bench_parse_list(const char *s, long *out, int max);
 /* Measured peak f32 FMA rate of `threads` cores (GFLOP/s), with the widest vectors available

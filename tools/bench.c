@@ -35,21 +35,12 @@ static double median_compute(bp_backend *be, bp_graph *g, double min_time)
     return bench_median(t, n);
 }
 
-/* The device's CPU_REPACK buffer type (the CPU plugin's), or NULL. */
-static bp_buffer_type *repack_buft(bp_backend *be)
-{
-    bp_device *dev = bp_backend_get_device(be);
-    bp_cpu_repack_buffer_type_fn get = (bp_cpu_repack_buffer_type_fn)bp_registry_get_proc_address(
-        bp_device_get_registry(dev), "bp_cpu_repack_buffer_type");
-    return get ? get(dev) : NULL;
-}
-
 /* name: the weight type's name, with "_repack" when the weights live in CPU_REPACK. */
 static void bench_matmul(bp_backend *be, const char *name, enum bp_type wt, bool repack, long M,
                          long K, long N, double min_time)
 {
     const char *dev = bp_backend_name(be);
-    bp_buffer_type *wbt = repack ? repack_buft(be) : bp_backend_get_default_buffer_type(be);
+    bp_buffer_type *wbt = repack ? bench_repack_buft(be) : bp_backend_get_default_buffer_type(be);
     if (wbt == NULL) {
         printf("# mul_mat_%s on %s: no CPU_REPACK buffer type, skipped\n", name, dev);
         return;
@@ -154,13 +145,8 @@ int cmd_bench(int argc, char **argv)
         for (char *save = NULL, *tn = strtok_r(tb, ",", &save); tn;
              tn = strtok_r(NULL, ",", &save)) {
             enum bp_type t;
-            char base[32];
-            snprintf(base, sizeof(base), "%s", tn);
-            const size_t bl = strlen(base);
-            const bool repack = bl > 7 && strcmp(base + bl - 7, "_repack") == 0;
-            if (repack)
-                base[bl - 7] = '\0';
-            if (bp_type_from_name(base, &t) != BP_OK || t == BP_TYPE_I32) {
+            bool repack;
+            if (!bench_weight_type(tn, &t, &repack)) {
                 fprintf(stderr, "backplane bench: '%s' is not a weight type\n", tn);
                 continue;
             }
