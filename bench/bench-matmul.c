@@ -2,11 +2,12 @@
  * on the same f32 shapes in the same run, with the machine's FMA peak and triad bandwidth as the
  * limits. One result per line: name, shape, threads, value, unit. Never fails on a number.
  *
- *   bench-matmul [--types f32,f16,bf16,q8_0,q4_0,q4_0_repack] [--M 4096] [--K 4096,14336]
- *                [--N 1,8,32,512] [--threads 1,2] [--min-time 1.0] [--no-peer] [--no-limits]
+ *   bench-matmul [--types f32,f16,bf16,q8_0,q4_0,q8_0_repack,q4_0_repack] [--M 4096]
+ *                [--K 4096,14336] [--N 1,8,32,512] [--threads 1,2] [--min-time 1.0] [--no-peer]
+ *                [--no-limits]
  *   bench-matmul --device CUDA0 [--M 4096] [--K 4096] [--N 4096] [--min-time 1.0]
  *
- * A type name ending in _repack puts the weights in the CPU's CPU_REPACK buffer type (Q4_0 only).
+ * A type name ending in _repack puts the weights in the CPU's CPU_REPACK buffer type (Q4_0, Q8_0).
  * --no-limits skips the FMA peak, triad and read-bandwidth measurements (quick comparisons
  * only). For N = 1 the benchmark prints the weights' effective bandwidth and, measured right
  * after, the read bandwidth of a working set of the same size (read_bw): the ceiling for that
@@ -87,7 +88,8 @@ int main(int argc, char **argv)
     int nN = bench_parse_list(bench_arg(argc, argv, "--N", "1,8,32,512"), Ns, 8);
     int nT = bench_parse_list(bench_arg(argc, argv, "--threads", "1,2"), Ts, 8);
     const double min_time = atof(bench_arg(argc, argv, "--min-time", "1.0"));
-    const char *types = bench_arg(argc, argv, "--types", "f32,f16,bf16,q8_0,q4_0,q4_0_repack");
+    const char *types = bench_arg(argc, argv, "--types",
+                                   "f32,f16,bf16,q8_0,q4_0,q8_0_repack,q4_0_repack");
     const bool peer = !bench_flag(argc, argv, "--no-peer");
     const bool limits = !bench_flag(argc, argv, "--no-limits");
     const char *device = bench_arg(argc, argv, "--device", "CPU");

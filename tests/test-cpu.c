@@ -349,30 +349,53 @@ START_TEST(test_allreduce)
 }
 END_TEST
 
-/* ---- CPU_REPACK: Q4_0 weights stored row-interleaved ------------------------------------------
- * Run once per kernel: the best variant with AMX (where the machine has it), the avx512 variant
- * without (its VNNI kernel for every N), and the avx2 and baseline variants (portable kernel). */
+/* ---- CPU_REPACK: Q4_0 and Q8_0 weights stored row-interleaved --------------------------------
+ * Run once per kernel and type: the best variant with AMX (where the machine has it), the avx512
+ * variant without (its VNNI kernel for every N), the avx2 variant (its own kernel) and the
+ * baseline (rows unpacked for its ordinary code). */
 static const char *const repack_configs[][2] = {
     {"", ""}, {"BP_CPU_AMX", "0"}, {"BP_CPU_DISABLE", "avx512f"}, {"BP_CPU_DISABLE", "avx512f,avx2"}};
+#define N_REPACK_CONFIGS 4
+static const enum bp_type repack_types[] = {BP_TYPE_Q4_0, BP_TYPE_Q8_0};
 
-/* Random Q4_0 blocks: scales of varied magnitude, every nibble value. */
-static void random_q4_0(struct bp_block_q4_0 *b, int64_t n, unsigned *seed)
+/* n random blocks of type (Q4_0 or Q8_0) at b: scales of varied magnitude and sign, every quant
+ * value (Q8_0 includes -128). */
+static void random_blocks(enum bp_type type, void *b, int64_t n, unsigned *seed)
 {
+    const size_t bs = bp_type_size(type);
     for (int64_t i = 0; i < n; i++) {
-        b[i].d = bp_fp32_to_fp16((float)(1 + rand_r(seed) % 13) / 64.0f *
-                                 (rand_r(seed) % 2 ? 1.0f : -1.0f));
-        for (int j = 0; j < 16; j++)
-            b[i].qs[j] = (uint8_t)(rand_r(seed) & 0xff);
+        uint8_t *blk = (uint8_t *)b + (size_t)i * bs;
+        const uint16_t d = bp_fp32_to_fp16((float)(1 + rand_r(seed) % 13) / 64.0f *
+                                           (rand_r(seed) % 2 ? 1.0f : -1.0f));
+        memcpy(blk, &d, 2);
+        for (size_t j = 2; j < bs; j++)
+            blk[j] = (uint8_t)(rand_r(seed) & 0xff);
     }
 }
 
-/* Element k of a row of plain Q4_0 blocks, as the format defines it. */
+/* Element k of a row of plain blocks of type, as the format defines it. */
+static double block_value(enum bp_type type, const void *row, int64_t k)
+{
+    const uint8_t *b = (const uint8_t *)row + (size_t)(k / 32) * bp_type_size(type);
+    const int j = (int)(k % 32);
+    uint16_t d;
+    memcpy(&d, b, 2);
+    int q;
+    if (type == BP_TYPE_Q4_0)
+        q = (j < 16 ? (b[2 + j] & 0x0f) : (b[2 + j - 16] >> 4)) - 8;
+    else
+        q = (int8_t)b[2 + j];
+    return (double)bp_fp16_to_fp32(d) * q;
+}
+
 static double q4_0_value(const struct bp_block_q4_0 *row, int64_t k)
 {
-    const struct bp_block_q4_0 *b = row + k / 32;
-    const int j = (int)(k % 32);
-    const int q = j < 16 ? (b->qs[j] & 0x0f) : (b->qs[j - 16] >> 4);
-    return (double)bp_fp16_to_fp32(b->d) * (q - 8);
+    return block_value(BP_TYPE_Q4_0, row, k);
+}
+
+static void random_q4_0(struct bp_block_q4_0 *b, int64_t n, unsigned *seed)
+{
+    random_blocks(BP_TYPE_Q4_0, b, n, seed);
 }
 
 static bp_buffer_type *repack_buft(bp_backend *be)
@@ -386,18 +409,22 @@ static bp_buffer_type *repack_buft(bp_backend *be)
     return bt;
 }
 
-/* MUL_MAT and GET_ROWS with repacked weights against the definition of Q4_0 (double sums of the
- * activation as given: the kernel quantises it to Q8_0, hence the conformance tolerance), and
+/* MUL_MAT and GET_ROWS with repacked weights against the definition of the type (double sums of
+ * the activation as given: the kernel quantises it to Q8_0, hence the conformance tolerance), and
  * against the same product with the weights in host memory. */
 START_TEST(test_repack_mul_mat)
 {
+    const char *const *config = repack_configs[_i % N_REPACK_CONFIGS];
+    const enum bp_type type = repack_types[_i / N_REPACK_CONFIGS];
+    const size_t bs = bp_type_size(type);
     use_cpu_plugin();
-    if (repack_configs[_i][0][0])
-        setenv(repack_configs[_i][0], repack_configs[_i][1], 1);
+    if (config[0][0])
+        setenv(config[0], config[1], 1);
     bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
     ck_assert_ptr_nonnull(be);
-    printf("repack: %s%s%s\n", bp_device_description(bp_backend_get_device(be)),
-           repack_configs[_i][0][0] ? " with " : "", repack_configs[_i][0]);
+    printf("repack %s: %s%s%s\n", bp_type_name(type),
+           bp_device_description(bp_backend_get_device(be)), config[0][0] ? " with " : "",
+           config[0]);
     bp_buffer_type *bt = repack_buft(be);
     ck_assert_str_eq(bp_buffer_type_name(bt), "CPU_REPACK");
     ck_assert(!bp_buffer_type_is_host(bt));
@@ -410,8 +437,8 @@ START_TEST(test_repack_mul_mat)
             for (size_t ni = 0; ni < 6; ni++) {
                 const int64_t K = ks[ki], M = ms[mi], N = ns[ni], nblk = K / 32;
                 bp_context *wctx = bp_context_new(4), *ctx = bp_context_new(16);
-                bp_tensor *a = bp_new_tensor_2d(wctx, BP_TYPE_Q4_0, K, M);
-                bp_tensor *ah = bp_new_tensor_2d(ctx, BP_TYPE_Q4_0, K, M);
+                bp_tensor *a = bp_new_tensor_2d(wctx, type, K, M);
+                bp_tensor *ah = bp_new_tensor_2d(ctx, type, K, M);
                 bp_tensor *b = bp_new_tensor_2d(ctx, BP_TYPE_F32, K, N);
                 bp_tensor *ids = bp_new_tensor_1d(ctx, BP_TYPE_I32, 3);
                 bp_tensor *c = bp_mul_mat(ctx, a, b), *ch = bp_mul_mat(ctx, ah, b);
@@ -422,10 +449,9 @@ START_TEST(test_repack_mul_mat)
                 ck_assert_ptr_nonnull(wbuf);
                 ck_assert_ptr_nonnull(buf);
 
-                struct bp_block_q4_0 *w = malloc((size_t)(M * nblk) * sizeof(*w));
-                struct bp_block_q4_0 *back = malloc((size_t)(M * nblk) * sizeof(*w));
-                random_q4_0(w, M * nblk, &seed);
-                const size_t wbytes = (size_t)(M * nblk) * sizeof(*w);
+                const size_t wbytes = (size_t)(M * nblk) * bs;
+                uint8_t *w = malloc(wbytes), *back = malloc(wbytes);
+                random_blocks(type, w, M * nblk, &seed);
                 ck_assert_int_eq(bp_tensor_set(a, w, 0, wbytes), BP_OK);
                 ck_assert_int_eq(bp_tensor_set(ah, w, 0, wbytes), BP_OK);
                 ck_assert_int_eq(bp_tensor_get(a, back, 0, wbytes), BP_OK);
@@ -454,7 +480,7 @@ START_TEST(test_repack_mul_mat)
                     for (int64_t m = 0; m < M; m++) {
                         double r = 0;
                         for (int64_t k = 0; k < K; k++)
-                            r += q4_0_value(w + m * nblk, k) * x[n * K + k];
+                            r += block_value(type, w + (size_t)(m * nblk) * bs, k) * x[n * K + k];
                         const double gv = got[n * M + m];
                         err += (gv - r) * (gv - r);
                         ref2 += r * r;
@@ -463,14 +489,15 @@ START_TEST(test_repack_mul_mat)
                 /* Below 16 columns the host weights take the same integer sums; from 16, AMX
                  * (both) or f32 products (host weights, without AMX). */
                 ck_assert_msg(err <= 2e-4 * ref2 && (N >= 16 || diff <= 1e-9 * ref2),
-                              "K %lld M %lld N %lld: NMSE %g against the definition, %g against "
-                              "host weights", (long long)K, (long long)M, (long long)N,
-                              err / ref2, diff / ref2);
+                              "%s K %lld M %lld N %lld: NMSE %g against the definition, %g "
+                              "against host weights", bp_type_name(type), (long long)K,
+                              (long long)M, (long long)N, err / ref2, diff / ref2);
                 float *rv = malloc((size_t)(3 * K) * sizeof(float));
                 bp_tensor_get(rows, rv, 0, (size_t)(3 * K) * sizeof(float));
                 for (int i = 0; i < 3; i++)
                     for (int64_t k = 0; k < K; k++)
-                        ck_assert_msg(rv[i * K + k] == (float)q4_0_value(w + id[i] * nblk, k),
+                        ck_assert_msg(rv[i * K + k] ==
+                                          (float)block_value(type, w + (size_t)(id[i] * nblk) * bs, k),
                                       "get_rows: row %d element %lld", id[i], (long long)k);
                 free(rv);
                 free(got);
@@ -523,7 +550,7 @@ START_TEST(test_repack_buffer)
     ck_assert_int_eq(bp_tensor_get(a, back, 7 * sizeof(w[0]), 2 * sizeof(w[0])), BP_OK);
     ck_assert(memcmp(w + 7, back, 2 * sizeof(w[0])) == 0);
     ck_assert_int_eq(bp_tensor_set(a, w, 5, sizeof(w[0])), BP_ERR_INVALID_ARG);
-    ck_assert_error_has(BP_ERR_INVALID_ARG, "whole Q4_0 blocks");
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "whole q4_0 blocks of 18 bytes");
     ck_assert_int_eq(bp_tensor_get(a, back, 0, 20), BP_ERR_INVALID_ARG);
     ck_assert_int_eq(bp_tensor_memset(a, 0x5a, 3, 18), BP_ERR_INVALID_ARG);
     ck_assert_int_eq(bp_tensor_memset(a, 0x5a, 18, 36), BP_OK);
@@ -636,7 +663,7 @@ int main(void)
     TCase *tc = tcase_create("test_repack_mul_mat");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_repack_mul_mat, 0,
-                        (int)(sizeof(repack_configs) / sizeof(repack_configs[0])));
+                        N_REPACK_CONFIGS * (int)(sizeof(repack_types) / sizeof(repack_types[0])));
     suite_add_tcase(s, tc);
     return bp_test_run(s);
 }

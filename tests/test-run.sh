@@ -47,7 +47,10 @@ check "the accelerator run has several splits" sh -c "'$tool' run -d ACCEL0 -n 3
 check "Meta(CPU0,CPU1) agrees (collectives)" env BP_CPU_DEVICES=2 "$0" --agrees "Meta(CPU0,CPU1)"
 check "Meta(CPU0,CPU1) agrees (butterfly)" env BP_CPU_DEVICES=2 BP_META_NO_COMM=1 "$0" --agrees "Meta(CPU0,CPU1)"
 check "Meta(CPU0,CPU1) stores the matrices split: each part holds under 70 % of the weights" env BP_CPU_DEVICES=2 sh -c "'$tool' run -d 'Meta(CPU0,CPU1)' -n 2 | sed -n 's/.*weights \([0-9.]*\) MiB and KV.*per part: \([0-9.]*\) + \([0-9.]*\) MiB.*/\1 \2 \3/p' | awk '{ exit !(NF == 3 && \$2 < 0.7 * \$1 && \$3 < 0.7 * \$1) }'"
-check "Meta(CPU0,CPU1,CPU2) agrees, q8_0 weights" env BP_CPU_DEVICES=3 "$0" --agrees "Meta(CPU0,CPU1,CPU2)" --wtype q8_0
+# (--no-repack: the CPU alone would multiply repacked Q8_0 weights, which the meta device does
+# not hold; the two kernels round differently and the activations are requantised at every
+# product, so the logits would differ by a few hundredths, beyond what this check allows.)
+check "Meta(CPU0,CPU1,CPU2) agrees, q8_0 weights" env BP_CPU_DEVICES=3 "$0" --agrees "Meta(CPU0,CPU1,CPU2)" --wtype q8_0 --no-repack
 check "the example plugin (examples/) loads and serves the model with the CPU" agrees "EXAMPLE0"
 check "the example plugin runs the element-wise ops" sh -c "'$tool' run -d EXAMPLE0 -n 2 | grep -q 'splits per graph: .*EXAMPLE0'"
 check "json reports the check" sh -c "'$tool' run -n 4 --check --json | grep -q '\"check\": {\"tokens_agree\": true'"
@@ -59,6 +62,7 @@ check "an unknown device is named with the ones that exist" sh -c "'$tool' run -
 check "the unknown device message lists devices" sh -c "'$tool' run -d GPU7 2>&1 | grep -q \"device 'GPU7': .*devices: .*CPU\""
 check "q4_0 weights on the CPU are repacked (CPU_REPACK), --no-repack keeps host memory" sh -c "'$tool' run --wtype q4_0 -n 2 | grep -q 'on CPU (CPU_REPACK)' && '$tool' run --wtype q4_0 -n 2 --no-repack | grep -q 'on CPU (Host)'"
 check "repacked and host q4_0 weights generate the same tokens" sh -c "test \"\$('$tool' run --wtype q4_0 -p 12 -n 10 | grep tokens:)\" = \"\$('$tool' run --wtype q4_0 -p 12 -n 10 --no-repack | grep tokens:)\""
+check "q8_0 weights are repacked too, with the same tokens as in host memory" sh -c "'$tool' run --wtype q8_0 -n 2 | grep -q 'on CPU (CPU_REPACK)' && test \"\$('$tool' run --wtype q8_0 -p 12 -n 10 | grep tokens:)\" = \"\$('$tool' run --wtype q8_0 -p 12 -n 10 --no-repack | grep tokens:)\""
 check "a weight type the device cannot run, with the ones it can" sh -c "'$tool' run -d ACCEL0 --wtype q4_0 2>&1 | grep -q 'ACCEL0 cannot run q4_0 weights; it can run: f32, f16, bf16, q8_0'"
 check "a model larger than the device's memory" sh -c "'$tool' run -d ACCEL0 --model small 2>&1 | grep -q \"model 'small' with f32 weights needs .* GiB for weights and KV cache; ACCEL0 has\""
 check "an unknown model exits 2 with the names" sh -c "'$tool' run --model huge 2>&1 | grep -q 'models: tiny, small, base'; '$tool' run --model huge 2>/dev/null; test \$? -eq 2"

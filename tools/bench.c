@@ -6,7 +6,7 @@
  *   backplane bench [-d DEVICES] [--types f32,f16,bf16,q8_0,q4_0] [--M 4096] [--K 4096]
  *                   [--N 1,32] [-t THREADS] [--min-time 0.5] [--no-limits]
  *
- * A type name ending in _repack (q4_0_repack) puts the weights in the device's CPU_REPACK buffer
+ * A type name ending in _repack (q4_0_repack, q8_0_repack) puts the weights in the device's CPU_REPACK buffer
  * type, where the device has one (the CPU's); elsewhere the line says it was skipped. */
 #include "config.h"
 

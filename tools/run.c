@@ -31,7 +31,7 @@ struct run_opts {
     int n_prompt, n_gen, threads;
     uint64_t seed;
     bool check, json;
-    bool no_repack; /* keep Q4_0 weights on a CPU device in its default buffer type */
+    bool no_repack; /* keep Q4_0/Q8_0 weights on a CPU device in its default buffer type */
     const char *dot;
 };
 
@@ -417,8 +417,8 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
         goto out;
     }
     bp_buffer_type *wbuft = bp_backend_get_default_buffer_type(be[w]);
-    if (o->wtype == BP_TYPE_Q4_0 && !o->no_repack) {
-        /* The CPU multiplies Q4_0 faster in its row-interleaved layout. */
+    if ((o->wtype == BP_TYPE_Q4_0 || o->wtype == BP_TYPE_Q8_0) && !o->no_repack) {
+        /* The CPU multiplies Q4_0 and Q8_0 faster in its row-interleaved layout. */
         bp_cpu_repack_buffer_type_fn repack = (bp_cpu_repack_buffer_type_fn)
             bp_registry_get_proc_address(bp_device_get_registry(wdev), "bp_cpu_repack_buffer_type");
         bp_buffer_type *rbt = repack ? repack(wdev) : NULL;
@@ -608,7 +608,7 @@ static void run_usage(FILE *f)
                "              backend is added last when missing (default: every GPU, then CPU)\n"
                "  --check     also run on the CPU alone; report the largest logit difference and\n"
                "              whether the generated tokens agree (exit status 1 when they do not)\n"
-               "  --no-repack Q4_0 weights on a CPU device stay in host memory as they are\n"
+               "  --no-repack Q4_0/Q8_0 weights on a CPU device stay in host memory as they are\n"
                "              (default: the CPU's CPU_REPACK buffer type, row-interleaved)\n");
 }
 

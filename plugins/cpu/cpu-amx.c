@@ -259,18 +259,20 @@ static void pack_b_group_q(const bp_tensor *b, const char *bbase, int64_t n0, in
     }
 }
 
-/* pack_a_half_q for Q4_0 in the CPU_REPACK layout (cpu-repack.c; m0 is a multiple of 16, so the
- * 16 rows are two whole groups of eight): per group and block, the four 64-byte runs of nibbles
- * (values 0-7, 8-15, 16-23, 24-31 of each row) are unpacked once, and each row takes 8 bytes from
- * each, by 64-bit lane permutes. */
+/* pack_a_half_q for Q4_0 or Q8_0 in the CPU_REPACK layout (cpu-repack.c; m0 is a multiple of
+ * 16, so the 16 rows are two whole groups of eight): per group and block, four 64-byte vectors
+ * hold values 0-7, 8-15, 16-23 and 24-31 of each row (Q4_0: unpacked from two runs of nibbles;
+ * Q8_0: the four runs as they are), and each row takes 8 bytes from each, by 64-bit lane
+ * permutes. */
 static void pack_a_half_repacked(const bp_tensor *a, int64_t m0, int rows, int64_t b0,
                                  int64_t nbk, int8_t *q, float *d)
 {
-    const int64_t nblk = a->ne[0] / 32;
+    const bool q4 = a->type == BP_TYPE_Q4_0;
+    const int64_t nblk = a->ne[0] / 32, qs_bytes = q4 ? 128 : 256; /* of a block of the group */
     const __m512i m = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
     for (int h = 0; h < 2; h++) {
         const int live = rows - 8 * h; /* rows of this group that exist */
-        const char *grp = (const char *)a->data + (m0 / 8 + h) * nblk * 144;
+        const char *grp = (const char *)a->data + (m0 / 8 + h) * nblk * (qs_bytes + 16);
         for (int64_t t = 0; t < nbk; t++) {
             int8_t *out = q + t * 512 + h * 8 * 32;
             float *dd = d + t * 16 + h * 8;
@@ -279,13 +281,21 @@ static void pack_a_half_repacked(const bp_tensor *a, int64_t m0, int rows, int64
                 memset(dd, 0, 8 * sizeof(float));
                 continue;
             }
-            const char *qs = grp + (b0 + t) * 128;
-            const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+            const char *qs = grp + (b0 + t) * qs_bytes;
             /* v0..v3: values 0-7, 8-15, 16-23, 24-31, one 64-bit lane per row. */
-            const __m512i v0 = _mm512_sub_epi8(_mm512_and_si512(q0, m), eight);
-            const __m512i v1 = _mm512_sub_epi8(_mm512_and_si512(q1, m), eight);
-            const __m512i v2 = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m), eight);
-            const __m512i v3 = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m), eight);
+            __m512i v0, v1, v2, v3;
+            if (q4) {
+                const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+                v0 = _mm512_sub_epi8(_mm512_and_si512(q0, m), eight);
+                v1 = _mm512_sub_epi8(_mm512_and_si512(q1, m), eight);
+                v2 = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m), eight);
+                v3 = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m), eight);
+            } else {
+                v0 = _mm512_loadu_si512(qs);
+                v1 = _mm512_loadu_si512(qs + 64);
+                v2 = _mm512_loadu_si512(qs + 128);
+                v3 = _mm512_loadu_si512(qs + 192);
+            }
             /* Row j is lanes j of v0, v1, v2, v3: interleave v0/v1 and v2/v3, then take
              * pairs from each for two rows per register. */
             for (int half = 0; half < 2; half++) { /* rows 0-3, rows 4-7 */
@@ -301,7 +311,7 @@ static void pack_a_half_repacked(const bp_tensor *a, int64_t m0, int rows, int64
                                         p01, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), p23));
             }
             _mm256_storeu_ps(dd, _mm256_cvtph_ps(_mm_loadu_si128(
-                                     (const __m128i *)(grp + nblk * 128 + (b0 + t) * 16))));
+                                     (const __m128i *)(grp + nblk * qs_bytes + (b0 + t) * 16))));
             for (int j = live; j < 8; j++) { /* rows past the end: nothing */
                 memset(out + j * 32, 0, 32);
                 dd[j] = 0.0f;

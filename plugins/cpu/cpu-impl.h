@@ -141,20 +141,22 @@ const bp_tensor *bp_cpu_repacked_base(const bp_tensor *t);
 /* False when op touches repacked data in a way no kernel reads (only MUL_MAT and GET_ROWS of
  * the repacked tensor itself, as src[0], do). */
 bool bp_cpu_repack_supports_op(const bp_tensor *op);
-/* Row r, block kb of repacked t in the Q4_0 layout. */
-void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, struct bp_block_q4_0 *out);
-/* Rows 8 g .. 8 g + rows - 1 of repacked t in the Q4_0 layout: out[j * nblk + kb]. */
-void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int rows,
-                                struct bp_block_q4_0 *out);
+/* Row r, block kb of repacked t in its type's layout (one Q4_0 or Q8_0 block). */
+void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *out);
+/* Rows 8 g .. 8 g + rows - 1 of repacked t in its type's layout: block j * nblk + kb of out. */
+void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int rows, void *out);
+/* What the kernels want each activation block's quant sum multiplied by, per lane (ycorr). */
+int32_t bp_cpu_repack_ycorr(enum bp_type type);
 /* Kernels for the repacked layout: AVX-512 VNNI, and AVX2. The baseline variant unpacks eight
- * rows at a time and uses its ordinary Q4_0 kernel (cpu-matmul.c). */
+ * rows at a time and uses its ordinary Q4_0/Q8_0 kernels (cpu-matmul.c). */
 #if (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) &&                  \
      defined(__F16C__)) ||                                                                     \
     (!defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #define BP_CPU_REPACK_KERNEL 1
 #endif
 /* Groups of eight rows [g0, g1) of repacked a against N columns quantised to Q8_0 (bq; per
- * block: ycorr = -4 times the sum of its quants, yd = its scale as float), into c (column n at
+ * block: ycorr = bp_cpu_repack_ycorr(a->type) times the sum of its quants, yd = its scale as
+ * float), into c (column n at
  * c + n * ldc). */
 void bp_cpu_repack_mul_mat(const bp_tensor *a, const struct bp_block_q8_0 *bq,
                            const int32_t *ycorr, const float *yd, float *c, int64_t ldc,

@@ -1067,8 +1067,9 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
             if (repacked) {
 #ifdef BP_CPU_REPACK_KERNEL
                 float *yd = (float *)(ysum + N * nb);
+                const int32_t corr = bp_cpu_repack_ycorr(a->type);
                 for (int64_t i = n0 * nb; i < n1 * nb; i++) {
-                    ysum[i] *= -4; /* per lane: each row has two lanes, -8 sum in all */
+                    ysum[i] *= corr; /* per lane: the weights' offset, two lanes per row */
                     yd[i] = bp_cpu_half_to_float(bq[i].d);
                 }
                 bp_cpu_pool_barrier(p->pool);
@@ -1076,7 +1077,7 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
 #else
                 /* Eight rows at a time back in the Q4_0 layout (this thread's scratch), then the
                  * ordinary kernels. */
-                struct bp_block_q4_0 *rows8 = p->wdata;
+                void *rows8 = p->wdata;
                 bp_cpu_pool_barrier(p->pool);
                 for (int64_t g = m0; g < m1; g++) {
                     const int rows = M - g * 8 < 8 ? (int)(M - g * 8) : 8;

@@ -126,11 +126,12 @@ static void op_get_rows(bp_tensor *dst, const struct bp_cpu_params *p)
                 out[i] = NAN;
             continue;
         }
-        if (repacked) { /* the row's blocks in Q4_0 order first (wdata: 2 ne[0] floats) */
-            struct bp_block_q4_0 *blk = p->wdata;
+        if (repacked) { /* the row's blocks in their usual order first (wdata: 2 ne[0] floats) */
+            char *blk = p->wdata;
+            const size_t bs = bp_type_size(a->type);
             for (int64_t kb = 0; kb < a->ne[0] / 32; kb++)
-                bp_cpu_repack_get_block(a, id, kb, blk + kb);
-            bp_cpu_to_float(BP_TYPE_Q4_0, blk, out, a->ne[0]);
+                bp_cpu_repack_get_block(a, id, kb, blk + (size_t)kb * bs);
+            bp_cpu_to_float(a->type, blk, out, a->ne[0]);
             continue;
         }
         const float *x = row_f32(a, id, i2, i3, out);

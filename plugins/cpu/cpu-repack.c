@@ -1,29 +1,33 @@
-/* cpu-repack.c - the "CPU_REPACK" buffer type: Q4_0 weights stored row-interleaved for the
- * matrix-vector kernel, converted when they are written and back when they are read.
+/* cpu-repack.c - the "CPU_REPACK" buffer type: Q4_0 and Q8_0 weights stored row-interleaved for
+ * the CPU's kernels, converted when they are written and back when they are read.
  *
- * Which tensors: a 2-D (ne[2] = ne[3] = 1), contiguous, non-view Q4_0 tensor placed in a
+ * Which tensors: a 2-D (ne[2] = ne[3] = 1), contiguous, non-view Q4_0 or Q8_0 tensor placed in a
  * CPU_REPACK buffer is stored repacked; every other tensor placed there is stored as it is, as in
  * host memory. Applications reach the buffer type through the CPU registry's proc address
  * "bp_cpu_repack_buffer_type" and use it for weights that the CPU multiplies.
  *
- * The layout: rows in groups of eight (the last group padded with zero rows), each group
- * nblk * 144 bytes (nblk = ne[0] / 32 blocks per row), the same 18 bytes per row and block as
- * Q4_0 itself. A group holds first the quants of its blocks, 128 bytes per block, then the
- * scales, 16 bytes per block:
+ * The layout: rows in groups of eight (the last group padded with zero rows), the same bytes per
+ * row and block as the type itself (18 for Q4_0, 34 for Q8_0), so a group is nblk * 8 blocks
+ * (nblk = ne[0] / 32 blocks per row). A group holds first the quants of its blocks, qb * 8 bytes
+ * per block (qb = 16 quant bytes per row for Q4_0, 32 for Q8_0), then the scales, 16 bytes per
+ * block. The quants of a block come in runs of 64 bytes, run u holding bytes 8u..8u+7 of each
+ * row's quants, row j at 8j:
  *
- *   quants of block kb, at kb * 128:  [row 0 qs 0-7][row 1 qs 0-7] ... [row 7 qs 0-7]
- *                                     [row 0 qs 8-15] ...             [row 7 qs 8-15]
- *   scales of block kb, at nblk * 128 + kb * 16: the eight rows' f16 scales
+ *   quants of block kb, at kb * 8 qb:  [row 0 qs 0-7][row 1 qs 0-7] ... [row 7 qs 0-7]
+ *                                      [row 0 qs 8-15] ...              [row 7 qs 8-15]  (...)
+ *   scales of block kb, at nblk * 8 qb + kb * 16: the eight rows' f16 scales
  *
- * so a 512-bit load of the first 64 bytes gives every row two 32-bit lanes (lane 2j: row j's
- * values 0-3 in the low nibbles and 16-19 in the high; lane 2j + 1: values 4-7 and 20-23), and
- * an 8-byte broadcast of the activation's quants matches them without any shuffle. One vector of
- * integer dot products then covers eight rows, and the eight scales are one 16-byte load.
+ * so a 512-bit load of a run gives every row two 32-bit lanes, and an 8-byte broadcast of the
+ * activation's quants matches them without any shuffle: for Q8_0, run u holds values 8u..8u+7;
+ * for Q4_0, the low nibbles of run u hold values 8u..8u+7 and the high nibbles 16+8u..23+8u. One
+ * vector of integer dot products then covers eight rows, and the eight scales are one 16-byte
+ * load. The quants keep their values (Q8_0 stays signed), so every byte of a block stays a byte of
+ * the same block: memset and clear mean the same in either layout.
  *
  * Operations on repacked data: MUL_MAT (as src[0]) and GET_ROWS (as src[0]) of the tensor
  * itself; views of it and any other op are refused by supports_op, so the scheduler copies the
  * tensor (through get_tensor, which unpacks) wherever something else needs it. Reads and writes
- * go in whole Q4_0 blocks. */
+ * go in whole blocks. */
 #include "config.h"
 
 #include <stdlib.h>
@@ -32,8 +36,7 @@
 #include "cpu-impl.h"
 
 #define GROUP 8
-#define QS_BYTES 128 /* quants of one block of a group */
-#define SC_BYTES 16  /* scales of one block of a group */
+#define SC_BYTES 16 /* scales of one block of a group */
 #define ALIGNMENT 64
 #define PREFETCH 4096 /* bytes ahead of the quants being read */
 
@@ -45,11 +48,23 @@ bool bp_cpu_is_repack_buft(bp_buffer_type *buft)
     return buft != NULL && bp_buffer_type_get_context(buft) == &repack_tag;
 }
 
+/* Quant bytes per row and block, and bytes per block. */
+static int64_t qbytes(enum bp_type type)
+{
+    return type == BP_TYPE_Q4_0 ? 16 : 32;
+}
+
+static int64_t block_bytes(enum bp_type type)
+{
+    return 2 + qbytes(type);
+}
+
 static bool eligible(const bp_tensor *t)
 {
-    return t->type == BP_TYPE_Q4_0 && t->view_src == NULL && t->ne[2] == 1 && t->ne[3] == 1 &&
-           t->ne[0] % 32 == 0 && t->nb[0] == sizeof(struct bp_block_q4_0) &&
-           t->nb[1] == (size_t)(t->ne[0] / 32) * sizeof(struct bp_block_q4_0);
+    return (t->type == BP_TYPE_Q4_0 || t->type == BP_TYPE_Q8_0) && t->view_src == NULL &&
+           t->ne[2] == 1 && t->ne[3] == 1 && t->ne[0] % 32 == 0 &&
+           t->nb[0] == (size_t)block_bytes(t->type) &&
+           t->nb[1] == (size_t)(t->ne[0] / 32 * block_bytes(t->type));
 }
 
 const bp_tensor *bp_cpu_repacked_base(const bp_tensor *t)
@@ -78,47 +93,53 @@ bool bp_cpu_repack_supports_op(const bp_tensor *op)
     return true;
 }
 
-void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, struct bp_block_q4_0 *out)
+/* Where block kb of row r lives: its group's quants of that block, and its scale. */
+static char *group_of(const bp_tensor *t, int64_t g)
 {
-    const int64_t nblk = t->ne[0] / 32;
-    const char *g = (const char *)t->data + (r / GROUP) * nblk * (QS_BYTES + SC_BYTES);
-    const int j = (int)(r % GROUP);
-    memcpy(&out->d, g + nblk * QS_BYTES + kb * SC_BYTES + 2 * j, 2);
-    memcpy(out->qs, g + kb * QS_BYTES + 8 * j, 8);
-    memcpy(out->qs + 8, g + kb * QS_BYTES + 64 + 8 * j, 8);
+    return (char *)t->data + g * (t->ne[0] / 32) * GROUP * block_bytes(t->type);
 }
 
-void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int rows,
-                                struct bp_block_q4_0 *out)
+void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *out)
 {
-    const int64_t nblk = t->ne[0] / 32;
-    const char *grp = (const char *)t->data + g * nblk * (QS_BYTES + SC_BYTES);
-    const char *sc = grp + nblk * QS_BYTES;
+    const int64_t nblk = t->ne[0] / 32, qb = qbytes(t->type);
+    const char *g = group_of(t, r / GROUP);
+    const int j = (int)(r % GROUP);
+    char *o = out;
+    memcpy(o, g + nblk * GROUP * qb + kb * SC_BYTES + 2 * j, 2);
+    for (int64_t u = 0; u < qb / 8; u++)
+        memcpy(o + 2 + 8 * u, g + kb * GROUP * qb + 64 * u + 8 * j, 8);
+}
+
+void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int rows, void *out)
+{
+    const int64_t nblk = t->ne[0] / 32, qb = qbytes(t->type), bs = block_bytes(t->type);
+    const char *grp = group_of(t, g), *sc = grp + nblk * GROUP * qb;
     for (int64_t kb = 0; kb < nblk; kb++) {
-        const char *q = grp + kb * QS_BYTES;
+        const char *q = grp + kb * GROUP * qb;
         for (int j = 0; j < rows; j++) {
-            struct bp_block_q4_0 *o = out + j * nblk + kb;
-            memcpy(&o->d, sc + kb * SC_BYTES + 2 * j, 2);
-            memcpy(o->qs, q + 8 * j, 8);
-            memcpy(o->qs + 8, q + 64 + 8 * j, 8);
+            char *o = (char *)out + (j * nblk + kb) * bs;
+            memcpy(o, sc + kb * SC_BYTES + 2 * j, 2);
+            for (int64_t u = 0; u < qb / 8; u++)
+                memcpy(o + 2 + 8 * u, q + 64 * u + 8 * j, 8);
         }
     }
 }
 
-static void put_block(const bp_tensor *t, int64_t r, int64_t kb, const struct bp_block_q4_0 *in)
+static void put_block(const bp_tensor *t, int64_t r, int64_t kb, const void *in)
 {
-    const int64_t nblk = t->ne[0] / 32;
-    char *g = (char *)t->data + (r / GROUP) * nblk * (QS_BYTES + SC_BYTES);
+    const int64_t nblk = t->ne[0] / 32, qb = qbytes(t->type);
+    char *g = group_of(t, r / GROUP);
     const int j = (int)(r % GROUP);
-    memcpy(g + nblk * QS_BYTES + kb * SC_BYTES + 2 * j, &in->d, 2);
-    memcpy(g + kb * QS_BYTES + 8 * j, in->qs, 8);
-    memcpy(g + kb * QS_BYTES + 64 + 8 * j, in->qs + 8, 8);
+    const char *b = in;
+    memcpy(g + nblk * GROUP * qb + kb * SC_BYTES + 2 * j, b, 2);
+    for (int64_t u = 0; u < qb / 8; u++)
+        memcpy(g + kb * GROUP * qb + 64 * u + 8 * j, b + 2 + 8 * u, 8);
 }
 
 static size_t repacked_size(const bp_tensor *t)
 {
     const int64_t rows = (t->ne[1] + GROUP - 1) / GROUP * GROUP;
-    return (size_t)rows * (size_t)(t->ne[0] / 32) * sizeof(struct bp_block_q4_0);
+    return (size_t)rows * (size_t)(t->ne[0] / 32 * block_bytes(t->type));
 }
 
 /* ---- Buffers ------------------------------------------------------------------------------ */
@@ -146,10 +167,10 @@ static enum bp_status rb_init_tensor(bp_buffer *buf, bp_tensor *t)
     (void)buf;
     if (eligible(t)) {
         const int64_t nblk = t->ne[0] / 32;
-        const struct bp_block_q4_0 zero = {0};
+        const char zero[34] = {0};
         for (int64_t r = t->ne[1]; r % GROUP != 0; r++)
             for (int64_t kb = 0; kb < nblk; kb++)
-                put_block(t, r, kb, &zero);
+                put_block(t, r, kb, zero);
     }
     return BP_OK;
 }
@@ -158,15 +179,15 @@ static enum bp_status rb_init_tensor(bp_buffer *buf, bp_tensor *t)
  * (not a view of it), whole blocks. */
 static enum bp_status check_range(const char *fn, const bp_tensor *t, size_t offset, size_t size)
 {
-    const size_t bs = sizeof(struct bp_block_q4_0);
+    const size_t bs = (size_t)block_bytes(t->type);
     if (t->view_src != NULL)
         return bp_set_error(BP_ERR_INVALID_ARG, "CPU_REPACK %s: '%s' is a view of a repacked "
                             "tensor; use the tensor '%s' itself", fn, t->name, t->view_src->name);
     if (offset % bs != 0 || size % bs != 0)
         return bp_set_error(BP_ERR_INVALID_ARG,
                             "CPU_REPACK %s: tensor '%s' is stored repacked and is read and written "
-                            "in whole Q4_0 blocks of %zu bytes (offset %zu, size %zu)",
-                            fn, t->name, bs, offset, size);
+                            "in whole %s blocks of %zu bytes (offset %zu, size %zu)",
+                            fn, t->name, bp_type_name(t->type), bs, offset, size);
     return BP_OK;
 }
 
@@ -179,10 +200,9 @@ static enum bp_status rb_set(bp_buffer *buf, bp_tensor *t, const void *data, siz
         return BP_OK;
     }
     enum bp_status st = check_range("set", t, offset, size);
-    const int64_t nblk = t->ne[0] / 32, b0 = (int64_t)(offset / sizeof(struct bp_block_q4_0));
-    const struct bp_block_q4_0 *in = data;
-    for (int64_t i = 0; st == BP_OK && i < (int64_t)(size / sizeof(*in)); i++)
-        put_block(t, (b0 + i) / nblk, (b0 + i) % nblk, in + i);
+    const int64_t nblk = t->ne[0] / 32, bs = block_bytes(t->type), b0 = (int64_t)offset / bs;
+    for (int64_t i = 0; st == BP_OK && i < (int64_t)size / bs; i++)
+        put_block(t, (b0 + i) / nblk, (b0 + i) % nblk, (const char *)data + i * bs);
     return st;
 }
 
@@ -195,10 +215,9 @@ static enum bp_status rb_get(bp_buffer *buf, const bp_tensor *t, void *data, siz
         return BP_OK;
     }
     enum bp_status st = check_range("get", t, offset, size);
-    const int64_t nblk = t->ne[0] / 32, b0 = (int64_t)(offset / sizeof(struct bp_block_q4_0));
-    struct bp_block_q4_0 *out = data;
-    for (int64_t i = 0; st == BP_OK && i < (int64_t)(size / sizeof(*out)); i++)
-        bp_cpu_repack_get_block(t, (b0 + i) / nblk, (b0 + i) % nblk, out + i);
+    const int64_t nblk = t->ne[0] / 32, bs = block_bytes(t->type), b0 = (int64_t)offset / bs;
+    for (int64_t i = 0; st == BP_OK && i < (int64_t)size / bs; i++)
+        bp_cpu_repack_get_block(t, (b0 + i) / nblk, (b0 + i) % nblk, (char *)data + i * bs);
     return st;
 }
 
@@ -213,11 +232,11 @@ static enum bp_status rb_memset(bp_buffer *buf, bp_tensor *t, uint8_t value, siz
         return BP_OK;
     }
     enum bp_status st = check_range("memset", t, offset, size);
-    struct bp_block_q4_0 blk;
-    memset(&blk, value, sizeof(blk));
-    const int64_t nblk = t->ne[0] / 32, b0 = (int64_t)(offset / sizeof(blk));
-    for (int64_t i = 0; st == BP_OK && i < (int64_t)(size / sizeof(blk)); i++)
-        put_block(t, (b0 + i) / nblk, (b0 + i) % nblk, &blk);
+    char blk[34];
+    memset(blk, value, sizeof(blk));
+    const int64_t nblk = t->ne[0] / 32, bs = block_bytes(t->type), b0 = (int64_t)offset / bs;
+    for (int64_t i = 0; st == BP_OK && i < (int64_t)size / bs; i++)
+        put_block(t, (b0 + i) / nblk, (b0 + i) % nblk, blk);
     return st;
 }
 
@@ -296,6 +315,18 @@ bp_buffer_type *bp_cpu_repack_buft_new(bp_device *dev)
 
 /* ---- Kernels ------------------------------------------------------------------------------- */
 
+/* The activation's block sums times this start each lane (Q4_0: nibbles used as unsigned, q + 8,
+ * two lanes a row, so -4; Q8_0 on AVX-512: bytes x ^ 0x80 = x + 128, so -64; Q8_0 on AVX2:
+ * signed products, 0). */
+int32_t bp_cpu_repack_ycorr(enum bp_type type)
+{
+#if defined(__AVX512F__)
+    return type == BP_TYPE_Q4_0 ? -4 : -64;
+#else
+    return type == BP_TYPE_Q4_0 ? -4 : 0;
+#endif
+}
+
 #ifdef BP_CPU_REPACK_KERNEL
 #include <immintrin.h>
 
@@ -310,28 +341,39 @@ BP_CPU_INLINE __m512i bcast8(const int8_t *p)
 }
 
 /* One group of eight rows against nc (1-4) columns: out[c * 8 + j] = row j . column c. The
- * nibbles are used unsigned (q + 8); ycorr (-4 times the block's quant sum, per lane, two lanes
- * per row) removes the offset. */
-BP_CPU_INLINE void group_t(const int nc, const char *grp, int64_t nblk,
+ * weights are used unsigned; ycorr (per lane, two lanes per row) removes the offset. v[u] holds
+ * the values 8u..8u+7 of every row, matching the activation's bytes 8u..8u+7. */
+BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *grp, int64_t nblk,
                            const struct bp_block_q8_0 *const y[4], const int32_t *const ycorr[4],
                            const float *const yd[4], float *out)
 {
-    const char *sc = grp + nblk * QS_BYTES;
-    const __m512i m = _mm512_set1_epi8(0x0f);
+    const int64_t qs_bytes = GROUP * qbytes(type);
+    const char *sc = grp + nblk * qs_bytes;
     const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     __m512 acc[4];
 #pragma GCC unroll 4
     for (int c = 0; c < nc; c++)
         acc[c] = _mm512_setzero_ps();
     for (int64_t kb = 0; kb < nblk; kb++) {
+        const char *q = grp + kb * qs_bytes;
         /* The group's quants stream from L3 or memory: ask 4 KiB ahead (measured: +5-15 % at
          * N = 1 against none, 1 KiB or 2 KiB ahead, or 8 KiB into L2). */
-        _mm_prefetch(grp + kb * QS_BYTES + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch(grp + kb * QS_BYTES + PREFETCH + 64, _MM_HINT_T0);
-        const __m512i q0 = _mm512_loadu_si512(grp + kb * QS_BYTES);
-        const __m512i q1 = _mm512_loadu_si512(grp + kb * QS_BYTES + 64);
-        const __m512i lo0 = _mm512_and_si512(q0, m), hi0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m);
-        const __m512i lo1 = _mm512_and_si512(q1, m), hi1 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m);
+#pragma GCC unroll 4
+        for (int64_t u = 0; u < qs_bytes / 64; u++)
+            _mm_prefetch(q + PREFETCH + 64 * u, _MM_HINT_T0);
+        __m512i v[4];
+        if (type == BP_TYPE_Q4_0) {
+            const __m512i m = _mm512_set1_epi8(0x0f);
+            const __m512i q0 = _mm512_loadu_si512(q), q1 = _mm512_loadu_si512(q + 64);
+            v[0] = _mm512_and_si512(q0, m);
+            v[1] = _mm512_and_si512(q1, m);
+            v[2] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m);
+            v[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m);
+        } else {
+            const __m512i flip = _mm512_set1_epi8((char)0x80);
+            for (int u = 0; u < 4; u++)
+                v[u] = _mm512_xor_si512(_mm512_loadu_si512(q + 64 * u), flip);
+        }
         const __m512 sw = _mm512_permutexvar_ps(
             dup, _mm512_castps256_ps512(
                      _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + kb * SC_BYTES)))));
@@ -341,10 +383,10 @@ BP_CPU_INLINE void group_t(const int nc, const char *grp, int64_t nblk,
             /* Two chains of two dot products, not one of four: the block's sum is ready
              * sooner, so more blocks are in flight (N = 8 one thread: 1.5x). */
             __m512i s = _mm512_set1_epi32(ycorr[c][kb]), t = _mm512_setzero_si512();
-            s = _mm512_dpbusd_epi32(s, lo0, bcast8(qs));
-            t = _mm512_dpbusd_epi32(t, lo1, bcast8(qs + 8));
-            s = _mm512_dpbusd_epi32(s, hi0, bcast8(qs + 16));
-            t = _mm512_dpbusd_epi32(t, hi1, bcast8(qs + 24));
+            s = _mm512_dpbusd_epi32(s, v[0], bcast8(qs));
+            t = _mm512_dpbusd_epi32(t, v[1], bcast8(qs + 8));
+            s = _mm512_dpbusd_epi32(s, v[2], bcast8(qs + 16));
+            t = _mm512_dpbusd_epi32(t, v[3], bcast8(qs + 24));
             s = _mm512_add_epi32(s, t);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
                                      _mm512_mul_ps(sw, _mm512_set1_ps(yd[c][kb])), acc[c]);
@@ -358,26 +400,23 @@ BP_CPU_INLINE void group_t(const int nc, const char *grp, int64_t nblk,
     }
 }
 
-static void group(int nc, const char *grp, int64_t nblk, const struct bp_block_q8_0 *const y[4],
-                  const int32_t *const ycorr[4], const float *const yd[4], float *out)
-{
-    switch (nc) {
-    case 1:
-        group_t(1, grp, nblk, y, ycorr, yd, out);
-        break;
-    case 2:
-        group_t(2, grp, nblk, y, ycorr, yd, out);
-        break;
-    case 3:
-        group_t(3, grp, nblk, y, ycorr, yd, out);
-        break;
-    default:
-        group_t(4, grp, nblk, y, ycorr, yd, out);
-        break;
+#define GROUP_CASES(T)                                                                         \
+    switch (nc) {                                                                              \
+    case 1:                                                                                    \
+        group_t(T, 1, grp, nblk, y, ycorr, yd, out);                                           \
+        break;                                                                                 \
+    case 2:                                                                                    \
+        group_t(T, 2, grp, nblk, y, ycorr, yd, out);                                           \
+        break;                                                                                 \
+    case 3:                                                                                    \
+        group_t(T, 3, grp, nblk, y, ycorr, yd, out);                                           \
+        break;                                                                                 \
+    default:                                                                                   \
+        group_t(T, 4, grp, nblk, y, ycorr, yd, out);                                           \
+        break;                                                                                 \
     }
-}
 #else /* AVX2: no vpdpbusd, so vpmaddubsw (pairs into 16 bits) and vpmaddwd (into 32) */
-#define NC_MAX 2 /* 16 registers: eight nibble vectors and two accumulators per column */
+#define NC_MAX 2 /* 16 registers: eight weight vectors and two accumulators per column */
 
 BP_CPU_INLINE __m256i bcast8(const int8_t *p)
 {
@@ -386,14 +425,16 @@ BP_CPU_INLINE __m256i bcast8(const int8_t *p)
     return _mm256_set1_epi64x(v);
 }
 
-/* As the AVX-512 kernel, each half of the group (rows 0-3, rows 4-7) in its own register. The
- * four pair sums of a row's lane fit in 16 bits (4 * 2 * 15 * 127), so they are added before
- * widening. */
-BP_CPU_INLINE void group_t(const int nc, const char *grp, int64_t nblk,
+/* As the AVX-512 kernel, each half of the group (rows 0-3, rows 4-7) in its own register. Q4_0:
+ * the four pair sums of a row's lane fit in 16 bits (4 * 2 * 15 * 127), so they are added
+ * before widening. Q8_0: unsigned bytes would overflow the 16-bit pair sums, so the products
+ * are |w| times a with w's sign (at most 2 * 127 * 127), each widened on its own. */
+BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *grp, int64_t nblk,
                            const struct bp_block_q8_0 *const y[4], const int32_t *const ycorr[4],
                            const float *const yd[4], float *out)
 {
-    const char *sc = grp + nblk * QS_BYTES;
+    const int64_t qs_bytes = GROUP * qbytes(type);
+    const char *sc = grp + nblk * qs_bytes;
     const __m256i m = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const __m256i dup0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
     const __m256i dup1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
@@ -402,31 +443,48 @@ BP_CPU_INLINE void group_t(const int nc, const char *grp, int64_t nblk,
     for (int c = 0; c < nc; c++)
         acc[c][0] = acc[c][1] = _mm256_setzero_ps();
     for (int64_t kb = 0; kb < nblk; kb++) {
-        _mm_prefetch(grp + kb * QS_BYTES + PREFETCH, _MM_HINT_T0);
-        _mm_prefetch(grp + kb * QS_BYTES + PREFETCH + 64, _MM_HINT_T0);
-        const char *q = grp + kb * QS_BYTES;
-        __m256i lo[2][2], hi[2][2]; /* [half of the block's bytes][rows 0-3, 4-7] */
-        for (int u = 0; u < 2; u++)
-            for (int h = 0; h < 2; h++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * u + 32 * h));
-                lo[u][h] = _mm256_and_si256(v, m);
-                hi[u][h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+        const char *q = grp + kb * qs_bytes;
+#pragma GCC unroll 4
+        for (int64_t u = 0; u < qs_bytes / 64; u++)
+            _mm_prefetch(q + PREFETCH + 64 * u, _MM_HINT_T0);
+        __m256i v[4][2]; /* [values 8u..8u+7][rows 0-3, 4-7] */
+        for (int h = 0; h < 2; h++) {
+            if (type == BP_TYPE_Q4_0) {
+                const __m256i q0 = _mm256_loadu_si256((const __m256i *)(q + 32 * h));
+                const __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + 64 + 32 * h));
+                v[0][h] = _mm256_and_si256(q0, m);
+                v[1][h] = _mm256_and_si256(q1, m);
+                v[2][h] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m);
+                v[3][h] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m);
+            } else {
+                for (int u = 0; u < 4; u++)
+                    v[u][h] = _mm256_loadu_si256((const __m256i *)(q + 64 * u + 32 * h));
             }
+        }
         const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + kb * SC_BYTES)));
 #pragma GCC unroll 2
         for (int c = 0; c < nc; c++) {
             const int8_t *qs = y[c][kb].qs;
-            const __m256i a0 = bcast8(qs), a1 = bcast8(qs + 8), a2 = bcast8(qs + 16),
-                          a3 = bcast8(qs + 24);
+            const __m256i a[4] = {bcast8(qs), bcast8(qs + 8), bcast8(qs + 16), bcast8(qs + 24)};
             const __m256 sd = _mm256_mul_ps(s8, _mm256_set1_ps(yd[c][kb]));
             for (int h = 0; h < 2; h++) {
-                const __m256i p = _mm256_add_epi16(
-                    _mm256_add_epi16(_mm256_maddubs_epi16(lo[0][h], a0),
-                                     _mm256_maddubs_epi16(lo[1][h], a1)),
-                    _mm256_add_epi16(_mm256_maddubs_epi16(hi[0][h], a2),
-                                     _mm256_maddubs_epi16(hi[1][h], a3)));
-                const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(p, ones),
-                                                     _mm256_set1_epi32(ycorr[c][kb]));
+                __m256i sum;
+                if (type == BP_TYPE_Q4_0) {
+                    const __m256i p = _mm256_add_epi16(
+                        _mm256_add_epi16(_mm256_maddubs_epi16(v[0][h], a[0]),
+                                         _mm256_maddubs_epi16(v[1][h], a[1])),
+                        _mm256_add_epi16(_mm256_maddubs_epi16(v[2][h], a[2]),
+                                         _mm256_maddubs_epi16(v[3][h], a[3])));
+                    sum = _mm256_add_epi32(_mm256_madd_epi16(p, ones),
+                                           _mm256_set1_epi32(ycorr[c][kb]));
+                } else {
+                    sum = _mm256_setzero_si256();
+                    for (int u = 0; u < 4; u++) {
+                        const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(v[u][h]),
+                                                               _mm256_sign_epi8(a[u], v[u][h]));
+                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
+                    }
+                }
                 const __m256 w = _mm256_permutevar8x32_ps(sd, h ? dup1 : dup0);
                 acc[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), w, acc[c][h]);
             }
@@ -442,22 +500,33 @@ BP_CPU_INLINE void group_t(const int nc, const char *grp, int64_t nblk,
         }
 }
 
-static void group(int nc, const char *grp, int64_t nblk, const struct bp_block_q8_0 *const y[4],
-                  const int32_t *const ycorr[4], const float *const yd[4], float *out)
-{
-    if (nc == 1)
-        group_t(1, grp, nblk, y, ycorr, yd, out);
-    else
-        group_t(2, grp, nblk, y, ycorr, yd, out);
-}
+#define GROUP_CASES(T)                                                                         \
+    if (nc == 1)                                                                               \
+        group_t(T, 1, grp, nblk, y, ycorr, yd, out);                                           \
+    else                                                                                       \
+        group_t(T, 2, grp, nblk, y, ycorr, yd, out);
 #endif
+
+/* One loop per weight type and column count. */
+static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
+                  const struct bp_block_q8_0 *const y[4], const int32_t *const ycorr[4],
+                  const float *const yd[4], float *out)
+{
+    if (type == BP_TYPE_Q4_0) {
+        GROUP_CASES(BP_TYPE_Q4_0)
+    } else {
+        GROUP_CASES(BP_TYPE_Q8_0)
+    }
+}
+#undef GROUP_CASES
+
 void bp_cpu_repack_mul_mat(const bp_tensor *a, const struct bp_block_q8_0 *bq,
                            const int32_t *ycorr, const float *yd, float *c, int64_t ldc,
                            int64_t g0, int64_t g1, int64_t N)
 {
     const int64_t nblk = a->ne[0] / 32, M = a->ne[1];
     for (int64_t g = g0; g < g1; g++) {
-        const char *grp = (const char *)a->data + g * nblk * (QS_BYTES + SC_BYTES);
+        const char *grp = group_of(a, g);
         const int rows = M - g * GROUP < GROUP ? (int)(M - g * GROUP) : GROUP;
         for (int64_t n = 0; n < N; n += NC_MAX) {
             const int nc = N - n < NC_MAX ? (int)(N - n) : NC_MAX;
@@ -471,7 +540,7 @@ void bp_cpu_repack_mul_mat(const bp_tensor *a, const struct bp_block_q8_0 *bq,
                 ydc[k] = yd + col * nblk;
             }
             float out[32];
-            group(nc, grp, nblk, y, yc, ydc, out);
+            group(a->type, nc, grp, nblk, y, yc, ydc, out);
             for (int k = 0; k < nc; k++)
                 memcpy(c + (n + k) * ldc + g * GROUP, out + 8 * k, (size_t)rows * sizeof(float));
         }
