@@ -174,8 +174,8 @@ BP_API void *bp_registry_get_proc_address(bp_registry *reg, const char *name);
 /* The CPU registry's extras, by name:
  * "bp_cpu_set_n_threads": the thread count of a CPU backend.
  * "bp_cpu_repack_buffer_type": a CPU device's "CPU_REPACK" buffer type, for weights only the
- * CPU multiplies: 2-D Q4_0 tensors placed there are stored row-interleaved for faster MUL_MAT
- * (other tensors are stored as they are). They are set and read in whole Q4_0 blocks, used
+ * CPU multiplies: 2-D Q4_0 and Q8_0 tensors placed there are stored row-interleaved for faster
+ * MUL_MAT (other tensors are stored as they are). They are set and read in whole blocks, used
  * directly only by MUL_MAT and GET_ROWS, and copied (unpacked) for anything else. */
 typedef enum bp_status (*bp_cpu_set_n_threads_fn)(bp_backend *backend, int n_threads);
 typedef bp_buffer_type *(*bp_cpu_repack_buffer_type_fn)(bp_device *dev);
