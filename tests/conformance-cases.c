@@ -65,7 +65,17 @@ static bp_tensor *b_cpy(bp_context *ctx, int v) /* f32 -> every type, and back *
         return bp_cont_4d(ctx, bp_permute(ctx, f32(ctx, 8, 5, 3, 1), 0, 2, 1, 3), 24, 5, 1, 1);
     case 21: /* into f16, from a transposed source */
         return bp_cpy(ctx, bp_transpose(ctx, f32(ctx, 6, 7, 1, 1)), leaf(ctx, BP_TYPE_F16, 42, 1, 1, 1));
-    default: /* i32 copy */
+    case 22: { /* attention's V: an f16 cache [E = 3 heads x 64, 45 positions] seen as [64, 45, 3],
+                * transposed per head (blocks of 16 x 16 and edges in both directions) */
+        bp_tensor *cache = leaf(ctx, BP_TYPE_F16, 192, 45, 1, 1);
+        bp_tensor *v3 = bp_view_3d(ctx, cache, 64, 45, 3, cache->nb[1], 64 * cache->nb[0], 0);
+        return bp_cont(ctx, bp_permute(ctx, v3, 1, 0, 2, 3));
+    }
+    case 23: /* f16 and bf16 transposes with odd sizes on both sides */
+        return bp_cont(ctx, bp_transpose(ctx, leaf(ctx, BP_TYPE_F16, 37, 50, 2, 1)));
+    case 24:
+        return bp_cont(ctx, bp_transpose(ctx, leaf(ctx, BP_TYPE_BF16, 33, 17, 1, 1)));
+    default: /* i32 copy (variant 19) */
         return bp_cont(ctx, bp_transpose(ctx, leaf(ctx, BP_TYPE_I32, 4, 3, 1, 1)));
     }
 }
@@ -287,7 +297,7 @@ static bp_tensor *b_mm_rand_float(bp_context *ctx, int v) { return mul_mat_rando
 static bp_tensor *b_mm_rand_quant(bp_context *ctx, int v) { return mul_mat_random(ctx, v, true); }
 
 const struct conf_case conf_cases[] = {
-    {"cpy", b_cpy, 22, NMSE_F32},
+    {"cpy", b_cpy, 25, NMSE_F32},
     {"get_rows", b_get_rows, 10, NMSE_F32},
     {"set_rows", b_set_rows, 10, NMSE_F32},
     {"add", b_add, 6 * N_SHAPES, NMSE_F32},

@@ -12,6 +12,10 @@
 
 #include "cpu-impl.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #define ROWS_OF(t) ((t)->ne[1] * (t)->ne[2] * (t)->ne[3])
 
 /* Splits a flat row index into (i1, i2, i3) for tensor t. */
@@ -63,6 +67,107 @@ static void write_row(bp_tensor *t, int64_t i1, int64_t i2, int64_t i3, const fl
 
 /* ---- Copies ----------------------------------------------------------------------------- */
 
+/* Tile of copy_strided: rows of dst at d[0..nr), row i0 of the tile at src s + i0 * sn0 with
+ * consecutive dst rows sn1 apart. E is the element size (2 or 4). */
+#define COPY_TILE(E, TYPE)                                                                     \
+    static void copy_tile_##E(char *const *d, int nr, const char *s, int64_t sn0, int64_t sn1,  \
+                              int64_t i0b, int64_t i0e)                                        \
+    {                                                                                          \
+        for (int64_t i0 = i0b; i0 < i0e; i0++) {                                               \
+            const char *c = s + i0 * sn0;                                                      \
+            for (int r = 0; r < nr; r++, c += sn1) {                                           \
+                TYPE v;                                                                        \
+                memcpy(&v, c, sizeof(v));                                                      \
+                memcpy(d[r] + i0 * (int64_t)sizeof(v), &v, sizeof(v));                         \
+            }                                                                                  \
+        }                                                                                      \
+    }
+COPY_TILE(2, uint16_t)
+COPY_TILE(4, uint32_t)
+#undef COPY_TILE
+
+#if defined(__AVX2__)
+/* 16 x 16 elements of 16 bits: input row i (16 contiguous elements at s + i * sn0) becomes
+ * column i of the output, whose row j is stored at d[j] + off. Four rounds of unpacks (16, 32,
+ * 64 bits within 128-bit lanes, then the lanes), 64 shuffles for 256 elements. */
+static void transpose16_u16(const char *s, int64_t sn0, char *const *d, int64_t off)
+{
+    __m256i l[16], a[16], b[16], c[16];
+    for (int i = 0; i < 16; i++)
+        l[i] = _mm256_loadu_si256((const __m256i *)(s + i * sn0));
+    /* a[2p], a[2p+1]: rows 2p, 2p+1 interleaved; columns 0-3|8-11, then 4-7|12-15. */
+    for (int p = 0; p < 8; p++) {
+        a[2 * p] = _mm256_unpacklo_epi16(l[2 * p], l[2 * p + 1]);
+        a[2 * p + 1] = _mm256_unpackhi_epi16(l[2 * p], l[2 * p + 1]);
+    }
+    /* b[4q + m]: rows 4q..4q+3, columns 2m, 2m+1 | 2m+8, 2m+9. */
+    for (int q = 0; q < 4; q++)
+        for (int h = 0; h < 2; h++) {
+            const __m256i x = a[4 * q + h], y = a[4 * q + 2 + h];
+            b[4 * q + 2 * h] = _mm256_unpacklo_epi32(x, y);
+            b[4 * q + 2 * h + 1] = _mm256_unpackhi_epi32(x, y);
+        }
+    /* c[8g + j]: rows 8g..8g+7, column j in the low lane and j + 8 in the high one. */
+    for (int g = 0; g < 2; g++)
+        for (int m = 0; m < 4; m++) {
+            const __m256i x = b[8 * g + m], y = b[8 * g + 4 + m];
+            c[8 * g + 2 * m] = _mm256_unpacklo_epi64(x, y);
+            c[8 * g + 2 * m + 1] = _mm256_unpackhi_epi64(x, y);
+        }
+    for (int j = 0; j < 8; j++) {
+        _mm256_storeu_si256((__m256i *)(d[j] + off), _mm256_permute2x128_si256(c[j], c[8 + j], 0x20));
+        _mm256_storeu_si256((__m256i *)(d[j + 8] + off),
+                            _mm256_permute2x128_si256(c[j], c[8 + j], 0x31));
+    }
+}
+#endif
+
+/* dst (contiguous rows) = src of the same type and shape whose rows are strided: the transpose
+ * of a contiguous tensor (CONT of a permuted KV cache), for instance. Elements are copied as they
+ * are (no conversion), in tiles of 32 rows x 32 columns so that reads along src's contiguous
+ * axis and writes along dst's rows both stay in cache lines already loaded; the tile's row
+ * pointers are computed once (stores through char pointers would otherwise make the compiler
+ * reload the tensors' strides for every element). Threads take tiles of 32 rows. */
+static void copy_strided(bp_tensor *dst, const bp_tensor *src, const struct bp_cpu_params *p)
+{
+    enum { T = 32 };
+    const size_t esz = bp_type_size(dst->type);
+    const int64_t n0 = dst->ne[0], n1 = dst->ne[1], tiles1 = (n1 + T - 1) / T;
+    const int64_t sn0 = (int64_t)src->nb[0], sn1 = (int64_t)src->nb[1];
+    int64_t t0, t1;
+    bp_cpu_split(tiles1 * dst->ne[2] * dst->ne[3], p->ith, p->nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        const int64_t i1b = (t % tiles1) * T, i2 = (t / tiles1) % dst->ne[2];
+        const int64_t i3 = t / (tiles1 * dst->ne[2]);
+        const int nr = (int)(i1b + T < n1 ? T : n1 - i1b);
+        char *d[T];
+        for (int r = 0; r < nr; r++)
+            d[r] = bp_cpu_row(dst, i1b + r, i2, i3);
+        const char *s = bp_cpu_row(src, i1b, i2, i3);
+        for (int64_t i0b = 0; i0b < n0; i0b += T) {
+            const int64_t i0e = i0b + T < n0 ? i0b + T : n0;
+#if defined(__AVX2__)
+            if (esz == 2 && sn1 == 2) { /* a transpose: 16 x 16 blocks in registers */
+                int64_t i0 = i0b;
+                for (; i0 + 16 <= i0e; i0 += 16)
+                    for (int r = 0; r + 16 <= nr; r += 16)
+                        transpose16_u16(s + i0 * sn0 + r * 2, sn0, d + r, i0 * 2);
+                const int rfull = nr / 16 * 16;
+                if (rfull < nr) /* rows past the last 16, all columns of the tile */
+                    copy_tile_2(d + rfull, nr - rfull, s + rfull * sn1, sn0, sn1, i0b, i0e);
+                if (i0 < i0e) /* columns past the last 16, the rows done above */
+                    copy_tile_2(d, rfull, s, sn0, sn1, i0, i0e);
+                continue;
+            }
+#endif
+            if (esz == 2)
+                copy_tile_2(d, nr, s, sn0, sn1, i0b, i0e);
+            else
+                copy_tile_4(d, nr, s, sn0, sn1, i0b, i0e);
+        }
+    }
+}
+
 static void op_copy(bp_tensor *dst, const bp_tensor *src, const struct bp_cpu_params *p)
 {
     /* Same type, both contiguous: bytes, split evenly. */
@@ -74,6 +179,12 @@ static void op_copy(bp_tensor *dst, const bp_tensor *src, const struct bp_cpu_pa
         return;
     }
     float *tmp = p->wdata;
+    if (bp_are_same_shape(src, dst) && src->type == dst->type &&
+        bp_type_block_size(src->type) == 1 && dst->nb[0] == bp_type_size(dst->type) &&
+        src->nb[0] != bp_type_size(src->type)) {
+        copy_strided(dst, src, p);
+        return;
+    }
     if (bp_are_same_shape(src, dst)) {
         int64_t r0, r1;
         bp_cpu_split(ROWS_OF(dst), p->ith, p->nth, &r0, &r1);
