@@ -388,16 +388,6 @@ static double block_value(enum bp_type type, const void *row, int64_t k)
     return (double)bp_fp16_to_fp32(d) * q;
 }
 
-static double q4_0_value(const struct bp_block_q4_0 *row, int64_t k)
-{
-    return block_value(BP_TYPE_Q4_0, row, k);
-}
-
-static void random_q4_0(struct bp_block_q4_0 *b, int64_t n, unsigned *seed)
-{
-    random_blocks(BP_TYPE_Q4_0, b, n, seed);
-}
-
 static bp_buffer_type *repack_buft(bp_backend *be)
 {
     bp_device *dev = bp_backend_get_device(be);
@@ -541,9 +531,9 @@ START_TEST(test_repack_buffer)
 
     struct bp_block_q4_0 w[22], back[22];
     unsigned seed = 3;
-    random_q4_0(w, 22, &seed);
+    random_blocks(BP_TYPE_Q4_0, w, 22, &seed);
     ck_assert_int_eq(bp_tensor_set(a, w, 0, sizeof(w)), BP_OK);
-    random_q4_0(w + 5, 3, &seed); /* blocks 5-7 again, alone */
+    random_blocks(BP_TYPE_Q4_0, w + 5, 3, &seed); /* blocks 5-7 again, alone */
     ck_assert_int_eq(bp_tensor_set(a, w + 5, 5 * sizeof(w[0]), 3 * sizeof(w[0])), BP_OK);
     ck_assert_int_eq(bp_tensor_get(a, back, 0, sizeof(back)), BP_OK);
     ck_assert(memcmp(w, back, sizeof(w)) == 0);
@@ -619,8 +609,8 @@ START_TEST(test_repack_buffer)
         for (int m = 0; m < 11; m++) {
             double r = 0, mag = 0; /* the activation is quantised: 1 % of the terms' size */
             for (int k = 0; k < 64; k++) {
-                r += q4_0_value(w + 2 * m, k) * xs[n * 64 + k];
-                mag += fabs(q4_0_value(w + 2 * m, k) * xs[n * 64 + k]);
+                r += block_value(BP_TYPE_Q4_0, w + 2 * m, k) * xs[n * 64 + k];
+                mag += fabs(block_value(BP_TYPE_Q4_0, w + 2 * m, k) * xs[n * 64 + k]);
             }
             ck_assert_msg(fabs(ys[n * 11 + m] - r) <= 0.01 * mag + 1e-6, "[%d, %d]: %g, not %g",
                           m, n, (double)ys[n * 11 + m], r);

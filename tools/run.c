@@ -19,6 +19,8 @@
 
 #include <backplane/bp-meta.h>
 
+#include "../bench/bench-util.h" /* bench_repack_buft */
+
 #include "model.h"
 #include "tool.h"
 
@@ -419,9 +421,7 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     bp_buffer_type *wbuft = bp_backend_get_default_buffer_type(be[w]);
     if ((o->wtype == BP_TYPE_Q4_0 || o->wtype == BP_TYPE_Q8_0) && !o->no_repack) {
         /* The CPU multiplies Q4_0 and Q8_0 faster in its row-interleaved layout. */
-        bp_cpu_repack_buffer_type_fn repack = (bp_cpu_repack_buffer_type_fn)
-            bp_registry_get_proc_address(bp_device_get_registry(wdev), "bp_cpu_repack_buffer_type");
-        bp_buffer_type *rbt = repack ? repack(wdev) : NULL;
+        bp_buffer_type *rbt = bench_repack_buft(be[w]);
         if (rbt != NULL)
             wbuft = rbt;
     }

@@ -322,10 +322,10 @@ static void pack_a_half_repacked(const bp_tensor *a, int64_t m0, int rows, int64
 
 /* Rows [m0, m0 + rows) of Q8_0/Q4_0 a (zero up to 16 rows), blocks [b0, b0 + nbk), as tiles of
  * 16 rows x 32 signed quants at q + t * 512 and the rows' scales at d + t * 16. */
-static void pack_a_half_q(const bp_tensor *a, const char *abase, int64_t m0, int rows, int64_t b0,
-                          int64_t nbk, int8_t *q, float *d)
+static void pack_a_half_q(const bp_tensor *a, bool repacked, const char *abase, int64_t m0,
+                          int rows, int64_t b0, int64_t nbk, int8_t *q, float *d)
 {
-    if (bp_cpu_repacked_base(a) != NULL) {
+    if (repacked) {
         pack_a_half_repacked(a, m0, rows, b0, nbk, q, d);
         return;
     }
@@ -508,6 +508,7 @@ void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, ch
     const int64_t M = dst->ne[0], N = dst->ne[1], K = a->ne[0], nb = K / 32;
     const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
     const bool f16 = a->type == BP_TYPE_F16, int8 = quant(a->type);
+    const bool repacked = bp_cpu_repacked_base(a) != NULL; /* CPU_REPACK layout (cpu-repack.c) */
     float *cbuf = (float *)(((uintptr_t)p->wdata + 63) & ~(uintptr_t)63);
     char *apanel = (char *)(cbuf + MB * NB);
 
@@ -559,7 +560,7 @@ void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, ch
                     if (int8) {
                         int8_t *q = (int8_t *)apanel + h * 16 * KC;
                         float *d = (float *)(apanel + (size_t)MB * KC) + h * (KC / 32) * 16;
-                        pack_a_half_q(a, abase, m, rows, k0 / 32, kc / 32, q, d);
+                        pack_a_half_q(a, repacked, abase, m, rows, k0 / 32, kc / 32, q, d);
                         srcq[h].q = q;
                         srcq[h].d = d;
                     } else {

@@ -39,6 +39,24 @@ struct bp_cpu_params {
     struct bp_cpu_pool *pool;
 };
 
+/* CALL(c) with c the constant 1, 2, 3 or 4 for nc = 1, 2, 3 or more: each call inlines its own
+ * copy of a kernel whose loops over columns then unroll. */
+#define BP_CPU_BY_COLUMNS(nc, CALL)                                                            \
+    switch (nc) {                                                                              \
+    case 1:                                                                                    \
+        CALL(1);                                                                               \
+        break;                                                                                 \
+    case 2:                                                                                    \
+        CALL(2);                                                                               \
+        break;                                                                                 \
+    case 3:                                                                                    \
+        CALL(3);                                                                               \
+        break;                                                                                 \
+    default:                                                                                   \
+        CALL(4);                                                                               \
+        break;                                                                                 \
+    }
+
 /* Rows [*r0, *r1) of nrows for thread ith of nth, as even as possible. */
 BP_CPU_INLINE void bp_cpu_split(int64_t nrows, int ith, int nth, int64_t *r0, int64_t *r1)
 {

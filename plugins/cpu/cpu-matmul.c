@@ -837,26 +837,15 @@ static void qrows8(enum bp_type type, int nc, const char *row0, int64_t lda,
                    const struct bp_block_q8_0 *const y[4], const int32_t *const ysum[4],
                    int64_t nb, float *out)
 {
-#define QROWS8_CASE(T)                                                                         \
-    switch (nc) {                                                                              \
-    case 1:                                                                                    \
-        qrows8_t(T, 1, row0, lda, y, ysum, nb, out);                                           \
-        break;                                                                                 \
-    case 2:                                                                                    \
-        qrows8_t(T, 2, row0, lda, y, ysum, nb, out);                                           \
-        break;                                                                                 \
-    case 3:                                                                                    \
-        qrows8_t(T, 3, row0, lda, y, ysum, nb, out);                                           \
-        break;                                                                                 \
-    default:                                                                                   \
-        qrows8_t(T, 4, row0, lda, y, ysum, nb, out);                                           \
-        break;                                                                                 \
+#define Q4(c) qrows8_t(BP_TYPE_Q4_0, c, row0, lda, y, ysum, nb, out)
+#define Q8(c) qrows8_t(BP_TYPE_Q8_0, c, row0, lda, y, ysum, nb, out)
+    if (type == BP_TYPE_Q4_0) {
+        BP_CPU_BY_COLUMNS(nc, Q4)
+    } else {
+        BP_CPU_BY_COLUMNS(nc, Q8)
     }
-    if (type == BP_TYPE_Q4_0)
-        QROWS8_CASE(BP_TYPE_Q4_0)
-    else
-        QROWS8_CASE(BP_TYPE_Q8_0)
-#undef QROWS8_CASE
+#undef Q4
+#undef Q8
 }
 #endif
 
@@ -937,15 +926,18 @@ static void dot_rows_quant(const bp_tensor *a, const char *abase, const struct b
 
 /* ---- Driver ----------------------------------------------------------------------------- */
 
+/* Repacked weights (cpu-repack.c) take neither the GEMM nor the broadcast kernel: they have
+ * their own, or AMX. */
 static bool use_gemm(const bp_tensor *dst)
 {
-    return dst->ne[1] >= BP_CPU_GEMM_MIN_N;
+    return dst->ne[1] >= BP_CPU_GEMM_MIN_N && bp_cpu_repacked_base(dst->src[0]) == NULL;
 }
 
 #ifdef HAVE_BCAST
 static bool use_bcast(const bp_tensor *dst)
 {
-    return dst->ne[1] >= 16 && dst->ne[1] <= BCAST_MAX_N;
+    return dst->ne[1] >= 16 && dst->ne[1] <= BCAST_MAX_N &&
+           bp_cpu_repacked_base(dst->src[0]) == NULL;
 }
 #endif
 
@@ -980,14 +972,14 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
     }
 #endif
 #ifdef HAVE_BCAST
-    if (use_bcast(dst) && bp_cpu_repacked_base(dst->src[0]) == NULL) {
+    if (use_bcast(dst)) {
         const int64_t nchunks = (N + BN - 1) / BN;
         *per_thread = (size_t)(nchunks * BM * BN + BM * BKC + 64) * sizeof(float);
         *shared = (size_t)(nchunks * K * BN) * sizeof(float);
         return;
     }
 #endif
-    if (use_gemm(dst) && bp_cpu_repacked_base(dst->src[0]) == NULL) {
+    if (use_gemm(dst)) {
         *per_thread = (size_t)(MC * KC + 16 * KC + 64) * sizeof(float);
         *shared = (size_t)(round_up(N, NR) * KC) * sizeof(float);
     } else {
@@ -1006,9 +998,11 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
     const int64_t M = dst->ne[0], N = dst->ne[1];
     const int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
     const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
-    /* Repacked weights (cpu-repack.c) have their own kernel, or AMX. */
     const bool repacked = bp_cpu_repacked_base(a) != NULL;
-    const bool gemm = !repacked && use_gemm(dst);
+    const bool gemm = use_gemm(dst);
+#ifdef HAVE_BCAST
+    const bool bcast = use_bcast(dst);
+#endif
 #if defined(BP_CPU_HAVE_AMX)
     const bool amx = bp_cpu_amx_use(dst);
 #endif
@@ -1037,7 +1031,7 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
             }
 #endif
 #ifdef HAVE_BCAST
-            if (!repacked && use_bcast(dst)) {
+            if (bcast) {
                 bcast_batch(dst, abase, bbase, cbase, p, p->wshared, tmp);
                 continue;
             }

@@ -93,47 +93,47 @@ bool bp_cpu_repack_supports_op(const bp_tensor *op)
     return true;
 }
 
-/* Where block kb of row r lives: its group's quants of that block, and its scale. */
+/* The first byte of group g (rows 8g..8g+7). */
 static char *group_of(const bp_tensor *t, int64_t g)
 {
     return (char *)t->data + g * (t->ne[0] / 32) * GROUP * block_bytes(t->type);
 }
 
+/* Row j of group grp, block kb, copied out of (or, with in, into) the layout. qb: quant bytes
+ * per row and block. */
+BP_CPU_INLINE void block_out(const char *grp, int64_t nblk, int64_t qb, int j, int64_t kb,
+                             char *out)
+{
+    memcpy(out, grp + nblk * GROUP * qb + kb * SC_BYTES + 2 * j, 2);
+    for (int64_t u = 0; u < qb / 8; u++)
+        memcpy(out + 2 + 8 * u, grp + kb * GROUP * qb + 64 * u + 8 * j, 8);
+}
+
+BP_CPU_INLINE void block_in(char *grp, int64_t nblk, int64_t qb, int j, int64_t kb,
+                            const char *in)
+{
+    memcpy(grp + nblk * GROUP * qb + kb * SC_BYTES + 2 * j, in, 2);
+    for (int64_t u = 0; u < qb / 8; u++)
+        memcpy(grp + kb * GROUP * qb + 64 * u + 8 * j, in + 2 + 8 * u, 8);
+}
+
 void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *out)
 {
-    const int64_t nblk = t->ne[0] / 32, qb = qbytes(t->type);
-    const char *g = group_of(t, r / GROUP);
-    const int j = (int)(r % GROUP);
-    char *o = out;
-    memcpy(o, g + nblk * GROUP * qb + kb * SC_BYTES + 2 * j, 2);
-    for (int64_t u = 0; u < qb / 8; u++)
-        memcpy(o + 2 + 8 * u, g + kb * GROUP * qb + 64 * u + 8 * j, 8);
+    block_out(group_of(t, r / GROUP), t->ne[0] / 32, qbytes(t->type), (int)(r % GROUP), kb, out);
 }
 
 void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int rows, void *out)
 {
     const int64_t nblk = t->ne[0] / 32, qb = qbytes(t->type), bs = block_bytes(t->type);
-    const char *grp = group_of(t, g), *sc = grp + nblk * GROUP * qb;
-    for (int64_t kb = 0; kb < nblk; kb++) {
-        const char *q = grp + kb * GROUP * qb;
-        for (int j = 0; j < rows; j++) {
-            char *o = (char *)out + (j * nblk + kb) * bs;
-            memcpy(o, sc + kb * SC_BYTES + 2 * j, 2);
-            for (int64_t u = 0; u < qb / 8; u++)
-                memcpy(o + 2 + 8 * u, q + 64 * u + 8 * j, 8);
-        }
-    }
+    const char *grp = group_of(t, g);
+    for (int64_t kb = 0; kb < nblk; kb++)
+        for (int j = 0; j < rows; j++)
+            block_out(grp, nblk, qb, j, kb, (char *)out + (j * nblk + kb) * bs);
 }
 
 static void put_block(const bp_tensor *t, int64_t r, int64_t kb, const void *in)
 {
-    const int64_t nblk = t->ne[0] / 32, qb = qbytes(t->type);
-    char *g = group_of(t, r / GROUP);
-    const int j = (int)(r % GROUP);
-    const char *b = in;
-    memcpy(g + nblk * GROUP * qb + kb * SC_BYTES + 2 * j, b, 2);
-    for (int64_t u = 0; u < qb / 8; u++)
-        memcpy(g + kb * GROUP * qb + 64 * u + 8 * j, b + 2 + 8 * u, 8);
+    block_in(group_of(t, r / GROUP), t->ne[0] / 32, qbytes(t->type), (int)(r % GROUP), kb, in);
 }
 
 static size_t repacked_size(const bp_tensor *t)
@@ -332,6 +332,7 @@ int32_t bp_cpu_repack_ycorr(enum bp_type type)
 
 #if defined(__AVX512F__)
 #define NC_MAX 4 /* columns per pass */
+#define BY_COLUMNS(nc, CALL) BP_CPU_BY_COLUMNS(nc, CALL)
 
 BP_CPU_INLINE __m512i bcast8(const int8_t *p)
 {
@@ -400,21 +401,6 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
     }
 }
 
-#define GROUP_CASES(T)                                                                         \
-    switch (nc) {                                                                              \
-    case 1:                                                                                    \
-        group_t(T, 1, grp, nblk, y, ycorr, yd, out);                                           \
-        break;                                                                                 \
-    case 2:                                                                                    \
-        group_t(T, 2, grp, nblk, y, ycorr, yd, out);                                           \
-        break;                                                                                 \
-    case 3:                                                                                    \
-        group_t(T, 3, grp, nblk, y, ycorr, yd, out);                                           \
-        break;                                                                                 \
-    default:                                                                                   \
-        group_t(T, 4, grp, nblk, y, ycorr, yd, out);                                           \
-        break;                                                                                 \
-    }
 #else /* AVX2: no vpdpbusd, so vpmaddubsw (pairs into 16 bits) and vpmaddwd (into 32) */
 #define NC_MAX 2 /* 16 registers: eight weight vectors and two accumulators per column */
 
@@ -500,11 +486,12 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
         }
 }
 
-#define GROUP_CASES(T)                                                                         \
-    if (nc == 1)                                                                               \
-        group_t(T, 1, grp, nblk, y, ycorr, yd, out);                                           \
+/* Two columns at most per pass. */
+#define BY_COLUMNS(nc, CALL)                                                                   \
+    if ((nc) == 1)                                                                             \
+        CALL(1);                                                                               \
     else                                                                                       \
-        group_t(T, 2, grp, nblk, y, ycorr, yd, out);
+        CALL(2);
 #endif
 
 /* One loop per weight type and column count. */
@@ -512,13 +499,17 @@ static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
                   const struct bp_block_q8_0 *const y[4], const int32_t *const ycorr[4],
                   const float *const yd[4], float *out)
 {
+#define Q4(c) group_t(BP_TYPE_Q4_0, c, grp, nblk, y, ycorr, yd, out)
+#define Q8(c) group_t(BP_TYPE_Q8_0, c, grp, nblk, y, ycorr, yd, out)
     if (type == BP_TYPE_Q4_0) {
-        GROUP_CASES(BP_TYPE_Q4_0)
+        BY_COLUMNS(nc, Q4)
     } else {
-        GROUP_CASES(BP_TYPE_Q8_0)
+        BY_COLUMNS(nc, Q8)
     }
+#undef Q4
+#undef Q8
 }
-#undef GROUP_CASES
+#undef BY_COLUMNS
 
 void bp_cpu_repack_mul_mat(const bp_tensor *a, const struct bp_block_q8_0 *bq,
                            const int32_t *ycorr, const float *yd, float *c, int64_t ldc,
