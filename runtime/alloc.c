@@ -14,9 +14,18 @@
 #include "backend-impl.h"
 #include <backplane/bp-alloc.h>
 
-static size_t align_up(size_t n, size_t align)
+/* n rounded up to a multiple of align; false when that does not fit in size_t. */
+static bool align_up(size_t n, size_t align, size_t *out)
 {
-    return align <= 1 ? n : (n + align - 1) / align * align;
+    size_t padded;
+    if (align <= 1) {
+        *out = n;
+        return true;
+    }
+    if (!bp__add_size(n, align - 1, &padded))
+        return false;
+    *out = padded / align * align;
+    return true;
 }
 
 /* ---- Linear allocator ------------------------------------------------------------------- */
@@ -37,9 +46,10 @@ enum bp_status bp_tallocr_alloc(struct bp_tallocr *ta, bp_tensor *t)
                          "bp_tallocr_alloc: %s is a view and shares its source's memory",
                          bp__describe(t).s);
     size_t size = bp_buffer_type_alloc_size(ta->buffer->buft, t);
-    size_t offset = align_up(ta->offset, ta->alignment), end;
+    size_t offset = ta->offset, end = 0;
     size_t cap = bp_buffer_get_size(ta->buffer);
-    if (!bp__add_size(offset, size, &end) || end > cap)
+    if (!align_up(ta->offset, ta->alignment, &offset) || !bp__add_size(offset, size, &end) ||
+        end > cap)
         return bp__error(BP_ERR_OUT_OF_MEMORY,
                          "bp_tallocr_alloc: %s needs %zu bytes at offset %zu but the buffer has "
                          "%zu bytes",
@@ -62,10 +72,11 @@ bp_buffer *bp_alloc_ctx_tensors(bp_context *ctx, bp_buffer_type *buft)
         bp_tensor *t = bp_context_get_tensor(ctx, i);
         if (t->data != NULL || t->view_src != NULL)
             continue;
-        size_t sz = align_up(bp_buffer_type_alloc_size(buft, t), align);
-        if (!bp__add_size(align_up(total, align), sz, &total))
-            return bp__error_null(BP_ERR_OUT_OF_MEMORY, "bp_alloc_ctx_tensors: the tensors' total "
-                                  "size overflows");
+        size_t sz, start;
+        if (!align_up(bp_buffer_type_alloc_size(buft, t), align, &sz) ||
+            !align_up(total, align, &start) || !bp__add_size(start, sz, &total))
+            return bp__error_null(BP_ERR_OUT_OF_MEMORY, "bp_alloc_ctx_tensors: the tensors of "
+                                  "the context need more than SIZE_MAX bytes together");
     }
     bp_buffer *buf = bp_buffer_type_alloc(buft, total);
     if (buf == NULL)
@@ -122,18 +133,23 @@ static void fl_reset(struct free_list *fl)
     fl->high_water = 0;
 }
 
-/* Best fit among the closed blocks, else the tail. Sizes are already aligned. */
-static size_t fl_alloc(struct free_list *fl, size_t size)
+/* Best fit among the closed blocks, else the tail. Sizes are already aligned. False when not
+ * even the tail can hold size (the plan would need more than TAIL_END bytes). */
+static bool fl_alloc(struct free_list *fl, size_t size, size_t *out)
 {
+    *out = 0;
     if (size == 0)
-        return 0;
+        return true;
     int best = -1;
     for (int i = 0; i < fl->n - 1; i++) {
         if (fl->blocks[i].size >= size && (best < 0 || fl->blocks[i].size < fl->blocks[best].size))
             best = i;
     }
-    if (best < 0)
+    if (best < 0) {
         best = fl->n - 1;
+        if (fl->blocks[best].size < size)
+            return false;
+    }
     struct block *b = &fl->blocks[best];
     size_t offset = b->offset;
     b->offset += size;
@@ -144,7 +160,8 @@ static size_t fl_alloc(struct free_list *fl, size_t size)
     }
     if (offset + size > fl->high_water)
         fl->high_water = offset + size;
-    return offset;
+    *out = offset;
+    return true;
 }
 
 static void fl_free(struct free_list *fl, size_t offset, size_t size)
@@ -291,13 +308,19 @@ static bool pinned(const bp_tensor *t)
     return t->op == BP_OP_NONE || (t->flags & (BP_TENSOR_FLAG_INPUT | BP_TENSOR_FLAG_OUTPUT));
 }
 
-static void plan_alloc(bp_gallocr *ga, struct tinfo *ti, const bp_tensor *t)
+static enum bp_status plan_alloc(bp_gallocr *ga, struct tinfo *ti, const bp_tensor *t)
 {
     struct free_list *fl = &ga->lists[ti->buft];
-    ti->size = align_up(bp_buffer_type_alloc_size(ga->bufts[ti->buft], t), fl->alignment);
-    ti->offset = fl_alloc(fl, ti->size);
+    size_t need = bp_buffer_type_alloc_size(ga->bufts[ti->buft], t);
+    if (!align_up(need, fl->alignment, &ti->size) || !fl_alloc(fl, ti->size, &ti->offset))
+        return bp__error(BP_ERR_OUT_OF_MEMORY,
+                         "graph allocator: %s needs %zu bytes of %s, and with the tensors live "
+                         "beside it the plan would pass %zu bytes",
+                         bp__describe(t).s, need, bp_buffer_type_name(ga->bufts[ti->buft]),
+                         (size_t)TAIL_END);
     ti->planned = ti->live = true;
     ti->may_free = !pinned(t);
+    return BP_OK;
 }
 
 static void plan_release(bp_gallocr *ga, struct tinfo *ti)
@@ -473,12 +496,13 @@ static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, con
     /* Leafs and inputs live for the whole graph: give them memory before any node. */
     for (int i = 0; i < n_leafs; i++) {
         leaf_ti[i]->buft = leaf_ids ? leaf_ids[i] : 0;
-        if (needs_memory(ga, leafs[i]))
-            plan_alloc(ga, leaf_ti[i], leafs[i]);
+        if (needs_memory(ga, leafs[i]) && (st = plan_alloc(ga, leaf_ti[i], leafs[i])) != BP_OK)
+            return st;
     }
     for (int i = 0; i < n_nodes; i++) {
-        if ((nodes[i]->flags & BP_TENSOR_FLAG_INPUT) && needs_memory(ga, nodes[i]))
-            plan_alloc(ga, NODE_TI(i), nodes[i]);
+        if ((nodes[i]->flags & BP_TENSOR_FLAG_INPUT) && needs_memory(ga, nodes[i]) &&
+            (st = plan_alloc(ga, NODE_TI(i), nodes[i])) != BP_OK)
+            return st;
     }
 
     for (int i = 0; i < n_nodes; i++) {
@@ -486,8 +510,9 @@ static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, con
         struct tinfo *ti = NODE_TI(i);
         if (VIEW_TI(i) != NULL)
             ti->buft = VIEW_TI(i)->buft;
-        else if (!ti->planned && needs_memory(ga, node) && !plan_inplace(ga, ti, node))
-            plan_alloc(ga, ti, node);
+        else if (!ti->planned && needs_memory(ga, node) && !plan_inplace(ga, ti, node) &&
+                 (st = plan_alloc(ga, ti, node)) != BP_OK)
+            return st;
 
         /* This node has run: sources it was the last consumer of give their memory back. */
         for (int s = 0; s < BP_MAX_SRC; s++) {

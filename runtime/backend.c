@@ -304,6 +304,12 @@ enum bp_status bp_tensor_copy(const bp_tensor *src, bp_tensor *dst)
                          "in size", bp__describe(src).s, n, bp__describe(dst).s, bp_nbytes(dst));
     if (src == dst || n == 0)
         return BP_OK;
+    /* Overlapping byte ranges of one buffer copy as memmove would: through a staging copy,
+     * since the buffer's own set/get may copy in any order. */
+    bool overlap = src->buffer == dst->buffer && (const char *)src->data < (char *)dst->data + n &&
+                   (char *)dst->data < (const char *)src->data + n;
+    if (overlap)
+        goto staged;
     if (bp_buffer_is_host(src->buffer))
         return bp_tensor_set(dst, src->data, 0, n);
     if (bp_buffer_is_host(dst->buffer))
@@ -312,6 +318,7 @@ enum bp_status bp_tensor_copy(const bp_tensor *src, bp_tensor *dst)
         dst->buffer->iface->cpy_tensor(dst->buffer, src, dst))
         return BP_OK;
     /* Neither side is host memory and there is no direct path: stage through the host. */
+staged:;
     void *tmp = bp__malloc(n, "a host staging copy");
     if (tmp == NULL)
         return BP_ERR_OUT_OF_MEMORY;

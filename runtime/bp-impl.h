@@ -19,6 +19,11 @@ void bp__assert_fail(const char *file, int line, const char *cond) __attribute__
 enum bp_status bp__error(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3);
 enum bp_status bp__verror(enum bp_status status, const char *fmt, va_list ap);
 
+/* Copies src into dst (size bytes) with control characters written as C escapes ("\n",
+ * "\x1b"), so text from users and files stays one printable line; a copy that does not fit ends
+ * in "...". Returns the length written. */
+size_t bp__escape_controls(char *dst, size_t size, const char *src);
+
 /* The library's one allocation path, so out-of-memory handling can be exercised by tests.
  * On failure they set bp_last_error() (naming `what`) and return NULL. */
 /* True when fault injection wants this allocation to fail (see mem.c); false otherwise. */
@@ -58,6 +63,10 @@ bool bp__op_valid(enum bp_op op);
  * the builders; `op_name` goes into the error message. */
 bp_tensor *bp__new_tensor_impl(bp_context *ctx, enum bp_type type, const int64_t ne[BP_MAX_DIMS],
                                const char *op_name);
+/* Whether a and b reach common bytes of one tensor's memory (one is a view of the other, or
+ * both views of one source, with intersecting byte ranges). */
+bool bp__tensors_overlap(const bp_tensor *a, const bp_tensor *b);
+
 /* A view of a with a's shape and strides (view_src/view_offs set to reach a's data). */
 bp_tensor *bp__view_of(bp_context *ctx, bp_tensor *a, const char *op_name);
 
@@ -76,7 +85,7 @@ void *bp__error_null(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3
 /* A printable description of a tensor for error messages: "'name' f32 [4, 3, 1, 1]". Returned
  * by value so it can be used inline in one printf call. */
 struct bp__tdesc {
-    char s[BP_MAX_NAME + 128];
+    char s[BP_TENSOR_DESC_SIZE];
 };
 struct bp__tdesc bp__describe(const bp_tensor *t);
 #endif

@@ -34,7 +34,7 @@ static enum bp_status host_set(bp_buffer *buf, bp_tensor *t, const void *data, s
                                size_t size)
 {
     (void)buf;
-    memcpy((char *)t->data + offset, data, size);
+    memmove((char *)t->data + offset, data, size); /* data may point into this buffer */
     return BP_OK;
 }
 
@@ -42,7 +42,7 @@ static enum bp_status host_get(bp_buffer *buf, const bp_tensor *t, void *data, s
                                size_t size)
 {
     (void)buf;
-    memcpy(data, (const char *)t->data + offset, size);
+    memmove(data, (const char *)t->data + offset, size);
     return BP_OK;
 }
 

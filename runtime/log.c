@@ -75,17 +75,19 @@ void bp_log(enum bp_log_level level, const char *fmt, ...)
     if (level < BP_LOG_DEBUG || level >= BP_LOG_NONE || (int)level < (int)bp_log_get_level())
         return;
 
-    char msg[1024];
+    char raw[1024], msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(msg, sizeof(msg), fmt, ap);
+    int n = vsnprintf(raw, sizeof(raw), fmt, ap);
     va_end(ap);
     if (n < 0)
         return;
-    /* One line per message: a trailing newline from the caller would double up. */
-    size_t len = strlen(msg);
-    while (len > 0 && msg[len - 1] == '\n')
-        msg[--len] = '\0';
+    /* One line per message: a trailing newline from the caller would double up, and any other
+     * control character (from a name or path in the message) is written as a C escape. */
+    size_t len = strlen(raw);
+    while (len > 0 && raw[len - 1] == '\n')
+        raw[--len] = '\0';
+    bp__escape_controls(msg, sizeof(msg), raw);
 
     pthread_mutex_lock(&log_lock);
     bp_log_fn fn = log_fn;

@@ -163,6 +163,11 @@ bp_tensor *bp_set_rows(bp_context *ctx, bp_tensor *dst, bp_tensor *src, bp_tenso
                               "c dividing %lld, for src %s",
                               bp__describe(ids).s, (long long)src->ne[1], (long long)src->ne[2],
                               (long long)src->ne[3], bp__describe(src).s);
+    if (bp__tensors_overlap(src, dst))
+        return bp__error_null(BP_ERR_INVALID_ARG,
+                              "bp_set_rows: rows %s overlap their destination %s; copy them with "
+                              "bp_cont first",
+                              bp__describe(src).s, bp__describe(dst).s);
     bp_tensor *t = bp__view_of(ctx, dst, "bp_set_rows");
     if (t == NULL)
         return NULL;
@@ -477,8 +482,12 @@ bp_tensor *bp_concat(bp_context *ctx, bp_tensor *a, bp_tensor *b, int dim)
                                   "bp_concat: %s and %s differ in dimension %d, not only in the "
                                   "concatenated dimension %d",
                                   bp__describe(a).s, bp__describe(b).s, i, dim);
-        ne[i] = i == dim ? a->ne[i] + b->ne[i] : a->ne[i];
+        ne[i] = a->ne[i];
     }
+    if (__builtin_add_overflow(a->ne[dim], b->ne[dim], &ne[dim]))
+        return bp__error_null(BP_ERR_SHAPE,
+                              "bp_concat: %s and %s together are too long in dimension %d",
+                              bp__describe(a).s, bp__describe(b).s, dim);
     bp_tensor *t = make(ctx, "bp_concat", BP_OP_CONCAT, a->type, ne[0], ne[1], ne[2], ne[3]);
     if (t == NULL)
         return NULL;

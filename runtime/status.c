@@ -7,10 +7,11 @@
 
 #include "bp-impl.h"
 
-#define BP_ERROR_MAX 512
+#define BP_ERROR_MAX 1024
 
 /* Per thread: the message of the last failure and its status. Fixed storage, so recording an
- * error can never itself fail for lack of memory. */
+ * error can never itself fail for lack of memory. Messages longer than the storage end in
+ * "..." rather than stopping silently mid-word. */
 static _Thread_local char tls_error[BP_ERROR_MAX];
 static _Thread_local enum bp_status tls_status = BP_OK;
 
@@ -38,11 +39,51 @@ const char *bp_strerror(enum bp_status status)
     return "unknown status";
 }
 
+size_t bp__escape_controls(char *dst, size_t size, const char *src)
+{
+    static const char letters[] = "abtnvfr"; /* \a (7) .. \r (13) */
+    size_t o = 0;
+    bool cut = false;
+    for (const unsigned char *p = (const unsigned char *)src; *p != '\0'; p++) {
+        char esc[5];
+        size_t len;
+        if (*p >= 7 && *p <= 13) {
+            esc[0] = '\\';
+            esc[1] = letters[*p - 7];
+            len = 2;
+        } else if (*p < 0x20 || *p == 0x7f) {
+            snprintf(esc, sizeof(esc), "\\x%02x", *p);
+            len = 4;
+        } else {
+            esc[0] = (char)*p;
+            len = 1;
+        }
+        if (o + len + 1 > size) {
+            cut = true;
+            break;
+        }
+        memcpy(dst + o, esc, len);
+        o += len;
+    }
+    if (size > 0)
+        dst[o] = '\0';
+    if (cut && size >= 4)
+        memcpy(dst + (o > size - 4 ? size - 4 : o), "...", 4);
+    return o;
+}
+
 enum bp_status bp__verror(enum bp_status status, const char *fmt, va_list ap)
 {
-    int n = vsnprintf(tls_error, sizeof(tls_error), fmt, ap);
+    /* Formatted first, then copied with control characters written as C escapes: names and
+     * paths come from users and files, and a newline or terminal escape in one must not
+     * break the one-line sentence (or a terminal) that shows it. */
+    char raw[BP_ERROR_MAX];
+    int n = vsnprintf(raw, sizeof(raw), fmt, ap);
     if (n < 0)
-        snprintf(tls_error, sizeof(tls_error), "%s", bp_strerror(status));
+        snprintf(raw, sizeof(raw), "%s", bp_strerror(status));
+    else if ((size_t)n >= sizeof(raw))
+        memcpy(raw + sizeof(raw) - 4, "...", 4);
+    bp__escape_controls(tls_error, sizeof(tls_error), raw);
     tls_status = status;
     /* Errors are returned to the caller, who decides whether they matter; debug logging lets
      * a user see every one of them without changing the application. */

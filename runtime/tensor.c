@@ -75,7 +75,8 @@ bp_tensor *bp_context_find_tensor(const bp_context *ctx, const char *name)
     return NULL;
 }
 
-/* Contiguous strides for shape ne. False when the byte size does not fit in size_t. */
+/* Contiguous strides for shape ne. False when the byte size or any stride (including those of
+ * the empty dimensions, which still multiply) exceeds BP_MAX_TENSOR_BYTES. */
 static bool contiguous_strides(enum bp_type type, const int64_t ne[BP_MAX_DIMS],
                                size_t nb[BP_MAX_DIMS])
 {
@@ -85,11 +86,12 @@ static bool contiguous_strides(enum bp_type type, const int64_t ne[BP_MAX_DIMS],
         return false;
     nb[1] = row;
     for (int i = 2; i < BP_MAX_DIMS; i++) {
-        if (!bp__mul_size(nb[i - 1], (size_t)ne[i - 1], &nb[i]))
+        if (!bp__mul_size(nb[i - 1], (size_t)ne[i - 1], &nb[i]) || nb[i] > BP_MAX_TENSOR_BYTES)
             return false;
     }
     size_t total;
-    return bp__mul_size(nb[3], (size_t)ne[3], &total);
+    return row <= BP_MAX_TENSOR_BYTES && bp__mul_size(nb[3], (size_t)ne[3], &total) &&
+           total <= BP_MAX_TENSOR_BYTES;
 }
 
 bp_tensor *bp__new_tensor_impl(bp_context *ctx, enum bp_type type, const int64_t ne[BP_MAX_DIMS],
@@ -113,13 +115,18 @@ bp_tensor *bp__new_tensor_impl(bp_context *ctx, enum bp_type type, const int64_t
                               "block size %lld",
                               op_name, (long long)ne[0], tr->name, (long long)tr->block_size);
     size_t nb[BP_MAX_DIMS];
-    int64_t count;
-    if (!bp__count_elements(ne, &count) || !contiguous_strides(type, ne, nb))
+    int64_t count, rows;
+    const int64_t outer[BP_MAX_DIMS] = {1, ne[1], ne[2], ne[3]};
+    /* Every count and byte size a kernel or allocator derives from the shape must fit, with
+     * room for alignment padding: checked here once, so nothing downstream can wrap. */
+    if (!bp__count_elements(ne, &count) || !bp__count_elements(outer, &rows) ||
+        !contiguous_strides(type, ne, nb))
         return bp__error_null(BP_ERR_SHAPE,
-                              "%s: a %s tensor of [%lld, %lld, %lld, %lld] elements is too large "
-                              "to address",
+                              "%s: a %s tensor of [%lld, %lld, %lld, %lld] elements is too "
+                              "large: its bytes, a stride or its element or row count would pass "
+                              "BP_MAX_TENSOR_BYTES (%zu) or 2^63",
                               op_name, tr->name, (long long)ne[0], (long long)ne[1],
-                              (long long)ne[2], (long long)ne[3]);
+                              (long long)ne[2], (long long)ne[3], (size_t)BP_MAX_TENSOR_BYTES);
     if (ctx->n_tensors >= ctx->capacity)
         return bp__error_null(BP_ERR_CAPACITY,
                               "%s: the context is full (%zu tensors); create it with a larger "
@@ -233,18 +240,23 @@ void bp_set_param(bp_tensor *t)
 
 /* ---- Shape queries ---------------------------------------------------------------------- */
 
+/* Tensors made by the library never overflow these products (creation refuses them); a
+ * tensor struct filled in by hand might, and then the count saturates instead of wrapping. */
 int64_t bp_nelements(const bp_tensor *t)
 {
     if (t == NULL)
         return 0;
-    return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    int64_t n;
+    return bp__count_elements(t->ne, &n) ? n : INT64_MAX;
 }
 
 int64_t bp_nrows(const bp_tensor *t)
 {
     if (t == NULL)
         return 0;
-    return t->ne[1] * t->ne[2] * t->ne[3];
+    const int64_t outer[BP_MAX_DIMS] = {1, t->ne[1], t->ne[2], t->ne[3]};
+    int64_t n;
+    return bp__count_elements(outer, &n) ? n : INT64_MAX;
 }
 
 size_t bp_nbytes(const bp_tensor *t)
@@ -344,38 +356,69 @@ const char *bp_format_shape(const bp_tensor *t, char *buf, size_t size)
     return buf;
 }
 
+const char *bp_describe_tensor(const bp_tensor *t, char *buf, size_t size)
+{
+    if (buf == NULL || size == 0)
+        return buf;
+    char shape[96];
+    bp_format_shape(t, shape, sizeof(shape));
+    /* The name is read up to its array's end: a struct filled in by hand may lack the NUL. */
+    int name_len = t ? (int)strnlen(t->name, sizeof(t->name)) : 0;
+    if (t == NULL)
+        snprintf(buf, size, "(null)");
+    else if (name_len > 0)
+        snprintf(buf, size, "'%.*s' %s %s", name_len, t->name, bp_type_name(t->type), shape);
+    else if (t->op == BP_OP_NONE)
+        snprintf(buf, size, "unnamed %s %s", bp_type_name(t->type), shape);
+    else
+        snprintf(buf, size, "unnamed %s result %s %s", bp_op_name(t->op), bp_type_name(t->type),
+                 shape);
+    return buf;
+}
+
 struct bp__tdesc bp__describe(const bp_tensor *t)
 {
     struct bp__tdesc d;
-    char shape[96];
-    bp_format_shape(t, shape, sizeof(shape));
-    if (t == NULL)
-        snprintf(d.s, sizeof(d.s), "(null)");
-    else if (t->name[0] != '\0')
-        snprintf(d.s, sizeof(d.s), "'%s' %s %s", t->name, bp_type_name(t->type), shape);
-    else
-        snprintf(d.s, sizeof(d.s), "%s %s", bp_type_name(t->type), shape);
+    bp_describe_tensor(t, d.s, sizeof(d.s));
     return d;
+}
+
+#define N_OP_PARAMS ((int)(BP_MAX_OP_PARAMS / sizeof(int32_t)))
+
+/* Index i of t's op parameters, or false (error set) when t is NULL or i is out of range. */
+static bool op_param_index(const bp_tensor *t, int i, const char *fn)
+{
+    if (t == NULL) {
+        bp__error(BP_ERR_INVALID_ARG, "%s: tensor is NULL", fn);
+        return false;
+    }
+    if (i < 0 || i >= N_OP_PARAMS) {
+        bp__error(BP_ERR_OUT_OF_BOUNDS, "%s: parameter index %d of %s is outside 0..%d", fn, i,
+                  bp__describe(t).s, N_OP_PARAMS - 1);
+        return false;
+    }
+    return true;
 }
 
 int32_t bp_get_op_param_i32(const bp_tensor *t, int i)
 {
-    return t->op_params[i];
+    return op_param_index(t, i, __func__) ? t->op_params[i] : 0;
 }
 
 float bp_get_op_param_f32(const bp_tensor *t, int i)
 {
-    float f;
-    memcpy(&f, &t->op_params[i], sizeof(f));
+    float f = 0.0f;
+    if (op_param_index(t, i, __func__))
+        memcpy(&f, &t->op_params[i], sizeof(f));
     return f;
 }
 
 enum bp_unary_op bp_get_unary_op(const bp_tensor *t)
 {
-    return (enum bp_unary_op)t->op_params[0];
+    return op_param_index(t, 0, __func__) ? (enum bp_unary_op)t->op_params[0] : BP_UNARY_OP_COUNT;
 }
 
 enum bp_glu_op bp_get_glu_op(const bp_tensor *t)
 {
-    return (enum bp_glu_op)t->op_params[0];
+    return op_param_index(t, 0, __func__) ? (enum bp_glu_op)t->op_params[0] : BP_GLU_OP_COUNT;
 }

@@ -31,10 +31,28 @@ bp_tensor *bp_dup(bp_context *ctx, bp_tensor *a)
     return t;
 }
 
+bool bp__tensors_overlap(const bp_tensor *a, const bp_tensor *b)
+{
+    const bp_tensor *oa = a->view_src ? a->view_src : a, *ob = b->view_src ? b->view_src : b;
+    size_t na = bp_nbytes(a), nb = bp_nbytes(b);
+    if (oa != ob || na == 0 || nb == 0)
+        return false;
+    size_t sa = a->view_src ? a->view_offs : 0, sb = b->view_src ? b->view_offs : 0;
+    return sa < sb + nb && sb < sa + na;
+}
+
 bp_tensor *bp_cpy(bp_context *ctx, bp_tensor *a, bp_tensor *b)
 {
     if (a == NULL || b == NULL)
         return bp__error_null(BP_ERR_INVALID_ARG, "bp_cpy: source and destination must not be NULL");
+    /* Kernels copy element by element in any order (and convert types), so a source that
+     * shares bytes with its destination would read values already overwritten. */
+    if (bp__tensors_overlap(a, b))
+        return bp__error_null(BP_ERR_INVALID_ARG,
+                              "bp_cpy: source %s and destination %s overlap in the memory of %s; "
+                              "copy the source with bp_cont first",
+                              bp__describe(a).s, bp__describe(b).s,
+                              bp__describe(b->view_src ? b->view_src : b).s);
     if (bp_nelements(a) != bp_nelements(b))
         return bp__error_null(BP_ERR_SHAPE,
                               "bp_cpy: cannot copy %s (%lld elements) into %s (%lld elements)",
@@ -118,14 +136,19 @@ bp_tensor *bp_reshape(bp_context *ctx, bp_tensor *a, int n_dims, const int64_t *
         return bp__error_null(BP_ERR_SHAPE, "bp_reshape: n_dims is %d, expected 1 to %d", n_dims,
                               BP_MAX_DIMS);
     int64_t full[BP_MAX_DIMS] = {1, 1, 1, 1};
-    int64_t n = -1;
+    int64_t n;
     for (int i = 0; i < n_dims; i++) {
         if (ne[i] < 0)
             return bp__error_null(BP_ERR_SHAPE, "bp_reshape: dimension %d has negative size %lld",
                                   i, (long long)ne[i]);
         full[i] = ne[i];
     }
-    bp__count_elements(full, &n); /* n stays -1 on overflow, which never matches */
+    if (!bp__count_elements(full, &n))
+        return bp__error_null(BP_ERR_SHAPE,
+                              "bp_reshape: cannot reshape %s (%lld elements) to [%lld, %lld, %lld, "
+                              "%lld]: that many elements do not fit in 64 bits",
+                              bp__describe(a).s, (long long)bp_nelements(a), (long long)full[0],
+                              (long long)full[1], (long long)full[2], (long long)full[3]);
     if (!bp_is_contiguous(a))
         return bp__error_null(BP_ERR_SHAPE,
                               "bp_reshape: %s is not contiguous; apply bp_cont first",
@@ -203,7 +226,12 @@ static bp_tensor *view_impl(bp_context *ctx, bp_tensor *a, const int64_t ne[BP_M
     probe.nb[3] = nb_outer[2];
     bp_tensor *owner = a->view_src ? a->view_src : a;
     size_t offs;
-    if (!bp__add_size(a->view_offs, offset, &offs) || !view_in_bounds(owner, offs, &probe))
+    if (!bp__add_size(a->view_offs, offset, &offs))
+        return bp__error_null(BP_ERR_OUT_OF_BOUNDS,
+                              "bp_view: byte offset %zu into %s (itself at byte offset %zu of its "
+                              "source) does not fit in size_t",
+                              offset, bp__describe(a).s, a->view_offs);
+    if (!view_in_bounds(owner, offs, &probe))
         return bp__error_null(BP_ERR_OUT_OF_BOUNDS,
                               "bp_view: a view %s at byte offset %zu reaches past the end of %s "
                               "(%zu bytes)",

@@ -215,6 +215,39 @@ START_TEST(test_gallocr_reserve_then_smaller_graphs)
 }
 END_TEST
 
+/* Tensors at the size limit: the allocators' sums and alignment must not wrap. Two live
+ * 2^62-byte tensors need more than any plan can address; the plan says so instead of wrapping
+ * into a small buffer. */
+START_TEST(test_alloc_sizes_never_wrap)
+{
+    bp_buffer_type *h = bp_host_buffer_type();
+    bp_gallocr *ga = bp_gallocr_new(&h, 1);
+    bp_context *ctx = bp_context_new(8);
+    int64_t n = (int64_t)(BP_MAX_TENSOR_BYTES / 4);
+    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, n), *b = bp_new_tensor_1d(ctx, BP_TYPE_F32, n);
+    bp_graph *g = bp_graph_new(8);
+    bp_graph_build_forward(g, bp_add(ctx, a, b));
+    bp_clear_error();
+    ck_assert_int_eq(bp_gallocr_alloc_graph(ga, g, NULL, NULL), BP_ERR_OUT_OF_MEMORY);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "the plan would pass"));
+    ck_assert_ptr_null(a->data);
+    /* The same tensors through bp_alloc_ctx_tensors: the total is refused, not wrapped. */
+    bp_context *c2 = bp_context_new(8);
+    for (int i = 0; i < 5; i++)
+        ck_assert_ptr_nonnull(bp_new_tensor_1d(c2, BP_TYPE_F32, n));
+    ck_assert_rejected(bp_alloc_ctx_tensors(c2, h), BP_ERR_OUT_OF_MEMORY, "more than SIZE_MAX");
+    /* The linear allocator refuses a tensor whose end would wrap. */
+    bp_buffer *buf = bp_buffer_type_alloc(h, 64);
+    struct bp_tallocr ta = bp_tallocr_init(buf);
+    ck_assert_int_eq(bp_tallocr_alloc(&ta, bp_context_get_tensor(c2, 0)), BP_ERR_OUT_OF_MEMORY);
+    bp_buffer_free(buf);
+    bp_context_free(c2);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+    bp_gallocr_free(ga);
+}
+END_TEST
+
 START_TEST(test_gallocr_errors)
 {
     ck_assert_rejected(bp_gallocr_new(NULL, 1), BP_ERR_INVALID_ARG, "at least one");
@@ -470,6 +503,7 @@ int main(void)
     BP_TCASE(s, test_gallocr_views_keep_source_alive, 10);
     BP_TCASE(s, test_gallocr_reserve_then_smaller_graphs, 20);
     BP_TCASE(s, test_gallocr_errors, 10);
+    BP_TCASE(s, test_alloc_sizes_never_wrap, 10);
     BP_TCASE(s, test_gallocr_random_graphs, 120);
     return bp_test_run(s);
 }

@@ -277,6 +277,116 @@ START_TEST(test_copies)
 }
 END_TEST
 
+/* Sizes derived from a shape never wrap: anything past BP_MAX_TENSOR_BYTES, or whose element
+ * or row count does not fit in int64_t, is refused when it is made. */
+START_TEST(test_size_limits)
+{
+    bp_context *ctx = bp_context_new(32);
+    /* 3 * 715827883 * 2147483647 * 4 bytes is 2^64 - 4: it fits in size_t but not with padding. */
+    ck_assert_rejected(bp_new_tensor_3d(ctx, BP_TYPE_F32, 3, 715827883, 2147483647), BP_ERR_SHAPE,
+                       "BP_MAX_TENSOR_BYTES");
+    /* No elements, but a row count that overflows int64_t. */
+    ck_assert_rejected(bp_new_tensor_4d(ctx, BP_TYPE_F32, 0, INT64_MAX, INT64_MAX, 1),
+                       BP_ERR_SHAPE, "too large");
+    /* The largest allowed size is accepted, one element more is not. */
+    int64_t max_f32 = (int64_t)(BP_MAX_TENSOR_BYTES / 4);
+    ck_assert_ptr_nonnull(bp_new_tensor_1d(ctx, BP_TYPE_F32, max_f32));
+    ck_assert_rejected(bp_new_tensor_1d(ctx, BP_TYPE_F32, max_f32 + 1), BP_ERR_SHAPE,
+                       "BP_MAX_TENSOR_BYTES");
+    ck_assert_uint_eq(bp_context_n_tensors(ctx), 1);
+    /* Empty rows are fine as long as the row count itself fits. */
+    ck_assert_ptr_nonnull(bp_new_tensor_2d(ctx, BP_TYPE_F32, 0, INT64_MAX));
+
+    /* Builders whose result extent is a sum check it before making the tensor. */
+    bp_tensor *big = bp_new_tensor_1d(ctx, BP_TYPE_F32, max_f32);
+    ck_assert_rejected(bp_concat(ctx, big, big, 0), BP_ERR_SHAPE, "BP_MAX_TENSOR_BYTES");
+    bp_tensor *c1 = bp_new_tensor_4d(ctx, BP_TYPE_F32, 0, 1, 1, INT64_MAX);
+    ck_assert_ptr_nonnull(c1);
+    ck_assert_rejected(bp_concat(ctx, c1, c1, 3), BP_ERR_SHAPE, "too long in dimension 3");
+
+    /* Queries on a struct filled in by hand saturate instead of overflowing. */
+    bp_tensor hand = {.type = BP_TYPE_F32, .ne = {0, INT64_MAX, INT64_MAX, 1}};
+    ck_assert_int_eq(bp_nrows(&hand), INT64_MAX);
+    hand.ne[0] = INT64_MAX;
+    ck_assert_int_eq(bp_nelements(&hand), INT64_MAX);
+
+    /* A reshape to a count that overflows says so instead of printing a bogus count. */
+    bp_tensor *v = bp_new_tensor_1d(ctx, BP_TYPE_F32, 8);
+    ck_assert_rejected(bp_reshape_4d(ctx, v, INT64_MAX, INT64_MAX, 2, 1), BP_ERR_SHAPE,
+                       "do not fit in 64 bits");
+    ck_assert(strstr(bp_last_error(), "-1") == NULL);
+    /* A view offset that wraps names the offset asked for, not the wrapped one. */
+    bp_tensor *w = bp_view_1d(ctx, v, 4, 16);
+    ck_assert_rejected(bp_view_1d(ctx, w, 1, SIZE_MAX - 15), BP_ERR_OUT_OF_BOUNDS,
+                       "does not fit in size_t");
+    bp_context_free(ctx);
+}
+END_TEST
+
+START_TEST(test_op_params_checked)
+{
+    bp_context *ctx = bp_context_new(4);
+    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, 4);
+    bp_tensor *r = bp_unary(ctx, a, BP_UNARY_OP_GELU);
+    ck_assert_int_eq(bp_get_unary_op(r), BP_UNARY_OP_GELU);
+    bp_clear_error();
+    ck_assert_int_eq(bp_get_op_param_i32(NULL, 0), 0);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "tensor is NULL");
+    bp_clear_error();
+    ck_assert_int_eq(bp_get_op_param_i32(r, -1), 0);
+    ck_assert_error_has(BP_ERR_OUT_OF_BOUNDS, "index -1");
+    bp_clear_error();
+    ck_assert_int_eq(bp_get_op_param_i32(r, BP_MAX_OP_PARAMS / 4), 0);
+    ck_assert_error_has(BP_ERR_OUT_OF_BOUNDS, "outside 0..15");
+    bp_clear_error();
+    ck_assert(bp_get_op_param_f32(r, 1000) == 0.0f);
+    ck_assert_error_has(BP_ERR_OUT_OF_BOUNDS, "index 1000");
+    bp_clear_error();
+    ck_assert_int_eq(bp_get_unary_op(NULL), BP_UNARY_OP_COUNT);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "bp_get_unary_op");
+    ck_assert_int_eq(bp_get_glu_op(NULL), BP_GLU_OP_COUNT);
+    bp_context_free(ctx);
+}
+END_TEST
+
+/* Copies whose source and destination share bytes are refused when the graph is built. */
+START_TEST(test_overlapping_copies_refused)
+{
+    bp_context *ctx = bp_context_new(16);
+    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
+    bp_tensor *lo = bp_view_1d(ctx, a, 8, 0), *mid = bp_view_1d(ctx, a, 8, 16),
+              *hi = bp_view_1d(ctx, a, 8, 32);
+    ck_assert_rejected(bp_cpy(ctx, lo, mid), BP_ERR_INVALID_ARG, "overlap");
+    ck_assert_rejected(bp_cpy(ctx, a, bp_reshape_2d(ctx, a, 4, 4)), BP_ERR_INVALID_ARG,
+                       "overlap");
+    ck_assert_ptr_nonnull(bp_cpy(ctx, lo, hi)); /* disjoint halves are fine */
+    bp_tensor *rows = bp_new_tensor_2d(ctx, BP_TYPE_F32, 4, 4);
+    bp_tensor *ids = bp_new_tensor_1d(ctx, BP_TYPE_I32, 2);
+    ck_assert_rejected(bp_set_rows(ctx, rows, bp_view_2d(ctx, rows, 4, 2, 16, 0), ids),
+                       BP_ERR_INVALID_ARG, "overlap");
+    bp_context_free(ctx);
+}
+END_TEST
+
+/* Messages name unnamed tensors by op, type and shape, and never echo control characters. */
+START_TEST(test_descriptions_and_escapes)
+{
+    bp_context *ctx = bp_context_new(8);
+    bp_tensor *a = bp_new_tensor_2d(ctx, BP_TYPE_F32, 4, 3);
+    bp_tensor *b = bp_new_tensor_2d(ctx, BP_TYPE_F32, 5, 3);
+    char buf[BP_TENSOR_DESC_SIZE];
+    ck_assert_str_eq(bp_describe_tensor(a, buf, sizeof(buf)), "unnamed f32 [4, 3, 1, 1]");
+    bp_tensor *s = bp_scale(ctx, a, 2.0f);
+    ck_assert_str_eq(bp_describe_tensor(s, buf, sizeof(buf)),
+                     "unnamed SCALE result f32 [4, 3, 1, 1]");
+    ck_assert_str_eq(bp_describe_tensor(NULL, buf, sizeof(buf)), "(null)");
+    bp_set_name(a, "evil\nname\x1b[31m\t");
+    ck_assert_rejected(bp_add(ctx, b, a), BP_ERR_SHAPE, "'evil\\nname\\x1b[31m\\t' f32");
+    ck_assert(strchr(bp_last_error(), '\n') == NULL && strchr(bp_last_error(), '\x1b') == NULL);
+    bp_context_free(ctx);
+}
+END_TEST
+
 /* The public structs are part of the ABI: catch accidental layout changes. */
 START_TEST(test_abi_layout)
 {
@@ -309,6 +419,10 @@ int main(void)
     BP_TCASE(s, test_views, 10);
     BP_TCASE(s, test_permute_and_transpose, 10);
     BP_TCASE(s, test_copies, 10);
+    BP_TCASE(s, test_size_limits, 10);
+    BP_TCASE(s, test_op_params_checked, 10);
+    BP_TCASE(s, test_overlapping_copies_refused, 10);
+    BP_TCASE(s, test_descriptions_and_escapes, 10);
     BP_TCASE(s, test_abi_layout, 10);
     return bp_test_run(s);
 }

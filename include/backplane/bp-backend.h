@@ -100,7 +100,10 @@ BP_API enum bp_status bp_tensor_set_2d(bp_tensor *t, const void *data, size_t of
 BP_API enum bp_status bp_tensor_get_2d(const bp_tensor *t, void *data, size_t offset, size_t width,
                                        size_t rows, size_t t_stride, size_t data_stride);
 /* Copies all of src into dst (same byte size, both placed): directly when dst's buffer can
- * copy from src's, through host memory otherwise. */
+ * copy from src's, through host memory otherwise. The bytes are copied as they lie (strides
+ * are not interpreted). When src and dst overlap in one buffer the result is as memmove's: dst
+ * ends up holding src's old bytes. (The CPY op, by contrast, refuses overlapping operands when
+ * the graph is built.) */
 BP_API enum bp_status bp_tensor_copy(const bp_tensor *src, bp_tensor *dst);
 
 /* ---- Backends --------------------------------------------------------------------------- */

@@ -189,8 +189,13 @@ BP_API bp_tensor *bp_context_get_tensor(const bp_context *ctx, size_t i);
 /* First tensor with this name, NULL (no error) when none has it. */
 BP_API bp_tensor *bp_context_find_tensor(const bp_context *ctx, const char *name);
 
-/* New tensors: ne[i] >= 0, at most 4 dims, ne[0] a multiple of the type's block size.
- * Owned by the context. NULL on error. */
+/* The largest tensor, in bytes: a tensor whose byte size, any stride, element count or row
+ * count would exceed it (or not fit in int64_t) is refused when it is created, so sizes derived
+ * from a shape, plus alignment padding, never wrap. */
+#define BP_MAX_TENSOR_BYTES ((size_t)1 << 62)
+
+/* New tensors: ne[i] >= 0, at most 4 dims, ne[0] a multiple of the type's block size, at most
+ * BP_MAX_TENSOR_BYTES. Owned by the context. NULL on error (BP_ERR_SHAPE when too large). */
 BP_API bp_tensor *bp_new_tensor(bp_context *ctx, enum bp_type type, int n_dims, const int64_t *ne);
 BP_API bp_tensor *bp_new_tensor_1d(bp_context *ctx, enum bp_type type, int64_t ne0);
 BP_API bp_tensor *bp_new_tensor_2d(bp_context *ctx, enum bp_type type, int64_t ne0, int64_t ne1);
@@ -221,8 +226,16 @@ BP_API bool bp_are_same_shape(const bp_tensor *a, const bp_tensor *b);
 BP_API bool bp_can_repeat(const bp_tensor *small, const bp_tensor *big); /* big.ne[i] % small.ne[i] == 0 */
 /* "[4, 3, 1, 1]" into buf (at least 96 bytes); returns buf. */
 BP_API const char *bp_format_shape(const bp_tensor *t, char *buf, size_t size);
+/* A description for messages into buf (BP_TENSOR_DESC_SIZE bytes hold any): "'wq' f16 [64, 64,
+ * 1, 1]" for a named tensor, "unnamed MUL_MAT result f32 [64, 8, 1, 1]" or "unnamed f32 [...]"
+ * for others; "(null)" for NULL. Truncated to size; returns buf. Plugins use it so every message
+ * names tensors the same way. */
+#define BP_TENSOR_DESC_SIZE (BP_MAX_NAME + 128)
+BP_API const char *bp_describe_tensor(const bp_tensor *t, char *buf, size_t size);
 
-/* Op parameters stored in the tensor (no bounds checks beyond BP_MAX_OP_PARAMS). */
+/* Op parameters stored in the tensor, as 32-bit slots 0 .. BP_MAX_OP_PARAMS/4 - 1. A NULL
+ * tensor or an index outside that range sets bp_last_error() and returns 0 (0.0f; for the op
+ * getters BP_UNARY_OP_COUNT / BP_GLU_OP_COUNT, which name no op). */
 BP_API int32_t bp_get_op_param_i32(const bp_tensor *t, int i);
 BP_API float bp_get_op_param_f32(const bp_tensor *t, int i);
 BP_API enum bp_unary_op bp_get_unary_op(const bp_tensor *t);

@@ -136,12 +136,13 @@ static enum bp_status cpu_graph_compute(bp_backend *be, bp_graph *g)
         bp_tensor *node = bp_graph_node(g, i);
         if (!computes(node))
             continue;
+        char desc[BP_TENSOR_DESC_SIZE];
         if (!bp_cpu_supports_op(node))
-            return bp_set_error(BP_ERR_UNSUPPORTED, "CPU: no kernel for %s node '%s' (type %s)",
-                                bp_op_name(node->op), node->name, bp_type_name(node->type));
+            return bp_set_error(BP_ERR_UNSUPPORTED, "CPU: no kernel for %s node %s",
+                                bp_op_name(node->op), bp_describe_tensor(node, desc, sizeof(desc)));
         if (node->data == NULL)
-            return bp_set_error(BP_ERR_INVALID_ARG, "CPU: node '%s' (%s) has no memory",
-                                node->name, bp_op_name(node->op));
+            return bp_set_error(BP_ERR_INVALID_ARG, "CPU: %s node %s has no memory",
+                                bp_op_name(node->op), bp_describe_tensor(node, desc, sizeof(desc)));
         size_t pt, sh;
         bp_cpu_work_size(node, nth, &pt, &sh);
         per_thread = pt > per_thread ? pt : per_thread;

@@ -180,14 +180,18 @@ static enum bp_status rb_init_tensor(bp_buffer *buf, bp_tensor *t)
 static enum bp_status check_range(const char *fn, const bp_tensor *t, size_t offset, size_t size)
 {
     const size_t bs = (size_t)block_bytes(t->type);
+    char desc[BP_TENSOR_DESC_SIZE], src_desc[BP_TENSOR_DESC_SIZE];
     if (t->view_src != NULL)
-        return bp_set_error(BP_ERR_INVALID_ARG, "CPU_REPACK %s: '%s' is a view of a repacked "
-                            "tensor; use the tensor '%s' itself", fn, t->name, t->view_src->name);
+        return bp_set_error(BP_ERR_INVALID_ARG, "CPU_REPACK %s: %s is a view of a repacked "
+                            "tensor; use the tensor %s itself", fn,
+                            bp_describe_tensor(t, desc, sizeof(desc)),
+                            bp_describe_tensor(t->view_src, src_desc, sizeof(src_desc)));
     if (offset % bs != 0 || size % bs != 0)
         return bp_set_error(BP_ERR_INVALID_ARG,
-                            "CPU_REPACK %s: tensor '%s' is stored repacked and is read and written "
+                            "CPU_REPACK %s: tensor %s is stored repacked and is read and written "
                             "in whole %s blocks of %zu bytes (offset %zu, size %zu)",
-                            fn, t->name, bp_type_name(t->type), bs, offset, size);
+                            fn, bp_describe_tensor(t, desc, sizeof(desc)), bp_type_name(t->type),
+                            bs, offset, size);
     return BP_OK;
 }
 

@@ -566,6 +566,7 @@ static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)
     cudaStream_t s = cb->stream;
     const bp_tensor *a = n->src[0], *b = n->src[1];
     int e = 0;
+    char desc[BP_TENSOR_DESC_SIZE];
     switch (n->op) {
     case BP_OP_NONE:
     case BP_OP_RESHAPE:
@@ -639,12 +640,13 @@ static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)
     case BP_OP_MUL_MAT:
         return mul_mat(cb, n);
     default:
-        return bp_set_error(BP_ERR_UNSUPPORTED, "%s: no kernel for %s ('%s')", cb->cd->name,
-                            bp_op_name(n->op), n->name);
+        return bp_set_error(BP_ERR_UNSUPPORTED, "%s: no kernel for %s node %s", cb->cd->name,
+                            bp_op_name(n->op), bp_describe_tensor(n, desc, sizeof(desc)));
     }
     if (e != 0)
-        return bp_set_error(BP_ERR_BACKEND, "%s: launching %s ('%s') failed: %s", cb->cd->name,
-                            bp_op_name(n->op), n->name, cudaGetErrorString((cudaError_t)e));
+        return bp_set_error(BP_ERR_BACKEND, "%s: launching %s node %s failed: %s", cb->cd->name,
+                            bp_op_name(n->op), bp_describe_tensor(n, desc, sizeof(desc)),
+                            cudaGetErrorString((cudaError_t)e));
     return BP_OK;
 }
 
@@ -657,9 +659,11 @@ static enum bp_status cbe_compute(bp_backend *be, bp_graph *g)
     const int n = bp_graph_n_nodes(g);
     for (int i = 0; i < n; i++) {
         bp_tensor *node = bp_graph_node(g, i);
+        char desc[BP_TENSOR_DESC_SIZE];
         if (!cuda_supports(node))
-            return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s ('%s') is not supported on this "
-                                "device", cb->cd->name, bp_op_name(node->op), node->name);
+            return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s node %s is not supported on this "
+                                "device", cb->cd->name, bp_op_name(node->op),
+                                bp_describe_tensor(node, desc, sizeof(desc)));
         enum bp_status st = compute_node(cb, node);
         if (st != BP_OK)
             return st;
@@ -999,13 +1003,14 @@ static enum bp_status cuda_comm_allreduce(bp_comm *c, bp_tensor *const *tensors,
         return bp_set_error(BP_ERR_INVALID_ARG, "CUDA: bp_comm_allreduce: %d tensors for a "
                             "communicator of %d", n, c ? c->n : 0);
     ncclDataType_t type = ncclFloat32;
+    char desc[BP_TENSOR_DESC_SIZE];
     for (int i = 0; i < n; i++) {
         const bp_tensor *t = tensors[i];
         if (!contiguous(t) || !is_cuda_tensor(t) || !float_type(t->type) ||
             bp_nelements(t) != bp_nelements(tensors[0]) || t->type != tensors[0]->type)
-            return bp_set_error(BP_ERR_INVALID_ARG, "CUDA: bp_comm_allreduce: '%s' must be a "
+            return bp_set_error(BP_ERR_INVALID_ARG, "CUDA: bp_comm_allreduce: %s must be a "
                                 "contiguous F32/F16/BF16 tensor in GPU memory, like the others",
-                                t->name);
+                                bp_describe_tensor(t, desc, sizeof(desc)));
     }
     type = tensors[0]->type == BP_TYPE_F16 ? ncclFloat16
          : tensors[0]->type == BP_TYPE_BF16 ? ncclBfloat16 : ncclFloat32;
