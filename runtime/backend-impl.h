@@ -3,6 +3,8 @@
 #ifndef BACKPLANE_BACKEND_IMPL_H
 #define BACKPLANE_BACKEND_IMPL_H
 
+#include <stdatomic.h>
+
 #include <backplane/bp-plugin.h>
 
 #include "bp-impl.h"
@@ -47,6 +49,11 @@ struct bp_backend {
     void *context;
     struct bp_plugin *plugin; /* holds a reference while the backend lives */
     bp_device *device;
+    /* The thread inside a call on this backend (a per-thread token; 0: none) and how deeply it
+     * has entered (only that thread touches depth). A second thread is refused with BP_ERR_BUSY
+     * instead of racing the plugin's state (backend.c, backend_enter). */
+    _Atomic uintptr_t owner;
+    int depth;
 };
 
 struct bp_event {

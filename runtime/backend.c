@@ -331,6 +331,43 @@ staged:;
 
 /* ---- Backends --------------------------------------------------------------------------- */
 
+/* One thread at a time per backend (bp-backend.h). Entering marks the backend with a token of
+ * the calling thread; the same thread may enter again (a plugin's call that comes back through
+ * the public API), another thread is refused. Detection, not locking: a caller that shares a
+ * backend between threads has a bug, and a clear error beats a corrupted queue or thread pool. */
+static _Thread_local char thread_token;
+
+static bool backend_enter(bp_backend *be, const char *fn)
+{
+    uintptr_t me = (uintptr_t)&thread_token, expected = 0;
+    if (atomic_load_explicit(&be->owner, memory_order_relaxed) == me) {
+        be->depth++;
+        return true;
+    }
+    if (!atomic_compare_exchange_strong_explicit(&be->owner, &expected, me, memory_order_acquire,
+                                                 memory_order_relaxed)) {
+        bp__error(BP_ERR_BUSY,
+                  "%s: backend %s is in use by another thread; a backend is used by one thread "
+                  "at a time (create one backend per thread)",
+                  fn, be->iface->get_name(be));
+        return false;
+    }
+    be->depth = 1;
+    return true;
+}
+
+static void backend_leave(bp_backend *be)
+{
+    if (--be->depth == 0)
+        atomic_store_explicit(&be->owner, 0, memory_order_release);
+}
+
+#define BACKEND_ENTER(be, ret)                                                                 \
+    do {                                                                                       \
+        if (!backend_enter((be), __func__))                                                    \
+            return (ret);                                                                      \
+    } while (0)
+
 const char *bp_backend_name(bp_backend *backend)
 {
     CHECK_HANDLE(backend, "bp_backend_name", "");
@@ -366,21 +403,79 @@ bp_buffer *bp_backend_alloc_buffer(bp_backend *backend, size_t size)
 
 enum bp_status bp_backend_synchronize(bp_backend *backend)
 {
-    CHECK_HANDLE(backend, "bp_backend_synchronize", BP_ERR_INVALID_ARG);
-    if (BP_HAS(struct bp_backend_iface, backend->iface, synchronize))
-        return backend->iface->synchronize(backend);
+    CHECK_HANDLE(backend, __func__, BP_ERR_INVALID_ARG);
+    if (!BP_HAS(struct bp_backend_iface, backend->iface, synchronize))
+        return BP_OK;
+    BACKEND_ENTER(backend, BP_ERR_BUSY);
+    enum bp_status st = backend->iface->synchronize(backend);
+    backend_leave(backend);
+    return st;
+}
+
+/* The buffer that holds t's memory: its own, or for a view not yet given one, its source's. */
+static bp_buffer *memory_of(const bp_tensor *t)
+{
+    if (t->buffer != NULL)
+        return t->buffer;
+    return t->view_src != NULL ? t->view_src->buffer : NULL;
+}
+
+/* Every tensor the graph touches must have memory in a buffer the backend's device can use:
+ * a plugin handed a pointer into another device's memory would read it as its own (a host
+ * pointer on a GPU, a GPU pointer on the CPU) and crash. Nodes of op NONE are leafs. */
+static enum bp_status check_graph_memory(bp_backend *be, bp_graph *g)
+{
+    bp_buffer_type *ok[4] = {NULL};
+    int n_ok = 0;
+    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
+        const bp_tensor *node = bp_graph_node(g, i);
+        for (int s = -1; s < BP_MAX_SRC; s++) {
+            const bp_tensor *t = s < 0 ? node : node->src[s];
+            if (t == NULL)
+                continue;
+            bp_buffer *buf = memory_of(t);
+            if (buf == NULL) {
+                if (t->data != NULL)
+                    continue; /* placed by hand in memory of the caller's: nothing to check */
+                return bp__error(BP_ERR_INVALID_ARG,
+                                 "backend %s: %s %s has no memory; allocate the graph first",
+                                 bp_backend_name(be), t == node ? "node" : "source",
+                                 bp__describe(t).s);
+            }
+            bool seen = false;
+            for (int k = 0; k < n_ok && !seen; k++)
+                seen = ok[k] == buf->buft;
+            if (seen)
+                continue;
+            if (!bp_device_supports_buft(be->device, buf->buft))
+                return bp__error(BP_ERR_UNSUPPORTED,
+                                 "backend %s cannot use %s of node %s: it lives in a %s buffer, "
+                                 "which device %s does not support; copy it first or let the "
+                                 "scheduler do it",
+                                 bp_backend_name(be), t == node ? "the result" : bp__describe(t).s,
+                                 bp__describe(node).s, bp_buffer_type_name(buf->buft),
+                                 bp_device_name(be->device));
+            if (n_ok < 4)
+                ok[n_ok++] = buf->buft;
+        }
+    }
     return BP_OK;
 }
 
 enum bp_status bp_backend_graph_compute_async(bp_backend *backend, bp_graph *graph)
 {
-    CHECK_HANDLE(backend, "bp_backend_graph_compute", BP_ERR_INVALID_ARG);
-    CHECK_HANDLE(graph, "bp_backend_graph_compute", BP_ERR_INVALID_ARG);
-    bp_clear_error();
-    enum bp_status st = backend->iface->graph_compute(backend, graph);
-    if (st != BP_OK && bp_last_status() == BP_OK)
-        bp__error(st, "backend %s failed to compute a graph (%s)", bp_backend_name(backend),
-                  bp_strerror(st));
+    CHECK_HANDLE(backend, __func__, BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(graph, __func__, BP_ERR_INVALID_ARG);
+    BACKEND_ENTER(backend, BP_ERR_BUSY);
+    enum bp_status st = check_graph_memory(backend, graph);
+    if (st == BP_OK) {
+        bp_clear_error();
+        st = backend->iface->graph_compute(backend, graph);
+        if (st != BP_OK && bp_last_status() == BP_OK)
+            bp__error(st, "backend %s failed to compute a graph (%s)", bp_backend_name(backend),
+                      bp_strerror(st));
+    }
+    backend_leave(backend);
     return st;
 }
 
@@ -416,9 +511,13 @@ enum bp_status bp_backend_tensor_set_async(bp_backend *backend, bp_tensor *t, co
         return st;
     if (data == NULL)
         return bp__error(BP_ERR_INVALID_ARG, "bp_backend_tensor_set_async: data is NULL");
+    BACKEND_ENTER(backend, BP_ERR_BUSY);
     if (BP_HAS(struct bp_backend_iface, backend->iface, set_tensor_async))
-        return backend->iface->set_tensor_async(backend, t, data, offset, size);
-    return t->buffer->iface->set_tensor(t->buffer, t, data, offset, size);
+        st = backend->iface->set_tensor_async(backend, t, data, offset, size);
+    else
+        st = t->buffer->iface->set_tensor(t->buffer, t, data, offset, size);
+    backend_leave(backend);
+    return st;
 }
 
 enum bp_status bp_backend_tensor_get_async(bp_backend *backend, const bp_tensor *t, void *data,
@@ -430,9 +529,13 @@ enum bp_status bp_backend_tensor_get_async(bp_backend *backend, const bp_tensor 
         return st;
     if (data == NULL)
         return bp__error(BP_ERR_INVALID_ARG, "bp_backend_tensor_get_async: data is NULL");
+    BACKEND_ENTER(backend, BP_ERR_BUSY);
     if (BP_HAS(struct bp_backend_iface, backend->iface, get_tensor_async))
-        return backend->iface->get_tensor_async(backend, t, data, offset, size);
-    return t->buffer->iface->get_tensor(t->buffer, t, data, offset, size);
+        st = backend->iface->get_tensor_async(backend, t, data, offset, size);
+    else
+        st = t->buffer->iface->get_tensor(t->buffer, t, data, offset, size);
+    backend_leave(backend);
+    return st;
 }
 
 enum bp_status bp_backend_tensor_copy_async(bp_backend *src_backend, bp_backend *dst_backend,
@@ -447,15 +550,22 @@ enum bp_status bp_backend_tensor_copy_async(bp_backend *src_backend, bp_backend 
         return st;
     if (bp_nbytes(src) != bp_nbytes(dst))
         return bp_tensor_copy(src, dst); /* reports the size mismatch */
-    if (BP_HAS(struct bp_backend_iface, dst_backend->iface, cpy_tensor_async) &&
-        dst_backend->iface->cpy_tensor_async(src_backend, dst_backend, src, dst))
-        return BP_OK;
-    /* No queued path: finish what both backends have queued, then copy synchronously. */
-    st = bp_backend_synchronize(src_backend);
-    if (st == BP_OK)
-        st = bp_backend_synchronize(dst_backend);
-    if (st == BP_OK)
-        st = bp_tensor_copy(src, dst);
+    BACKEND_ENTER(src_backend, BP_ERR_BUSY);
+    if (!backend_enter(dst_backend, __func__)) {
+        backend_leave(src_backend);
+        return BP_ERR_BUSY;
+    }
+    if (!BP_HAS(struct bp_backend_iface, dst_backend->iface, cpy_tensor_async) ||
+        !dst_backend->iface->cpy_tensor_async(src_backend, dst_backend, src, dst)) {
+        /* No queued path: finish what both backends have queued, then copy synchronously. */
+        st = bp_backend_synchronize(src_backend);
+        if (st == BP_OK)
+            st = bp_backend_synchronize(dst_backend);
+        if (st == BP_OK)
+            st = bp_tensor_copy(src, dst);
+    }
+    backend_leave(dst_backend);
+    backend_leave(src_backend);
     return st;
 }
 
@@ -634,7 +744,10 @@ enum bp_status bp_event_record(bp_event *event, bp_backend *backend)
     if (!BP_HAS(struct bp_backend_iface, backend->iface, event_record))
         return bp__error(BP_ERR_UNSUPPORTED, "backend %s cannot record events",
                          bp_backend_name(backend));
-    return backend->iface->event_record(backend, event->handle);
+    BACKEND_ENTER(backend, BP_ERR_BUSY);
+    enum bp_status st = backend->iface->event_record(backend, event->handle);
+    backend_leave(backend);
+    return st;
 }
 
 enum bp_status bp_event_wait(bp_backend *backend, bp_event *event)
@@ -642,8 +755,12 @@ enum bp_status bp_event_wait(bp_backend *backend, bp_event *event)
     CHECK_HANDLE(event, "bp_event_wait", BP_ERR_INVALID_ARG);
     CHECK_HANDLE(backend, "bp_event_wait", BP_ERR_INVALID_ARG);
     if (BP_HAS(struct bp_backend_iface, backend->iface, event_wait) &&
-        backend->device->reg == event->device->reg)
-        return backend->iface->event_wait(backend, event->handle);
+        backend->device->reg == event->device->reg) {
+        BACKEND_ENTER(backend, BP_ERR_BUSY);
+        enum bp_status st = backend->iface->event_wait(backend, event->handle);
+        backend_leave(backend);
+        return st;
+    }
     /* A backend of another plugin cannot queue a wait on this event: block instead. */
     return bp_event_synchronize(event);
 }

@@ -25,6 +25,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "backend-impl.h"
@@ -91,6 +92,7 @@ struct pin {
 };
 
 struct bp_sched {
+    _Atomic bool busy; /* a call is in progress: another thread's call is refused (BP_ERR_BUSY) */
     int n_backends;
     bp_backend *backends[BP_SCHED_MAX_BACKENDS];
     bp_buffer_type *bufts[BP_SCHED_MAX_BACKENDS];
@@ -375,9 +377,28 @@ void bp_sched_free(bp_sched *s)
     bp__free(s);
 }
 
+/* One thread at a time per scheduler (bp-sched.h): a call that finds another in progress is
+ * refused before it touches the split or allocation state. */
+static bool sched_enter(bp_sched *s, const char *fn)
+{
+    bool expected = false;
+    if (atomic_compare_exchange_strong(&s->busy, &expected, true))
+        return true;
+    bp__error(BP_ERR_BUSY,
+              "%s: the scheduler is in use by another thread; a scheduler is used by one thread "
+              "at a time",
+              fn);
+    return false;
+}
+
+static void sched_leave(bp_sched *s)
+{
+    atomic_store(&s->busy, false);
+}
+
 void bp_sched_reset(bp_sched *s)
 {
-    if (s == NULL)
+    if (s == NULL || !sched_enter(s, __func__))
         return;
     restore_sources(s);
     s->n_pins = 0;
@@ -385,6 +406,7 @@ void bp_sched_reset(bp_sched *s)
     s->allocated = NULL;
     s->direct = NULL;
     clear_infos(s);
+    sched_leave(s);
 }
 
 /* ---- Assignment ------------------------------------------------------------------------- */
@@ -939,12 +961,15 @@ enum bp_status bp_sched_reserve(bp_sched *s, bp_graph *g)
     if (s == NULL || g == NULL)
         return bp__error(BP_ERR_INVALID_ARG, "bp_sched_reserve: scheduler and graph must not be "
                          "NULL");
+    if (!sched_enter(s, __func__))
+        return BP_ERR_BUSY;
     enum bp_status st = split_graph(s, g);
     if (st == BP_OK)
         st = s->direct ? bp_gallocr_reserve(s->galloc, g, NULL, NULL)
                        : bp_gallocr_reserve(s->galloc, s->graph, s->node_ids, s->leaf_ids);
     restore_sources(s);
     s->allocated = NULL;
+    sched_leave(s);
     return st;
 }
 
@@ -953,7 +978,11 @@ enum bp_status bp_sched_alloc_graph(bp_sched *s, bp_graph *g)
     if (s == NULL || g == NULL)
         return bp__error(BP_ERR_INVALID_ARG, "bp_sched_alloc_graph: scheduler and graph must not "
                          "be NULL");
-    return alloc_graph(s, g);
+    if (!sched_enter(s, __func__))
+        return BP_ERR_BUSY;
+    enum bp_status st = alloc_graph(s, g);
+    sched_leave(s);
+    return st;
 }
 
 /* ---- Compute ---------------------------------------------------------------------------- */
@@ -1025,11 +1054,8 @@ static enum bp_status compute_observed(bp_sched *s, struct split *sp, bool *stop
     return BP_OK;
 }
 
-enum bp_status bp_sched_graph_compute_async(bp_sched *s, bp_graph *g)
+static enum bp_status graph_compute_async(bp_sched *s, bp_graph *g)
 {
-    if (s == NULL || g == NULL)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_graph_compute: scheduler and graph must "
-                         "not be NULL");
     enum bp_status st = BP_OK;
     if (s->allocated != g)
         st = alloc_graph(s, g);
@@ -1057,10 +1083,20 @@ enum bp_status bp_sched_graph_compute_async(bp_sched *s, bp_graph *g)
     return st;
 }
 
-enum bp_status bp_sched_synchronize(bp_sched *s)
+enum bp_status bp_sched_graph_compute_async(bp_sched *s, bp_graph *g)
 {
-    if (s == NULL)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_synchronize: scheduler is NULL");
+    if (s == NULL || g == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_graph_compute: scheduler and graph must "
+                         "not be NULL");
+    if (!sched_enter(s, __func__))
+        return BP_ERR_BUSY;
+    enum bp_status st = graph_compute_async(s, g);
+    sched_leave(s);
+    return st;
+}
+
+static enum bp_status synchronize(bp_sched *s)
+{
     enum bp_status st = BP_OK;
     for (int b = 0; b < s->n_backends; b++) {
         enum bp_status e = bp_backend_synchronize(s->backends[b]);
@@ -1071,10 +1107,27 @@ enum bp_status bp_sched_synchronize(bp_sched *s)
     return st;
 }
 
+enum bp_status bp_sched_synchronize(bp_sched *s)
+{
+    if (s == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_synchronize: scheduler is NULL");
+    if (!sched_enter(s, __func__))
+        return BP_ERR_BUSY;
+    enum bp_status st = synchronize(s);
+    sched_leave(s);
+    return st;
+}
+
 enum bp_status bp_sched_graph_compute(bp_sched *s, bp_graph *g)
 {
-    enum bp_status st = bp_sched_graph_compute_async(s, g);
-    enum bp_status sy = s ? bp_sched_synchronize(s) : BP_OK;
+    if (s == NULL || g == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_graph_compute: scheduler and graph must "
+                         "not be NULL");
+    if (!sched_enter(s, __func__))
+        return BP_ERR_BUSY;
+    enum bp_status st = graph_compute_async(s, g);
+    enum bp_status sy = synchronize(s);
+    sched_leave(s);
     return st != BP_OK ? st : sy;
 }
 

@@ -371,8 +371,11 @@ const char *bp_describe_tensor(const bp_tensor *t, char *buf, size_t size)
     else if (t->op == BP_OP_NONE)
         snprintf(buf, size, "unnamed %s %s", bp_type_name(t->type), shape);
     else
-        snprintf(buf, size, "unnamed %s result %s %s", bp_op_name(t->op), bp_type_name(t->type),
-                 shape);
+        snprintf(buf, size, "unnamed %s result %s %s",
+                 t->op == BP_OP_UNARY ? bp_unary_op_name((enum bp_unary_op)t->op_params[0])
+                 : t->op == BP_OP_GLU ? bp_glu_op_name((enum bp_glu_op)t->op_params[0])
+                                      : bp_op_name(t->op),
+                 bp_type_name(t->type), shape);
     return buf;
 }
 

@@ -333,6 +333,77 @@ START_TEST(test_backend_compute_and_async)
 
     ck_assert_rejected(bp_device_init_backend(accel, "fail"), BP_ERR_BACKEND,
                        "could not create a backend");
+}
+END_TEST
+
+/* bp_tensor_copy between overlapping ranges of one buffer copies as memmove does, on host
+ * memory and through a device buffer's interface alike. */
+START_TEST(test_copy_overlapping_ranges)
+{
+    for (int dev = 0; dev < 2; dev++) {
+        bp_context *c = bp_context_new(8);
+        bp_tensor *t = bp_new_tensor_1d(c, BP_TYPE_F32, 8);
+        bp_buffer *buf = bp_alloc_ctx_tensors(c, dev ? bp_device_get_buffer_type(accel)
+                                                     : bp_host_buffer_type());
+        float v[8] = {0, 1, 2, 3, 4, 5, 6, 7}, out[8];
+        ck_assert_int_eq(bp_tensor_set(t, v, 0, sizeof(v)), BP_OK);
+        bp_tensor *lo = bp_view_1d(c, t, 6, 0), *hi = bp_view_1d(c, t, 6, 2 * sizeof(float));
+        ck_assert_int_eq(bp_tensor_copy(lo, hi), BP_OK); /* forward overlap */
+        ck_assert_int_eq(bp_tensor_get(t, out, 0, sizeof(out)), BP_OK);
+        const float want[8] = {0, 1, 0, 1, 2, 3, 4, 5};
+        ck_assert_mem_eq(out, want, sizeof(want));
+        ck_assert_int_eq(bp_tensor_copy(hi, lo), BP_OK); /* backward overlap */
+        ck_assert_int_eq(bp_tensor_get(t, out, 0, sizeof(out)), BP_OK);
+        const float want2[8] = {0, 1, 2, 3, 4, 5, 4, 5};
+        ck_assert_mem_eq(out, want2, sizeof(want2));
+        bp_buffer_free(buf);
+        bp_context_free(c);
+    }
+}
+END_TEST
+
+/* A backend is never handed tensors in memory its device cannot use, nor tensors without
+ * memory: the graph is refused with a sentence before any plugin code runs. */
+START_TEST(test_compute_checks_memory)
+{
+    bp_backend *be = bp_device_init_backend(accel, NULL);
+    bp_context *hctx = bp_context_new(8), *actx = bp_context_new(8);
+    bp_tensor *h = bp_new_tensor_1d(hctx, BP_TYPE_F32, 4);
+    bp_set_name(h, "host_x");
+    bp_tensor *a = bp_new_tensor_1d(actx, BP_TYPE_F32, 4);
+    bp_buffer *hbuf = bp_alloc_ctx_tensors(hctx, bp_host_buffer_type());
+    bp_buffer *abuf = bp_alloc_ctx_tensors(actx, bp_device_get_buffer_type(accel));
+    ck_assert_ptr_nonnull(hbuf);
+    ck_assert_ptr_nonnull(abuf);
+
+    /* A source in host memory, the result in the device's: refused, naming both. */
+    bp_context *gctx = bp_context_new(8);
+    bp_graph *g = bp_graph_new(8);
+    bp_tensor *y = bp_add(gctx, a, h);
+    bp_graph_build_forward(g, y);
+    y->buffer = abuf; /* placed by hand, so only the source is wrong */
+    y->data = a->data;
+    bp_clear_error();
+    ck_assert_int_eq(bp_backend_graph_compute(be, g), BP_ERR_UNSUPPORTED);
+    ck_assert_error_has(BP_ERR_UNSUPPORTED, "'host_x' f32 [4, 1, 1, 1]");
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "which device ACCEL0 does not support"));
+    ck_assert_int_eq(test_device_stats.computes, 0);
+
+    /* A node without memory. */
+    bp_graph *g2 = bp_graph_new(8);
+    bp_graph_build_forward(g2, bp_neg(gctx, a));
+    ck_assert_int_eq(bp_backend_graph_compute(be, g2), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "unnamed NEG result f32 [4, 1, 1, 1] has no memory");
+    ck_assert_int_eq(test_device_stats.computes, 0);
+
+    bp_graph_free(g2);
+    bp_graph_free(g);
+    bp_context_free(gctx);
+    bp_buffer_free(hbuf);
+    bp_buffer_free(abuf);
+    bp_context_free(hctx);
+    bp_context_free(actx);
+    bp_backend_free(be);
     ck_assert_int_eq(bp_backend_graph_compute(NULL, NULL), BP_ERR_INVALID_ARG);
 }
 END_TEST
@@ -498,6 +569,8 @@ int main(void)
         {test_copies_between_buffers, "copies"},
         {test_device_and_registry, "device_registry"},
         {test_backend_compute_and_async, "backend"},
+        {test_compute_checks_memory, "compute_memory"},
+        {test_copy_overlapping_ranges, "copy_overlap"},
         {test_events, "events"},
         {test_struct_size_rules, "struct_size"},
         {test_null_handles, "null_handles"},

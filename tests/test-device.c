@@ -168,9 +168,20 @@ static enum bp_status be_sync(bp_backend *be)
     return BP_OK;
 }
 
+static void (*compute_hook)(void *);
+static void *compute_hook_arg;
+
+void test_device_set_compute_hook(void (*hook)(void *), void *arg)
+{
+    compute_hook = hook;
+    compute_hook_arg = arg;
+}
+
 static enum bp_status be_compute(bp_backend *be, bp_graph *g)
 {
     (void)be;
+    if (compute_hook != NULL)
+        compute_hook(compute_hook_arg);
     test_device_stats.computes++;
     if (!ref_compute_graph(g))
         return bp_set_error(BP_ERR_UNSUPPORTED, "TestAccel: the graph has an op it cannot run");

@@ -27,6 +27,10 @@ bp_registry *test_device_registry_new_named(const char *reg_name, const char *de
  * with a partial op set, so the scheduler has to split graphs around it. */
 void test_device_set_op_subset(bool on);
 
+/* Calls hook(arg) at the start of every graph compute of this process's test backends (NULL:
+ * none), so a test can hold a backend inside a call while another thread tries to enter it. */
+void test_device_set_compute_hook(void (*hook)(void *), void *arg);
+
 /* The proc address the registry offers, for the get_proc_address test. */
 int test_device_answer(void);
 

@@ -3,7 +3,9 @@
  * every result equals the one computed alone beforehand. Built normally it checks the results;
  * built with --enable-tsan (tools/dev.sh check does) ThreadSanitizer checks that nothing races. */
 #include <pthread.h>
+#include <semaphore.h>
 
+#include "test-device.h"
 #include "test-util.h"
 #include "tf-model.h"
 
@@ -100,9 +102,224 @@ START_TEST(test_two_threads_share_weights)
 }
 END_TEST
 
+/* ---- One backend, two threads: the second is refused, never let in ---------------------- */
+
+struct hold {
+    sem_t inside, release;
+};
+
+static void hold_inside(void *arg)
+{
+    struct hold *h = arg;
+    sem_post(&h->inside);
+    sem_wait(&h->release);
+}
+
+struct computer {
+    bp_backend *be;
+    bp_graph *g;
+    enum bp_status st;
+};
+
+static void *compute_main(void *arg)
+{
+    struct computer *c = arg;
+    c->st = bp_backend_graph_compute(c->be, c->g);
+    return NULL;
+}
+
+START_TEST(test_busy_backend_refused)
+{
+    bp_registry *reg = test_device_registry_new(0);
+    bp_device *dev = bp_registry_get_device(reg, 0);
+    bp_backend *be = bp_device_init_backend(dev, NULL);
+    bp_context *ctx = bp_context_new(8);
+    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, 4);
+    bp_tensor *y = bp_neg(ctx, a);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_device_get_buffer_type(dev));
+    ck_assert_ptr_nonnull(buf);
+    const float in[4] = {1, 2, 3, 4};
+    ck_assert_int_eq(bp_tensor_set(a, in, 0, sizeof(in)), BP_OK);
+    bp_graph *g = bp_graph_new(4);
+    bp_graph_build_forward(g, y);
+
+    struct hold h;
+    sem_init(&h.inside, 0, 0);
+    sem_init(&h.release, 0, 0);
+    test_device_set_compute_hook(hold_inside, &h);
+    struct computer c = {be, g, BP_ERR_BACKEND};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, compute_main, &c), 0);
+    sem_wait(&h.inside); /* the other thread is now inside the backend */
+
+    float out[4];
+    bp_clear_error();
+    ck_assert_int_eq(bp_backend_graph_compute(be, g), BP_ERR_BUSY);
+    ck_assert_error_has(BP_ERR_BUSY, "in use by another thread");
+    ck_assert_int_eq(bp_backend_synchronize(be), BP_ERR_BUSY);
+    ck_assert_int_eq(bp_backend_tensor_get_async(be, y, out, 0, sizeof(out)), BP_ERR_BUSY);
+    ck_assert_int_eq(bp_backend_tensor_set_async(be, a, in, 0, sizeof(in)), BP_ERR_BUSY);
+    ck_assert_int_eq(bp_backend_tensor_copy_async(be, be, a, y), BP_ERR_BUSY);
+    ck_assert_int_eq(test_device_stats.computes, 0); /* the refused call never reached it */
+
+    sem_post(&h.release);
+    pthread_join(th, NULL);
+    test_device_set_compute_hook(NULL, NULL);
+    ck_assert_int_eq(c.st, BP_OK);
+    /* Once the other thread is out, this one may use the backend. */
+    ck_assert_int_eq(bp_backend_graph_compute(be, g), BP_OK);
+    ck_assert_int_eq(bp_backend_tensor_get_async(be, y, out, 0, sizeof(out)), BP_OK);
+    for (int i = 0; i < 4; i++)
+        ck_assert(out[i] == -in[i]);
+
+    sem_destroy(&h.inside);
+    sem_destroy(&h.release);
+    bp_graph_free(g);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+    bp_backend_free(be);
+    bp_registry_free(reg);
+}
+END_TEST
+
+struct sched_computer {
+    bp_sched *s;
+    bp_graph *g;
+    enum bp_status st;
+};
+
+static void *sched_compute_main(void *arg)
+{
+    struct sched_computer *c = arg;
+    c->st = bp_sched_graph_compute(c->s, c->g);
+    return NULL;
+}
+
+START_TEST(test_busy_scheduler_refused)
+{
+    bp_registry *reg = test_device_registry_new(0);
+    setenv("BP_PLUGIN_PATH", getenv("BP_TEST_CPU_PLUGIN_DIR"), 1);
+    bp_backend *bes[2] = {bp_device_init_backend(bp_registry_get_device(reg, 0), NULL),
+                          bp_backend_init_by_name("CPU", NULL)};
+    ck_assert_ptr_nonnull(bes[1]);
+    bp_sched *s = bp_sched_new(bes, NULL, 2, 64, false);
+    ck_assert_msg(s != NULL, "%s", bp_last_error());
+    /* A weight in the accelerator's memory pins the op to it. */
+    bp_context *wctx = bp_context_new(2), *ctx = bp_context_new(8);
+    bp_tensor *a = bp_new_tensor_1d(wctx, BP_TYPE_F32, 4);
+    bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, bp_backend_get_default_buffer_type(bes[0]));
+    ck_assert_ptr_nonnull(wbuf);
+    bp_graph *g = bp_graph_new(4);
+    bp_graph_build_forward(g, bp_neg(ctx, a));
+    ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+
+    struct hold h;
+    sem_init(&h.inside, 0, 0);
+    sem_init(&h.release, 0, 0);
+    test_device_set_compute_hook(hold_inside, &h);
+    struct sched_computer c = {s, g, BP_ERR_BACKEND};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, sched_compute_main, &c), 0);
+    sem_wait(&h.inside);
+    bp_clear_error();
+    ck_assert_int_eq(bp_sched_graph_compute(s, g), BP_ERR_BUSY);
+    ck_assert_error_has(BP_ERR_BUSY, "scheduler is in use by another thread");
+    ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_ERR_BUSY);
+    ck_assert_int_eq(bp_sched_synchronize(s), BP_ERR_BUSY);
+    sem_post(&h.release);
+    pthread_join(th, NULL);
+    test_device_set_compute_hook(NULL, NULL);
+    ck_assert_int_eq(c.st, BP_OK);
+    ck_assert_int_eq(bp_sched_graph_compute(s, g), BP_OK);
+
+    sem_destroy(&h.inside);
+    sem_destroy(&h.release);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+    bp_buffer_free(wbuf);
+    bp_context_free(wctx);
+    bp_sched_free(s);
+    bp_backend_free(bes[0]);
+    bp_backend_free(bes[1]);
+    bp_registry_free(reg);
+}
+END_TEST
+
+/* Two threads hammering one CPU backend with their own graphs: each call either computes the
+ * right answer or is refused with BP_ERR_BUSY; nothing crashes, hangs or races (TSan). */
+struct hammer {
+    bp_backend *be;
+    int ok, busy, wrong, other;
+};
+
+static void *hammer_main(void *arg)
+{
+    struct hammer *hm = arg;
+    bp_context *ctx = bp_context_new(8);
+    bp_tensor *a = bp_new_tensor_2d(ctx, BP_TYPE_F32, 64, 64);
+    bp_tensor *y = bp_mul_mat(ctx, a, a);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(hm->be));
+    bp_graph *g = bp_graph_new(4);
+    bp_graph_build_forward(g, y);
+    float *in = malloc(64 * 64 * sizeof(float)), *out = malloc(64 * 64 * sizeof(float));
+    for (int i = 0; i < 64 * 64; i++)
+        in[i] = (float)(i % 7) - 3.0f;
+    bp_tensor_set(a, in, 0, 64 * 64 * sizeof(float));
+    for (int it = 0; it < 200; it++) {
+        enum bp_status st = bp_backend_graph_compute(hm->be, g);
+        if (st == BP_ERR_BUSY) {
+            hm->busy++;
+            continue;
+        }
+        if (st != BP_OK || bp_tensor_get(y, out, 0, 64 * 64 * sizeof(float)) != BP_OK) {
+            hm->other++;
+            continue;
+        }
+        /* y[m, n] = sum_k a[k, m] a[k, n]: check the diagonal. */
+        for (int m = 0; m < 64; m++) {
+            double d = 0;
+            for (int k = 0; k < 64; k++)
+                d += (double)in[m * 64 + k] * in[m * 64 + k];
+            if (out[m * 64 + m] != (float)d)
+                hm->wrong++;
+        }
+        hm->ok++;
+    }
+    free(in);
+    free(out);
+    bp_graph_free(g);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+    return NULL;
+}
+
+START_TEST(test_shared_cpu_backend_never_crashes)
+{
+    setenv("BP_PLUGIN_PATH", getenv("BP_TEST_CPU_PLUGIN_DIR"), 1);
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    ck_assert_msg(be != NULL, "%s", bp_last_error());
+    struct hammer hm[2] = {{.be = be}, {.be = be}};
+    pthread_t th[2];
+    for (int t = 0; t < 2; t++)
+        ck_assert_int_eq(pthread_create(&th[t], NULL, hammer_main, &hm[t]), 0);
+    for (int t = 0; t < 2; t++)
+        pthread_join(th[t], NULL);
+    for (int t = 0; t < 2; t++) {
+        ck_assert_int_eq(hm[t].wrong, 0);
+        ck_assert_int_eq(hm[t].other, 0);
+        ck_assert_int_eq(hm[t].ok + hm[t].busy, 200);
+    }
+    ck_assert_int_gt(hm[0].ok + hm[1].ok, 0);
+    bp_backend_free(be);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("threads");
     BP_TCASE(s, test_two_threads_share_weights, 300);
+    BP_TCASE(s, test_busy_backend_refused, 30);
+    BP_TCASE(s, test_busy_scheduler_refused, 30);
+    BP_TCASE(s, test_shared_cpu_backend_never_crashes, 120);
     return bp_test_run(s);
 }
