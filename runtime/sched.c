@@ -511,6 +511,59 @@ static enum bp_status unsupported(bp_sched *s, const bp_tensor *node, int i)
                      names, bp_op_name(node->op), i, bp__describe(node).s);
 }
 
+/* The rule every assignment must end with: a node runs only on a backend that supports it,
+ * and that backend can use the node's own memory when the node writes into memory placed
+ * before scheduling (a KV cache that SET_ROWS updates, a pre-allocated output). Sources are
+ * copied to the backend when it cannot read them; a destination cannot be, so a node whose
+ * destination only unsupported backends can use is refused here with the reason. */
+static enum bp_status check_assignments(bp_sched *s, bp_graph *g)
+{
+    const int n = bp_graph_n_nodes(g);
+    bp_tensor **nodes = bp__graph_nodes(g);
+    for (int i = 0; i < n; i++) {
+        const bp_tensor *node = nodes[i];
+        struct tinfo *ti = s->node_ti[i];
+        if (is_view_op(node))
+            continue;
+        const int b = ti->backend;
+        const bp_buffer *own = buffer_of(node);
+        if (b >= 0 && supports(s, ti, node, b) &&
+            (own == NULL || bp_backend_supports_buft(s->backends[b], own->buft)))
+            continue;
+        if (b >= 0 && ti->why == WHY_PINNED && !supports(s, ti, node, b))
+            return bp__error(BP_ERR_UNSUPPORTED,
+                             "scheduler: %s node %d %s is pinned to backend %s, which does not "
+                             "support it",
+                             bp_op_name(node->op), i, bp__describe(node).s,
+                             bp_backend_name(s->backends[b]));
+        if (own == NULL)
+            return unsupported(s, node, i);
+        /* The node writes into memory it already has: say who can use it and who runs it. */
+        char users[256] = "", runners[256] = "";
+        for (int k = 0; k < s->n_backends; k++) {
+            char *list = bp_backend_supports_buft(s->backends[k], own->buft) ? users
+                       : supports(s, ti, node, k)                            ? runners
+                                                                            : NULL;
+            if (list != NULL) {
+                size_t used = strlen(list);
+                snprintf(list + used, 256 - used, "%s%s", used ? ", " : "",
+                         bp_backend_name(s->backends[k]));
+            }
+        }
+        bool many = strchr(users, ',') != NULL;
+        return bp__error(BP_ERR_UNSUPPORTED,
+                         "scheduler: %s node %d %s writes into its %s buffer, which only %s can "
+                         "use, and %s not support %s%s%s%s; place that memory where a backend "
+                         "that runs the op can use it",
+                         bp_op_name(node->op), i, bp__describe(node).s,
+                         bp_buffer_type_name(own->buft), users[0] ? users : "no backend",
+                         many ? "they do" : "it does", bp_op_name(node->op),
+                         runners[0] ? " (" : "", runners,
+                         runners[0] ? " can run it but not use that memory)" : "");
+    }
+    return BP_OK;
+}
+
 static enum bp_status assign_all(bp_sched *s, bp_graph *g)
 {
     const int n = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
@@ -810,6 +863,8 @@ static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
 
     s->direct = NULL;
     enum bp_status st = assign_all(s, g);
+    if (st == BP_OK)
+        st = check_assignments(s, g);
     if (st == BP_OK && s->n_backends == 1) {
         /* Nothing to cut and nothing to copy: hand the graph itself on. */
         s->n_splits = 0;

@@ -405,6 +405,65 @@ START_TEST(test_more_inputs_than_a_split_holds)
 }
 END_TEST
 
+/* A node runs only where it is supported. SET_ROWS into a cache in the accelerator's memory
+ * (which the accelerator cannot run and the CPU cannot write) is refused with the reason, a
+ * cache in host memory is updated by the CPU, and a pin to a backend that cannot run the op
+ * is refused. */
+START_TEST(test_destination_must_be_supported)
+{
+    bp_backend *bes[2] = {accel, cpu};
+    for (int on_accel = 1; on_accel >= 0; on_accel--) {
+        bp_context *kctx = bp_context_new(2), *ctx = bp_context_new(16);
+        bp_tensor *cache = bp_new_tensor_2d(kctx, BP_TYPE_F16, 8, 6);
+        bp_set_name(cache, "cache_k");
+        bp_buffer *kbuf = bp_alloc_ctx_tensors(kctx, bp_backend_get_default_buffer_type(
+                                                         on_accel ? accel : cpu));
+        ck_assert_ptr_nonnull(kbuf);
+        ck_assert_int_eq(bp_buffer_clear(kbuf, 0), BP_OK);
+        bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, 8, 2);
+        bp_tensor *ids = bp_new_tensor_1d(ctx, BP_TYPE_I32, 2);
+        bp_set_input(x);
+        bp_set_input(ids);
+        bp_tensor *w = bp_set_rows(ctx, cache, bp_scale(ctx, x, 2.0f), ids);
+        bp_graph *g = bp_graph_new(16);
+        ck_assert_int_eq(bp_graph_build_forward(g, w), BP_OK);
+        bp_sched *s = bp_sched_new(bes, NULL, 2, 64, false);
+        bp_clear_error();
+        enum bp_status st = bp_sched_alloc_graph(s, g);
+        if (on_accel) {
+            ck_assert_int_eq(st, BP_ERR_UNSUPPORTED);
+            ck_assert_error_has(BP_ERR_UNSUPPORTED, "SET_ROWS node");
+            ck_assert_ptr_nonnull(strstr(bp_last_error(), "writes into its TestAccel buffer, "
+                                                          "which only ACCEL0 can use"));
+            ck_assert_ptr_nonnull(strstr(bp_last_error(), "CPU can run it but not use that memory"));
+            ck_assert_int_eq(bp_sched_graph_compute(s, g), BP_ERR_UNSUPPORTED);
+        } else {
+            ck_assert_msg(st == BP_OK, "%s", bp_last_error());
+            const float xv[16] = {1, 2, 3, 4, 5, 6, 7, 8, -1, -2, -3, -4, -5, -6, -7, -8};
+            const int32_t iv[2] = {4, 1};
+            ck_assert_int_eq(bp_tensor_set(x, xv, 0, sizeof(xv)), BP_OK);
+            ck_assert_int_eq(bp_tensor_set(ids, iv, 0, sizeof(iv)), BP_OK);
+            ck_assert_msg(bp_sched_graph_compute(s, g) == BP_OK, "%s", bp_last_error());
+            ck_assert_ptr_eq(bp_sched_get_tensor_backend(s, w), cpu);
+            uint16_t row[8];
+            ck_assert_int_eq(bp_tensor_get(cache, row, 4 * sizeof(row), sizeof(row)), BP_OK);
+            for (int i = 0; i < 8; i++)
+                ck_assert(bp_fp16_to_fp32(row[i]) == 2.0f * xv[i]);
+            /* Pinning the update to the accelerator, which has no SET_ROWS, is refused. */
+            ck_assert_int_eq(bp_sched_set_tensor_backend(s, w, accel), BP_OK);
+            ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_ERR_UNSUPPORTED);
+            ck_assert_error_has(BP_ERR_UNSUPPORTED, "is pinned to backend ACCEL0, which does not "
+                                                    "support it");
+        }
+        bp_sched_free(s);
+        bp_graph_free(g);
+        bp_buffer_free(kbuf);
+        bp_context_free(ctx);
+        bp_context_free(kctx);
+    }
+}
+END_TEST
+
 START_TEST(test_errors)
 {
     bp_backend *wrong[2] = {cpu, accel};
@@ -490,6 +549,7 @@ int main(void)
         {test_graph_larger_than_reserved, "larger_than_reserved"},
         {test_repeated_compute_same_graph, "repeated_compute"},
         {test_more_inputs_than_a_split_holds, "many_split_inputs"},
+        {test_destination_must_be_supported, "destination_supported"},
         {test_errors, "errors"},
         {test_debug_output, "debug_output"},
     };

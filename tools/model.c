@@ -102,7 +102,7 @@ static bool describe(struct model *m)
     const int64_t E = c->n_embd, F = c->n_ff;
     const enum bp_type wt = m->wtype;
     bp_context *w = m->wctx;
-    m->tok_embd = bp_set_name(bp_new_tensor_2d(w, wt, E, c->n_vocab), "token_embd");
+    m->tok_embd = bp_set_name(bp_new_tensor_2d(m->ectx, wt, E, c->n_vocab), "token_embd");
     m->out_norm = bp_set_name(bp_new_tensor_1d(w, BP_TYPE_F32, E), "output_norm");
     m->output = bp_set_name(bp_new_tensor_2d(w, wt, E, c->n_vocab), "output");
     if (!m->tok_embd || !m->out_norm || !m->output)
@@ -152,29 +152,37 @@ static enum bp_status fill_all(struct model *m, uint64_t seed)
 }
 
 enum bp_status model_init(struct model *m, const struct model_config *cfg, enum bp_type wtype,
-                          bp_buffer_type *buft, uint64_t seed)
+                          const struct model_placement *where, uint64_t seed)
 {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     m->wtype = wtype;
     m->layers = calloc((size_t)cfg->n_layer, sizeof(*m->layers));
     m->wctx = bp_context_new(3 + 9 * (size_t)cfg->n_layer);
+    m->ectx = bp_context_new(1);
     m->kvctx = bp_context_new(2 * (size_t)cfg->n_layer);
     enum bp_status st = BP_OK;
-    if (m->layers == NULL || m->wctx == NULL || m->kvctx == NULL)
+    if (m->layers == NULL || m->wctx == NULL || m->ectx == NULL || m->kvctx == NULL)
         st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "out of memory describing the model");
     else if (!describe(m))
         st = bp_last_status();
     if (st == BP_OK) {
         for (size_t i = 0; i < bp_context_n_tensors(m->wctx); i++)
             bp_set_param(bp_context_get_tensor(m->wctx, i));
-        m->wbuf = bp_alloc_ctx_tensors(m->wctx, buft);
+        bp_set_param(m->tok_embd);
+        m->wbuf = bp_alloc_ctx_tensors(m->wctx, where->weights);
         if (m->wbuf == NULL)
             st = bp_last_status();
     }
     if (st == BP_OK) {
+        m->ebuf = bp_alloc_ctx_tensors(m->ectx, where->embedding);
+        if (m->ebuf == NULL)
+            st = bp_last_status();
+    }
+    if (st == BP_OK) {
         bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
-        m->kvbuf = bp_alloc_ctx_tensors(m->kvctx, buft);
+        bp_buffer_set_usage(m->ebuf, BP_BUFFER_USAGE_WEIGHTS);
+        m->kvbuf = bp_alloc_ctx_tensors(m->kvctx, where->kv);
         if (m->kvbuf == NULL)
             st = bp_last_status();
     }
@@ -190,8 +198,10 @@ enum bp_status model_init(struct model *m, const struct model_config *cfg, enum 
 void model_free(struct model *m)
 {
     bp_buffer_free(m->wbuf);
+    bp_buffer_free(m->ebuf);
     bp_buffer_free(m->kvbuf);
     bp_context_free(m->wctx);
+    bp_context_free(m->ectx);
     bp_context_free(m->kvctx);
     free(m->layers);
     memset(m, 0, sizeof(*m));

@@ -32,17 +32,24 @@ struct model_layer {
 struct model {
     struct model_config cfg;
     enum bp_type wtype;
-    bp_context *wctx, *kvctx;
-    bp_buffer *wbuf, *kvbuf;
+    bp_context *wctx, *ectx, *kvctx;
+    bp_buffer *wbuf, *ebuf, *kvbuf; /* weights, the token embedding table, the KV cache */
     bp_tensor *tok_embd, *out_norm, *output;
     struct model_layer *layers;
 };
 
-/* Describes, allocates (in buft, the weights' buffer marked as weights) and fills the model
- * from seed; the KV cache is zeroed. BP_OK or a status with bp_last_error() set; on failure
- * nothing is left to free. */
+/* Where the model's memory goes. Each tensor must live where a backend that runs its ops
+ * can use it: the weights where MUL_MAT by them runs, the token embedding table where its
+ * GET_ROWS runs, the KV cache where SET_ROWS writes it (a destination is never copied). */
+struct model_placement {
+    bp_buffer_type *weights, *embedding, *kv;
+};
+
+/* Describes, allocates (the weight and embedding buffers marked as weights) and fills the
+ * model from seed; the KV cache is zeroed. BP_OK or a status with bp_last_error() set; on
+ * failure nothing is left to free. */
 enum bp_status model_init(struct model *m, const struct model_config *cfg, enum bp_type wtype,
-                          bp_buffer_type *buft, uint64_t seed);
+                          const struct model_placement *where, uint64_t seed);
 void model_free(struct model *m);
 
 /* One forward step over n_tok tokens at positions pos0.., attending to the n_kv = pos0 + n_tok

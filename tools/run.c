@@ -52,6 +52,7 @@ struct run_result {
     size_t weight_bytes, kv_bytes;
     char weight_buft[64];
     int weights_on; /* index of the backend that holds the weights */
+    int embd_on, kv_on; /* ... the token embedding table, the KV cache */
     size_t weight_part_bytes[MAX_BACKENDS]; /* weights on a meta device: what each part holds */
     int n_weight_parts;
     int prompt_splits, gen_splits;
@@ -289,18 +290,42 @@ fail:
     return -1;
 }
 
-/* Can be's device multiply by weights of type t? (Other ops on the weights, such as the
- * embedding lookup, may run on the CPU: the scheduler copies what they need.) */
-static bool runs_wtype(bp_backend *be, enum bp_type t, int64_t n_embd)
+/* The ops the model's long-lived tensors take part in, as each device is asked about them:
+ * a tensor lives where the op that needs it in place runs. */
+enum model_op {
+    OP_MUL_MAT,  /* by the weights (type t) */
+    OP_GET_ROWS, /* of the token embedding table (type t) */
+    OP_SET_ROWS, /* into the KV cache (type t, its destination) */
+};
+
+static bool runs_op(bp_backend *be, enum model_op op, enum bp_type t, int64_t n_embd)
 {
     bp_context *ctx = bp_context_new(8);
     if (ctx == NULL)
         return false;
     bp_tensor *w = bp_new_tensor_2d(ctx, t, n_embd, 8);
     bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, n_embd, 1);
-    bool ok = w && x && bp_backend_supports_op(be, bp_mul_mat(ctx, w, x));
+    bp_tensor *ids = bp_new_tensor_1d(ctx, BP_TYPE_I32, 1);
+    bp_tensor *r = NULL;
+    if (w && x && ids)
+        r = op == OP_MUL_MAT    ? bp_mul_mat(ctx, w, x)
+            : op == OP_GET_ROWS ? bp_get_rows(ctx, w, ids)
+                                : bp_set_rows(ctx, w, x, ids);
+    bool ok = r != NULL && bp_backend_supports_op(be, r);
     bp_context_free(ctx);
     return ok;
+}
+
+/* The first backend from `from` on, preferring `prefer`, that runs op on type t; -1: none. */
+static int first_running(bp_backend **be, int nb, int prefer, enum model_op op, enum bp_type t,
+                         int64_t n_embd)
+{
+    if (prefer >= 0 && runs_op(be[prefer], op, t, n_embd))
+        return prefer;
+    for (int i = 0; i < nb; i++)
+        if (runs_op(be[i], op, t, n_embd))
+            return i;
+    return -1;
 }
 
 static const enum bp_type weight_types[] = {BP_TYPE_F32, BP_TYPE_F16, BP_TYPE_BF16, BP_TYPE_Q8_0,
@@ -395,22 +420,33 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     for (; w < nb; w++) {
         can[0] = '\0';
         for (size_t t = 0; t < sizeof(weight_types) / sizeof(weight_types[0]); t++)
-            if (runs_wtype(be[w], weight_types[t], cfg->n_embd))
+            if (runs_op(be[w], OP_MUL_MAT, weight_types[t], cfg->n_embd))
                 snprintf(can + strlen(can), sizeof(can) - strlen(can), "%s%s", can[0] ? ", " : "",
                          bp_type_name(weight_types[t]));
         if (can[0] != '\0')
             break;
     }
-    if (w == nb || !runs_wtype(be[w], o->wtype, cfg->n_embd)) {
+    if (w == nb || !runs_op(be[w], OP_MUL_MAT, o->wtype, cfg->n_embd)) {
         fprintf(stderr, "backplane run: %s cannot run %s weights; it can run: %s\n",
                 r->names[w < nb ? w : 0], bp_type_name(o->wtype), can[0] ? can : "none of them");
         goto out;
     }
     r->weights_on = w;
+    /* The embedding table and the KV cache stay with the weights when that device also runs
+     * their ops (GET_ROWS of the weight type, SET_ROWS into the f16 cache), else they go to
+     * the first device that does: a node's destination cannot be copied to where it runs. */
+    r->embd_on = first_running(be, nb, w, OP_GET_ROWS, o->wtype, cfg->n_embd);
+    r->kv_on = first_running(be, nb, w, OP_SET_ROWS, BP_TYPE_F16, cfg->n_embd);
+    if (r->embd_on < 0 || r->kv_on < 0) {
+        fprintf(stderr, "backplane run: none of the devices runs %s\n",
+                r->embd_on < 0 ? "GET_ROWS of the weight type (the token embedding)"
+                               : "SET_ROWS into an f16 KV cache");
+        goto out;
+    }
     bp_device *wdev = bp_backend_get_device(be[w]);
     size_t mem_free = 0, mem_total = 0;
     bp_device_memory(wdev, &mem_free, &mem_total);
-    const size_t need = model_weight_bytes(cfg, o->wtype) + model_kv_bytes(cfg);
+    const size_t need = model_weight_bytes(cfg, o->wtype) + (r->kv_on == w ? model_kv_bytes(cfg) : 0);
     if (mem_total > 0 && need > mem_free) {
         fprintf(stderr, "backplane run: model '%s' with %s weights needs %.2f GiB for weights "
                 "and KV cache; %s has %.2f GiB free of %.2f GiB\n", cfg->name,
@@ -428,14 +464,20 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     if (show && model_weight_bytes(cfg, o->wtype) > (64u << 20)) /* takes a while */
         fprintf(stderr, "loading %s (%s weights) on %s...", cfg->name, bp_type_name(o->wtype),
                 r->names[w]);
-    if (model_init(&m, cfg, o->wtype, wbuft, o->seed) != BP_OK) {
+    bp_buffer_type *ebuft = r->embd_on == w ? wbuft : bp_backend_get_default_buffer_type(be[r->embd_on]);
+    const struct model_placement where = {
+        .weights = wbuft,
+        .embedding = ebuft,
+        .kv = bp_backend_get_default_buffer_type(be[r->kv_on]),
+    };
+    if (model_init(&m, cfg, o->wtype, &where, o->seed) != BP_OK) {
         fprintf(stderr, "%sbackplane run: cannot load model '%s' on %s: %s\n", show ? "\n" : "",
                 cfg->name, r->names[w], bp_last_error());
         goto out;
     }
     if (show)
         fprintf(stderr, "\r%*s\r", 60, "");
-    r->weight_bytes = bp_buffer_get_size(m.wbuf);
+    r->weight_bytes = bp_buffer_get_size(m.wbuf) + bp_buffer_get_size(m.ebuf);
     bp_registry *meta_reg = bp_device_get_registry(wdev);
     bp_meta_buffer_part_bytes_fn part_bytes = (bp_meta_buffer_part_bytes_fn)
         bp_registry_get_proc_address(meta_reg, "bp_meta_buffer_part_bytes");
@@ -538,8 +580,13 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
     for (int i = 0; i < r->n_backends; i++)
         printf("%-11s %s: %s\n%-11s (plugin %s)\n", i == 0 ? "devices:" : "", r->names[i],
                r->descriptions[i], "", r->plugins[i]);
-    printf("buffers:    weights %.2f MiB and KV cache %.2f MiB on %s (%s)", mib(r->weight_bytes),
-           mib(r->kv_bytes), r->names[r->weights_on], r->weight_buft);
+    if (r->kv_on == r->weights_on && r->embd_on == r->weights_on)
+        printf("buffers:    weights %.2f MiB and KV cache %.2f MiB on %s (%s)",
+               mib(r->weight_bytes), mib(r->kv_bytes), r->names[r->weights_on], r->weight_buft);
+    else
+        printf("buffers:    weights %.2f MiB on %s (%s), token embedding on %s, KV cache %.2f MiB "
+               "on %s", mib(r->weight_bytes), r->names[r->weights_on], r->weight_buft,
+               r->names[r->embd_on], mib(r->kv_bytes), r->names[r->kv_on]);
     for (int p = 0; p < r->n_weight_parts; p++)
         printf("%s%.2f", p == 0 ? "; weights per part: " : " + ", mib(r->weight_part_bytes[p]));
     if (r->n_weight_parts > 0)
