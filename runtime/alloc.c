@@ -9,6 +9,7 @@
  * follow it; when one does not fit, the buffer is reallocated and the event counted. */
 #include "config.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "backend-impl.h"
@@ -84,8 +85,15 @@ bp_buffer *bp_alloc_ctx_tensors(bp_context *ctx, bp_buffer_type *buft)
     struct bp_tallocr ta = bp_tallocr_init(buf);
     for (size_t i = 0; i < n; i++) {
         bp_tensor *t = bp_context_get_tensor(ctx, i);
-        if (t->data == NULL && t->view_src == NULL && bp_tallocr_alloc(&ta, t) != BP_OK)
+        if (t->data == NULL && t->view_src == NULL && bp_tallocr_alloc(&ta, t) != BP_OK) {
+            /* The buffer was sized with the same rules: a plugin whose alloc_size answers
+             * changed between two calls. Say whose call failed, keeping the reason. */
+            char why[512];
+            snprintf(why, sizeof(why), "%s", bp_last_error());
+            bp__error(bp_last_status(), "bp_alloc_ctx_tensors: placing the tensors in a new %s "
+                      "buffer failed: %s", bp_buffer_type_name(buft), why);
             goto fail;
+        }
     }
     for (size_t i = 0; i < n; i++) {
         bp_tensor *t = bp_context_get_tensor(ctx, i);
@@ -396,14 +404,18 @@ static enum bp_status check_ids(const bp_gallocr *ga, const bp_graph *g, const i
     for (int i = 0; node_ids && i < bp_graph_n_nodes(g); i++) {
         if (node_ids[i] < 0 || node_ids[i] >= ga->n_bufts)
             return bp__error(BP_ERR_INVALID_ARG,
-                             "graph allocator: node %d %s has buffer type id %d, but there are %d",
-                             i, bp__describe(bp_graph_node(g, i)).s, node_ids[i], ga->n_bufts);
+                             "graph allocator: node %d %s has buffer type id %d, but the "
+                             "allocator has %d buffer type%s",
+                             i, bp__describe(bp_graph_node(g, i)).s, node_ids[i], ga->n_bufts,
+                             BP_PLURAL(ga->n_bufts));
     }
     for (int i = 0; leaf_ids && i < bp_graph_n_leafs(g); i++) {
         if (leaf_ids[i] < 0 || leaf_ids[i] >= ga->n_bufts)
             return bp__error(BP_ERR_INVALID_ARG,
-                             "graph allocator: leaf %d %s has buffer type id %d, but there are %d",
-                             i, bp__describe(bp_graph_leaf(g, i)).s, leaf_ids[i], ga->n_bufts);
+                             "graph allocator: leaf %d %s has buffer type id %d, but the "
+                             "allocator has %d buffer type%s",
+                             i, bp__describe(bp_graph_leaf(g, i)).s, leaf_ids[i], ga->n_bufts,
+                             BP_PLURAL(ga->n_bufts));
     }
     return BP_OK;
 }

@@ -79,9 +79,20 @@ bp_buffer *bp_buffer_type_alloc(bp_buffer_type *buft, size_t size)
                               bp_buffer_type_name(buft), size, max);
     bp_clear_error();
     bp_buffer *buf = buft->iface->alloc_buffer(buft, size);
-    if (buf == NULL)
+    if (buf == NULL) {
         default_error(BP_ERR_OUT_OF_MEMORY, "buffer type %s failed to allocate a buffer",
                       bp_buffer_type_name(buft));
+        return NULL;
+    }
+    /* A plugin that hands back less than was asked for would have every caller fail later
+     * with a message about the wrong thing (or write past the end): say so here. */
+    if (bp_buffer_get_size(buf) < size) {
+        size_t got = bp_buffer_get_size(buf);
+        bp_buffer_free(buf);
+        return bp__error_null(BP_ERR_BACKEND,
+                              "buffer type %s returned a buffer of %zu byte%s when asked for %zu",
+                              bp_buffer_type_name(buft), got, BP_PLURAL(got), size);
+    }
     return buf;
 }
 
@@ -791,8 +802,8 @@ bp_device *bp_registry_get_device(bp_registry *reg, size_t index)
     size_t n = bp_registry_device_count(reg);
     if (index >= n)
         return bp__error_null(BP_ERR_OUT_OF_BOUNDS,
-                              "registry %s has %zu devices; there is no device %zu",
-                              bp_registry_name(reg), n, index);
+                              "registry %s has %zu device%s; there is no device %zu",
+                              bp_registry_name(reg), n, BP_PLURAL(n), index);
     return reg->iface->get_device(reg, index);
 }
 

@@ -14,6 +14,9 @@
 
 void bp__assert_fail(const char *file, int line, const char *cond) __attribute__((noreturn));
 
+/* "s" unless n is 1, for messages that count things: "%zu device%s", n, BP_PLURAL(n). */
+#define BP_PLURAL(n) ((n) == 1 ? "" : "s")
+
 /* Records status and a one-sentence message for bp_last_error() on this thread and returns
  * status, so that error paths read `return bp__error(BP_ERR_SHAPE, "...", ...);`. */
 enum bp_status bp__error(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3);

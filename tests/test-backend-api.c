@@ -438,6 +438,36 @@ START_TEST(test_events)
 }
 END_TEST
 
+/* A buffer type whose plugin hands back half of what was asked for. */
+static const char *short_name(bp_buffer_type *b) { (void)b; return "Short"; }
+static size_t short_align(bp_buffer_type *b) { (void)b; return 16; }
+static bp_buffer *short_alloc(bp_buffer_type *b, size_t size)
+{
+    (void)b;
+    return bp_buffer_type_alloc(bp_host_buffer_type(), size / 2);
+}
+
+START_TEST(test_short_buffers_refused)
+{
+    static const struct bp_buffer_type_iface iface = {
+        .struct_size = sizeof(iface),
+        .get_name = short_name,
+        .alloc_buffer = short_alloc,
+        .get_alignment = short_align,
+    };
+    bp_buffer_type *bt = bp_buffer_type_new(accel, &iface, NULL);
+    ck_assert_ptr_nonnull(bt);
+    ck_assert_rejected(bp_buffer_type_alloc(bt, 1000), BP_ERR_BACKEND,
+                       "buffer type Short returned a buffer of 500 bytes when asked for 1000");
+    bp_tensor *t = bp_new_tensor_1d(ctx, BP_TYPE_F32, 100);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_rejected(bp_alloc_ctx_tensors(ctx, bt), BP_ERR_BACKEND, "returned a buffer of 200");
+    ck_assert_ptr_null(t->data);
+    ck_assert_rejected(bp_registry_get_device(reg, 5), BP_ERR_OUT_OF_BOUNDS,
+                       "registry TestAccel has 1 device; there is no device 5");
+}
+END_TEST
+
 /* ---- Interface size rules ---------------------------------------------------------------- */
 
 static const char *old_name(bp_device *d) { (void)d; return "OLD0"; }
@@ -571,6 +601,7 @@ int main(void)
         {test_backend_compute_and_async, "backend"},
         {test_compute_checks_memory, "compute_memory"},
         {test_copy_overlapping_ranges, "copy_overlap"},
+        {test_short_buffers_refused, "short_buffers"},
         {test_events, "events"},
         {test_struct_size_rules, "struct_size"},
         {test_null_handles, "null_handles"},
