@@ -328,6 +328,161 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* The answer a test wants the split callback to give, changeable between calls. */
+struct answer {
+    bool decline; /* return false: the default policy */
+    int state, axis;
+    int64_t sizes[2];
+};
+
+static bool scripted(const bp_tensor *w, int n, struct bp_meta_split *out, void *user)
+{
+    const struct answer *a = user;
+    (void)w;
+    (void)n;
+    if (a->decline)
+        return false;
+    out->state = (enum bp_meta_state)a->state;
+    out->axis = a->axis;
+    out->sizes[0] = a->sizes[0];
+    out->sizes[1] = a->sizes[1];
+    return true;
+}
+
+/* Writes a weight of `type` [ne0, ne1] named "w" into a fresh weights buffer of d; the status
+ * of the write, where the callback is asked how to store it. */
+static enum bp_status store_weight(bp_device *d, enum bp_type type, int64_t ne0, int64_t ne1,
+                                   bp_context **ctx, bp_buffer **buf, bp_tensor **w)
+{
+    *ctx = bp_context_new(2);
+    *w = bp_new_tensor_2d(*ctx, type, ne0, ne1);
+    bp_set_name(*w, "w");
+    *buf = bp_alloc_ctx_tensors(*ctx, bp_device_get_buffer_type(d));
+    ck_assert_msg(*buf != NULL, "%s", bp_last_error());
+    bp_buffer_set_usage(*buf, BP_BUFFER_USAGE_WEIGHTS);
+    void *zero = calloc(1, bp_nbytes(*w));
+    bp_clear_error();
+    enum bp_status st = bp_tensor_set(*w, zero, 0, bp_nbytes(*w));
+    free(zero);
+    return st;
+}
+
+/* An answer the callback gives for a weight is checked before the weight is stored: 55+48 for
+ * 96 rows, a negative size, an axis that does not exist, PARTIAL, and part of a Q4_0 block are
+ * refused with a message naming the weight, the axis and the sizes; good answers still work. */
+START_TEST(test_split_answers_checked_when_stored)
+{
+    bp_device *parts[2] = {bp_device_by_name("CPU0"), bp_device_by_name("CPU1")};
+    static struct answer ans;
+    bp_device *d = bp_meta_device_new(parts, 2, scripted, &ans);
+    ck_assert_msg(d != NULL, "%s", bp_last_error());
+    static const struct {
+        enum bp_type type;
+        int state, axis;
+        int64_t s0, s1;
+        const char *needles[4];
+    } bad[] = {
+        {BP_TYPE_F32, BP_META_SPLIT, 1, 55, 48, {"'w'", "sizes 55+48 on axis 1", "sum to 103",
+                                                 "ne[1] = 96"}},
+        {BP_TYPE_F32, BP_META_SPLIT, 1, 100, -4, {"'w'", "sizes 100+-4 on axis 1", "negative",
+                                                  "part 1"}},
+        {BP_TYPE_F32, BP_META_SPLIT, 1, 0, 95, {"'w'", "sum to 95", "ne[1] = 96",
+                                                "f32 [48, 96, 1, 1]"}},
+        {BP_TYPE_F32, BP_META_SPLIT, 4, 48, 48, {"'w'", "axis 4", "0..3", "invalid"}},
+        {BP_TYPE_F32, BP_META_SPLIT, -1, 48, 48, {"'w'", "axis -1", "0..3", "invalid"}},
+        {BP_TYPE_F32, BP_META_PARTIAL, 1, 48, 48, {"'w'", "PARTIAL", "state 2", "invalid"}},
+        {BP_TYPE_F32, 7, 1, 48, 48, {"'w'", "state 7", "BP_META_SPLIT", "invalid"}},
+        {BP_TYPE_Q4_0, BP_META_SPLIT, 0, 16, 48, {"'w'", "q4_0 [64, 96, 1, 1]",
+                                                  "sizes 16+48 on axis 0", "whole blocks of 32"}},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ans = (struct answer){false, bad[i].state, bad[i].axis, {bad[i].s0, bad[i].s1}};
+        bp_context *ctx;
+        bp_buffer *buf;
+        bp_tensor *w;
+        const int64_t ne0 = bad[i].type == BP_TYPE_Q4_0 ? 64 : 48;
+        ck_assert_int_eq(store_weight(d, bad[i].type, ne0, 96, &ctx, &buf, &w),
+                         BP_ERR_INVALID_ARG);
+        for (int k = 0; k < 4; k++)
+            ck_assert_msg(strstr(bp_last_error(), bad[i].needles[k]) != NULL,
+                          "case %zu: '%s' does not mention '%s'", i, bp_last_error(),
+                          bad[i].needles[k]);
+        bp_buffer_free(buf);
+        bp_context_free(ctx);
+    }
+
+    /* Good answers: whole blocks of Q4_0 columns, rows with an empty part, MIRRORED. */
+    bp_meta_buffer_part_bytes_fn part_bytes = (bp_meta_buffer_part_bytes_fn)
+        bp_registry_get_proc_address(bp_registry_by_name("Meta"), "bp_meta_buffer_part_bytes");
+    static const struct answer good[] = {
+        {false, BP_META_SPLIT, 0, {32, 32}},
+        {false, BP_META_SPLIT, 1, {96, 0}},
+        {false, BP_META_MIRRORED, 0, {0, 0}},
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        ans = good[i];
+        bp_context *ctx;
+        bp_buffer *buf;
+        bp_tensor *w;
+        ck_assert_msg(store_weight(d, BP_TYPE_Q4_0, 64, 96, &ctx, &buf, &w) == BP_OK,
+                      "case %zu: %s", i, bp_last_error());
+        const size_t whole = bp_nbytes(w);
+        const size_t expect0 = i == 0 ? whole / 2 : whole, expect1 = i == 0 ? whole / 2
+                                                                 : i == 1 ? 0 : whole;
+        ck_assert_uint_eq(part_bytes(buf, 0), expect0);
+        ck_assert_uint_eq(part_bytes(buf, 1), expect1);
+        bp_buffer_free(buf);
+        bp_context_free(ctx);
+    }
+}
+END_TEST
+
+/* The callback is asked again when a product uses a weight stored whole: a bad answer then
+ * fails the computation (it used to be computed with slices that overran the weight). */
+START_TEST(test_split_answers_checked_when_computed)
+{
+    bp_device *parts[2] = {bp_device_by_name("CPU0"), bp_device_by_name("CPU1")};
+    static struct answer ans = {.decline = true};
+    bp_device *d = bp_meta_device_new(parts, 2, scripted, &ans);
+    ck_assert_msg(d != NULL, "%s", bp_last_error());
+    bp_backend *m = bp_device_init_backend(d, "threads=1");
+    ck_assert_msg(m != NULL, "%s", bp_last_error());
+    bp_context *wctx;
+    bp_buffer *wbuf;
+    bp_tensor *w;
+    ck_assert_int_eq(store_weight(d, BP_TYPE_F32, 48, 96, &wctx, &wbuf, &w), BP_OK);
+
+    bp_context *ctx = bp_context_new(4);
+    bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, 48, 3);
+    bp_tensor *y = bp_mul_mat(ctx, w, x);
+    bp_buffer *abuf = bp_alloc_ctx_tensors(ctx, bp_device_get_buffer_type(d));
+    ck_assert_ptr_nonnull(abuf);
+    static float xs[48 * 3];
+    ck_assert_int_eq(bp_tensor_set(x, xs, 0, sizeof(xs)), BP_OK);
+    bp_graph *g = bp_graph_new(8);
+    ck_assert_int_eq(bp_graph_build_forward(g, y), BP_OK);
+
+    ans = (struct answer){false, BP_META_SPLIT, 1, {55, 48}};
+    bp_clear_error();
+    ck_assert_int_eq(bp_backend_graph_compute(m, g), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "sizes 55+48 on axis 1 sum to 103, not to ne[1] = 96");
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "'w'");
+    ans = (struct answer){false, BP_META_SPLIT, 9, {48, 48}};
+    ck_assert_int_eq(bp_backend_graph_compute(m, g), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "axis 9");
+    /* a good answer computes */
+    ans = (struct answer){false, BP_META_SPLIT, 1, {50, 46}};
+    ck_assert_msg(bp_backend_graph_compute(m, g) == BP_OK, "%s", bp_last_error());
+
+    bp_graph_free(g);
+    bp_buffer_free(abuf);
+    bp_context_free(ctx);
+    bp_buffer_free(wbuf);
+    bp_context_free(wctx);
+    bp_backend_free(m);
+}
+END_TEST
+
 static Suite *meta_suite(void)
 {
     Suite *s = suite_create("meta");
@@ -343,6 +498,8 @@ static Suite *meta_suite(void)
     tcase_add_test(tc, test_tensor_roundtrip);
     tcase_add_test(tc, test_device_identity_and_props);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_split_answers_checked_when_stored);
+    tcase_add_test(tc, test_split_answers_checked_when_computed);
     suite_add_tcase(s, tc);
     return s;
 }

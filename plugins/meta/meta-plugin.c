@@ -13,6 +13,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,27 +175,94 @@ static const bp_tensor *owner_of(const bp_tensor *t)
     return t;
 }
 
-/* What the split callback says for a weight, when it can be stored that way: a 2-D tensor with
- * contiguous rows split along its rows (axis 1) or, in whole blocks, its columns (axis 0). */
-static bool sliced_split(struct meta_dev *md, const bp_tensor *w, struct bp_meta_split *out)
+/* "a+b+c": the first n sizes of s, for messages. */
+static void sizes_text(const struct bp_meta_split *s, int n, char *buf, size_t cap)
 {
-    if (md->split_fn == NULL || w->ne[2] != 1 || w->ne[3] != 1 || !bp_is_contiguous(w))
-        return false;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int p = 0; p < n && used < cap; p++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%lld", p ? "+" : "",
+                                 (long long)s->sizes[p]);
+}
+
+enum bp_status meta_ask_split(struct meta_dev *md, const bp_tensor *w, struct bp_meta_split *out,
+                              bool *given)
+{
+    *given = false;
+    if (md->split_fn == NULL)
+        return BP_OK;
+    /* Zeroed first: a callback that fills only what its state uses leaves nothing undefined. */
     struct bp_meta_split s;
     memset(&s, 0, sizeof(s));
-    if (!md->split_fn(w, md->n, &s, md->split_user) || s.state != BP_META_SPLIT ||
-        (s.axis != 0 && s.axis != 1))
-        return false;
-    int64_t sum = 0;
-    for (int p = 0; p < md->n; p++) {
-        if (s.sizes[p] < 0 || (s.axis == 0 && s.sizes[p] % bp_type_block_size(w->type) != 0))
-            return false;
-        sum += s.sizes[p];
+    if (!md->split_fn(w, md->n, &s, md->split_user))
+        return BP_OK;
+    if (s.state == BP_META_MIRRORED) {
+        *out = s;
+        *given = true;
+        return BP_OK;
     }
-    if (sum != w->ne[s.axis])
-        return false;
+    /* Every message below starts with this: the device, the weight, its type and shape. */
+    char who[BP_MAX_NAME + 160];
+    snprintf(who, sizeof(who), "the split callback's answer for weight '%s' (%s [%lld, %lld, "
+             "%lld, %lld]) is invalid", w->name, bp_type_name(w->type), (long long)w->ne[0],
+             (long long)w->ne[1], (long long)w->ne[2], (long long)w->ne[3]);
+    if (s.state != BP_META_SPLIT)
+        return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s: state %d is neither BP_META_SPLIT nor "
+                            "BP_META_MIRRORED (a weight cannot be PARTIAL)", md->name, who,
+                            (int)s.state);
+    if (s.axis < 0 || s.axis > 3)
+        return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s: split axis %d is not 0..3", md->name,
+                            who, s.axis);
+    char sizes[BP_META_MAX_DEVICES * 22];
+    sizes_text(&s, md->n, sizes, sizeof(sizes));
+    const int64_t extent = w->ne[s.axis], block = bp_type_block_size(w->type);
+    int64_t sum = 0;
+    bool over = false;
+    for (int p = 0; p < md->n; p++) {
+        if (s.sizes[p] < 0)
+            return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s: sizes %s on axis %d: size %lld of "
+                                "part %d is negative", md->name, who, sizes, s.axis,
+                                (long long)s.sizes[p], p);
+        if (s.axis == 0 && s.sizes[p] % block != 0)
+            return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s: sizes %s on axis 0 are not whole "
+                                "blocks of %lld elements (part %d: %lld)", md->name, who, sizes,
+                                (long long)block, p, (long long)s.sizes[p]);
+        over |= s.sizes[p] > INT64_MAX - sum;
+        if (!over)
+            sum += s.sizes[p];
+    }
+    if (over || sum != extent) {
+        char total[40];
+        if (over)
+            snprintf(total, sizeof(total), "more than %lld", (long long)INT64_MAX);
+        else
+            snprintf(total, sizeof(total), "%lld", (long long)sum);
+        return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s: sizes %s on axis %d sum to %s, not to "
+                            "ne[%d] = %lld", md->name, who, sizes, s.axis, total, s.axis,
+                            (long long)extent);
+    }
     *out = s;
-    return true;
+    *given = true;
+    return BP_OK;
+}
+
+/* Whether weight w is stored sliced, and in which split: when the split callback splits a 2-D
+ * tensor with contiguous rows along its rows (axis 1) or, in whole blocks, its columns (axis 0).
+ * An invalid answer is an error, so a bad callback never gets a weight stored or computed. */
+static enum bp_status sliced_split(struct meta_dev *md, const bp_tensor *w, bool *sliced,
+                                   struct bp_meta_split *out)
+{
+    *sliced = false;
+    if (md->split_fn == NULL || w->ne[2] != 1 || w->ne[3] != 1 || !bp_is_contiguous(w))
+        return BP_OK;
+    struct bp_meta_split s;
+    bool given;
+    enum bp_status st = meta_ask_split(md, w, &s, &given);
+    if (st != BP_OK || !given || s.state != BP_META_SPLIT || (s.axis != 0 && s.axis != 1))
+        return st;
+    *out = s;
+    *sliced = true;
+    return BP_OK;
 }
 
 /* Bytes of part p's packed slice. */
@@ -225,8 +293,7 @@ static enum bp_status slot_for(struct meta_buf *mb, const bp_tensor *t, struct m
     memset(&n, 0, sizeof(n));
     n.data = w->data;
     n.nbytes = bp_nbytes(w);
-    n.sliced = sliced_split(mb->md, w, &n.s);
-    enum bp_status st = BP_OK;
+    enum bp_status st = sliced_split(mb->md, w, &n.sliced, &n.s);
     for (int p = 0; p < mb->md->n && st == BP_OK; p++) {
         const size_t bytes = n.sliced ? slice_bytes(w, &n.s, p) : n.nbytes;
         n.part[p] = bp_buffer_type_alloc(bp_device_get_buffer_type(mb->md->parts[p]), bytes);
