@@ -17,7 +17,7 @@ struct meta_entry {
 };
 
 struct meta_dev {
-    char name[256];
+    char *name; /* "Meta(A,B,...)", heap: the parts' names have no length limit */
     char description[512];
     int n;
     bp_device *parts[BP_META_MAX_DEVICES];
