@@ -92,6 +92,54 @@ START_TEST(test_backend_params)
 }
 END_TEST
 
+/* Parameters are parsed whole, however long: an item past 256 bytes is still read (it used to
+ * be cut off with everything after it), and empty items, a key given twice and anything but
+ * digits in a count are errors. */
+START_TEST(test_backend_params_parsed_whole)
+{
+    use_cpu_plugin();
+    char *params = malloc(1024);
+    snprintf(params, 1024, "%300sthreads=2%300s", "", "");
+    bp_backend *be = bp_backend_init_by_name("CPU", params);
+    ck_assert_msg(be != NULL, "%s", bp_last_error());
+    bp_backend_free(be);
+    snprintf(params, 1024, "threads=2,%300sbogus=1", "");
+    ck_assert_rejected(bp_backend_init_by_name("CPU", params), BP_ERR_INVALID_ARG,
+                       "unknown backend parameter 'bogus=1'");
+    /* 300 commas before an unknown key: empty items, not a silently shorter string */
+    memcpy(params, "threads=2", 9);
+    memset(params + 9, ',', 300);
+    strcpy(params + 309, "bogus=1");
+    ck_assert_rejected(bp_backend_init_by_name("CPU", params), BP_ERR_INVALID_ARG,
+                       "backend parameter 2 is empty");
+    free(params);
+
+    static const struct {
+        const char *params, *needle;
+    } bad[] = {
+        {",threads=2", "backend parameter 1 is empty"},
+        {"threads=2,", "backend parameter 2 is empty"},
+        {"threads=2,,", "backend parameter 2 is empty"},
+        {" ", "backend parameter 1 is empty"},
+        {"threads=2,threads=3", "'threads' is given twice"},
+        {"threads=2junk", "'threads=2junk' is not a thread count"},
+        {"threads=+2", "'threads=+2' is not a thread count"},
+        {"threads= 2", "'threads= 2' is not a thread count"},
+        {"threads=", "'threads=' is not a thread count"},
+        {"threads=1025", "'threads=1025' is not a thread count in 1..1024"},
+        {"threads=99999999999999999999", "is not a thread count"},
+        {"threads", "unknown backend parameter 'threads'"},
+        {"threadsx=2", "unknown backend parameter 'threadsx=2'"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_rejected(bp_backend_init_by_name("CPU", bad[i].params), BP_ERR_INVALID_ARG,
+                           bad[i].needle);
+    be = bp_backend_init_by_name("CPU", " threads=1 ");
+    ck_assert_msg(be != NULL, "%s", bp_last_error());
+    bp_backend_free(be);
+}
+END_TEST
+
 typedef enum bp_status (*set_threads_fn)(bp_backend *, int);
 
 /* The same graph gives the same answer with 1, 2, 5 and 7 threads set through the proc
@@ -642,6 +690,7 @@ int main(void)
     BP_TCASE(s, test_variant_masked_by_cpu_disable, 30);
     BP_TCASE(s, test_device, 30);
     BP_TCASE(s, test_backend_params, 30);
+    BP_TCASE(s, test_backend_params_parsed_whole, 30);
     BP_TCASE(s, test_set_n_threads, 30);
     BP_TCASE(s, test_events_and_unsupported_graph, 30);
     BP_TCASE(s, test_mul_mat_empty_k, 60);

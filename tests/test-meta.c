@@ -328,6 +328,303 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* The answer a test wants the split callback to give, changeable between calls. */
+struct answer {
+    bool decline; /* return false: the default policy */
+    int state, axis;
+    int64_t sizes[2];
+};
+
+static bool scripted(const bp_tensor *w, int n, struct bp_meta_split *out, void *user)
+{
+    const struct answer *a = user;
+    (void)w;
+    (void)n;
+    if (a->decline)
+        return false;
+    out->state = (enum bp_meta_state)a->state;
+    out->axis = a->axis;
+    out->sizes[0] = a->sizes[0];
+    out->sizes[1] = a->sizes[1];
+    return true;
+}
+
+/* Writes a weight of `type` [ne0, ne1] named "w" into a fresh weights buffer of d; the status
+ * of the write, where the callback is asked how to store it. */
+static enum bp_status store_weight(bp_device *d, enum bp_type type, int64_t ne0, int64_t ne1,
+                                   bp_context **ctx, bp_buffer **buf, bp_tensor **w)
+{
+    *ctx = bp_context_new(2);
+    *w = bp_new_tensor_2d(*ctx, type, ne0, ne1);
+    bp_set_name(*w, "w");
+    *buf = bp_alloc_ctx_tensors(*ctx, bp_device_get_buffer_type(d));
+    ck_assert_msg(*buf != NULL, "%s", bp_last_error());
+    bp_buffer_set_usage(*buf, BP_BUFFER_USAGE_WEIGHTS);
+    void *zero = calloc(1, bp_nbytes(*w));
+    bp_clear_error();
+    enum bp_status st = bp_tensor_set(*w, zero, 0, bp_nbytes(*w));
+    free(zero);
+    return st;
+}
+
+/* An answer the callback gives for a weight is checked before the weight is stored: 55+48 for
+ * 96 rows, a negative size, an axis that does not exist, PARTIAL, and part of a Q4_0 block are
+ * refused with a message naming the weight, the axis and the sizes; good answers still work. */
+START_TEST(test_split_answers_checked_when_stored)
+{
+    bp_device *parts[2] = {bp_device_by_name("CPU0"), bp_device_by_name("CPU1")};
+    static struct answer ans;
+    bp_device *d = bp_meta_device_new(parts, 2, scripted, &ans);
+    ck_assert_msg(d != NULL, "%s", bp_last_error());
+    static const struct {
+        enum bp_type type;
+        int state, axis;
+        int64_t s0, s1;
+        const char *needles[4];
+    } bad[] = {
+        {BP_TYPE_F32, BP_META_SPLIT, 1, 55, 48, {"'w'", "sizes 55+48 on axis 1", "sum to 103",
+                                                 "ne[1] = 96"}},
+        {BP_TYPE_F32, BP_META_SPLIT, 1, 100, -4, {"'w'", "sizes 100+-4 on axis 1", "negative",
+                                                  "part 1"}},
+        {BP_TYPE_F32, BP_META_SPLIT, 1, 0, 95, {"'w'", "sum to 95", "ne[1] = 96",
+                                                "f32 [48, 96, 1, 1]"}},
+        {BP_TYPE_F32, BP_META_SPLIT, 4, 48, 48, {"'w'", "axis 4", "0..3", "invalid"}},
+        {BP_TYPE_F32, BP_META_SPLIT, -1, 48, 48, {"'w'", "axis -1", "0..3", "invalid"}},
+        {BP_TYPE_F32, BP_META_PARTIAL, 1, 48, 48, {"'w'", "PARTIAL", "state 2", "invalid"}},
+        {BP_TYPE_F32, 7, 1, 48, 48, {"'w'", "state 7", "BP_META_SPLIT", "invalid"}},
+        {BP_TYPE_Q4_0, BP_META_SPLIT, 0, 16, 48, {"'w'", "q4_0 [64, 96, 1, 1]",
+                                                  "sizes 16+48 on axis 0", "whole blocks of 32"}},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ans = (struct answer){false, bad[i].state, bad[i].axis, {bad[i].s0, bad[i].s1}};
+        bp_context *ctx;
+        bp_buffer *buf;
+        bp_tensor *w;
+        const int64_t ne0 = bad[i].type == BP_TYPE_Q4_0 ? 64 : 48;
+        ck_assert_int_eq(store_weight(d, bad[i].type, ne0, 96, &ctx, &buf, &w),
+                         BP_ERR_INVALID_ARG);
+        for (int k = 0; k < 4; k++)
+            ck_assert_msg(strstr(bp_last_error(), bad[i].needles[k]) != NULL,
+                          "case %zu: '%s' does not mention '%s'", i, bp_last_error(),
+                          bad[i].needles[k]);
+        bp_buffer_free(buf);
+        bp_context_free(ctx);
+    }
+
+    /* Good answers: whole blocks of Q4_0 columns, rows with an empty part, MIRRORED. */
+    bp_meta_buffer_part_bytes_fn part_bytes = (bp_meta_buffer_part_bytes_fn)
+        bp_registry_get_proc_address(bp_registry_by_name("Meta"), "bp_meta_buffer_part_bytes");
+    static const struct answer good[] = {
+        {false, BP_META_SPLIT, 0, {32, 32}},
+        {false, BP_META_SPLIT, 1, {96, 0}},
+        {false, BP_META_MIRRORED, 0, {0, 0}},
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        ans = good[i];
+        bp_context *ctx;
+        bp_buffer *buf;
+        bp_tensor *w;
+        ck_assert_msg(store_weight(d, BP_TYPE_Q4_0, 64, 96, &ctx, &buf, &w) == BP_OK,
+                      "case %zu: %s", i, bp_last_error());
+        const size_t whole = bp_nbytes(w);
+        const size_t expect0 = i == 0 ? whole / 2 : whole, expect1 = i == 0 ? whole / 2
+                                                                 : i == 1 ? 0 : whole;
+        ck_assert_uint_eq(part_bytes(buf, 0), expect0);
+        ck_assert_uint_eq(part_bytes(buf, 1), expect1);
+        bp_buffer_free(buf);
+        bp_context_free(ctx);
+    }
+}
+END_TEST
+
+/* The callback is asked again when a product uses a weight stored whole: a bad answer then
+ * fails the computation (it used to be computed with slices that overran the weight). */
+START_TEST(test_split_answers_checked_when_computed)
+{
+    bp_device *parts[2] = {bp_device_by_name("CPU0"), bp_device_by_name("CPU1")};
+    static struct answer ans = {.decline = true};
+    bp_device *d = bp_meta_device_new(parts, 2, scripted, &ans);
+    ck_assert_msg(d != NULL, "%s", bp_last_error());
+    bp_backend *m = bp_device_init_backend(d, "threads=1");
+    ck_assert_msg(m != NULL, "%s", bp_last_error());
+    bp_context *wctx;
+    bp_buffer *wbuf;
+    bp_tensor *w;
+    ck_assert_int_eq(store_weight(d, BP_TYPE_F32, 48, 96, &wctx, &wbuf, &w), BP_OK);
+
+    bp_context *ctx = bp_context_new(4);
+    bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, 48, 3);
+    bp_tensor *y = bp_mul_mat(ctx, w, x);
+    bp_buffer *abuf = bp_alloc_ctx_tensors(ctx, bp_device_get_buffer_type(d));
+    ck_assert_ptr_nonnull(abuf);
+    static float xs[48 * 3];
+    ck_assert_int_eq(bp_tensor_set(x, xs, 0, sizeof(xs)), BP_OK);
+    bp_graph *g = bp_graph_new(8);
+    ck_assert_int_eq(bp_graph_build_forward(g, y), BP_OK);
+
+    ans = (struct answer){false, BP_META_SPLIT, 1, {55, 48}};
+    bp_clear_error();
+    ck_assert_int_eq(bp_backend_graph_compute(m, g), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "sizes 55+48 on axis 1 sum to 103, not to ne[1] = 96");
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "'w'");
+    ans = (struct answer){false, BP_META_SPLIT, 9, {48, 48}};
+    ck_assert_int_eq(bp_backend_graph_compute(m, g), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "axis 9");
+    /* a good answer computes */
+    ans = (struct answer){false, BP_META_SPLIT, 1, {50, 46}};
+    ck_assert_msg(bp_backend_graph_compute(m, g) == BP_OK, "%s", bp_last_error());
+
+    bp_graph_free(g);
+    bp_buffer_free(abuf);
+    bp_context_free(ctx);
+    bp_buffer_free(wbuf);
+    bp_context_free(wctx);
+    bp_backend_free(m);
+}
+END_TEST
+
+/* Meta names are parsed whole, with no length limit: nothing past 256 bytes is dropped, and
+ * empty items, junk after ')', nesting and a device listed twice are errors. */
+START_TEST(test_name_parsing)
+{
+    char *name = malloc(1024);
+    /* 300 spaces: the device after them is still looked up (it used to be cut off) */
+    snprintf(name, 1024, "Meta(CPU0,%300sNOPE0)", "");
+    ck_assert_rejected(bp_backend_init_by_name(name, NULL), BP_ERR_NOT_FOUND, "'NOPE0'");
+    snprintf(name, 1024, "Meta(CPU0,%300sCPU1 )", "");
+    bp_backend *m = bp_backend_init_by_name(name, "threads=1");
+    ck_assert_msg(m != NULL, "%s", bp_last_error());
+    ck_assert_str_eq(bp_device_name(bp_backend_get_device(m)), "Meta(CPU0,CPU1)");
+    bp_backend_free(m);
+    /* 300 commas: empty items (they used to hide the rest of the name) */
+    memcpy(name, "Meta(CPU0", 9);
+    memset(name + 9, ',', 300);
+    strcpy(name + 309, "NOPE0)");
+    ck_assert_rejected(bp_backend_init_by_name(name, NULL), BP_ERR_INVALID_ARG, "device 2 of");
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "is empty");
+    free(name);
+
+    static const struct {
+        const char *name, *needle;
+    } bad[] = {
+        {"Meta(CPU0,CPU1)junk", "'junk' after the closing parenthesis"},
+        {"Meta(CPU0,CPU1) ", "' ' after the closing parenthesis"},
+        {"Meta(CPU0,CPU1))", "')' after the closing parenthesis"},
+        {"Meta(CPU0,,CPU1)", "device 2 of 'Meta(CPU0,,CPU1)' is empty"},
+        {"Meta(,CPU0)", "device 1 of 'Meta(,CPU0)' is empty"},
+        {"Meta(CPU0,)", "device 2 of 'Meta(CPU0,)' is empty"},
+        {"Meta( , CPU0)", "is empty"},
+        {"Meta()", "'Meta()' names no devices"},
+        {"Meta(  )", "names no devices"},
+        {"Meta(CPU0", "no closing parenthesis"},
+        {"Meta(CPU0,CPU0)", "device 'CPU0' is listed twice (parts 0 and 1)"},
+        {"Meta(CPU0,CPU1,cpu0)", "device 'CPU0' is listed twice (parts 0 and 2)"},
+        {"Meta(Meta(CPU0),CPU1)", "cannot be a part of another"},
+        {"Meta(CPU0,CPU1,CPU2,CPU0,CPU1,CPU2,CPU0,CPU1,CPU2,CPU0,CPU1,CPU2,CPU0,CPU1,CPU2,CPU0,"
+         "CPU1)", "more than 16 devices"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_rejected(bp_backend_init_by_name(bad[i].name, NULL), BP_ERR_INVALID_ARG,
+                           bad[i].needle);
+    /* The proc address itself, called directly */
+    typedef bp_backend *(*init_by_name_fn)(const char *, const char *);
+    init_by_name_fn init = (init_by_name_fn)bp_registry_get_proc_address(
+        bp_registry_by_name("Meta"), "bp_meta_init_by_name");
+    ck_assert_ptr_nonnull(init);
+    ck_assert_rejected(init(NULL, NULL), BP_ERR_INVALID_ARG, "name is NULL");
+    ck_assert_rejected(init("CPU0", NULL), BP_ERR_INVALID_ARG, "not of the form Meta(A,B,...)");
+}
+END_TEST
+
+static size_t devices_named(const char *name)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < bp_device_count(); i++)
+        n += strcmp(bp_device_name(bp_device_get(i)), name) == 0;
+    return n;
+}
+
+/* One set of parts makes one meta device, whichever way it is asked for: by name, or with
+ * bp_meta_device_new with no policy or the same one; another policy is refused. */
+START_TEST(test_one_device_per_name)
+{
+    bp_device *parts[2] = {bp_device_by_name("CPU0"), bp_device_by_name("CPU1")};
+    static int mode0 = 0, mode1 = 1;
+    bp_device *d = bp_meta_device_new(parts, 2, uneven, &mode0);
+    ck_assert_msg(d != NULL, "%s", bp_last_error());
+    ck_assert_ptr_eq(bp_meta_device_new(parts, 2, uneven, &mode0), d);
+    ck_assert_ptr_eq(bp_meta_device_new(parts, 2, NULL, NULL), d);
+    bp_backend *m = meta_by_name("META(cpu0, cpu1)");
+    ck_assert_ptr_eq(bp_backend_get_device(m), d);
+    bp_backend_free(m);
+    ck_assert_rejected(bp_meta_device_new(parts, 2, uneven, &mode1), BP_ERR_INVALID_ARG,
+                       "'Meta(CPU0,CPU1)' already exists with another split policy");
+    ck_assert_rejected(bp_meta_device_new(parts, 2, megatron, NULL), BP_ERR_INVALID_ARG,
+                       "already exists");
+    ck_assert_uint_eq(devices_named("Meta(CPU0,CPU1)"), 1);
+
+    /* made by name first: the default policy, which a user policy cannot replace */
+    bp_device *other[2] = {parts[1], bp_device_by_name("CPU2")};
+    m = meta_by_name("Meta(CPU1,CPU2)");
+    ck_assert_ptr_eq(bp_meta_device_new(other, 2, NULL, NULL), bp_backend_get_device(m));
+    ck_assert_rejected(bp_meta_device_new(other, 2, megatron, NULL), BP_ERR_INVALID_ARG,
+                       "already exists with the default split policy");
+    ck_assert_uint_eq(devices_named("Meta(CPU1,CPU2)"), 1);
+    bp_backend_free(m);
+}
+END_TEST
+
+/* Every argument of the public entry points is checked, and the message says which. */
+START_TEST(test_arguments_checked)
+{
+    bp_device *cpu0 = bp_device_by_name("CPU0"), *cpu1 = bp_device_by_name("CPU1");
+    ck_assert_rejected(bp_meta_device_new(NULL, 2, NULL, NULL), BP_ERR_INVALID_ARG,
+                       "the device array is NULL");
+    bp_device *with_null[2] = {cpu0, NULL};
+    ck_assert_rejected(bp_meta_device_new(with_null, 2, NULL, NULL), BP_ERR_INVALID_ARG,
+                       "device 1 of 2 is NULL");
+    bp_device *parts[17];
+    for (int i = 0; i < 17; i++)
+        parts[i] = cpu0;
+    ck_assert_rejected(bp_meta_device_new(parts, 0, NULL, NULL), BP_ERR_INVALID_ARG,
+                       "need 1 to 16 devices, got 0");
+    ck_assert_rejected(bp_meta_device_new(parts, 17, NULL, NULL), BP_ERR_INVALID_ARG,
+                       "need 1 to 16 devices, got 17");
+    ck_assert_rejected(bp_meta_device_new(parts, 2, NULL, NULL), BP_ERR_INVALID_ARG,
+                       "device 'CPU0' is listed twice (parts 0 and 1)");
+    bp_device *pair[2] = {cpu0, cpu1};
+    bp_device *md = bp_meta_device_new(pair, 2, NULL, NULL);
+    ck_assert_ptr_nonnull(md);
+    bp_device *nested[2] = {cpu1, md};
+    ck_assert_rejected(bp_meta_device_new(nested, 2, NULL, NULL), BP_ERR_INVALID_ARG,
+                       "device 1 ('Meta(CPU0,CPU1)') is itself a meta device");
+
+    bp_registry *reg = bp_registry_by_name("Meta");
+    bp_meta_backend_stats_fn stats =
+        (bp_meta_backend_stats_fn)bp_registry_get_proc_address(reg, "bp_meta_backend_stats");
+    bp_meta_buffer_part_bytes_fn part_bytes = (bp_meta_buffer_part_bytes_fn)
+        bp_registry_get_proc_address(reg, "bp_meta_buffer_part_bytes");
+    ck_assert(stats != NULL && part_bytes != NULL);
+    bp_clear_error();
+    ck_assert_int_eq(stats(NULL, NULL, NULL), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "backend is NULL");
+    ck_assert_int_eq(stats(cpu, NULL, NULL), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "is not a meta backend");
+    bp_clear_error();
+    ck_assert_uint_eq(part_bytes(NULL, 0), 0);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "buffer is NULL");
+    bp_buffer *hb = bp_buffer_type_alloc(bp_host_buffer_type(), 64);
+    ck_assert_uint_eq(part_bytes(hb, 0), 0);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "not a meta device's buffer");
+    bp_buffer_free(hb);
+    bp_buffer *mbuf = bp_buffer_type_alloc(bp_device_get_buffer_type(md), 64);
+    ck_assert_ptr_nonnull(mbuf);
+    ck_assert_uint_eq(part_bytes(mbuf, 2), 0);
+    ck_assert_error_has(BP_ERR_OUT_OF_BOUNDS, "part 2 of 'Meta(CPU0,CPU1)' is not in 0..1");
+    bp_buffer_free(mbuf);
+}
+END_TEST
+
 static Suite *meta_suite(void)
 {
     Suite *s = suite_create("meta");
@@ -343,6 +640,11 @@ static Suite *meta_suite(void)
     tcase_add_test(tc, test_tensor_roundtrip);
     tcase_add_test(tc, test_device_identity_and_props);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_split_answers_checked_when_stored);
+    tcase_add_test(tc, test_split_answers_checked_when_computed);
+    tcase_add_test(tc, test_name_parsing);
+    tcase_add_test(tc, test_one_device_per_name);
+    tcase_add_test(tc, test_arguments_checked);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -27,7 +27,15 @@ struct bp_meta_split {
  * asked when the weight is first written: a split along the rows (axis 1) or, in whole blocks,
  * the columns (axis 0) of a 2-D weight is then how the weight is stored - each device holds
  * only its slice - and every graph uses it split that way (a graph that needs it otherwise gets
- * a whole copy per device for that computation). */
+ * a whole copy per device for that computation). *out is zeroed before the call.
+ *
+ * Accepted answers: state BP_META_MIRRORED (the weight stays whole, as with false), or state
+ * BP_META_SPLIT with axis 0..3 and sizes[0..n) each >= 0 (0: that device takes no part),
+ * summing exactly to the weight's ne[axis], and multiples of the type's block size on axis 0
+ * (32 for Q4_0 and Q8_0). Entries of sizes from n on are not read. Anything else (PARTIAL, an
+ * unknown state, another axis, a negative size, a wrong sum, part of a block) is refused: the
+ * write or computation that asked fails with BP_ERR_INVALID_ARG and an error naming the
+ * weight, the axis and the sizes. */
 typedef bool (*bp_meta_split_fn)(const bp_tensor *weight, int n_devices, struct bp_meta_split *out,
                                  void *user_data);
 

@@ -202,34 +202,61 @@ static enum bp_status set_threads(struct cpu_backend *cb, int n)
     return BP_OK;
 }
 
-/* params: "threads=N" (comma-separated key=value pairs; unknown keys are an error). */
+/* At most this many bytes of a parameter are quoted in a message (the facts come first). */
+#define SHOWN 64
+
+/* The backend parameters: comma-separated key=value items, spaces around an item ignored;
+ * known: "threads=N". Scanned in place, so no length limit hides an item. An empty item, an
+ * unknown key, a key given twice and a value that is not a number in range are errors. */
+static enum bp_status parse_params(const char *params, int *threads)
+{
+    if (params == NULL || params[0] == '\0')
+        return BP_OK;
+    bool have_threads = false;
+    const char *p = params;
+    for (int i = 1;; i++) {
+        const char *end = p + strcspn(p, ",");
+        const char *a = p, *b = end;
+        while (a < b && (*a == ' ' || *a == '\t'))
+            a++;
+        while (b > a && (b[-1] == ' ' || b[-1] == '\t'))
+            b--;
+        const int len = b - a > SHOWN ? SHOWN : (int)(b - a);
+        const char *more = b - a > SHOWN ? "..." : "";
+        if (a == b)
+            return bp_set_error(BP_ERR_INVALID_ARG, "CPU: backend parameter %d is empty (an "
+                                "extra or missing comma?); parameters are comma-separated "
+                                "key=value items", i);
+        const char *eq = memchr(a, '=', (size_t)(b - a));
+        if (eq == NULL || eq - a != 7 || strncmp(a, "threads", 7) != 0)
+            return bp_set_error(BP_ERR_INVALID_ARG, "CPU: unknown backend parameter '%.*s%s' "
+                                "(known: threads=N)", len, a, more);
+        if (have_threads)
+            return bp_set_error(BP_ERR_INVALID_ARG, "CPU: backend parameter 'threads' is given "
+                                "twice");
+        /* Digits only (strtol would take signs and spaces), stopping before it can overflow. */
+        long v = 0;
+        const char *d = eq + 1;
+        while (d < b && *d >= '0' && *d <= '9' && v <= 1024)
+            v = v * 10 + (*d++ - '0');
+        if (d == eq + 1 || d != b || v < 1 || v > 1024)
+            return bp_set_error(BP_ERR_INVALID_ARG, "CPU: '%.*s%s' is not a thread count in "
+                                "1..1024", len, a, more);
+        *threads = (int)v;
+        have_threads = true;
+        if (*end == '\0')
+            return BP_OK;
+        p = end + 1;
+    }
+}
+
 static bp_backend *cpu_init_backend(bp_device *dev, const char *params)
 {
     int threads = online_cores() / the_cpu->n_devices;
     if (threads < 1)
         threads = 1;
-    if (params != NULL && params[0] != '\0') {
-        char buf[256];
-        snprintf(buf, sizeof(buf), "%s", params);
-        for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv;
-             kv = strtok_r(NULL, ",", &save)) {
-            char *eq = strchr(kv, '=');
-            char *end = NULL;
-            if (eq != NULL && strncmp(kv, "threads", (size_t)(eq - kv)) == 0 && eq - kv == 7) {
-                long v = strtol(eq + 1, &end, 10);
-                if (end == eq + 1 || *end != '\0' || v < 1 || v > 1024) {
-                    bp_set_error(BP_ERR_INVALID_ARG, "CPU: 'threads=%s' is not a thread count "
-                                 "in 1..1024", eq + 1);
-                    return NULL;
-                }
-                threads = (int)v;
-            } else {
-                bp_set_error(BP_ERR_INVALID_ARG, "CPU: unknown backend parameter '%s' (known: "
-                             "threads=N)", kv);
-                return NULL;
-            }
-        }
-    }
+    if (parse_params(params, &threads) != BP_OK)
+        return NULL;
     struct cpu_backend *cb = calloc(1, sizeof(*cb));
     if (cb == NULL) {
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "CPU: out of memory creating a backend");

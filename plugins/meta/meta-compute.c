@@ -625,9 +625,10 @@ static int map_reshape(const bp_tensor *from, const bp_tensor *to, const struct 
     return -1;
 }
 
-/* Decides the states of node's sources and result. want[k] for each source. */
-static void decide(struct run *r, const bp_tensor *node, struct bp_meta_split want[BP_MAX_SRC],
-                   struct bp_meta_split *out)
+/* Decides the states of node's sources and result. want[k] for each source. Fails only when
+ * the user's split callback gives an invalid answer. */
+static enum bp_status decide(struct run *r, const bp_tensor *node,
+                             struct bp_meta_split want[BP_MAX_SRC], struct bp_meta_split *out)
 {
     const int n = r->n;
     const bp_tensor *a = node->src[0], *b = node->src[1];
@@ -644,7 +645,7 @@ static void decide(struct run *r, const bp_tensor *node, struct bp_meta_split wa
         if (sa.state == BP_META_SPLIT)
             out->axis = node->op == BP_OP_TRANSPOSE ? (sa.axis < 2 ? 1 - sa.axis : sa.axis)
                                                     : bp_get_op_param_i32(node, sa.axis);
-        return;
+        return BP_OK;
     case BP_OP_RESHAPE:
     case BP_OP_CONT:
     case BP_OP_DUP:
@@ -657,11 +658,11 @@ static void decide(struct run *r, const bp_tensor *node, struct bp_meta_split wa
         } else if (map_reshape(a, node, &sa, n, out) >= 0) {
             want[0] = sa;
         }
-        return;
+        return BP_OK;
     case BP_OP_SCALE:
         want[0] = sa;
         *out = sa;
-        return;
+        return BP_OK;
     case BP_OP_UNARY:
     case BP_OP_RMS_NORM:
     case BP_OP_NORM:
@@ -669,20 +670,20 @@ static void decide(struct run *r, const bp_tensor *node, struct bp_meta_split wa
             want[0] = sa;
             *out = sa;
         }
-        return;
+        return BP_OK;
     case BP_OP_SOFT_MAX:
         if (sa.state == BP_META_SPLIT && sa.axis >= 2 &&
             (b == NULL || (b->ne[2] == 1 && b->ne[3] == 1))) {
             want[0] = sa;
             *out = sa;
         }
-        return;
+        return BP_OK;
     case BP_OP_ROPE:
         if (sa.state == BP_META_SPLIT && (sa.axis == 1 || sa.axis == 3)) {
             want[0] = sa;
             *out = sa;
         }
-        return;
+        return BP_OK;
     case BP_OP_ADD:
     case BP_OP_SUB:
     case BP_OP_MUL:
@@ -693,14 +694,14 @@ static void decide(struct run *r, const bp_tensor *node, struct bp_meta_split wa
                 want[0] = sa;
                 *out = sa;
             }
-            return;
+            return BP_OK;
         }
         if (sa.state == BP_META_PARTIAL && sb.state == BP_META_PARTIAL &&
             (node->op == BP_OP_ADD || node->op == BP_OP_SUB) && bp_are_same_shape(a, b)) {
             want[0] = sa;
             want[1] = sb;
             *out = sa;
-            return;
+            return BP_OK;
         }
         if (sa.state == BP_META_SPLIT) {
             const int ax = sa.axis;
@@ -714,27 +715,31 @@ static void decide(struct run *r, const bp_tensor *node, struct bp_meta_split wa
                 want[0] = want[1] = sa;
                 *out = sa;
             }
-            return;
+            return BP_OK;
         }
         if (sb.state == BP_META_SPLIT && a->ne[sb.axis] == b->ne[sb.axis]) {
             want[0] = want[1] = sb;
             *out = sb;
         }
-        return;
+        return BP_OK;
     case BP_OP_MUL_MAT: {
         /* A weight that is MIRRORED in memory can be taken in any split: ask the user's policy,
          * else pick from how the activations arrive (Megatron: column-parallel when they are
          * whole, row-parallel when they come split along K). */
         const bool w = is_weight(a) && a->ne[2] == 1 && a->ne[3] == 1;
-        if (w && sa.state == BP_META_MIRRORED && r->md->split_fn != NULL) {
+        if (w && sa.state == BP_META_MIRRORED) {
             struct bp_meta_split u;
-            if (r->md->split_fn(a, n, &u, r->md->split_user) && u.state == BP_META_SPLIT)
+            bool given;
+            const enum bp_status st = meta_ask_split(r->md, a, &u, &given);
+            if (st != BP_OK)
+                return st;
+            if (given && u.state == BP_META_SPLIT)
                 sa = u;
         }
         if (sa.state == BP_META_SPLIT && sa.axis == 1 && sb.state != BP_META_PARTIAL) {
             want[0] = sa;
             *out = split_on(&sa, 0);
-            return;
+            return BP_OK;
         }
         if (sb.state == BP_META_SPLIT && sb.axis == 0 && w &&
             (sa.state == BP_META_MIRRORED || same_state(&sa, &sb, n))) {
@@ -744,13 +749,13 @@ static void decide(struct run *r, const bp_tensor *node, struct bp_meta_split wa
             if (blocks) {
                 want[0] = want[1] = sb;
                 *out = (struct bp_meta_split){.state = BP_META_PARTIAL};
-                return;
+                return BP_OK;
             }
         }
         if (sa.state == BP_META_SPLIT && sa.axis == 0 && same_state(&sa, &sb, n)) {
             want[0] = want[1] = sa;
             *out = (struct bp_meta_split){.state = BP_META_PARTIAL};
-            return;
+            return BP_OK;
         }
         for (int ax = 2; ax <= 3; ax++) {
             if (a->ne[ax] != b->ne[ax])
@@ -759,27 +764,27 @@ static void decide(struct run *r, const bp_tensor *node, struct bp_meta_split wa
                 (sa.state == BP_META_MIRRORED || same_state(&sa, &sb, n))) {
                 want[0] = want[1] = sb;
                 *out = sb;
-                return;
+                return BP_OK;
             }
             if (sa.state == BP_META_SPLIT && sa.axis == ax && sb.state == BP_META_MIRRORED) {
                 want[0] = want[1] = sa;
                 *out = sa;
-                return;
+                return BP_OK;
             }
         }
         if (sb.state == BP_META_SPLIT && sb.axis == 1) {
             want[1] = sb;
             *out = sb;
-            return;
+            return BP_OK;
         }
         if (w && sa.state == BP_META_MIRRORED && sb.state != BP_META_PARTIAL) {
             want[0] = even_split(a, 1, n);
             *out = split_on(&want[0], 0);
         }
-        return;
+        return BP_OK;
     }
     default:
-        return; /* MIRRORED: every part computes it in full */
+        return BP_OK; /* MIRRORED: every part computes it in full */
     }
 }
 
@@ -851,7 +856,9 @@ enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g)
     for (int i = 0; i < nn && st == BP_OK; i++) {
         bp_tensor *node = bp_graph_node(g, i);
         struct bp_meta_split want[BP_MAX_SRC], out;
-        decide(&r, node, want, &out);
+        st = decide(&r, node, want, &out);
+        if (st != BP_OK)
+            break;
         bp_tensor *srcs[BP_MAX_SRC][BP_META_MAX_DEVICES] = {{0}};
         for (int k = 0; k < BP_MAX_SRC && st == BP_OK; k++) {
             if (node->src[k] != NULL)

@@ -17,7 +17,7 @@ struct meta_entry {
 };
 
 struct meta_dev {
-    char name[256];
+    char *name; /* "Meta(A,B,...)", heap: the parts' names have no length limit */
     char description[512];
     int n;
     bp_device *parts[BP_META_MAX_DEVICES];
@@ -86,6 +86,12 @@ bp_buffer *meta_part_buffer(const bp_tensor *t, int part);
 enum bp_status meta_prepare(const bp_tensor *t);
 /* The slot of a sliced weight whose data t is (t itself or a same-address view), else NULL. */
 const struct meta_slot *meta_sliced_slot(const bp_tensor *t);
+/* Asks md's split callback how weight w is split and checks the answer (docs/meta.md,
+ * "Overriding the policy"). BP_OK with *given true and *out filled when the callback chose a
+ * split or MIRRORED; BP_OK with *given false when there is no callback or it left the choice to
+ * the default policy; an error naming w, the axis and the sizes when the answer is invalid. */
+enum bp_status meta_ask_split(struct meta_dev *md, const bp_tensor *w, struct bp_meta_split *out,
+                              bool *given);
 const struct bp_meta_split *meta_state_get(struct meta_dev *md, const bp_tensor *t);
 bool meta_state_set(struct meta_dev *md, const bp_tensor *t, const struct bp_meta_split *s);
 /* Drops the states of tensors in buf (freed or cleared: its data is the same on every part). */

@@ -13,6 +13,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,27 +175,94 @@ static const bp_tensor *owner_of(const bp_tensor *t)
     return t;
 }
 
-/* What the split callback says for a weight, when it can be stored that way: a 2-D tensor with
- * contiguous rows split along its rows (axis 1) or, in whole blocks, its columns (axis 0). */
-static bool sliced_split(struct meta_dev *md, const bp_tensor *w, struct bp_meta_split *out)
+/* "a+b+c": the first n sizes of s, for messages. */
+static void sizes_text(const struct bp_meta_split *s, int n, char *buf, size_t cap)
 {
-    if (md->split_fn == NULL || w->ne[2] != 1 || w->ne[3] != 1 || !bp_is_contiguous(w))
-        return false;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int p = 0; p < n && used < cap; p++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%lld", p ? "+" : "",
+                                 (long long)s->sizes[p]);
+}
+
+enum bp_status meta_ask_split(struct meta_dev *md, const bp_tensor *w, struct bp_meta_split *out,
+                              bool *given)
+{
+    *given = false;
+    if (md->split_fn == NULL)
+        return BP_OK;
+    /* Zeroed first: a callback that fills only what its state uses leaves nothing undefined. */
     struct bp_meta_split s;
     memset(&s, 0, sizeof(s));
-    if (!md->split_fn(w, md->n, &s, md->split_user) || s.state != BP_META_SPLIT ||
-        (s.axis != 0 && s.axis != 1))
-        return false;
-    int64_t sum = 0;
-    for (int p = 0; p < md->n; p++) {
-        if (s.sizes[p] < 0 || (s.axis == 0 && s.sizes[p] % bp_type_block_size(w->type) != 0))
-            return false;
-        sum += s.sizes[p];
+    if (!md->split_fn(w, md->n, &s, md->split_user))
+        return BP_OK;
+    if (s.state == BP_META_MIRRORED) {
+        *out = s;
+        *given = true;
+        return BP_OK;
     }
-    if (sum != w->ne[s.axis])
-        return false;
+    /* Every message below starts with this: the device, the weight, its type and shape. */
+    char who[BP_MAX_NAME + 160];
+    snprintf(who, sizeof(who), "the split callback's answer for weight '%s' (%s [%lld, %lld, "
+             "%lld, %lld]) is invalid", w->name, bp_type_name(w->type), (long long)w->ne[0],
+             (long long)w->ne[1], (long long)w->ne[2], (long long)w->ne[3]);
+    if (s.state != BP_META_SPLIT)
+        return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s: state %d is neither BP_META_SPLIT nor "
+                            "BP_META_MIRRORED (a weight cannot be PARTIAL)", md->name, who,
+                            (int)s.state);
+    if (s.axis < 0 || s.axis > 3)
+        return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s: split axis %d is not 0..3", md->name,
+                            who, s.axis);
+    char sizes[BP_META_MAX_DEVICES * 22];
+    sizes_text(&s, md->n, sizes, sizeof(sizes));
+    const int64_t extent = w->ne[s.axis], block = bp_type_block_size(w->type);
+    int64_t sum = 0;
+    bool over = false;
+    for (int p = 0; p < md->n; p++) {
+        if (s.sizes[p] < 0)
+            return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s: sizes %s on axis %d: size %lld of "
+                                "part %d is negative", md->name, who, sizes, s.axis,
+                                (long long)s.sizes[p], p);
+        if (s.axis == 0 && s.sizes[p] % block != 0)
+            return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s: sizes %s on axis 0 are not whole "
+                                "blocks of %lld elements (part %d: %lld)", md->name, who, sizes,
+                                (long long)block, p, (long long)s.sizes[p]);
+        over |= s.sizes[p] > INT64_MAX - sum;
+        if (!over)
+            sum += s.sizes[p];
+    }
+    if (over || sum != extent) {
+        char total[40];
+        if (over)
+            snprintf(total, sizeof(total), "more than %lld", (long long)INT64_MAX);
+        else
+            snprintf(total, sizeof(total), "%lld", (long long)sum);
+        return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s: sizes %s on axis %d sum to %s, not to "
+                            "ne[%d] = %lld", md->name, who, sizes, s.axis, total, s.axis,
+                            (long long)extent);
+    }
     *out = s;
-    return true;
+    *given = true;
+    return BP_OK;
+}
+
+/* Whether weight w is stored sliced, and in which split: when the split callback splits a 2-D
+ * tensor with contiguous rows along its rows (axis 1) or, in whole blocks, its columns (axis 0).
+ * An invalid answer is an error, so a bad callback never gets a weight stored or computed. */
+static enum bp_status sliced_split(struct meta_dev *md, const bp_tensor *w, bool *sliced,
+                                   struct bp_meta_split *out)
+{
+    *sliced = false;
+    if (md->split_fn == NULL || w->ne[2] != 1 || w->ne[3] != 1 || !bp_is_contiguous(w))
+        return BP_OK;
+    struct bp_meta_split s;
+    bool given;
+    enum bp_status st = meta_ask_split(md, w, &s, &given);
+    if (st != BP_OK || !given || s.state != BP_META_SPLIT || (s.axis != 0 && s.axis != 1))
+        return st;
+    *out = s;
+    *sliced = true;
+    return BP_OK;
 }
 
 /* Bytes of part p's packed slice. */
@@ -225,8 +293,7 @@ static enum bp_status slot_for(struct meta_buf *mb, const bp_tensor *t, struct m
     memset(&n, 0, sizeof(n));
     n.data = w->data;
     n.nbytes = bp_nbytes(w);
-    n.sliced = sliced_split(mb->md, w, &n.s);
-    enum bp_status st = BP_OK;
+    enum bp_status st = sliced_split(mb->md, w, &n.sliced, &n.s);
     for (int p = 0; p < mb->md->n && st == BP_OK; p++) {
         const size_t bytes = n.sliced ? slice_bytes(w, &n.s, p) : n.nbytes;
         n.part[p] = bp_buffer_type_alloc(bp_device_get_buffer_type(mb->md->parts[p]), bytes);
@@ -415,8 +482,17 @@ static size_t meta_buffer_part_bytes(bp_buffer *buf, int part)
     for (int i = 0; i < meta.n && md == NULL; i++)
         if (bp_buffer_get_type(buf) == meta.devs[i]->buft)
             md = meta.devs[i];
-    if (md == NULL || part < 0 || part >= md->n)
+    /* 0 is also an answer ("nothing made yet"), so the error only explains a 0. */
+    if (md == NULL) {
+        bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_buffer_part_bytes: %s", buf == NULL ?
+                     "buffer is NULL" : "not a meta device's buffer");
         return 0;
+    }
+    if (part < 0 || part >= md->n) {
+        bp_set_error(BP_ERR_OUT_OF_BOUNDS, "bp_meta_buffer_part_bytes: part %d of '%s' is not "
+                     "in 0..%d", part, md->name, md->n - 1);
+        return 0;
+    }
     struct meta_buf *mb = bp_buffer_get_context(buf);
     size_t bytes = mb->parts[part] ? bp_buffer_get_size(mb->parts[part]) : 0;
     for (size_t i = 0; i < mb->n_slots; i++)
@@ -546,9 +622,11 @@ static enum bp_status mbe_compute(bp_backend *be, bp_graph *g)
 
 static enum bp_status meta_backend_stats(bp_backend *be, int *n_reduces, double *seconds)
 {
-    if (be == NULL || meta.reg == NULL || bp_device_get_registry(bp_backend_get_device(be)) != meta.reg)
-        return bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_backend_stats: '%s' is not a meta backend",
-                            be ? bp_backend_name(be) : "(null)");
+    if (be == NULL)
+        return bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_backend_stats: backend is NULL");
+    if (meta.reg == NULL || bp_device_get_registry(bp_backend_get_device(be)) != meta.reg)
+        return bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_backend_stats: '%s' is not a meta "
+                            "backend", bp_backend_name(be));
     struct meta_backend *mb = bp_backend_get_context(be);
     if (n_reduces)
         *n_reduces = mb->n_reduces;
@@ -690,56 +768,109 @@ static const struct bp_device_iface meta_device_iface = {
 
 /* ---- Registry ---------------------------------------------------------------------------- */
 
-static bp_device *meta_device_new(bp_device *const *devices, int n, bp_meta_split_fn fn,
-                                  void *user)
+/* At most this many bytes of a user's string are quoted in a message (the message has a fixed
+ * size, and the facts come before the quotes). */
+#define SHOWN 96
+#define SHOW(str) (int)(strlen(str) > SHOWN ? SHOWN : strlen(str)), (str), \
+                  (strlen(str) > SHOWN ? "..." : "")
+
+/* "Meta(A,B,...)" from the parts' names, on the heap (names have no length limit). */
+static char *compose_name(bp_device *const *devices, int n)
 {
-    if (devices == NULL || n < 1 || n > BP_META_MAX_DEVICES) {
-        bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_device_new: need 1 to %d devices, got %d",
-                     BP_META_MAX_DEVICES, n);
+    size_t len = sizeof("Meta()");
+    for (int i = 0; i < n; i++)
+        len += strlen(bp_device_name(devices[i])) + 1;
+    char *name = malloc(len);
+    if (name == NULL)
         return NULL;
-    }
+    size_t used = (size_t)snprintf(name, len, "Meta(");
+    for (int i = 0; i < n; i++)
+        used += (size_t)snprintf(name + used, len - used, "%s%s", i ? "," : "",
+                                 bp_device_name(devices[i]));
+    snprintf(name + used, len - used, ")");
+    return name;
+}
+
+/* The meta device over devices[0..n) with split policy (fn, user): one device per name, so
+ * asking again for the same parts gives the device already made. A request without a policy
+ * (fn NULL, as "Meta(...)" names make) takes the device whatever policy it was made with; a
+ * request with a policy other than the existing device's is an error, since the policy decides
+ * how that device's weights are stored. `who` starts every error message. */
+static bp_device *device_for(bp_device *const *devices, int n, bp_meta_split_fn fn, void *user,
+                             const char *who)
+{
     for (int i = 0; i < n; i++) {
-        if (devices[i] == NULL || bp_device_get_type(devices[i]) == BP_DEVICE_TYPE_META) {
-            bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_device_new: device %d is %s", i,
-                         devices[i] ? "itself a meta device" : "NULL");
+        if (devices[i] == NULL) {
+            bp_set_error(BP_ERR_INVALID_ARG, "%s: device %d of %d is NULL", who, i, n);
             return NULL;
         }
+        if (bp_device_get_type(devices[i]) == BP_DEVICE_TYPE_META) {
+            bp_set_error(BP_ERR_INVALID_ARG, "%s: device %d ('%.*s%s') is itself a meta device; "
+                         "a meta device cannot be a part of another", who, i,
+                         SHOW(bp_device_name(devices[i])));
+            return NULL;
+        }
+        for (int j = 0; j < i; j++) {
+            if (devices[j] == devices[i]) {
+                bp_set_error(BP_ERR_INVALID_ARG, "%s: device '%.*s%s' is listed twice (parts %d "
+                             "and %d); each device can be one part only", who,
+                             SHOW(bp_device_name(devices[i])), j, i);
+                return NULL;
+            }
+        }
+    }
+    if (fn == NULL)
+        user = NULL; /* no policy: the user data means nothing */
+    char *name = compose_name(devices, n);
+    if (name == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", who);
+        return NULL;
     }
     for (int k = 0; k < meta.n; k++) {
         struct meta_dev *md = meta.devs[k];
-        bool same = md->n == n && md->split_fn == fn && md->split_user == user;
-        for (int i = 0; same && i < n; i++)
-            same = md->parts[i] == devices[i];
-        if (same)
-            return md->dev;
+        if (strcasecmp(md->name, name) != 0)
+            continue;
+        bool same_parts = md->n == n;
+        for (int i = 0; same_parts && i < n; i++)
+            same_parts = md->parts[i] == devices[i];
+        free(name);
+        if (!same_parts) {
+            bp_set_error(BP_ERR_INVALID_ARG, "%s: a meta device named '%.*s%s' already exists "
+                         "over other devices of the same names", who, SHOW(md->name));
+            return NULL;
+        }
+        if (fn != NULL && (md->split_fn != fn || md->split_user != user)) {
+            bp_set_error(BP_ERR_INVALID_ARG, "%s: '%.*s%s' already exists with %s split policy; "
+                         "one set of devices makes one meta device, so use that device (or ask "
+                         "without a policy)", who, SHOW(md->name),
+                         md->split_fn ? "another" : "the default");
+            return NULL;
+        }
+        return md->dev;
     }
     if (meta.n == MAX_META_DEVICES) {
-        bp_set_error(BP_ERR_CAPACITY, "bp_meta_device_new: at most %d meta devices",
-                     MAX_META_DEVICES);
+        free(name);
+        bp_set_error(BP_ERR_CAPACITY, "%s: at most %d meta devices", who, MAX_META_DEVICES);
         return NULL;
     }
     struct meta_dev *md = calloc(1, sizeof(*md));
     if (md == NULL) {
-        bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_meta_device_new: out of memory");
+        free(name);
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", who);
         return NULL;
     }
+    md->name = name;
     md->n = n;
     md->split_fn = fn;
     md->split_user = user;
-    size_t used = (size_t)snprintf(md->name, sizeof(md->name), "Meta(");
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         md->parts[i] = devices[i];
-        used += (size_t)snprintf(md->name + used, sizeof(md->name) - used, "%s%s", i ? "," : "",
-                                 bp_device_name(devices[i]));
-        if (used >= sizeof(md->name))
-            used = sizeof(md->name) - 1;
-    }
-    snprintf(md->name + used, sizeof(md->name) - used, ")");
     snprintf(md->description, sizeof(md->description), "tensor parallelism over %d devices%s",
              n, fn ? " (user split policy)" : "");
     md->dev = bp_device_new(meta.reg, &meta_device_iface, md);
     md->buft = md->dev ? bp_buffer_type_new(md->dev, &meta_buft_iface, md) : NULL;
     if (md->buft == NULL) {
+        free(md->name);
         free(md);
         return NULL; /* a device without a buffer type stays listed; it cannot be created */
     }
@@ -747,34 +878,104 @@ static bp_device *meta_device_new(bp_device *const *devices, int n, bp_meta_spli
     return md->dev;
 }
 
-/* "Meta(A,B,...)": the named devices with the default policy. */
+/* The "bp_meta_device_new" proc address. */
+static bp_device *meta_device_new(bp_device *const *devices, int n, bp_meta_split_fn fn,
+                                  void *user)
+{
+    if (devices == NULL) {
+        bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_device_new: the device array is NULL (n = %d)",
+                     n);
+        return NULL;
+    }
+    if (n < 1 || n > BP_META_MAX_DEVICES) {
+        bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_device_new: need 1 to %d devices, got %d",
+                     BP_META_MAX_DEVICES, n);
+        return NULL;
+    }
+    return device_for(devices, n, fn, user, "bp_meta_device_new");
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t';
+}
+
+/* "Meta(A,B,...)": the meta device over the named devices (the default policy when it is new).
+ * The whole name is parsed, with no length limit: "Meta(" in any case, one or more device names
+ * separated by commas (spaces around a name are ignored), ")" and nothing after it. An empty
+ * name, a device listed twice, a nested "(" and anything after the ")" are errors. */
 static bp_backend *meta_init_by_name(const char *name, const char *params)
 {
-    const char *open = strchr(name, '('), *close = strrchr(name, ')');
-    if (open == NULL || close == NULL || close < open || strncasecmp(name, "Meta(", 5) != 0)
-        return (bp_backend *)(bp_set_error(BP_ERR_INVALID_ARG, "'%s' is not of the form "
-                                           "Meta(A,B,...)", name), NULL);
+    if (name == NULL)
+        return (bp_backend *)(bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_init_by_name: name is "
+                                           "NULL"), NULL);
+    if (strncasecmp(name, "Meta(", 5) != 0)
+        return (bp_backend *)(bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' is not of the form "
+                                           "Meta(A,B,...)", SHOW(name)), NULL);
     bp_device *devs[BP_META_MAX_DEVICES];
     int n = 0;
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%.*s", (int)(close - open - 1), open + 1);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save)) {
-        while (*tok == ' ')
-            tok++;
-        char *end = tok + strlen(tok);
-        while (end > tok && end[-1] == ' ')
-            *--end = '\0';
-        if (n == BP_META_MAX_DEVICES)
-            return (bp_backend *)(bp_set_error(BP_ERR_INVALID_ARG, "%s: more than %d devices",
-                                               name, BP_META_MAX_DEVICES), NULL);
-        devs[n] = bp_device_by_name(tok);
+    char *item = NULL; /* the current device name, NUL-terminated for the lookup */
+    const char *p = name + 5;
+    for (;;) {
+        const char *start = p, *end = p + strcspn(p, ",()");
+        const char sep = *end;
+        while (start < end && is_space(*start))
+            start++;
+        const char *stop = end;
+        while (stop > start && is_space(stop[-1]))
+            stop--;
+        if (sep == '\0') {
+            bp_set_error(BP_ERR_INVALID_ARG, "no closing parenthesis in '%.*s%s' (the form is "
+                         "Meta(A,B,...))", SHOW(name));
+            goto fail;
+        }
+        if (sep == '(') {
+            bp_set_error(BP_ERR_INVALID_ARG, "'(' inside '%.*s%s': a meta device cannot be a "
+                         "part of another", SHOW(name));
+            goto fail;
+        }
+        if (start == stop) {
+            if (n == 0 && sep == ')')
+                bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' names no devices", SHOW(name));
+            else
+                bp_set_error(BP_ERR_INVALID_ARG, "device %d of '%.*s%s' is empty (an extra or "
+                             "missing comma?)", n + 1, SHOW(name));
+            goto fail;
+        }
+        if (n == BP_META_MAX_DEVICES) {
+            bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' names more than %d devices", SHOW(name),
+                         BP_META_MAX_DEVICES);
+            goto fail;
+        }
+        char *grown = realloc(item, (size_t)(stop - start) + 1);
+        if (grown == NULL) {
+            bp_set_error(BP_ERR_OUT_OF_MEMORY, "out of memory parsing '%.*s%s'", SHOW(name));
+            goto fail;
+        }
+        item = grown;
+        memcpy(item, start, (size_t)(stop - start));
+        item[stop - start] = '\0';
+        devs[n] = bp_device_by_name(item);
         if (devs[n] == NULL)
-            return NULL; /* the lookup's error lists the devices that exist */
+            goto fail; /* the lookup's error names the device and lists those that exist */
         n++;
+        p = end + 1;
+        if (sep == ')')
+            break;
     }
-    bp_device *md = meta_device_new(devs, n, NULL, NULL);
+    if (*p != '\0') {
+        bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' after the closing parenthesis of '%.*s%s'",
+                     SHOW(p), SHOW(name));
+        goto fail;
+    }
+    free(item);
+    char who[SHOWN + 8];
+    snprintf(who, sizeof(who), "'%.*s%s'", SHOW(name));
+    bp_device *md = device_for(devs, n, NULL, NULL, who);
     return md ? bp_device_init_backend(md, params) : NULL;
+fail:
+    free(item);
+    return NULL;
 }
 
 static const char *mreg_name(bp_registry *reg)
@@ -814,6 +1015,7 @@ static void mreg_free(bp_registry *reg)
     (void)reg;
     for (int i = 0; i < meta.n; i++) {
         free(meta.devs[i]->states);
+        free(meta.devs[i]->name);
         free(meta.devs[i]);
     }
     meta.n = 0;
