@@ -154,8 +154,10 @@ static bp_tensor *shadow(struct run *r, const bp_tensor *t, const struct bp_meta
     if (sl != NULL) {
         if (same_state(s, &sl->s, r->n))
             return packed_shadow(r, t, sl, p);
-        bp_set_error(BP_ERR_UNSUPPORTED, "%s: '%s' is stored in slices; it cannot be used or "
-                     "written in another state here", r->md->name, t->name);
+        char desc[BP_TENSOR_DESC_SIZE];
+        bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s is stored in slices; it cannot be used or "
+                     "written in another state here", r->md->name,
+                     bp_describe_tensor(t, desc, sizeof(desc)));
         return NULL;
     }
     return shadow_at(r, t, s, p, meta_part_buffer(t, p), meta_part_address(t, p));
@@ -453,10 +455,11 @@ static enum bp_status add_into(struct run *r, int p, bp_tensor *full, bp_tensor 
     sum->src[1] = tmp;
     sum->buffer = full->buffer;
     sum->data = full->data; /* in place: element i reads and writes only element i */
+    char desc[BP_TENSOR_DESC_SIZE];
     if (!bp_device_supports_op(bp_backend_get_device(r->mb->parts[p]), sum))
-        return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s cannot add up partial sums of %s tensor "
-                            "'%s'", r->md->name, bp_backend_name(r->mb->parts[p]),
-                            bp_type_name(full->type), full->name);
+        return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s cannot add up partial sums of %s",
+                            r->md->name, bp_backend_name(r->mb->parts[p]),
+                            bp_describe_tensor(full, desc, sizeof(desc)));
     bp_graph *g = bp_graph_new(8);
     if (g == NULL)
         return bp_last_status();
@@ -522,9 +525,11 @@ static enum bp_status allreduce(struct run *r, const bp_tensor *t)
     bp_tensor *full[BP_META_MAX_DEVICES];
     if (!make_shadows(r, t, &MIRROR, full))
         return bp_last_status();
+    char desc[BP_TENSOR_DESC_SIZE];
     if (!bp_is_contiguous(t))
         st = bp_set_error(BP_ERR_UNSUPPORTED, "%s: cannot add up partial sums of the "
-                          "non-contiguous tensor '%s'", r->md->name, t->name);
+                          "non-contiguous tensor %s", r->md->name,
+                          bp_describe_tensor(t, desc, sizeof(desc)));
     else if (r->mb->comm != NULL && t->type == BP_TYPE_F32)
         st = r->mb->allreduce(r->mb->comm, full, r->n);
     else
@@ -829,9 +834,11 @@ enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g)
     enum bp_status st = BP_OK;
     for (int i = 0; i < nn; i++) {
         const bp_tensor *t = bp_graph_node(g, i);
+        char desc[BP_TENSOR_DESC_SIZE];
         if (t->buffer == NULL || bp_buffer_get_type(t->buffer) != mb->md->buft)
-            return bp_set_error(BP_ERR_INVALID_ARG, "%s: node '%s' (%s) is not in one of its "
-                                "buffers", mb->md->name, t->name, bp_op_name(t->op));
+            return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s node %s is not in one of its "
+                                "buffers", mb->md->name, bp_op_name(t->op),
+                                bp_describe_tensor(t, desc, sizeof(desc)));
     }
     /* Storage on the parts for every tensor involved (buffers get theirs at first use). */
     for (int i = 0; i < nn + nl && st == BP_OK; i++) {
