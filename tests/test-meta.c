@@ -625,6 +625,34 @@ START_TEST(test_arguments_checked)
 }
 END_TEST
 
+/* Without the scheduler, a graph whose tensors live in memory the backend cannot use is
+ * refused before the plugin runs: a CPU0 tensor on the meta backend, a meta tensor on CPU0. */
+START_TEST(test_foreign_memory_refused)
+{
+    bp_backend *meta = bp_backend_init_by_name("Meta(CPU0,CPU1)", NULL);
+    ck_assert_msg(meta != NULL, "%s", bp_last_error());
+    for (int on_meta = 0; on_meta < 2; on_meta++) {
+        bp_backend *holder = on_meta ? meta : cpu, *runner = on_meta ? cpu : meta;
+        bp_context *c = bp_context_new(8);
+        bp_tensor *a = bp_new_tensor_2d(c, BP_TYPE_F32, 8, 4);
+        bp_tensor *y = bp_scale(c, a, 2.0f);
+        bp_buffer *buf = bp_alloc_ctx_tensors(c, bp_backend_get_default_buffer_type(holder));
+        ck_assert_ptr_nonnull(buf);
+        bp_graph *g = bp_graph_new(4);
+        bp_graph_build_forward(g, y);
+        bp_clear_error();
+        ck_assert_int_eq(bp_backend_graph_compute(runner, g), BP_ERR_UNSUPPORTED);
+        ck_assert_error_has(BP_ERR_UNSUPPORTED, "does not support");
+        ck_assert_ptr_nonnull(strstr(bp_last_error(), bp_backend_name(runner)));
+        ck_assert_int_eq(bp_backend_graph_compute(holder, g), BP_OK);
+        bp_graph_free(g);
+        bp_buffer_free(buf);
+        bp_context_free(c);
+    }
+    bp_backend_free(meta);
+}
+END_TEST
+
 static Suite *meta_suite(void)
 {
     Suite *s = suite_create("meta");
@@ -645,6 +673,7 @@ static Suite *meta_suite(void)
     tcase_add_test(tc, test_name_parsing);
     tcase_add_test(tc, test_one_device_per_name);
     tcase_add_test(tc, test_arguments_checked);
+    tcase_add_test(tc, test_foreign_memory_refused);
     suite_add_tcase(s, tc);
     return s;
 }
