@@ -7,10 +7,12 @@
  *
  * Every file named backplane-<name>[-<variant>].so is a candidate; there is no list of known
  * names. Candidates are grouped by <name>. For each group, BP_PLUGINS_ONLY / BP_PLUGINS_DISABLE
- * decide first, before anything is opened. Then each file is checked (owner, permissions,
- * regular file, ELF magic), opened, and its descriptor checked (size, API version, name,
- * variant, CPU features) before any of its code runs; then its score function, if any, is
- * asked. The highest non-zero score is initialised; if its init fails, the next best is tried.
+ * decide first, before anything is opened. Then each file is opened once, after every directory
+ * from the root down to it was checked (see "Safe paths"), checked on that descriptor (owner,
+ * permissions, regular file, ELF and program headers), dlopened through /proc/self/fd, and its
+ * descriptor checked (size, API version, name, variant, CPU features) before any of its code
+ * runs; then its score function, if any, is asked. The highest non-zero score is initialised;
+ * if its init fails, the next best is tried.
  * Each file and refused directory gets one record in the report, kept for the life of the
  * process, so `backplane list` can say why something is missing.
  *
@@ -691,6 +693,12 @@ static bool choose_fd_name(struct candidate *c, char **why)
     bool ok = false;
     for (;;) {
         snprintf(c->fdpath, sizeof(c->fdpath), "/proc/self/fd/%d", c->fd);
+        struct stat st;
+        if (stat(c->fdpath, &st) != 0 || st.st_dev != c->dev || st.st_ino != c->ino) {
+            *why = bp__asprintf("a plugin check", "cannot reach its open file as %s, which the "
+                                "loader opens it through (is /proc mounted?)", c->fdpath);
+            break;
+        }
         if (!fd_name_taken(c->fdpath)) {
             ok = true;
             break;
@@ -1130,8 +1138,10 @@ static void search_free(struct search *s)
 }
 
 /* Opens and checks dir (the whole path) and adds it to the search; its index, or -1 when it
- * is refused, missing or (when dedup) the same directory as one searched already. */
-static ssize_t add_dir(struct search *s, const char *dir, bool dedup)
+ * is refused (recorded under rec: the directory, or the file an explicit load asked for),
+ * missing (only logged) or, with dedup, the same directory as one searched already. */
+static ssize_t add_dir(struct search *s, const char *dir, const char *rec, const char *name,
+                       const char *variant, bool dedup)
 {
     char *why = NULL, *resolved = NULL;
     int err = 0;
@@ -1141,7 +1151,7 @@ static ssize_t add_dir(struct search *s, const char *dir, bool dedup)
         if (err == ENOENT)
             bp_log(BP_LOG_INFO, "plugin directory %s does not exist", dir);
         else
-            add_record(dir, "", "", -1, BP_PLUGIN_REFUSED, "%s", reason(why));
+            add_record(rec, name, variant, -1, BP_PLUGIN_REFUSED, "%s", reason(why));
         bp__free(why);
         return -1;
     }
@@ -1158,7 +1168,7 @@ static ssize_t add_dir(struct search *s, const char *dir, bool dedup)
     struct search_dir *grown =
         bp__realloc(s->dirs, (s->n_dirs + 1) * sizeof(*s->dirs), "the plugin directories");
     if (grown == NULL) {
-        add_record(dir, "", "", -1, BP_PLUGIN_FAILED, "out of memory while searching it");
+        add_record(rec, name, variant, -1, BP_PLUGIN_FAILED, "out of memory while searching it");
         close(fd);
         bp__free(resolved);
         return -1;
@@ -1209,7 +1219,7 @@ static int cmp_str(const void *a, const void *b)
 /* Appends the candidates of one directory (lock held). */
 static void scan_dir(struct search *s, const char *dir, bool dedup)
 {
-    ssize_t di = add_dir(s, dir, dedup);
+    ssize_t di = add_dir(s, dir, dir, "", "", dedup);
     if (di < 0)
         return;
     /* A descriptor of its own for reading: the search keeps the checked one for lookups. */
@@ -1409,7 +1419,7 @@ bp_plugin *bp_plugin_load(const char *path)
         p = NULL;
     } else {
         size_t before = n_records;
-        ssize_t di = add_dir(&s, dir, false);
+        ssize_t di = add_dir(&s, dir, path, name, variant, false);
         if (di < 0 && n_records == before) /* a missing directory is only logged by add_dir */
             add_record(path, name, variant, -1, BP_PLUGIN_REFUSED, "its directory %s does not "
                        "exist", dir);

@@ -517,6 +517,7 @@ START_TEST(test_whole_path_checked)
     ck_assert_ptr_null(record_for("open/safe/backplane-good.so"));
     snprintf(target, sizeof(target), "%s/backplane-good.so", d);
     ck_assert_rejected(bp_plugin_load(target), BP_ERR_PLUGIN, "writable by others");
+    ck_assert_record("open/safe/backplane-good.so", BP_PLUGIN_REFUSED, p);
     ck_assert(!is_mapped("backplane-good.so"));
 
     /* A symbolic link from a safe directory to a plugin in the unsafe one. */
