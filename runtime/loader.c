@@ -846,6 +846,7 @@ static bool probe(const struct candidate *c, const struct stat *st, char **why)
             return true;
         }
         if (pid == 0) {
+            bp__free(cache); /* the parent's to use; tidy for leak checkers in the child */
             const struct rlimit no_core = {0, 0}; /* a crashing probe leaves no core file */
             setrlimit(RLIMIT_CORE, &no_core);
             /* and dies of the signal: the host's crash handlers (crash reporters, sanitizers,
