@@ -36,6 +36,13 @@ void *bp__calloc(size_t n, size_t size, const char *what);
 void *bp__realloc(void *p, size_t size, const char *what);
 void bp__free(void *p);
 char *bp__strdup(const char *s, const char *what);
+/* A formatted string of any length on the heap (free with bp__free), so that paths and names
+ * are never cut at a fixed buffer size; NULL with the error set when memory runs out. */
+char *bp__asprintf(const char *what, const char *fmt, ...) BP_PRINTF(2, 3);
+char *bp__vasprintf(const char *what, const char *fmt, va_list ap);
+/* s (heap or NULL) with the formatted text appended; on failure s is freed and NULL returned,
+ * so a string can be built in a loop with one check per step. */
+char *bp__strcat_printf(char *s, const char *what, const char *fmt, ...) BP_PRINTF(3, 4);
 
 /* Overflow-checked size arithmetic: false when the result does not fit. */
 static inline bool bp__mul_size(size_t a, size_t b, size_t *out)

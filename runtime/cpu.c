@@ -119,19 +119,23 @@ static void init_features(void)
     const char *off = getenv("BP_CPU_DISABLE");
     if (off == NULL)
         return;
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%s", off);
-    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok;
-         tok = strtok_r(NULL, ", ", &save)) {
+    /* Tokens are read in place: a copy into a fixed buffer would drop the end of a long list. */
+    for (const char *p = off; *p;) {
+        p += strspn(p, ", ");
+        size_t n = strcspn(p, ", ");
+        if (n == 0)
+            break;
         bool known = false;
         for (size_t i = 0; i < sizeof(feature_names) / sizeof(feature_names[0]); i++) {
-            if (strcasecmp(tok, feature_names[i].name) == 0) {
+            const char *fname = feature_names[i].name;
+            if (strlen(fname) == n && strncasecmp(p, fname, n) == 0) {
                 features &= ~feature_names[i].bit;
                 known = true;
             }
         }
         if (!known)
-            bp_log(BP_LOG_WARN, "BP_CPU_DISABLE: unknown CPU feature '%s'", tok);
+            bp_log(BP_LOG_WARN, "BP_CPU_DISABLE: unknown CPU feature '%.*s'", (int)n, p);
+        p += n;
     }
 }
 

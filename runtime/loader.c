@@ -7,10 +7,12 @@
  *
  * Every file named backplane-<name>[-<variant>].so is a candidate; there is no list of known
  * names. Candidates are grouped by <name>. For each group, BP_PLUGINS_ONLY / BP_PLUGINS_DISABLE
- * decide first, before anything is opened. Then each file is checked (owner, permissions,
- * regular file, ELF magic), opened, and its descriptor checked (size, API version, name,
- * variant, CPU features) before any of its code runs; then its score function, if any, is
- * asked. The highest non-zero score is initialised; if its init fails, the next best is tried.
+ * decide first, before anything is opened. Then each file is opened once, after every directory
+ * from the root down to it was checked (see "Safe paths"), checked on that descriptor (owner,
+ * permissions, regular file, ELF and program headers), dlopened through /proc/self/fd, and its
+ * descriptor checked (size, API version, name, variant, CPU features) before any of its code
+ * runs; then its score function, if any, is asked. The highest non-zero score is initialised;
+ * if its init fails, the next best is tried.
  * Each file and refused directory gets one record in the report, kept for the life of the
  * process, so `backplane list` can say why something is missing.
  *
@@ -28,9 +30,11 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <link.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -50,6 +54,7 @@ struct bp_plugin {
     char *name;
     char *variant;
     void *handle;
+    int fd; /* the file dlopen mapped, open while it is loaded (see choose_fd_name) */
     bp_registry *reg;
     atomic_int refs;
     struct bp_plugin_record *record;
@@ -101,11 +106,12 @@ static struct bp_plugin_record *add_record(const char *path, const char *name,
                                            const char *variant, int score,
                                            enum bp_plugin_status status, const char *fmt, ...)
 {
-    char msg[768];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    char *msg = bp__vasprintf("a plugin report record", fmt, ap);
     va_end(ap);
+    if (msg == NULL)
+        return NULL;
     bp_log(status == BP_PLUGIN_LOADED ? BP_LOG_INFO
            : status == BP_PLUGIN_FAILED || status == BP_PLUGIN_REFUSED ? BP_LOG_WARN
                                                                          : BP_LOG_INFO,
@@ -118,6 +124,7 @@ static struct bp_plugin_record *add_record(const char *path, const char *name,
     struct record **grown = s ? bp__realloc(records, (n_records + 1) * sizeof(*records),
                                             "the plugin report") : NULL;
     if (grown == NULL) {
+        bp__free(msg);
         bp__free(s);
         bp__free(r);
         return NULL;
@@ -131,24 +138,441 @@ static struct bp_plugin_record *add_record(const char *path, const char *name,
     r->pub.score = score;
     r->pub.status = status;
     records[n_records++] = r;
+    bp__free(msg);
     return &r->pub;
+}
+
+/* A reason built on the heap, or this when memory ran out while building it. */
+static const char *reason(const char *why)
+{
+    return why != NULL ? why : "out of memory while checking it";
+}
+
+/* ---- Safe paths -------------------------------------------------------------------------- *
+ * A plugin is only as safe as every directory on the way to it: whoever can write to any of
+ * them can swap what lies below. So paths are resolved here one component at a time from the
+ * root, as OpenSSH's safe_path does: each directory, including those a symbolic link leads
+ * through, must be owned by root or the current user and not writable by group or others
+ * (unless root-owned and sticky, like /tmp); each symbolic link must be owned by root or the
+ * current user. Every step holds a descriptor of the directory just checked and looks up the
+ * next name relative to it, so what was checked is what is used, and there is no length limit
+ * beyond the kernel's per-name one. The plugin file itself is opened once, here, and every
+ * later step (ELF checks, probe, dlopen) works on that descriptor. */
+
+/* Owner root or us; not writable by group or others unless root-owned and sticky. The problem
+ * as a heap sentence (what names the object), or NULL when there is none (*bad false). */
+static char *owner_mode_problem(const struct stat *st, const char *what, bool *bad)
+{
+    *bad = true;
+    if (st->st_uid != 0 && st->st_uid != geteuid())
+        return bp__asprintf("a plugin check", "%s is owned by uid %u, neither root nor the "
+                            "current user", what, (unsigned)st->st_uid);
+    if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_uid == 0 && (st->st_mode & S_ISVTX)))
+        return bp__asprintf("a plugin check", "%s is writable by %s (mode %03o)", what,
+                            (st->st_mode & S_IWOTH) ? "others" : "its group",
+                            (unsigned)(st->st_mode & 0777));
+    *bad = false;
+    return NULL;
+}
+
+/* dir joined with name, or the parent of dir for "..". */
+static char *path_step(const char *dir, const char *name)
+{
+    if (strcmp(name, "..") == 0) {
+        const char *slash = strrchr(dir, '/');
+        size_t n = slash == NULL || slash == dir ? 1 : (size_t)(slash - dir);
+        char *up = bp__malloc(n + 1, "a path");
+        if (up != NULL) {
+            memcpy(up, slash == NULL ? "/" : dir, n);
+            up[n] = '\0';
+        }
+        return up;
+    }
+    return bp__asprintf("a path", "%s%s%s", dir, strcmp(dir, "/") == 0 ? "" : "/", name);
+}
+
+/* The target of the symbolic link name in dir, on the heap. */
+static char *read_link(int dir, const char *name, int *err)
+{
+    for (size_t size = 256;; size *= 2) {
+        char *buf = bp__malloc(size, "a symbolic link's target");
+        if (buf == NULL) {
+            *err = ENOMEM;
+            return NULL;
+        }
+        ssize_t n = readlinkat(dir, name, buf, size);
+        if (n < 0) {
+            *err = errno;
+            bp__free(buf);
+            return NULL;
+        }
+        if ((size_t)n < size) {
+            buf[n] = '\0';
+            return buf;
+        }
+        bp__free(buf);
+    }
+}
+
+/* The root directory, checked like any other. */
+static int open_root(char **path, char **why)
+{
+    int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        *why = bp__asprintf("a plugin check", "cannot open the directory /: %s", strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    bool bad;
+    *why = owner_mode_problem(&st, "the directory /", &bad);
+    *path = bad ? NULL : bp__strdup("/", "a path");
+    if (bad || *path == NULL) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+enum walk_target { WALK_DIR, WALK_FILE };
+
+/* Resolves path (absolute, or relative to the checked directory atfd whose path is at) as
+ * described above and opens what it names: a directory for reading, or a regular file read-only
+ * (never a device or FIFO: they are refused by type before anything is opened). Returns the
+ * descriptor, with *st and, when canon is not NULL, the resolved path (heap); or -1 with *why
+ * (heap, NULL when memory ran out) and *err (the errno behind it, or 0). */
+static int walk(int atfd, const char *at, const char *path, enum walk_target target,
+                struct stat *st, char **canon, char **why, int *err)
+{
+    enum { MAX_LINKS = 40 };
+    char *rest = bp__strdup(path, "a path"), *cur_path = NULL;
+    int cur = -1, result = -1, links = 0;
+    *why = NULL;
+    *err = 0;
+    if (canon != NULL)
+        *canon = NULL;
+    if (rest == NULL)
+        goto out;
+    if (path[0] == '/')
+        cur = open_root(&cur_path, why);
+    else if ((cur = fcntl(atfd, F_DUPFD_CLOEXEC, 0)) < 0)
+        *why = bp__asprintf("a plugin check", "cannot use the directory %s: %s", at,
+                            strerror(errno));
+    else if ((cur_path = bp__strdup(at, "a path")) == NULL) {
+        close(cur);
+        cur = -1;
+    }
+    if (cur < 0)
+        goto out;
+    for (char *p = rest;;) {
+        while (*p == '/')
+            p++;
+        if (*p == '\0') { /* the path named a directory */
+            if (target == WALK_FILE) {
+                *why = bp__asprintf("a plugin check", "%s is a directory, not a regular file",
+                                    cur_path);
+                goto out;
+            }
+            result = openat(cur, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (result < 0 || fstat(result, st) != 0) {
+                *err = errno;
+                *why = bp__asprintf("a plugin check", "cannot read the directory %s: %s",
+                                    cur_path, strerror(errno));
+                if (result >= 0)
+                    close(result);
+                result = -1;
+                goto out;
+            }
+            if (canon != NULL) {
+                *canon = cur_path;
+                cur_path = NULL;
+            }
+            goto out;
+        }
+        char *next = strchr(p, '/');
+        if (next != NULL)
+            *next++ = '\0';
+        else
+            next = p + strlen(p);
+        bool last = next[strspn(next, "/")] == '\0';
+        const char *comp = p;
+        p = next;
+        if (strcmp(comp, ".") == 0)
+            continue;
+        struct stat lst;
+        if (fstatat(cur, comp, &lst, AT_SYMLINK_NOFOLLOW) != 0) {
+            *err = errno;
+            *why = bp__asprintf("a plugin check", "cannot open %s%s%s: %s", cur_path,
+                                strcmp(cur_path, "/") == 0 ? "" : "/", comp, strerror(errno));
+            goto out;
+        }
+        char *step = path_step(cur_path, comp);
+        if (step == NULL)
+            goto out;
+        bool bad = false;
+        if (S_ISLNK(lst.st_mode)) {
+            /* A link's own mode is always 777 and means nothing; who made it does. */
+            bool refuse = true;
+            if (lst.st_uid != 0 && lst.st_uid != geteuid())
+                *why = bp__asprintf("a plugin check", "the symbolic link %s is owned by uid %u, "
+                                    "neither root nor the current user", step,
+                                    (unsigned)lst.st_uid);
+            else if (++links > MAX_LINKS)
+                *why = bp__asprintf("a plugin check", "more than %d symbolic links on the way "
+                                    "to %s", MAX_LINKS, path);
+            else
+                refuse = false;
+            char *to = refuse ? NULL : read_link(cur, comp, err);
+            if (to == NULL && !refuse && *err != ENOMEM)
+                *why = bp__asprintf("a plugin check", "cannot read the symbolic link %s: %s",
+                                    step, strerror(*err));
+            bp__free(step);
+            if (to == NULL)
+                goto out;
+            /* The rest of the path continues from the link's target. */
+            char *spliced = bp__asprintf("a path", "%s%s%s", to, *p ? "/" : "", p);
+            bp__free(to);
+            if (spliced == NULL)
+                goto out;
+            bp__free(rest);
+            rest = p = spliced;
+            if (rest[0] == '/') {
+                close(cur);
+                bp__free(cur_path);
+                cur_path = NULL;
+                if ((cur = open_root(&cur_path, why)) < 0)
+                    goto out;
+            }
+            continue;
+        }
+        if (S_ISDIR(lst.st_mode)) {
+            int fd = openat(cur, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            struct stat dst;
+            if (fd < 0 || fstat(fd, &dst) != 0) {
+                *err = errno;
+                *why = bp__asprintf("a plugin check", "cannot open the directory %s: %s", step,
+                                    strerror(errno));
+                if (fd >= 0)
+                    close(fd);
+                bp__free(step);
+                goto out;
+            }
+            char *what = bp__asprintf("a plugin check", "the directory %s", step);
+            *why = what ? owner_mode_problem(&dst, what, &bad) : NULL;
+            bp__free(what);
+            close(cur);
+            cur = fd;
+            bp__free(cur_path);
+            cur_path = step;
+            if (what == NULL || bad)
+                goto out;
+            continue;
+        }
+        if (!last || target == WALK_DIR) {
+            *err = ENOTDIR;
+            *why = bp__asprintf("a plugin check", "%s is not a directory", step);
+            bp__free(step);
+            goto out;
+        }
+        if (!S_ISREG(lst.st_mode)) {
+            *why = bp__asprintf("a plugin check", "not a regular file");
+            bp__free(step);
+            goto out;
+        }
+        /* Non-blocking: should the name be swapped for a FIFO after the check above, the open
+         * must not hang; the type and identity are checked again on the descriptor. */
+        int fd = openat(cur, comp, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+        if (fd < 0 || fstat(fd, st) != 0) {
+            *err = errno;
+            *why = bp__asprintf("a plugin check", "cannot open the file: %s", strerror(errno));
+        } else if (!S_ISREG(st->st_mode) || st->st_dev != lst.st_dev ||
+                   st->st_ino != lst.st_ino) {
+            *why = bp__asprintf("a plugin check", "the file changed while it was being checked");
+        } else if ((*why = owner_mode_problem(st, "the file", &bad)) == NULL && !bad) {
+            result = fd;
+            if (canon != NULL) {
+                *canon = step;
+                step = NULL;
+            }
+        }
+        if (result < 0 && fd >= 0)
+            close(fd);
+        bp__free(step);
+        goto out;
+    }
+out:
+    if (cur >= 0)
+        close(cur);
+    bp__free(cur_path);
+    bp__free(rest);
+    return result;
+}
+
+/* ---- ELF checks --------------------------------------------------------------------------- *
+ * The dynamic loader maps every PT_LOAD segment of a file and reads through the mapping: a
+ * segment that reaches past the end of a truncated file is a SIGBUS in dlopen, not an error.
+ * So before dlopen the headers are checked against the file's size. */
+
+#if defined(__x86_64__)
+#define BP_ELF_MACHINE EM_X86_64
+#elif defined(__aarch64__)
+#define BP_ELF_MACHINE EM_AARCH64
+#elif defined(__i386__)
+#define BP_ELF_MACHINE EM_386
+#elif defined(__powerpc64__)
+#define BP_ELF_MACHINE EM_PPC64
+#elif defined(__riscv)
+#define BP_ELF_MACHINE EM_RISCV
+#elif defined(__s390x__)
+#define BP_ELF_MACHINE EM_S390
+#endif
+
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define BP_ELF_DATA ELFDATA2LSB
+#else
+#define BP_ELF_DATA ELFDATA2MSB
+#endif
+
+/* Program headers beyond this are not a plugin (real ones have about a dozen). */
+#define BP_ELF_MAX_PHNUM 1024
+
+static const char *segment_name(uint32_t type)
+{
+    switch (type) {
+    case PT_LOAD:
+        return "PT_LOAD";
+    case PT_DYNAMIC:
+        return "PT_DYNAMIC";
+    case PT_INTERP:
+        return "PT_INTERP";
+    case PT_NOTE:
+        return "PT_NOTE";
+    case PT_TLS:
+        return "PT_TLS";
+    default:
+        return "a segment";
+    }
+}
+
+/* Why the ELF file open as fd (size bytes) cannot be a shared object for this process, as a
+ * heap sentence; NULL when the headers are sound (*bad false). */
+static char *elf_problem(int fd, off_t size, bool *bad)
+{
+    ElfW(Ehdr) eh;
+    *bad = true;
+    ssize_t got = pread(fd, &eh, sizeof(eh), 0);
+    if (got < 4 || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0)
+        return bp__asprintf("a plugin check", "not an ELF shared object");
+    if ((size_t)got < sizeof(eh))
+        return bp__asprintf("a plugin check", "it is truncated: %lld bytes, less than an ELF "
+                            "header", (long long)size);
+    if (eh.e_ident[EI_CLASS] != (sizeof(void *) == 8 ? ELFCLASS64 : ELFCLASS32))
+        return bp__asprintf("a plugin check", "it is a %d-bit ELF file; this process is %d-bit",
+                            eh.e_ident[EI_CLASS] == ELFCLASS64 ? 64 : 32,
+                            (int)sizeof(void *) * 8);
+    if (eh.e_ident[EI_DATA] != BP_ELF_DATA)
+        return bp__asprintf("a plugin check", "its ELF byte order is not this machine's");
+    if (eh.e_type != ET_DYN)
+        return bp__asprintf("a plugin check", "not an ELF shared object (ELF type %u)",
+                            (unsigned)eh.e_type);
+#ifdef BP_ELF_MACHINE
+    if (eh.e_machine != BP_ELF_MACHINE)
+        return bp__asprintf("a plugin check", "it was built for another machine (ELF machine "
+                            "%u; this one is %u)", (unsigned)eh.e_machine, BP_ELF_MACHINE);
+#endif
+    if (eh.e_phentsize != sizeof(ElfW(Phdr)) || eh.e_phnum == 0 ||
+        eh.e_phnum > BP_ELF_MAX_PHNUM)
+        return bp__asprintf("a plugin check", "it is corrupt: %u program headers of %u bytes "
+                            "(1 to %d of %zu expected)", (unsigned)eh.e_phnum,
+                            (unsigned)eh.e_phentsize, BP_ELF_MAX_PHNUM, sizeof(ElfW(Phdr)));
+    const uint64_t fsize = (uint64_t)size;
+    const uint64_t ph_bytes = (uint64_t)eh.e_phnum * sizeof(ElfW(Phdr));
+    if (eh.e_phoff > fsize || ph_bytes > fsize - eh.e_phoff)
+        return bp__asprintf("a plugin check", "it is truncated or corrupt: its program headers "
+                            "(bytes %llu to %llu) lie beyond the end of the %lld-byte file",
+                            (unsigned long long)eh.e_phoff,
+                            (unsigned long long)eh.e_phoff + ph_bytes, (long long)size);
+    ElfW(Phdr) *ph = bp__malloc((size_t)ph_bytes, "ELF program headers");
+    if (ph == NULL)
+        return NULL;
+    char *why = NULL;
+    if (pread(fd, ph, (size_t)ph_bytes, (off_t)eh.e_phoff) != (ssize_t)ph_bytes) {
+        why = bp__asprintf("a plugin check", "cannot read its program headers: %s",
+                           strerror(errno));
+        goto out;
+    }
+    size_t loads = 0;
+    for (unsigned i = 0; i < eh.e_phnum; i++) {
+        const ElfW(Phdr) *s = &ph[i];
+        loads += s->p_type == PT_LOAD;
+        if (s->p_filesz != 0 && (s->p_offset > fsize || s->p_filesz > fsize - s->p_offset)) {
+            why = bp__asprintf("a plugin check", "it is truncated or corrupt: program header "
+                               "%u (%s) covers bytes %llu to %llu of a %lld-byte file", i,
+                               segment_name(s->p_type), (unsigned long long)s->p_offset,
+                               (unsigned long long)s->p_offset +
+                                   (unsigned long long)s->p_filesz,
+                               (long long)size);
+            goto out;
+        }
+        if (s->p_type == PT_LOAD && s->p_filesz > s->p_memsz) {
+            why = bp__asprintf("a plugin check", "it is corrupt: program header %u (PT_LOAD) "
+                               "has more bytes in the file than in memory", i);
+            goto out;
+        }
+    }
+    if (loads == 0) {
+        why = bp__asprintf("a plugin check", "it is corrupt: it has no PT_LOAD segment");
+        goto out;
+    }
+    *bad = false;
+out:
+    bp__free(ph);
+    return why;
 }
 
 /* ---- Candidates ------------------------------------------------------------------------- */
 
 struct candidate {
-    char path[PATH_MAX];
-    char name[64];
-    char variant[64];
+    char *path;          /* as the report shows it: the directory as given, then the entry */
+    const char *entry;   /* the file's name in its directory (points into path) */
+    char *name;          /* <name> and <variant> from the file name */
+    char *variant;
+    int dirfd;           /* the checked directory (borrowed from the search) */
+    const char *dirpath; /* its resolved path (borrowed) */
+    int fd;              /* the plugin file, opened once and checked; -1 until then */
+    char fdpath[32];     /* "/proc/self/fd/<fd>": what dlopen and the probe open */
+    bool have_id;        /* dev/ino hold the file's identity */
+    dev_t dev;
+    ino_t ino;
     void *handle;
     const struct bp_plugin_descriptor *desc;
     int score;
     bool viable;
 };
 
+static void candidate_close(struct candidate *c)
+{
+    if (c->handle != NULL)
+        dlclose(c->handle);
+    c->handle = NULL;
+    /* After dlclose: the object was known to the dynamic loader by this descriptor's name. */
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+}
+
+static void candidate_free(struct candidate *c)
+{
+    candidate_close(c);
+    bp__free(c->path);
+    bp__free(c->name);
+    bp__free(c->variant);
+}
+
 static bool name_chars(const char *s, size_t n)
 {
-    if (n == 0 || n >= 64)
+    if (n == 0)
         return false;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
@@ -159,11 +583,13 @@ static bool name_chars(const char *s, size_t n)
     return true;
 }
 
-/* backplane-<name>[-<variant>].so -> name, variant. */
-static bool parse_file_name(const char *file, char *name, char *variant)
+/* backplane-<name>[-<variant>].so -> name, variant (heap). False when the name does not match
+ * (*oom tells an allocation failure apart). */
+static bool parse_file_name(const char *file, char **name, char **variant, bool *oom)
 {
     static const char prefix[] = "backplane-", suffix[] = ".so";
     size_t len = strlen(file), lp = sizeof(prefix) - 1, ls = sizeof(suffix) - 1;
+    *oom = false;
     if (len <= lp + ls || strncmp(file, prefix, lp) != 0 || strcmp(file + len - ls, suffix) != 0)
         return false;
     const char *body = file + lp;
@@ -173,116 +599,60 @@ static bool parse_file_name(const char *file, char *name, char *variant)
     size_t vlen = dash ? blen - nlen - 1 : 0;
     if (!name_chars(body, nlen) || (dash && !name_chars(dash + 1, vlen)))
         return false;
-    memcpy(name, body, nlen);
-    name[nlen] = '\0';
-    memcpy(variant, dash ? dash + 1 : "", vlen);
-    variant[vlen] = '\0';
-    return true;
-}
-
-/* Owner root or us; not writable by group or others unless root-owned and sticky. */
-static bool safe_owner_and_mode(const struct stat *st, const char *what, char *why, size_t n)
-{
-    if (st->st_uid != 0 && st->st_uid != geteuid()) {
-        snprintf(why, n, "%s is owned by uid %u, neither root nor the current user", what,
-                 (unsigned)st->st_uid);
-        return false;
-    }
-    if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_uid == 0 && (st->st_mode & S_ISVTX))) {
-        snprintf(why, n, "%s is writable by %s (mode %03o)", what,
-                 (st->st_mode & S_IWOTH) ? "others" : "its group", (unsigned)(st->st_mode & 0777));
+    *name = bp__asprintf("a plugin name", "%.*s", (int)nlen, body);
+    *variant = bp__asprintf("a plugin variant", "%.*s", (int)vlen, dash ? dash + 1 : "");
+    if (*name == NULL || *variant == NULL) {
+        bp__free(*name);
+        bp__free(*variant);
+        *name = *variant = NULL;
+        *oom = true;
         return false;
     }
     return true;
 }
 
-static bool file_is_safe(const char *path, char *why, size_t n)
+static char *missing_features(uint64_t missing)
 {
-    struct stat lst, st;
-    if (lstat(path, &lst) != 0 || stat(path, &st) != 0) {
-        snprintf(why, n, "cannot stat the file: %s", strerror(errno));
-        return false;
-    }
-    /* A link's own mode is always 777 and means nothing; who made it does. */
-    if (S_ISLNK(lst.st_mode) && lst.st_uid != 0 && lst.st_uid != geteuid()) {
-        snprintf(why, n, "the symbolic link is owned by uid %u, neither root nor the current "
-                 "user", (unsigned)lst.st_uid);
-        return false;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(why, n, "not a regular file");
-        return false;
-    }
-    if (!safe_owner_and_mode(&st, "the file", why, n))
-        return false;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    unsigned char magic[4] = {0};
-    ssize_t got = fd >= 0 ? read(fd, magic, sizeof(magic)) : -1;
-    if (fd >= 0)
-        close(fd);
-    if (got != 4 || memcmp(magic, "\x7f" "ELF", 4) != 0) {
-        snprintf(why, n, "not an ELF shared object");
-        return false;
-    }
-    return true;
-}
-
-static bool dir_is_safe(const char *dir, char *why, size_t n)
-{
-    struct stat st;
-    if (stat(dir, &st) != 0) {
-        snprintf(why, n, "cannot open the directory: %s", strerror(errno));
-        return false;
-    }
-    if (!S_ISDIR(st.st_mode)) {
-        snprintf(why, n, "not a directory");
-        return false;
-    }
-    return safe_owner_and_mode(&st, "the directory", why, n);
-}
-
-static void missing_features(uint64_t missing, char *out, size_t n)
-{
-    out[0] = '\0';
-    for (int bit = 0; bit < 64; bit++) {
+    char *out = bp__strdup("", "a feature list");
+    for (int bit = 0; bit < 64 && out != NULL; bit++) {
         if (((missing >> bit) & 1) == 0)
             continue;
         const char *fname = bp_cpu_feature_name(1ull << bit);
-        size_t used = strlen(out);
-        snprintf(out + used, n - used, "%s%s", used ? ", " : "", fname ? fname : "unknown");
+        out = bp__strcat_printf(out, "a feature list", "%s%s", out[0] ? ", " : "",
+                                fname ? fname : "unknown");
     }
+    return out;
 }
 
-/* Why the descriptor d of candidate c cannot be used (in buf when it needs formatting), or NULL.
- * The probe child runs exactly this too, so a descriptor whose fields point nowhere crashes
- * the child, not the process. */
-static const char *descriptor_problem(const struct bp_plugin_descriptor *d,
-                                      const struct candidate *c, char *buf, size_t n)
+/* Whether the descriptor d of candidate c can be used; if not, *why says why (heap; NULL when
+ * memory ran out). The probe child runs exactly this too, so a descriptor whose fields point
+ * nowhere crashes the child, not the process. */
+static bool descriptor_ok(const struct bp_plugin_descriptor *d, const struct candidate *c,
+                          char **why)
 {
     const size_t min_size = offsetof(struct bp_plugin_descriptor, score);
+    *why = NULL;
     if (d == NULL)
-        return "it has no entry point '" BP_PLUGIN_SYMBOL "' (not a backplane plugin?)";
-    if (d->struct_size < min_size) {
-        snprintf(buf, n, "its descriptor is %zu bytes, less than the %zu every version has",
-                 d->struct_size, min_size);
-        return buf;
-    }
-    if (d->api_major != BP_PLUGIN_API_MAJOR || d->api_minor > BP_PLUGIN_API_MINOR) {
-        snprintf(buf, n, "it was built for plugin API %d.%d; this runtime has %d.%d (same major "
-                 "and an equal or older minor needed)", d->api_major, d->api_minor,
-                 BP_PLUGIN_API_MAJOR, BP_PLUGIN_API_MINOR);
-        return buf;
-    }
-    if (d->name == NULL || strcmp(d->name, c->name) != 0 || d->variant == NULL ||
-        strcmp(d->variant, c->variant) != 0) {
-        snprintf(buf, n, "its descriptor says name '%s' variant '%s', but the file name says "
-                 "'%s' and '%s'", d->name ? d->name : "(null)",
-                 d->variant ? d->variant : "(null)", c->name, c->variant);
-        return buf;
-    }
-    if (d->init == NULL)
-        return "its descriptor has no init function";
-    return NULL;
+        *why = bp__strdup("it has no entry point '" BP_PLUGIN_SYMBOL "' (not a backplane "
+                          "plugin?)", "a plugin check");
+    else if (d->struct_size < min_size)
+        *why = bp__asprintf("a plugin check", "its descriptor is %zu bytes, less than the %zu "
+                            "every version has", d->struct_size, min_size);
+    else if (d->api_major != BP_PLUGIN_API_MAJOR || d->api_minor > BP_PLUGIN_API_MINOR)
+        *why = bp__asprintf("a plugin check", "it was built for plugin API %d.%d; this runtime "
+                            "has %d.%d (same major and an equal or older minor needed)",
+                            d->api_major, d->api_minor, BP_PLUGIN_API_MAJOR,
+                            BP_PLUGIN_API_MINOR);
+    else if (d->name == NULL || strcmp(d->name, c->name) != 0 || d->variant == NULL ||
+             strcmp(d->variant, c->variant) != 0)
+        *why = bp__asprintf("a plugin check", "its descriptor says name '%s' variant '%s', but "
+                            "the file name says '%s' and '%s'", d->name ? d->name : "(null)",
+                            d->variant ? d->variant : "(null)", c->name, c->variant);
+    else if (d->init == NULL)
+        *why = bp__strdup("its descriptor has no init function", "a plugin check");
+    else
+        return true;
+    return false;
 }
 
 /* Its score (1 without a score function); asked only of a usable descriptor. */
@@ -294,35 +664,125 @@ static int descriptor_score(const struct bp_plugin_descriptor *d)
     return 1;
 }
 
+/* ---- Loading through the descriptor -------------------------------------------------------- *
+ * dlopen("/proc/self/fd/N") maps the very file the checks ran on, whatever has become of its
+ * name since. Two consequences. The descriptor stays open as long as the object is loaded:
+ * glibc finds an already loaded object by name before it opens anything, so a number reused
+ * while an object is still known as /proc/self/fd/N would be taken for that object. And for
+ * the same reason a name already in use (an object that outlived a descriptor someone else
+ * closed) is not used: the file is given a fresh number instead. */
+
+static bool fd_name_taken(const char *fdpath)
+{
+    void *h = dlopen(fdpath, RTLD_LAZY | RTLD_NOLOAD);
+    if (h == NULL)
+        return false;
+    struct link_map *lm = NULL;
+    bool taken = dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm != NULL && lm->l_name != NULL &&
+                 strcmp(lm->l_name, fdpath) == 0;
+    dlclose(h);
+    return taken;
+}
+
+/* Sets c->fdpath to a name no loaded object has, moving c->fd to a new number if needed. */
+static bool choose_fd_name(struct candidate *c, char **why)
+{
+    enum { MAX_TRIES = 8 };
+    int set_aside[MAX_TRIES];
+    size_t n = 0;
+    bool ok = false;
+    for (;;) {
+        snprintf(c->fdpath, sizeof(c->fdpath), "/proc/self/fd/%d", c->fd);
+        struct stat st;
+        if (stat(c->fdpath, &st) != 0 || st.st_dev != c->dev || st.st_ino != c->ino) {
+            *why = bp__asprintf("a plugin check", "cannot reach its open file as %s, which the "
+                                "loader opens it through (is /proc mounted?)", c->fdpath);
+            break;
+        }
+        if (!fd_name_taken(c->fdpath)) {
+            ok = true;
+            break;
+        }
+        int fresh = n < MAX_TRIES ? fcntl(c->fd, F_DUPFD_CLOEXEC, 0) : -1;
+        if (fresh < 0) {
+            *why = bp__asprintf("a plugin check", "cannot find a descriptor name for it that no "
+                                "loaded object already has");
+            break;
+        }
+        set_aside[n++] = c->fd; /* kept open so the next number differs */
+        c->fd = fresh;
+    }
+    for (size_t i = 0; i < n; i++)
+        close(set_aside[i]);
+    return ok;
+}
+
+/* dlerror's text with the descriptor name replaced by the path the user knows. */
+static char *dl_message(const char *err, const struct candidate *c)
+{
+    char *out = bp__strdup("", "a dlopen message");
+    size_t lf = strlen(c->fdpath);
+    while (out != NULL && *err) {
+        const char *hit = strstr(err, c->fdpath);
+        size_t n = hit ? (size_t)(hit - err) : strlen(err);
+        out = bp__strcat_printf(out, "a dlopen message", "%.*s%s", (int)n, err,
+                                hit ? c->path : "");
+        err += n + (hit ? lf : 0);
+    }
+    return out;
+}
+
 /* ---- Probing in a child process ---------------------------------------------------------- */
 
-static bool probe_cache_path(char *out, size_t n)
+static char *probe_cache_path(void)
 {
     const char *p = secure_getenv("BP_PLUGIN_PROBE_CACHE");
-    if (p != NULL && p[0] != '\0') {
-        snprintf(out, n, "%s", p);
-        return true;
-    }
+    if (p != NULL && p[0] != '\0')
+        return bp__strdup(p, "the probe cache path");
     const char *xdg = secure_getenv("XDG_CACHE_HOME"), *home = secure_getenv("HOME");
     if (xdg != NULL && xdg[0] == '/')
-        snprintf(out, n, "%s/backplane/probe-cache", xdg);
-    else if (home != NULL && home[0] == '/')
-        snprintf(out, n, "%s/.cache/backplane/probe-cache", home);
-    else
-        return false;
-    return true;
+        return bp__asprintf("the probe cache path", "%s/backplane/probe-cache", xdg);
+    if (home != NULL && home[0] == '/')
+        return bp__asprintf("the probe cache path", "%s/.cache/backplane/probe-cache", home);
+    return NULL;
+}
+
+/* The cache as a stream, or NULL. Opened non-blocking and used only when it is a regular file:
+ * a FIFO or device named by BP_PLUGIN_PROBE_CACHE must not hang or feed discovery. */
+static FILE *open_cache(const char *cache, bool append)
+{
+    int flags = append ? O_WRONLY | O_APPEND | O_CREAT : O_RDONLY;
+    int fd = open(cache, flags | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0600);
+    struct stat st;
+    if (fd < 0) {
+        if (append || errno != ENOENT)
+            bp_log(BP_LOG_WARN, "plugin probe: cannot %s the verdict cache %s: %s",
+                   append ? "write" : "read", cache, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        bp_log(BP_LOG_WARN, "plugin probe: the verdict cache %s is not a regular file; probing "
+               "without it", cache);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, append ? "a" : "r");
+    if (f == NULL)
+        close(fd);
+    return f;
 }
 
 /* The cached verdict for st (a line "<size> <mtime s> <mtime ns> <verdict> <path>"), or false. */
 static bool probe_cached(const char *cache, const char *path, const struct stat *st, char *verdict,
                          size_t n)
 {
-    FILE *f = fopen(cache, "r");
+    FILE *f = open_cache(cache, false);
     if (f == NULL)
         return false;
-    char line[PATH_MAX + 256];
+    char *line = NULL;
+    size_t cap = 0;
     bool found = false;
-    while (fgets(line, sizeof(line), f) != NULL) {
+    while (getline(&line, &cap, f) >= 0) {
         long long size, sec, nsec;
         char v[64];
         int used = 0;
@@ -335,6 +795,7 @@ static bool probe_cached(const char *cache, const char *path, const struct stat 
             found = true;
         }
     }
+    free(line); /* getline's buffer comes from malloc */
     fclose(f);
     return found;
 }
@@ -342,9 +803,8 @@ static bool probe_cached(const char *cache, const char *path, const struct stat 
 static void probe_remember(const char *cache, const char *path, const struct stat *st,
                            const char *verdict)
 {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s", cache);
-    char *slash = strrchr(dir, '/');
+    char *dir = bp__strdup(cache, "the probe cache path");
+    char *slash = dir ? strrchr(dir, '/') : NULL;
     if (slash != NULL && slash != dir) {
         *slash = '\0';
         char *parent = strrchr(dir, '/');
@@ -355,12 +815,10 @@ static void probe_remember(const char *cache, const char *path, const struct sta
         }
         mkdir(dir, 0700);
     }
-    FILE *f = fopen(cache, "a");
-    if (f == NULL) {
-        bp_log(BP_LOG_WARN, "plugin probe: cannot write the verdict cache %s: %s", cache,
-               strerror(errno));
+    bp__free(dir);
+    FILE *f = open_cache(cache, true);
+    if (f == NULL)
         return;
-    }
     fprintf(f, "%lld %lld %lld %s %s\n", (long long)st->st_size, (long long)st->st_mtim.tv_sec,
             (long long)st->st_mtim.tv_nsec, verdict, path);
     fclose(f);
@@ -370,27 +828,25 @@ static void probe_remember(const char *cache, const char *path, const struct sta
  * reporter, for instance) belong to the application and must not run in the probe child. */
 extern void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
 
-/* Opens and initialises path in a child process. True when the child came back normally (or
- * could not even open the file: the real dlopen reports that); otherwise why says what
- * happened to it. */
-static bool probe(const struct candidate *c, char *why, size_t n)
+/* Opens and initialises the candidate's file (its descriptor, st) in a child process. True
+ * when the child came back normally (or could not even open the file: the real dlopen reports
+ * that); otherwise *why says what happened to it. */
+static bool probe(const struct candidate *c, const struct stat *st, char **why)
 {
     const char *path = c->path;
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return true; /* the checks after this say what is wrong */
-    char cache[PATH_MAX], verdict[64] = "";
-    const bool have_cache = probe_cache_path(cache, sizeof(cache));
-    bool cached = have_cache && probe_cached(cache, path, &st, verdict, sizeof(verdict));
+    char *cache = probe_cache_path(), verdict[64] = "";
+    bool cached = cache != NULL && probe_cached(cache, path, st, verdict, sizeof(verdict));
     if (!cached) {
         fflush(NULL);
         pid_t pid = fork();
         if (pid < 0) {
             bp_log(BP_LOG_WARN, "plugin probe: fork failed (%s); loading %s unprobed",
                    strerror(errno), path);
+            bp__free(cache);
             return true;
         }
         if (pid == 0) {
+            bp__free(cache); /* the parent's to use; tidy for leak checkers in the child */
             const struct rlimit no_core = {0, 0}; /* a crashing probe leaves no core file */
             setrlimit(RLIMIT_CORE, &no_core);
             /* and dies of the signal: the host's crash handlers (crash reporters, sanitizers,
@@ -401,20 +857,22 @@ static bool probe(const struct candidate *c, char *why, size_t n)
             if (__sanitizer_set_death_callback != NULL)
                 __sanitizer_set_death_callback(NULL);
             alarm(60);
-            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            /* the inherited descriptor: the child loads the file the parent checked */
+            void *h = dlopen(c->fdpath, RTLD_NOW | RTLD_LOCAL);
             if (h == NULL)
                 _exit(0);
             const struct bp_plugin_descriptor *d = dlsym(h, BP_PLUGIN_SYMBOL);
             /* what the real load runs, in its order: the same descriptor checks (they read
              * the same strings), features, score, init; and every path ends with dlclose,
              * which runs the file's finalisers */
-            char buf[512];
-            if (descriptor_problem(d, c, buf, sizeof(buf)) == NULL &&
-                (d->cpu_features & ~bp_cpu_features()) == 0 && descriptor_score(d) > 0) {
+            char *problem = NULL;
+            if (descriptor_ok(d, c, &problem) && (d->cpu_features & ~bp_cpu_features()) == 0 &&
+                descriptor_score(d) > 0) {
                 bp_registry *reg = d->init();
                 if (reg != NULL) /* tidy, for leak checkers that watch the child (valgrind) */
                     bp_registry_free(reg);
             }
+            bp__free(problem);
             dlclose(h);
             _exit(0);
         }
@@ -427,22 +885,24 @@ static bool probe(const struct candidate *c, char *why, size_t n)
             snprintf(verdict, sizeof(verdict), "exit:%d", WEXITSTATUS(status));
         else
             snprintf(verdict, sizeof(verdict), "ok");
-        if (have_cache)
-            probe_remember(cache, path, &st, verdict);
+        if (cache != NULL)
+            probe_remember(cache, path, st, verdict);
     }
+    bp__free(cache);
     if (strcmp(verdict, "ok") == 0)
         return true;
     int code = 0;
     const char *src = cached ? " (cached verdict; touch the file to probe it again)" : "";
     if (sscanf(verdict, "signal:%d", &code) == 1)
-        snprintf(why, n, "the probe crashed: opening and initialising it in a child process "
-                 "ended with signal %d (%s)%s", code,
-                 code == SIGALRM ? "no answer within a minute" : strsignal(code), src);
+        *why = bp__asprintf("a probe verdict", "the probe crashed: opening and initialising it "
+                            "in a child process ended with signal %d (%s)%s", code,
+                            code == SIGALRM ? "no answer within a minute" : strsignal(code), src);
     else if (sscanf(verdict, "exit:%d", &code) == 1)
-        snprintf(why, n, "the probe exited: opening and initialising it in a child process "
-                 "ended the process with status %d%s", code, src);
+        *why = bp__asprintf("a probe verdict", "the probe exited: opening and initialising it "
+                            "in a child process ended the process with status %d%s", code, src);
     else
-        snprintf(why, n, "the probe verdict '%s' is not understood%s", verdict, src);
+        *why = bp__asprintf("a probe verdict", "the probe verdict '%s' is not understood%s",
+                            verdict, src);
     return false;
 }
 
@@ -452,58 +912,83 @@ static bool probing(void)
     return p != NULL && strcmp(p, "1") == 0;
 }
 
-/* Everything before init: file checks, dlopen, descriptor checks, CPU features, score. Records
- * the refusal and closes the handle when the candidate cannot be used. */
-static bool prepare(struct candidate *c)
+/* The earlier candidate of the group that is the same file as c, or NULL. */
+static const struct candidate *same_file(const struct candidate *c, const struct candidate *group,
+                                         size_t n)
 {
-    char why[512];
+    for (size_t k = 0; k < n; k++) {
+        if (&group[k] != c && group[k].have_id && group[k].dev == c->dev &&
+            group[k].ino == c->ino && strcasecmp(group[k].name, c->name) == 0)
+            return &group[k];
+    }
+    return NULL;
+}
+
+/* Everything before init: open and check the file, dlopen, descriptor checks, CPU features,
+ * score. group[0..n) are the candidates considered before c. Records the refusal and closes
+ * the file when the candidate cannot be used. */
+static bool prepare(struct candidate *c, const struct candidate *group, size_t n)
+{
+    char *why = NULL;
+    int err = 0;
+    bool bad = false;
+    struct stat st;
     c->viable = false;
     c->score = -1;
-    if (!file_is_safe(c->path, why, sizeof(why))) {
-        add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_REFUSED, "%s", why);
-        return false;
+    c->fd = walk(c->dirfd, c->dirpath, c->entry, WALK_FILE, &st, NULL, &why, &err);
+    if (c->fd < 0) {
+        add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_REFUSED, "%s", reason(why));
+        goto refused;
     }
-    if (probing() && !probe(c, why, sizeof(why))) {
-        add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_REFUSED, "%s", why);
-        return false;
+    c->have_id = true;
+    c->dev = st.st_dev;
+    c->ino = st.st_ino;
+    const struct candidate *twin = same_file(c, group, n);
+    if (twin != NULL) {
+        add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_NOT_SELECTED,
+                   "it is the same file as %s, considered already", twin->path);
+        goto refused;
+    }
+    if ((why = elf_problem(c->fd, st.st_size, &bad)) != NULL || bad ||
+        !choose_fd_name(c, &why) || (probing() && !probe(c, &st, &why))) {
+        add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_REFUSED, "%s", reason(why));
+        goto refused;
     }
     dlerror();
-    c->handle = dlopen(c->path, RTLD_NOW | RTLD_LOCAL);
+    c->handle = dlopen(c->fdpath, RTLD_NOW | RTLD_LOCAL);
     if (c->handle == NULL) {
-        const char *err = dlerror();
+        const char *err_text = dlerror();
+        why = dl_message(err_text ? err_text : "unknown error", c);
         add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_FAILED, "dlopen failed: %s",
-                   err ? err : "unknown error");
-        return false;
+                   reason(why));
+        goto refused;
     }
     const struct bp_plugin_descriptor *d = dlsym(c->handle, BP_PLUGIN_SYMBOL);
-    char buf[512];
-    const char *fail = descriptor_problem(d, c, buf, sizeof(buf));
-    if (fail != NULL) {
-        add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_FAILED, "%s", fail);
-        dlclose(c->handle);
-        c->handle = NULL;
-        return false;
+    if (!descriptor_ok(d, c, &why)) {
+        add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_FAILED, "%s", reason(why));
+        goto refused;
     }
     uint64_t missing = d->cpu_features & ~bp_cpu_features();
     if (missing != 0) {
-        missing_features(missing, buf, sizeof(buf));
+        why = missing_features(missing);
         add_record(c->path, c->name, c->variant, 0, BP_PLUGIN_CANNOT_RUN,
-                   "it needs CPU features this machine or its OS does not provide: %s", buf);
-        dlclose(c->handle);
-        c->handle = NULL;
-        return false;
+                   "it needs CPU features this machine or its OS does not provide: %s",
+                   reason(why));
+        goto refused;
     }
     c->desc = d;
     c->score = descriptor_score(d);
     if (c->score <= 0) {
         add_record(c->path, c->name, c->variant, c->score, BP_PLUGIN_CANNOT_RUN,
                    "its score is %d: it cannot run on this machine", c->score);
-        dlclose(c->handle);
-        c->handle = NULL;
-        return false;
+        goto refused;
     }
     c->viable = true;
     return true;
+refused:
+    bp__free(why);
+    candidate_close(c);
+    return false;
 }
 
 static struct bp_plugin *find_loaded_name(const char *name)
@@ -515,7 +1000,7 @@ static struct bp_plugin *find_loaded_name(const char *name)
     return NULL;
 }
 
-/* init, duplicate registry check, bookkeeping. Consumes the handle either way. */
+/* init, duplicate registry check, bookkeeping. Consumes the handle and descriptor either way. */
 static struct bp_plugin *finish_load(struct candidate *c)
 {
     bp_clear_error();
@@ -524,7 +1009,7 @@ static struct bp_plugin *finish_load(struct candidate *c)
         add_record(c->path, c->name, c->variant, c->score, BP_PLUGIN_FAILED,
                    "its init returned no registry: %s",
                    bp_last_error()[0] ? bp_last_error() : "no reason given");
-        dlclose(c->handle);
+        candidate_close(c);
         return NULL;
     }
     const char *rname = bp_registry_name(reg);
@@ -534,7 +1019,7 @@ static struct bp_plugin *finish_load(struct candidate *c)
                        "its registry name '%s' is already provided by %s", rname,
                        plugins[i]->path);
             bp_registry_free(reg);
-            dlclose(c->handle);
+            candidate_close(c);
             return NULL;
         }
     }
@@ -559,11 +1044,14 @@ static struct bp_plugin *finish_load(struct candidate *c)
         add_record(c->path, c->name, c->variant, c->score, BP_PLUGIN_FAILED,
                    "out of memory while registering it");
         bp_registry_free(reg);
-        dlclose(c->handle);
+        candidate_close(c);
         return NULL;
     }
     plugins = grown;
     p->handle = c->handle;
+    p->fd = c->fd;
+    c->handle = NULL;
+    c->fd = -1;
     p->reg = reg;
     atomic_init(&p->refs, 0);
     reg->plugin = p;
@@ -578,6 +1066,18 @@ static struct bp_plugin *finish_load(struct candidate *c)
                            note != NULL && note[0] != '\0' ? ": " : "",
                            note != NULL ? note : "");
     return p;
+}
+
+/* Frees a loaded plugin: registry (plugin code), then the object, then its descriptor. */
+static void plugin_free(struct bp_plugin *p)
+{
+    bp_registry_free(p->reg);
+    dlclose(p->handle);
+    close(p->fd);
+    bp__free(p->path);
+    bp__free(p->name);
+    bp__free(p->variant);
+    bp__free(p);
 }
 
 /* ---- Filters ---------------------------------------------------------------------------- */
@@ -612,26 +1112,125 @@ static const char *filtered(const char *name)
 
 /* ---- Discovery -------------------------------------------------------------------------- */
 
+/* The directories searched so far (open and checked) and the candidates found in them. */
+struct search {
+    struct search_dir {
+        int fd;
+        char *path; /* resolved */
+        const char *given;
+        dev_t dev;
+        ino_t ino;
+    } *dirs;
+    size_t n_dirs;
+    struct candidate *cands;
+    size_t n, cap;
+};
+
+static void search_free(struct search *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        candidate_free(&s->cands[i]);
+    for (size_t i = 0; i < s->n_dirs; i++) {
+        close(s->dirs[i].fd);
+        bp__free(s->dirs[i].path);
+    }
+    bp__free(s->cands);
+    bp__free(s->dirs);
+}
+
+/* Opens and checks dir (the whole path) and adds it to the search; its index, or -1 when it
+ * is refused (recorded under rec: the directory, or the file an explicit load asked for),
+ * missing (only logged) or, with dedup, the same directory as one searched already. */
+static ssize_t add_dir(struct search *s, const char *dir, const char *rec, const char *name,
+                       const char *variant, bool dedup)
+{
+    char *why = NULL, *resolved = NULL;
+    int err = 0;
+    struct stat st;
+    int fd = walk(-1, NULL, dir, WALK_DIR, &st, &resolved, &why, &err);
+    if (fd < 0) {
+        if (err == ENOENT)
+            bp_log(BP_LOG_INFO, "plugin directory %s does not exist", dir);
+        else
+            add_record(rec, name, variant, -1, BP_PLUGIN_REFUSED, "%s", reason(why));
+        bp__free(why);
+        return -1;
+    }
+    for (size_t i = 0; dedup && i < s->n_dirs; i++) {
+        if (s->dirs[i].dev == st.st_dev && s->dirs[i].ino == st.st_ino) {
+            add_record(dir, "", "", -1, BP_PLUGIN_NOT_SELECTED,
+                       "it is the same directory as %s, which is searched already",
+                       s->dirs[i].given);
+            close(fd);
+            bp__free(resolved);
+            return -1;
+        }
+    }
+    struct search_dir *grown =
+        bp__realloc(s->dirs, (s->n_dirs + 1) * sizeof(*s->dirs), "the plugin directories");
+    if (grown == NULL) {
+        add_record(rec, name, variant, -1, BP_PLUGIN_FAILED, "out of memory while searching it");
+        close(fd);
+        bp__free(resolved);
+        return -1;
+    }
+    s->dirs = grown;
+    s->dirs[s->n_dirs] = (struct search_dir){fd, resolved, dir, st.st_dev, st.st_ino};
+    return (ssize_t)s->n_dirs++;
+}
+
+/* Adds the candidate dir/entry (lock held); false when memory ran out. */
+static bool add_candidate(struct search *s, size_t di, const char *dir, const char *entry)
+{
+    struct candidate c = {.dirfd = s->dirs[di].fd, .dirpath = s->dirs[di].path, .fd = -1};
+    bool oom = false;
+    c.path = bp__asprintf("a plugin path", "%s%s%s", dir,
+                          dir[0] && dir[strlen(dir) - 1] == '/' ? "" : "/", entry);
+    if (c.path == NULL)
+        return false;
+    c.entry = c.path + strlen(c.path) - strlen(entry);
+    if (!parse_file_name(entry, &c.name, &c.variant, &oom)) {
+        if (!oom)
+            add_record(c.path, "", "", -1, BP_PLUGIN_REFUSED,
+                       "the file name does not match backplane-<name>[-<variant>].so with "
+                       "<name> and <variant> made of letters, digits and '_'");
+        bp__free(c.path);
+        return !oom;
+    }
+    if (s->n == s->cap) {
+        size_t nc = s->cap ? 2 * s->cap : 16;
+        struct candidate *grown = bp__realloc(s->cands, nc * sizeof(*s->cands),
+                                              "plugin candidates");
+        if (grown == NULL) {
+            candidate_free(&c);
+            return false;
+        }
+        s->cands = grown;
+        s->cap = nc;
+    }
+    s->cands[s->n++] = c;
+    return true;
+}
+
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 /* Appends the candidates of one directory (lock held). */
-static void scan_dir(const char *dir, struct candidate **cands, size_t *n, size_t *cap)
+static void scan_dir(struct search *s, const char *dir, bool dedup)
 {
-    char why[512];
-    if (!dir_is_safe(dir, why, sizeof(why))) {
-        if (errno == ENOENT)
-            bp_log(BP_LOG_INFO, "plugin directory %s does not exist", dir);
-        else
-            add_record(dir, "", "", -1, BP_PLUGIN_REFUSED, "%s", why);
+    ssize_t di = add_dir(s, dir, dir, "", "", dedup);
+    if (di < 0)
         return;
-    }
-    DIR *d = opendir(dir);
+    /* A descriptor of its own for reading: the search keeps the checked one for lookups. */
+    int rfd = openat(s->dirs[di].fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = rfd >= 0 ? fdopendir(rfd) : NULL;
     if (d == NULL) {
         add_record(dir, "", "", -1, BP_PLUGIN_REFUSED, "cannot read the directory: %s",
                    strerror(errno));
+        if (rfd >= 0)
+            close(rfd);
         return;
     }
     char **names = NULL;
@@ -651,37 +1250,18 @@ static void scan_dir(const char *dir, struct candidate **cands, size_t *n, size_
         names[nn++] = copy;
     }
     closedir(d);
-    if (incomplete)
-        bp_log(BP_LOG_ERROR, "plugin directory %s: out of memory while listing it; plugins after "
-               "the first %zu were not considered", dir, nn);
     if (nn > 1)
         qsort(names, nn, sizeof(*names), cmp_str);
-    for (size_t i = 0; i < nn; i++) {
-        char path[PATH_MAX];
-        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+    for (size_t i = 0; i < nn && !incomplete; i++) {
         size_t len = strlen(names[i]);
-        bool so = len > 3 && strcmp(names[i] + len - 3, ".so") == 0;
-        struct candidate c = {0};
-        if (!so) {
-            /* backplane-*.so.1, backups and the like are not plugins: ignore them quietly. */
-        } else if (!parse_file_name(names[i], c.name, c.variant)) {
-            add_record(path, "", "", -1, BP_PLUGIN_REFUSED,
-                       "the file name does not match backplane-<name>[-<variant>].so with "
-                       "<name> and <variant> made of letters, digits and '_'");
-        } else {
-            if (*n == *cap) {
-                size_t nc = *cap ? 2 * *cap : 16;
-                struct candidate *grown = bp__realloc(*cands, nc * sizeof(**cands),
-                                                      "plugin candidates");
-                if (grown == NULL)
-                    break;
-                *cands = grown;
-                *cap = nc;
-            }
-            snprintf(c.path, sizeof(c.path), "%s", path);
-            (*cands)[(*n)++] = c;
-        }
+        /* backplane-*.so.1, backups and the like are not plugins: ignore them quietly. */
+        if (len > 3 && strcmp(names[i] + len - 3, ".so") == 0 &&
+            !add_candidate(s, (size_t)di, dir, names[i]))
+            incomplete = true;
     }
+    if (incomplete)
+        bp_log(BP_LOG_ERROR, "plugin directory %s: out of memory while listing it; some of its "
+               "plugins were not considered", dir);
     for (size_t i = 0; i < nn; i++)
         bp__free(names[i]);
     bp__free(names);
@@ -711,7 +1291,7 @@ static void load_candidates(struct candidate *c, size_t n)
                            "a plugin named '%s' is already loaded from %s", name, already->path);
                 done[j] = true;
             } else {
-                prepare(&c[j]);
+                prepare(&c[j], &c[i], j - i);
             }
         }
         /* Best score first; the earlier file wins a tie. Fall back if init fails. */
@@ -734,7 +1314,7 @@ static void load_candidates(struct candidate *c, size_t n)
                     add_record(c[j].path, c[j].name, c[j].variant, c[j].score,
                                BP_PLUGIN_NOT_SELECTED, "%s (score %d) was chosen instead",
                                p->path, c[best].score);
-                    dlclose(c[j].handle);
+                    candidate_close(&c[j]);
                     c[j].viable = false;
                     done[j] = true;
                 }
@@ -751,31 +1331,37 @@ static void load_candidates(struct candidate *c, size_t n)
 
 static void discover(void)
 {
-    struct candidate *cands = NULL;
-    size_t n = 0, cap = 0;
+    struct search s = {0};
     pthread_mutex_lock(&lock);
     const char *env = secure_getenv("BP_PLUGIN_PATH");
-    if (env != NULL) {
-        char *copy = bp__strdup(env, "BP_PLUGIN_PATH");
-        for (char *save = NULL, *dir = copy ? strtok_r(copy, ":", &save) : NULL; dir;
-             dir = strtok_r(NULL, ":", &save)) {
-            if (dir[0] != '/')
-                add_record(dir, "", "", -1, BP_PLUGIN_REFUSED,
-                           "relative directories in BP_PLUGIN_PATH are ignored (the current "
-                           "directory is never searched)");
-            else
-                scan_dir(dir, &cands, &n, &cap);
-        }
-        bp__free(copy);
+    char *copy = env != NULL ? bp__strdup(env, "BP_PLUGIN_PATH") : NULL;
+    if (env != NULL && copy == NULL)
+        add_record(env, "", "", -1, BP_PLUGIN_FAILED, "out of memory while reading "
+                   "BP_PLUGIN_PATH; its directories were not searched");
+    for (char *save = NULL, *dir = copy ? strtok_r(copy, ":", &save) : NULL; dir;
+         dir = strtok_r(NULL, ":", &save)) {
+        if (dir[0] != '/')
+            add_record(dir, "", "", -1, BP_PLUGIN_REFUSED,
+                       "relative directories in BP_PLUGIN_PATH are ignored (the current "
+                       "directory is never searched)");
+        else
+            scan_dir(&s, dir, true);
     }
     const char *sys = secure_getenv("BP_PLUGIN_SYSTEM_PATH");
+    const bool from_env = sys != NULL;
     if (sys == NULL)
         sys = bp_default_plugin_dir();
     if (sys[0] == '/')
-        scan_dir(sys, &cands, &n, &cap);
-    load_candidates(cands, n);
+        scan_dir(&s, sys, true);
+    else if (sys[0] != '\0') /* empty means no system directory, on purpose */
+        add_record(sys, "", "", -1, BP_PLUGIN_REFUSED, "%s is a relative directory and is "
+                   "ignored (the current directory is never searched)",
+                   from_env ? "BP_PLUGIN_SYSTEM_PATH" : "the configured plugin directory");
+    load_candidates(s.cands, s.n);
+    /* The directory strings point into copy. */
+    search_free(&s);
+    bp__free(copy);
     pthread_mutex_unlock(&lock);
-    bp__free(cands);
 }
 
 enum bp_status bp_plugin_load_all(void)
@@ -791,13 +1377,12 @@ enum bp_status bp_plugin_load_all_from(const char *dir)
     if (dir[0] != '/')
         return bp__error(BP_ERR_INVALID_ARG, "bp_plugin_load_all_from: '%s' is not an absolute "
                          "path", dir);
-    struct candidate *cands = NULL;
-    size_t n = 0, cap = 0;
+    struct search s = {0};
     pthread_mutex_lock(&lock);
-    scan_dir(dir, &cands, &n, &cap);
-    load_candidates(cands, n);
+    scan_dir(&s, dir, false);
+    load_candidates(s.cands, s.n);
+    search_free(&s);
     pthread_mutex_unlock(&lock);
-    bp__free(cands);
     return BP_OK;
 }
 
@@ -805,29 +1390,53 @@ bp_plugin *bp_plugin_load(const char *path)
 {
     if (path == NULL)
         return bp__error_null(BP_ERR_INVALID_ARG, "bp_plugin_load: path is NULL");
-    struct candidate c = {0};
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    pthread_mutex_lock(&lock);
+    if (path[0] != '/') {
+        /* A bare name would be looked up by dlopen in LD_LIBRARY_PATH and the like, not
+         * where the checks looked: only the file at an absolute path is loaded. */
+        pthread_mutex_lock(&lock);
+        add_record(path, "", "", -1, BP_PLUGIN_REFUSED, "not an absolute path (relative paths "
+                   "are refused)");
+        pthread_mutex_unlock(&lock);
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_plugin_load: '%s' is not an absolute "
+                              "path; relative paths are refused", path);
+    }
+    const char *base = strrchr(path, '/') + 1;
+    char *dir = bp__asprintf("a plugin directory", "%.*s", (int)(base - path), path);
+    if (dir == NULL)
+        return NULL;
+    struct search s = {0};
     struct bp_plugin *p = NULL;
     struct bp_plugin_record *rec = NULL;
-    if (strlen(path) >= sizeof(c.path) || !parse_file_name(base, c.name, c.variant)) {
-        rec = add_record(path, "", "", -1, BP_PLUGIN_REFUSED,
-                         "the file name does not match backplane-<name>[-<variant>].so");
-    } else if ((p = find_loaded_name(c.name)) != NULL) {
-        rec = add_record(path, c.name, c.variant, -1, BP_PLUGIN_NOT_SELECTED,
-                         "a plugin named '%s' is already loaded from %s", c.name, p->path);
+    char *name = NULL, *variant = NULL;
+    bool oom = false;
+    pthread_mutex_lock(&lock);
+    if (!parse_file_name(base, &name, &variant, &oom)) {
+        if (!oom)
+            rec = add_record(path, "", "", -1, BP_PLUGIN_REFUSED,
+                             "the file name does not match backplane-<name>[-<variant>].so");
+    } else if ((p = find_loaded_name(name)) != NULL) {
+        rec = add_record(path, name, variant, -1, BP_PLUGIN_NOT_SELECTED,
+                         "a plugin named '%s' is already loaded from %s", name, p->path);
         p = NULL;
     } else {
-        snprintf(c.path, sizeof(c.path), "%s", path);
-        if (prepare(&c))
-            p = finish_load(&c);
-        rec = p ? NULL : (n_records ? &records[n_records - 1]->pub : NULL);
+        size_t before = n_records;
+        ssize_t di = add_dir(&s, dir, path, name, variant, false);
+        if (di < 0 && n_records == before) /* a missing directory is only logged by add_dir */
+            add_record(path, name, variant, -1, BP_PLUGIN_REFUSED, "its directory %s does not "
+                       "exist", dir);
+        if (di >= 0 && add_candidate(&s, (size_t)di, dir, base) && s.n == 1 &&
+            prepare(&s.cands[0], NULL, 0))
+            p = finish_load(&s.cands[0]);
+        rec = p == NULL && n_records > before ? &records[n_records - 1]->pub : NULL;
     }
     pthread_mutex_unlock(&lock);
     if (p == NULL)
         bp__error(BP_ERR_PLUGIN, "cannot load plugin %s: %s", path,
                   rec ? rec->message : "out of memory");
+    search_free(&s);
+    bp__free(name);
+    bp__free(variant);
+    bp__free(dir);
     return p;
 }
 
@@ -855,12 +1464,7 @@ enum bp_status bp_plugin_unload(bp_plugin *p)
     if (p->record != NULL)
         p->record->status = BP_PLUGIN_UNLOADED;
     /* The registry's free members are plugin code: free it before closing the object. */
-    bp_registry_free(p->reg);
-    dlclose(p->handle);
-    bp__free(p->path);
-    bp__free(p->name);
-    bp__free(p->variant);
-    bp__free(p);
+    plugin_free(p);
     pthread_mutex_unlock(&lock);
     return BP_OK;
 }
@@ -874,12 +1478,7 @@ __attribute__((destructor)) static void loader_fini(void)
         struct bp_plugin *p = plugins[i];
         if (atomic_load(&p->refs) != 0)
             continue;
-        bp_registry_free(p->reg);
-        dlclose(p->handle);
-        bp__free(p->path);
-        bp__free(p->name);
-        bp__free(p->variant);
-        bp__free(p);
+        plugin_free(p);
         memmove(&plugins[i], &plugins[i + 1], (n_plugins - i - 1) * sizeof(*plugins));
         n_plugins--;
     }

@@ -11,7 +11,9 @@
  * allocation of a whole load-build-schedule-compute sequence. */
 #include "config.h"
 
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,4 +97,45 @@ char *bp__strdup(const char *s, const char *what)
     if (d != NULL)
         memcpy(d, s, n);
     return d;
+}
+
+char *bp__vasprintf(const char *what, const char *fmt, va_list ap)
+{
+    va_list again;
+    va_copy(again, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    char *s = NULL;
+    if (n < 0)
+        bp__error(BP_ERR_INVALID_ARG, "cannot format %s", what);
+    else if ((s = bp__malloc((size_t)n + 1, what)) != NULL)
+        vsnprintf(s, (size_t)n + 1, fmt, again);
+    va_end(again);
+    return s;
+}
+
+char *bp__asprintf(const char *what, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = bp__vasprintf(what, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+char *bp__strcat_printf(char *s, const char *what, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *more = bp__vasprintf(what, fmt, ap);
+    va_end(ap);
+    size_t ls = s != NULL ? strlen(s) : 0, lm = more != NULL ? strlen(more) : 0;
+    char *out = more != NULL ? bp__realloc(s, ls + lm + 1, what) : NULL;
+    if (out == NULL) {
+        bp__free(s);
+        bp__free(more);
+        return NULL;
+    }
+    memcpy(out + ls, more, lm + 1);
+    bp__free(more);
+    return out;
 }

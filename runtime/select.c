@@ -3,7 +3,9 @@
  * Names compare case-insensitively. "Meta(A,B,...)" names are handed to whichever registry
  * offers the proc address "bp_meta_init_by_name" (the meta plugin); everything else is a device
  * name ("CUDA0") or a registry name ("CPU", meaning its first device). An unknown name is an
- * error that lists the names that do exist, so a typo is obvious. */
+ * error that lists the names that do exist, so a typo is obvious, and says why a registry that
+ * exists offers no device (its plugin's bp_registry_note), so a missing driver is too. The
+ * lists are built on the heap: however many and however long the names, none is cut off. */
 #include "config.h"
 
 #include <stdio.h>
@@ -35,26 +37,52 @@ bp_registry *bp_registry_get(size_t index)
     return regs[index];
 }
 
-/* "A, B, C" of every registry or device name, for error messages. */
-static void list_names(bool devices, char *out, size_t size)
+/* Why reg has no devices: its plugin's own note (proc address "bp_registry_note"), or a pointer
+ * to the load report. */
+static const char *empty_reason(bp_registry *reg)
+{
+    const char *(*note_fn)(void) =
+        (const char *(*)(void))bp_registry_get_proc_address(reg, "bp_registry_note");
+    const char *note = note_fn != NULL ? note_fn() : NULL;
+    return note != NULL && note[0] != '\0' ? note
+                                           : "its plugin gives no reason (see `backplane list`)";
+}
+
+/* "A, B, C" of every registry or device name, for error messages (heap; NULL when memory ran
+ * out). The device list ends with why each registry without devices has none. */
+static char *list_names(bool devices)
 {
     bp_registry *regs[MAX_REGISTRIES];
     size_t n = bp_registry_count();
     bp__registry_snapshot(regs, MAX_REGISTRIES);
-    out[0] = '\0';
-    for (size_t i = 0; i < n; i++) {
+    char *out = bp__strdup("", "a list of names");
+    for (size_t i = 0; i < n && out != NULL; i++) {
         size_t nd = devices ? bp_registry_device_count(regs[i]) : 1;
-        for (size_t j = 0; j < nd; j++) {
+        for (size_t j = 0; j < nd && out != NULL; j++) {
             const char *name = devices ? bp_device_name(regs[i]->iface->get_device(regs[i], j))
                                        : bp_registry_name(regs[i]);
-            size_t used = strlen(out);
-            snprintf(out + used, size - used, "%s%s", used ? ", " : "", name);
+            out = bp__strcat_printf(out, "a list of names", "%s%s", out[0] ? ", " : "", name);
         }
     }
-    if (out[0] == '\0')
-        snprintf(out, size, n == 0 ? "none (no plugin is loaded; see `backplane list`)"
-                                   : "none (the loaded plugins found no devices; see "
-                                     "`backplane list`)");
+    if (out != NULL && out[0] == '\0') {
+        bp__free(out);
+        out = bp__strdup(n == 0 ? "none (no plugin is loaded; see `backplane list`)"
+                                : "none (the loaded plugins found no devices; see `backplane "
+                                  "list`)",
+                         "a list of names");
+    }
+    for (size_t i = 0; devices && i < n && out != NULL; i++) {
+        if (bp_registry_device_count(regs[i]) == 0)
+            out = bp__strcat_printf(out, "a list of names", "; registry '%s' has no devices: %s",
+                                    bp_registry_name(regs[i]), empty_reason(regs[i]));
+    }
+    return out;
+}
+
+/* What to print when a list could not be built. */
+static const char *names_or_oom(const char *names)
+{
+    return names != NULL ? names : "(out of memory while listing them)";
 }
 
 bp_registry *bp_registry_by_name(const char *name)
@@ -68,10 +96,11 @@ bp_registry *bp_registry_by_name(const char *name)
         if (strcasecmp(bp_registry_name(regs[i]), name) == 0)
             return regs[i];
     }
-    char names[512];
-    list_names(false, names, sizeof(names));
-    return bp__error_null(BP_ERR_NOT_FOUND, "no registry is named '%s'; registries: %s", name,
-                          names);
+    char *names = list_names(false);
+    bp__error(BP_ERR_NOT_FOUND, "no registry is named '%s'; registries: %s", name,
+              names_or_oom(names));
+    bp__free(names);
+    return NULL;
 }
 
 size_t bp_device_count(void)
@@ -117,9 +146,10 @@ bp_device *bp_device_by_name(const char *name)
     bp_device *d = find_device(name);
     if (d != NULL)
         return d;
-    char names[512];
-    list_names(true, names, sizeof(names));
-    return bp__error_null(BP_ERR_NOT_FOUND, "no device is named '%s'; devices: %s", name, names);
+    char *names = list_names(true);
+    bp__error(BP_ERR_NOT_FOUND, "no device is named '%s'; devices: %s", name, names_or_oom(names));
+    bp__free(names);
+    return NULL;
 }
 
 bp_device *bp_device_by_type(enum bp_device_type type)
@@ -130,8 +160,11 @@ bp_device *bp_device_by_type(enum bp_device_type type)
         if (d != NULL && bp_device_get_type(d) == type)
             return d;
     }
-    return bp__error_null(BP_ERR_NOT_FOUND, "no device of type %s is available",
-                          bp_device_type_name(type));
+    char *names = list_names(true);
+    bp__error(BP_ERR_NOT_FOUND, "no device of type %s is available; devices: %s",
+              bp_device_type_name(type), names_or_oom(names));
+    bp__free(names);
+    return NULL;
 }
 
 static bp_backend *init_meta(const char *name, const char *params)
@@ -161,19 +194,25 @@ bp_backend *bp_backend_init_by_name(const char *name, const char *params)
         bp_registry *regs[MAX_REGISTRIES];
         size_t n = bp_registry_count();
         bp__registry_snapshot(regs, MAX_REGISTRIES);
-        for (size_t i = 0; i < n && d == NULL; i++) {
-            if (strcasecmp(bp_registry_name(regs[i]), name) == 0 &&
-                bp_registry_device_count(regs[i]) > 0)
-                d = bp_registry_get_device(regs[i], 0);
+        for (size_t i = 0; i < n; i++) {
+            if (strcasecmp(bp_registry_name(regs[i]), name) != 0)
+                continue;
+            if (bp_registry_device_count(regs[i]) == 0)
+                return bp__error_null(BP_ERR_NOT_FOUND, "registry '%s' exists but has no "
+                                      "devices: %s", bp_registry_name(regs[i]),
+                                      empty_reason(regs[i]));
+            d = bp_registry_get_device(regs[i], 0);
+            break;
         }
     }
     if (d == NULL) {
-        char devs[512], regs_s[256];
-        list_names(true, devs, sizeof(devs));
-        list_names(false, regs_s, sizeof(regs_s));
-        return bp__error_null(BP_ERR_NOT_FOUND,
-                              "no device or registry is named '%s'; devices: %s; registries: %s",
-                              name, devs, regs_s);
+        char *devs = list_names(true), *regs_s = list_names(false);
+        bp__error(BP_ERR_NOT_FOUND,
+                  "no device or registry is named '%s'; devices: %s; registries: %s", name,
+                  names_or_oom(devs), names_or_oom(regs_s));
+        bp__free(devs);
+        bp__free(regs_s);
+        return NULL;
     }
     return bp_device_init_backend(d, params);
 }
@@ -196,8 +235,9 @@ bp_backend *bp_backend_init_best(void)
                 return bp_device_init_backend(d, NULL);
         }
     }
-    char names[512];
-    list_names(true, names, sizeof(names));
-    return bp__error_null(BP_ERR_NOT_FOUND, "no GPU, accelerator or CPU device is available; "
-                          "devices: %s", names);
+    char *names = list_names(true);
+    bp__error(BP_ERR_NOT_FOUND, "no GPU, accelerator or CPU device is available; devices: %s",
+              names_or_oom(names));
+    bp__free(names);
+    return NULL;
 }

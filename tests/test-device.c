@@ -384,9 +384,17 @@ int test_device_answer(void)
     return 42;
 }
 
+/* What a registry made with no devices says about it (as the CUDA plugin does without a GPU). */
+static const char *empty_note(void)
+{
+    return "test accelerator: configured with no devices";
+}
+
 static void *reg_proc(bp_registry *reg, const char *name)
 {
-    (void)reg;
+    const struct accel *a = bp_registry_get_context(reg);
+    if (strcmp(name, "bp_registry_note") == 0)
+        return a->n_devices == 0 ? (void *)empty_note : NULL;
     return strcmp(name, "test_device_answer") == 0 ? (void *)test_device_answer : NULL;
 }
 

@@ -2,9 +2,12 @@
  * filters, selection by name, explicit loading and safe unload, using the test plugins of
  * tests/plugins/ (see plugin.c). Each test runs in its own process (Check's fork mode), so each
  * sees discovery run once, with the environment it set up. */
+#define _GNU_SOURCE /* dlinfo */
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -289,7 +292,8 @@ START_TEST(test_explicit_load)
     ck_assert_rejected(bp_plugin_load(path), BP_ERR_PLUGIN, "plugin API 2.0");
     snprintf(path, sizeof(path), "%s/backplane-zero.so", plugin_dir());
     ck_assert_rejected(bp_plugin_load(path), BP_ERR_PLUGIN, "score is 0");
-    ck_assert_rejected(bp_plugin_load("/nonexistent/backplane-x.so"), BP_ERR_PLUGIN, "cannot stat");
+    ck_assert_rejected(bp_plugin_load("/nonexistent/backplane-x.so"), BP_ERR_PLUGIN,
+                       "does not exist");
     ck_assert_rejected(bp_plugin_load("/tmp/libfoo.so"), BP_ERR_PLUGIN, "does not match");
     ck_assert_rejected(bp_plugin_load(NULL), BP_ERR_INVALID_ARG, "NULL");
 
@@ -411,7 +415,8 @@ START_TEST(test_refusals)
         ck_assert_int_eq(lchown(p, 12345, 12345), 0);
         load_dir(d);
         ck_assert_record("foreign-link/backplane-good.so", BP_PLUGIN_REFUSED,
-                         "the symbolic link is owned by uid 12345");
+                         "foreign-link/backplane-good.so is owned by uid 12345");
+        ck_assert_record("foreign-link/backplane-good.so", BP_PLUGIN_REFUSED, "symbolic link");
 
         make_dir(d, sizeof(d), "sticky", 01777); /* like /tmp: root-owned and sticky is fine */
         good_into(d, "backplane-good.so", 0755);
@@ -422,6 +427,422 @@ START_TEST(test_refusals)
     char cmd[512];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_root);
     ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+static void new_tmp_root(void)
+{
+    setenv("BP_PLUGIN_PATH", "", 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
+    snprintf(tmp_root, sizeof(tmp_root), "/tmp/bp-loader-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmp_root));
+}
+
+static void remove_tmp_root(void)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "chmod -R u+rwx '%s'; rm -rf '%s'", tmp_root, tmp_root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* A copy of the good plugin, cut after n bytes. */
+static void truncated_good(const char *to, off_t n)
+{
+    char from[4096];
+    snprintf(from, sizeof(from), "%s/backplane-good.so", plugin_dir());
+    copy_file(from, to, 0755);
+    ck_assert_int_eq(truncate(to, n), 0);
+}
+
+/* A truncated or corrupt file is refused from its ELF headers, before dlopen could map past its
+ * end (a SIGBUS in the dynamic loader, which would end this test), without probing. */
+START_TEST(test_truncated_plugin_refused)
+{
+    new_tmp_root();
+    unsetenv("BP_PLUGIN_PROBE");
+    char d[512], p[1024];
+    make_dir(d, sizeof(d), "cut", 0755);
+    snprintf(p, sizeof(p), "%s/backplane-good.so", d);
+    truncated_good(p, 1000);
+    ck_assert_rejected(bp_plugin_load(p), BP_ERR_PLUGIN, "truncated or corrupt");
+    ck_assert_msg(strstr(bp_last_error(), "(PT_LOAD)") != NULL, "%s", bp_last_error());
+    ck_assert_msg(strstr(bp_last_error(), "of a 1000-byte file") != NULL, "%s", bp_last_error());
+
+    truncated_good(p, 40); /* less than an ELF header */
+    ck_assert_rejected(bp_plugin_load(p), BP_ERR_PLUGIN, "less than an ELF header");
+
+    /* Whole file, program headers said to lie far beyond its end. */
+    truncated_good(p, 1 << 20);
+    int fd = open(p, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    ElfW(Off) far = (ElfW(Off))1 << 40;
+    ck_assert_int_eq(pwrite(fd, &far, sizeof(far), offsetof(ElfW(Ehdr), e_phoff)),
+                     (ssize_t)sizeof(far));
+    close(fd);
+    ck_assert_rejected(bp_plugin_load(p), BP_ERR_PLUGIN, "program headers");
+
+    /* An absurd program header count. */
+    truncated_good(p, 1 << 20);
+    fd = open(p, O_RDWR);
+    uint16_t many = 0xffff;
+    ck_assert_int_eq(pwrite(fd, &many, sizeof(many), offsetof(ElfW(Ehdr), e_phnum)),
+                     (ssize_t)sizeof(many));
+    close(fd);
+    ck_assert_rejected(bp_plugin_load(p), BP_ERR_PLUGIN, "65535 program headers");
+
+    /* Discovery records the same reason and goes on. */
+    make_dir(d, sizeof(d), "cut-dir", 0755);
+    snprintf(p, sizeof(p), "%s/backplane-good.so", d);
+    truncated_good(p, 1000);
+    load_dir(d);
+    ck_assert_record("cut-dir/backplane-good.so", BP_PLUGIN_REFUSED, "truncated or corrupt");
+    ck_assert(!is_mapped("backplane-good.so"));
+    remove_tmp_root();
+}
+END_TEST
+
+/* Every directory from the root down is checked, including those a symbolic link leads
+ * through; a safe directory under an unsafe one is refused. */
+START_TEST(test_whole_path_checked)
+{
+    new_tmp_root();
+    char open_dir[512], d[1024], p[2048], target[2048];
+    make_dir(open_dir, sizeof(open_dir), "open", 0777); /* writable by all, not sticky */
+    snprintf(d, sizeof(d), "%s/safe", open_dir);
+    ck_assert_int_eq(mkdir(d, 0755), 0);
+    good_into(d, "backplane-good.so", 0755);
+    load_dir(d);
+    snprintf(p, sizeof(p), "the directory %s is writable by others (mode 777)", open_dir);
+    ck_assert_record("open/safe", BP_PLUGIN_REFUSED, p);
+    ck_assert_ptr_null(record_for("open/safe/backplane-good.so"));
+    snprintf(target, sizeof(target), "%s/backplane-good.so", d);
+    ck_assert_rejected(bp_plugin_load(target), BP_ERR_PLUGIN, "writable by others");
+    ck_assert_record("open/safe/backplane-good.so", BP_PLUGIN_REFUSED, p);
+    ck_assert(!is_mapped("backplane-good.so"));
+
+    /* A symbolic link from a safe directory to a plugin in the unsafe one. */
+    make_dir(d, sizeof(d), "links", 0755);
+    snprintf(p, sizeof(p), "%s/backplane-good.so", d);
+    ck_assert_int_eq(symlink(target, p), 0);
+    load_dir(d);
+    snprintf(p, sizeof(p), "the directory %s is writable by others", open_dir);
+    ck_assert_record("links/backplane-good.so", BP_PLUGIN_REFUSED, p);
+
+    /* A plugin directory reached through a symbolic link into the unsafe one. */
+    snprintf(d, sizeof(d), "%s/dirlink", tmp_root);
+    snprintf(p, sizeof(p), "%s/safe", open_dir);
+    ck_assert_int_eq(symlink(p, d), 0);
+    load_dir(d);
+    snprintf(p, sizeof(p), "the directory %s is writable by others", open_dir);
+    ck_assert_record("dirlink", BP_PLUGIN_REFUSED, p);
+
+    /* A group-writable parent. */
+    make_dir(d, sizeof(d), "group", 0775);
+    snprintf(d + strlen(d), sizeof(d) - strlen(d), "/safe");
+    ck_assert_int_eq(mkdir(d, 0755), 0);
+    good_into(d, "backplane-good.so", 0755);
+    load_dir(d);
+    ck_assert_record("group/safe", BP_PLUGIN_REFUSED, "writable by its group (mode 775)");
+
+    /* A sound path still loads, and so does one with "." and ".." in it. */
+    make_dir(d, sizeof(d), "fine", 0755);
+    good_into(d, "backplane-good.so", 0755);
+    ck_assert_int_eq(bp_plugin_load_all_from(d), BP_OK);
+    ck_assert_ptr_nonnull(bp_plugin_by_name("good"));
+    ck_assert_int_eq(bp_plugin_unload(bp_plugin_by_name("good")), BP_OK);
+    snprintf(p, sizeof(p), "%s/./fine/../fine/backplane-good.so", tmp_root);
+    ck_assert_ptr_nonnull(bp_plugin_load(p));
+    ck_assert_int_eq(bp_plugin_unload(bp_plugin_by_name("good")), BP_OK);
+
+    if (geteuid() == 0) { /* only root can give a directory away (CI runs as root) */
+        make_dir(d, sizeof(d), "foreign", 0755);
+        ck_assert_int_eq(chown(d, 12345, 12345), 0);
+        snprintf(d + strlen(d), sizeof(d) - strlen(d), "/safe");
+        ck_assert_int_eq(mkdir(d, 0755), 0);
+        good_into(d, "backplane-good.so", 0755);
+        load_dir(d);
+        ck_assert_record("foreign/safe", BP_PLUGIN_REFUSED, "foreign is owned by uid 12345");
+
+        /* Root-owned and sticky, like /tmp, is a sound component. */
+        make_dir(d, sizeof(d), "sticky", 01777);
+        snprintf(d + strlen(d), sizeof(d) - strlen(d), "/safe");
+        ck_assert_int_eq(mkdir(d, 0755), 0);
+        good_into(d, "backplane-good.so", 0755);
+        load_dir(d);
+        ck_assert_record("sticky/safe/backplane-good.so", BP_PLUGIN_UNLOADED, "Good");
+    }
+    remove_tmp_root();
+}
+END_TEST
+
+/* The file that was checked is the file that is loaded: the swap plugin's init, run first in
+ * the probe child (between the checks and the real dlopen), renames a copy of the good plugin
+ * over its own file. Loaded by path, that copy would be mapped (and refused for its
+ * descriptor); loaded through the descriptor the checks used, the swap plugin is. */
+START_TEST(test_checked_file_is_loaded)
+{
+    new_tmp_root();
+    char d[512], from[1024], to[1024], cache[1024];
+    make_dir(d, sizeof(d), "swap", 0755);
+    snprintf(from, sizeof(from), "%s/backplane-swap.so", getenv("BP_TEST_CRASH_PLUGIN_DIR"));
+    snprintf(to, sizeof(to), "%s/backplane-swap.so", d);
+    copy_file(from, to, 0755);
+    good_into(d, "impostor.so", 0755);
+    snprintf(from, sizeof(from), "%s/impostor.so", d);
+    snprintf(cache, sizeof(cache), "%s/probe-cache", tmp_root);
+    setenv("BP_TEST_SWAP_FROM", from, 1);
+    setenv("BP_TEST_SWAP_TO", to, 1);
+    setenv("BP_PLUGIN_PROBE", "1", 1);
+    setenv("BP_PLUGIN_PROBE_CACHE", cache, 1);
+    bp_plugin *p = bp_plugin_load(to);
+    ck_assert_msg(p != NULL, "%s", bp_last_error());
+    ck_assert_str_eq(bp_registry_name(bp_plugin_get_registry(p)), "Swap");
+    /* The swap did happen: the impostor now sits at the plugin's path. */
+    ck_assert_int_ne(access(from, F_OK), 0);
+    unsetenv("BP_PLUGIN_PROBE");
+    ck_assert_int_eq(bp_plugin_unload(p), BP_OK);
+    ck_assert_rejected(bp_plugin_load(to), BP_ERR_PLUGIN, "descriptor says name 'good'");
+    remove_tmp_root();
+}
+END_TEST
+
+/* Loading through /proc/self/fd/N: an object still known to the dynamic loader by a name of
+ * that form after its descriptor was closed (here the application's own dlopen keeps the good
+ * plugin mapped after the loader let go of it) must not be taken for the next plugin that
+ * gets the same descriptor number. */
+START_TEST(test_stale_descriptor_name)
+{
+    setenv("BP_PLUGIN_PATH", "", 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
+    char good[4096], multi[4096];
+    snprintf(good, sizeof(good), "%s/backplane-good.so", plugin_dir());
+    snprintf(multi, sizeof(multi), "%s/backplane-multi-a.so", plugin_dir());
+    bp_plugin *p = bp_plugin_load(good);
+    ck_assert_ptr_nonnull(p);
+    void *keep = dlopen(good, RTLD_NOW | RTLD_NOLOAD);
+    ck_assert_ptr_nonnull(keep);
+    struct link_map *lm = NULL;
+    ck_assert_int_eq(dlinfo(keep, RTLD_DI_LINKMAP, &lm), 0);
+    int n = -1;
+    ck_assert_int_eq(sscanf(lm->l_name, "/proc/self/fd/%d", &n), 1);
+    ck_assert_int_eq(bp_plugin_unload(p), BP_OK);
+    ck_assert_int_eq(fcntl(n, F_GETFD), -1); /* the loader closed it */
+    bp_plugin *m = bp_plugin_load(multi);
+    ck_assert_msg(m != NULL, "%s", bp_last_error());
+    ck_assert_str_eq(bp_registry_name(bp_plugin_get_registry(m)), "Multi");
+    dlclose(keep);
+}
+END_TEST
+
+/* A bare or relative name is refused: dlopen would look for it in LD_LIBRARY_PATH and the
+ * like, not in the current directory the checks would have looked at. */
+START_TEST(test_relative_plugin_path_refused)
+{
+    setenv("BP_PLUGIN_PATH", "", 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
+    ck_assert_int_eq(chdir(plugin_dir()), 0);
+    ck_assert_rejected(bp_plugin_load("backplane-good.so"), BP_ERR_INVALID_ARG,
+                       "not an absolute path");
+    ck_assert_rejected(bp_plugin_load("./backplane-good.so"), BP_ERR_INVALID_ARG,
+                       "relative paths are refused");
+    ck_assert_record("./backplane-good.so", BP_PLUGIN_REFUSED, "not an absolute path");
+    ck_assert_uint_eq(bp_plugin_count(), 0);
+    ck_assert(!is_mapped("backplane-good.so"));
+}
+END_TEST
+
+static char log_seen[8192];
+
+static void keep_log(enum bp_log_level level, const char *msg, void *user)
+{
+    (void)level;
+    (void)user;
+    size_t used = strlen(log_seen);
+    snprintf(log_seen + used, sizeof(log_seen) - used, "%s\n", msg);
+}
+
+/* A FIFO as the probe cache must neither hang discovery nor be used. */
+START_TEST(test_probe_cache_must_be_regular)
+{
+    new_tmp_root();
+    char fifo[512], path[4096];
+    snprintf(fifo, sizeof(fifo), "%s/fifo", tmp_root);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    setenv("BP_PLUGIN_PROBE", "1", 1);
+    setenv("BP_PLUGIN_PROBE_CACHE", fifo, 1);
+    bp_log_set_level(BP_LOG_WARN);
+    bp_log_set_callback(keep_log, NULL);
+    snprintf(path, sizeof(path), "%s/backplane-good.so", plugin_dir());
+    ck_assert_ptr_nonnull(bp_plugin_load(path)); /* probed (without a cache), then loaded */
+    ck_assert_msg(strstr(log_seen, "is not a regular file") != NULL, "log: %s", log_seen);
+    struct stat st;
+    ck_assert_int_eq(stat(fifo, &st), 0);
+    ck_assert(S_ISFIFO(st.st_mode));
+    bp_log_set_callback(NULL, NULL);
+    unsetenv("BP_PLUGIN_PROBE");
+    remove_tmp_root();
+}
+END_TEST
+
+START_TEST(test_relative_system_path_reported)
+{
+    setenv("BP_PLUGIN_PATH", plugin_dir(), 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "relative/system", 1);
+    bp_plugin_load_all();
+    ck_assert_record("relative/system", BP_PLUGIN_REFUSED,
+                     "BP_PLUGIN_SYSTEM_PATH is a relative directory and is ignored");
+    ck_assert_ptr_nonnull(bp_plugin_by_name("good"));
+}
+END_TEST
+
+/* Makes tmp_root/<long chain of directories> (longer than PATH_MAX in all) with the good
+ * plugin in it; returns the path. */
+static char *long_dir(void)
+{
+    static char path[8192];
+    char comp[201];
+    memset(comp, 'd', 200);
+    comp[200] = '\0';
+    int fd = open(tmp_root, O_RDONLY | O_DIRECTORY);
+    snprintf(path, sizeof(path), "%s", tmp_root);
+    for (int i = 0; i < 25; i++) { /* 25 x 201 bytes: past PATH_MAX (4096) */
+        ck_assert_int_eq(mkdirat(fd, comp, 0755), 0);
+        int next = openat(fd, comp, O_RDONLY | O_DIRECTORY);
+        ck_assert_int_ge(next, 0);
+        close(fd);
+        fd = next;
+        snprintf(path + strlen(path), sizeof(path) - strlen(path), "/%s", comp);
+    }
+    char from[4096];
+    snprintf(from, sizeof(from), "%s/backplane-good.so", plugin_dir());
+    int in = open(from, O_RDONLY), out = openat(fd, "backplane-good.so", O_WRONLY | O_CREAT, 0755);
+    ck_assert_int_ge(out, 0);
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof(buf))) > 0)
+        ck_assert_int_eq(write(out, buf, (size_t)n), n);
+    close(in);
+    close(out);
+    close(fd);
+    ck_assert_uint_gt(strlen(path), 4096);
+    return path;
+}
+
+/* No path or name is cut at a fixed buffer size: a plugin deeper than PATH_MAX loads, its
+ * report shows the whole path, and a long <name> gets its real verdict. */
+START_TEST(test_long_paths_and_names)
+{
+    new_tmp_root();
+    const char *dir = long_dir();
+    char *file = malloc(strlen(dir) + 32);
+    sprintf(file, "%s/backplane-good.so", dir);
+    ck_assert_int_eq(bp_plugin_load_all_from(dir), BP_OK);
+    bp_plugin *p = bp_plugin_by_name("good");
+    ck_assert_ptr_nonnull(p);
+    /* (Check cannot carry messages this long: compare, then assert on the outcome.) */
+    ck_assert_msg(strcmp(bp_plugin_path(p), file) == 0, "the plugin's path was cut");
+    const struct bp_plugin_record *r = record_for(file);
+    ck_assert_msg(r != NULL && r->status == BP_PLUGIN_LOADED, "no record of the load");
+    /* Report messages carry the whole path too. */
+    bp_clear_error();
+    ck_assert_ptr_null(bp_plugin_load(file));
+    ck_assert_int_eq(bp_last_status(), BP_ERR_PLUGIN);
+    r = bp_plugin_report_get(bp_plugin_report_count() - 1);
+    const char *m = strstr(r->message, "already loaded from ");
+    ck_assert_msg(m != NULL && strcmp(m + 20, file) == 0, "the message's path was cut");
+    ck_assert_int_eq(bp_plugin_unload(p), BP_OK);
+    p = bp_plugin_load(file);
+    ck_assert_msg(p != NULL, "loading by the long path failed (status %d)", bp_last_status());
+    free(file);
+
+    char d[512], name[128], want[512];
+    make_dir(d, sizeof(d), "names", 0755);
+    memset(want, 'n', 100);
+    want[100] = '\0';
+    snprintf(name, sizeof(name), "backplane-%.100s.so", want);
+    good_into(d, name, 0755);
+    ck_assert_int_eq(bp_plugin_load_all_from(d), BP_OK);
+    snprintf(want + 100, sizeof(want) - 100, "' and ''");
+    ck_assert_record(name, BP_PLUGIN_FAILED, "descriptor says name 'good'");
+    ck_assert_record(name, BP_PLUGIN_FAILED, want);
+    remove_tmp_root();
+}
+END_TEST
+
+/* BP_CPU_DISABLE is read whole, however long. */
+START_TEST(test_cpu_disable_long_list)
+{
+    char list[2048] = "";
+    for (int i = 0; i < 60; i++)
+        strcat(list, "sse4_2, ");
+    for (int bit = 0; bit < 64; bit++) {
+        const char *name = bp_cpu_feature_name(1ull << bit);
+        if (name != NULL)
+            snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s,", name);
+    }
+    ck_assert_uint_gt(strlen(list), 256);
+    setenv("BP_CPU_DISABLE", list, 1);
+    ck_assert_uint_eq(bp_cpu_features(), 0);
+}
+END_TEST
+
+/* A registry that exists without devices says so, with its plugin's own reason. */
+START_TEST(test_empty_registry_says_why)
+{
+    setenv("BP_PLUGIN_PATH", plugin_dir(), 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/backplane-empty.so", getenv("BP_TEST_CRASH_PLUGIN_DIR"));
+    bp_plugin *p = bp_plugin_load(path);
+    ck_assert_msg(p != NULL, "%s", bp_last_error());
+    ck_assert_record("backplane-empty.so", BP_PLUGIN_LOADED,
+                     "registry 'Empty' with 0 devices: test accelerator: configured with no "
+                     "devices");
+    ck_assert_rejected(bp_backend_init_by_name("EMPTY", NULL), BP_ERR_NOT_FOUND,
+                       "registry 'Empty' exists but has no devices: test accelerator: "
+                       "configured with no devices");
+    ck_assert_ptr_null(strstr(bp_last_error(), "no device or registry is named"));
+    /* Other lookups that find nothing say why this registry has nothing to offer. */
+    ck_assert_rejected(bp_backend_init_by_name("nope", NULL), BP_ERR_NOT_FOUND,
+                       "registry 'Empty' has no devices: test accelerator");
+    ck_assert_rejected(bp_device_by_type(BP_DEVICE_TYPE_GPU), BP_ERR_NOT_FOUND,
+                       "registry 'Empty' has no devices: test accelerator");
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "no device of type GPU"));
+    ck_assert_str_eq(bp_registry_name(bp_registry_by_name("empty")), "Empty");
+}
+END_TEST
+
+/* The same directory named twice (or reached by another path) is searched once, and the same
+ * file reached from two directories is considered once: nothing loses to itself. */
+START_TEST(test_same_directory_searched_once)
+{
+    new_tmp_root();
+    char link[512], alias[512], env[16384], rec[4096];
+    snprintf(link, sizeof(link), "%s/plugins", tmp_root);
+    ck_assert_int_eq(symlink(plugin_dir(), link), 0);
+    make_dir(alias, sizeof(alias), "alias", 0755);
+    snprintf(rec, sizeof(rec), "%s/backplane-good.so", alias);
+    char target[4096];
+    snprintf(target, sizeof(target), "%s/backplane-good.so", plugin_dir());
+    ck_assert_int_eq(symlink(target, rec), 0);
+    snprintf(env, sizeof(env), "%s:%s/.:%s:%s", plugin_dir(), plugin_dir(), link, alias);
+    setenv("BP_PLUGIN_PATH", env, 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", plugin_dir(), 1);
+    bp_plugin_load_all();
+    snprintf(env, sizeof(env), "%s/.", plugin_dir());
+    ck_assert_record(env, BP_PLUGIN_NOT_SELECTED, "same directory as");
+    ck_assert_record(link, BP_PLUGIN_NOT_SELECTED, "same directory as");
+    ck_assert_record(rec, BP_PLUGIN_NOT_SELECTED, "the same file as");
+    /* One record for each plugin of the real directory (record_for fails on two). */
+    snprintf(rec, sizeof(rec), "%s/backplane-good.so", plugin_dir());
+    ck_assert_record(rec, BP_PLUGIN_LOADED, "registry 'Good'");
+    snprintf(rec, sizeof(rec), "%s/backplane-multi-a.so", plugin_dir());
+    ck_assert_record(rec, BP_PLUGIN_NOT_SELECTED, "multi-b.so (score 30)");
+    size_t n = 0;
+    for (size_t i = 0; i < bp_plugin_report_count(); i++)
+        n += strcmp(bp_plugin_report_get(i)->path, plugin_dir()) == 0;
+    ck_assert_uint_eq(n, 1); /* the system directory, the same again, is recorded once */
+    remove_tmp_root();
 }
 END_TEST
 
@@ -521,5 +942,16 @@ int main(void)
     BP_TCASE(s, test_probe_refuses_crashing_init, 60);
     BP_TCASE(s, test_relative_path_entries_ignored, 30);
     BP_TCASE(s, test_concurrent_discovery_runs_once, 30);
+    BP_TCASE(s, test_truncated_plugin_refused, 30);
+    BP_TCASE(s, test_whole_path_checked, 60);
+    BP_TCASE(s, test_checked_file_is_loaded, 30);
+    BP_TCASE(s, test_stale_descriptor_name, 30);
+    BP_TCASE(s, test_relative_plugin_path_refused, 30);
+    BP_TCASE(s, test_probe_cache_must_be_regular, 20);
+    BP_TCASE(s, test_relative_system_path_reported, 30);
+    BP_TCASE(s, test_long_paths_and_names, 30);
+    BP_TCASE(s, test_cpu_disable_long_list, 10);
+    BP_TCASE(s, test_empty_registry_says_why, 30);
+    BP_TCASE(s, test_same_directory_searched_once, 30);
     return bp_test_run(s);
 }

@@ -221,8 +221,10 @@ BP_API const char *bp_plugin_status_name(enum bp_plugin_status status);
 BP_API enum bp_status bp_plugin_load_all(void);
 /* Considers the plugins of one directory (the environment filters still apply). */
 BP_API enum bp_status bp_plugin_load_all_from(const char *dir);
-/* Loads one file regardless of its directory; NULL with an error (and a report record) when
- * it cannot be loaded. Owned by the runtime. */
+/* Loads one file, whether or not its directory is on the search path; path must be absolute
+ * (a relative one is BP_ERR_INVALID_ARG) and every directory on it passes the same checks as a
+ * plugin directory. NULL with an error (and a report record) when it cannot be loaded. Owned by
+ * the runtime. */
 BP_API bp_plugin *bp_plugin_load(const char *path);
 /* BP_ERR_BUSY while a buffer, backend or event of the plugin is alive; otherwise frees its
  * registry and devices (their pointers become invalid) and closes the shared object. */

@@ -10,8 +10,11 @@
  *   MODE_MUST_NOT_INIT            init aborts: the loader must refuse the plugin before it
  *   MODE_NEEDS_LIB                init calls into libbpmissing.so, which is never installed
  *   MODE_OP_SUBSET                an accelerator with a partial op set (scheduler tests)
- *   MODE_INIT_CRASH               init dereferences a null pointer (probing tests) */
+ *   MODE_INIT_CRASH               init dereferences a null pointer (probing tests)
+ *   MODE_SWAP_ON_INIT             init renames $BP_TEST_SWAP_FROM over $BP_TEST_SWAP_TO (its own
+ *                                 file, in the test that the file checked is the file loaded) */
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "../test-device.h"
@@ -47,6 +50,11 @@ static bp_registry *plugin_init(void)
 #endif
 #ifdef MODE_OP_SUBSET
     test_device_set_op_subset(true);
+#endif
+#ifdef MODE_SWAP_ON_INIT
+    const char *from = getenv("BP_TEST_SWAP_FROM"), *to = getenv("BP_TEST_SWAP_TO");
+    if (from != NULL && to != NULL)
+        (void)rename(from, to); /* the second init (after the probe's) finds nothing to move */
 #endif
     return test_device_registry_new_named(REG_NAME, DEV_PREFIX, N_DEV, 0);
 #endif
