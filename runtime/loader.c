@@ -58,6 +58,7 @@ struct bp_plugin {
     bp_registry *reg;
     atomic_int refs;
     struct bp_plugin_record *record;
+    bool unloaded; /* kept as a tombstone after bp_plugin_unload (see there) */
 };
 
 /* A record and the strings it points to, in one allocation-free-able unit. */
@@ -69,6 +70,10 @@ struct record {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct bp_plugin **plugins;
 static size_t n_plugins;
+/* Plugins unloaded by bp_plugin_unload: their code is gone, their handles stay valid until the
+ * library is unloaded, so a stale handle is an error with a name rather than a freed pointer. */
+static struct bp_plugin **tombstones;
+static size_t n_tombstones;
 static struct record **records;
 static size_t n_records;
 
@@ -1445,15 +1450,27 @@ enum bp_status bp_plugin_unload(bp_plugin *p)
     if (p == NULL)
         return bp__error(BP_ERR_INVALID_ARG, "bp_plugin_unload: plugin is NULL");
     pthread_mutex_lock(&lock);
+    if (p->unloaded) {
+        pthread_mutex_unlock(&lock);
+        return bp__error(BP_ERR_INVALID_ARG, "bp_plugin_unload: plugin %s was unloaded already",
+                         p->path);
+    }
     int refs = atomic_load(&p->refs);
     if (refs > 0) {
         pthread_mutex_unlock(&lock);
         return bp__error(BP_ERR_BUSY,
                          "plugin %s is still in use by %d buffer%s, backend%s or event%s; free "
                          "them first",
-                         p->path, refs, refs == 1 ? "" : "s", refs == 1 ? "" : "s",
-                         refs == 1 ? "" : "s");
+                         p->path, refs, BP_PLURAL(refs), BP_PLURAL(refs), BP_PLURAL(refs));
     }
+    /* Room for the tombstone first, so that running out of memory changes nothing. */
+    struct bp_plugin **grown =
+        bp__realloc(tombstones, (n_tombstones + 1) * sizeof(*grown), "the unloaded plugins");
+    if (grown == NULL) {
+        pthread_mutex_unlock(&lock);
+        return BP_ERR_OUT_OF_MEMORY;
+    }
+    tombstones = grown;
     for (size_t i = 0; i < n_plugins; i++) {
         if (plugins[i] == p) {
             memmove(&plugins[i], &plugins[i + 1], (n_plugins - i - 1) * sizeof(*plugins));
@@ -1463,14 +1480,20 @@ enum bp_status bp_plugin_unload(bp_plugin *p)
     }
     if (p->record != NULL)
         p->record->status = BP_PLUGIN_UNLOADED;
-    /* The registry's free members are plugin code: free it before closing the object. */
-    plugin_free(p);
+    /* The registry's free members are plugin code: free it before closing the object. The
+     * names stay for the tombstone's queries. */
+    bp_registry_free(p->reg);
+    dlclose(p->handle);
+    close(p->fd);
+    p->reg = NULL;
+    p->handle = NULL;
+    p->fd = -1;
+    p->unloaded = true;
+    tombstones[n_tombstones++] = p;
     pthread_mutex_unlock(&lock);
     return BP_OK;
 }
 
-/* At exit: close what is idle and free the report, so leak checkers see a clean process. Busy
- * plugins stay mapped: their objects may still be freed by other destructors. */
 __attribute__((destructor)) static void loader_fini(void)
 {
     pthread_mutex_lock(&lock);
@@ -1482,6 +1505,15 @@ __attribute__((destructor)) static void loader_fini(void)
         memmove(&plugins[i], &plugins[i + 1], (n_plugins - i - 1) * sizeof(*plugins));
         n_plugins--;
     }
+    for (size_t i = 0; i < n_tombstones; i++) {
+        bp__free(tombstones[i]->path);
+        bp__free(tombstones[i]->name);
+        bp__free(tombstones[i]->variant);
+        bp__free(tombstones[i]);
+    }
+    bp__free(tombstones);
+    tombstones = NULL;
+    n_tombstones = 0;
     if (n_plugins == 0) {
         bp__free(plugins);
         plugins = NULL;
@@ -1548,6 +1580,8 @@ const char *bp_plugin_path(bp_plugin *p)
 
 bp_registry *bp_plugin_get_registry(bp_plugin *p)
 {
+    if (p != NULL && p->unloaded)
+        return bp__error_null(BP_ERR_INVALID_ARG, "plugin %s has been unloaded", p->path);
     return p ? p->reg : NULL;
 }
 

@@ -32,8 +32,8 @@ bp_registry *bp_registry_get(size_t index)
     size_t n = bp_registry_count();
     bp__registry_snapshot(regs, MAX_REGISTRIES);
     if (index >= n)
-        return bp__error_null(BP_ERR_OUT_OF_BOUNDS, "there are %zu registries; there is no "
-                              "registry %zu", n, index);
+        return bp__error_null(BP_ERR_OUT_OF_BOUNDS, "%zu registr%s loaded; there is no "
+                              "registry %zu", n, n == 1 ? "y is" : "ies are", index);
     return regs[index];
 }
 
@@ -124,8 +124,9 @@ bp_device *bp_device_get(size_t index)
             return bp_registry_get_device(regs[i], at);
         at -= nd;
     }
-    return bp__error_null(BP_ERR_OUT_OF_BOUNDS, "there are %zu devices; there is no device %zu",
-                          bp_device_count(), index);
+    size_t nd = bp_device_count();
+    return bp__error_null(BP_ERR_OUT_OF_BOUNDS, "%zu device%s available; there is no device %zu",
+                          nd, nd == 1 ? " is" : "s are", index);
 }
 
 static bp_device *find_device(const char *name)
@@ -176,6 +177,16 @@ static bp_backend *init_meta(const char *name, const char *params)
         void *fn = bp_registry_get_proc_address(regs[i], "bp_meta_init_by_name");
         if (fn != NULL)
             return ((bp_meta_init_by_name_fn)fn)(name, params);
+    }
+    /* Say what happened to the meta plugin, when discovery saw one: a refusal or an
+     * out-of-memory during loading is the answer, not "is it installed?". */
+    for (size_t i = bp_plugin_report_count(); i-- > 0;) {
+        const struct bp_plugin_record *r = bp_plugin_report_get(i);
+        if (r != NULL && strcasecmp(r->name, "meta") == 0 && r->status != BP_PLUGIN_LOADED)
+            return bp__error_null(BP_ERR_NOT_FOUND,
+                                  "'%s' names a meta device, but the meta plugin %s was not "
+                                  "loaded (%s): %s",
+                                  name, r->path, bp_plugin_status_name(r->status), r->message);
     }
     return bp__error_null(BP_ERR_NOT_FOUND,
                           "'%s' names a meta device, but no loaded plugin provides one (is the "

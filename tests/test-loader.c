@@ -270,6 +270,15 @@ START_TEST(test_unload_waits_for_users)
     ck_assert(!is_mapped("backplane-good.so"));
     ck_assert_record("backplane-good.so", BP_PLUGIN_UNLOADED, "Good");
     ck_assert_int_eq(bp_plugin_unload(NULL), BP_ERR_INVALID_ARG);
+    /* The handle outlives the unload: a second unload is an error naming it, not a use after
+     * free (ASan and valgrind watch this), and its queries still answer. */
+    bp_clear_error();
+    ck_assert_int_eq(bp_plugin_unload(p), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "unloaded already");
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "backplane-good.so"));
+    ck_assert_str_eq(bp_plugin_name(p), "good");
+    ck_assert_ptr_null(bp_plugin_get_registry(p));
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "has been unloaded");
     /* And it can be loaded again. */
     char path[4096];
     snprintf(path, sizeof(path), "%s/backplane-good.so", plugin_dir());
@@ -787,6 +796,21 @@ START_TEST(test_cpu_disable_long_list)
 END_TEST
 
 /* A registry that exists without devices says so, with its plugin's own reason. */
+/* A meta name when the meta plugin did not load says why it did not, not "is it installed?". */
+START_TEST(test_meta_name_without_meta_plugin)
+{
+    setenv("BP_PLUGIN_PATH", getenv("BP_TEST_META_PLUGIN_DIR"), 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
+    setenv("BP_PLUGINS_DISABLE", "meta", 1);
+    ck_assert_rejected(bp_backend_init_by_name("Meta(CPU0,CPU1)", NULL), BP_ERR_NOT_FOUND,
+                       "but the meta plugin");
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "backplane-meta.so was not loaded"));
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "BP_PLUGINS_DISABLE"));
+    ck_assert_ptr_null(strstr(bp_last_error(), "installed"));
+    unsetenv("BP_PLUGINS_DISABLE");
+}
+END_TEST
+
 START_TEST(test_empty_registry_says_why)
 {
     setenv("BP_PLUGIN_PATH", plugin_dir(), 1);
@@ -952,6 +976,7 @@ int main(void)
     BP_TCASE(s, test_long_paths_and_names, 30);
     BP_TCASE(s, test_cpu_disable_long_list, 10);
     BP_TCASE(s, test_empty_registry_says_why, 30);
+    BP_TCASE(s, test_meta_name_without_meta_plugin, 30);
     BP_TCASE(s, test_same_directory_searched_once, 30);
     return bp_test_run(s);
 }

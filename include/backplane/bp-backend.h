@@ -227,7 +227,9 @@ BP_API enum bp_status bp_plugin_load_all_from(const char *dir);
  * the runtime. */
 BP_API bp_plugin *bp_plugin_load(const char *path);
 /* BP_ERR_BUSY while a buffer, backend or event of the plugin is alive; otherwise frees its
- * registry and devices (their pointers become invalid) and closes the shared object. */
+ * registry and devices (their pointers become invalid) and closes the shared object. The
+ * handle itself stays valid (name, variant and path still answer; the registry is NULL), so
+ * unloading it again is BP_ERR_INVALID_ARG with its path, never a use after free. */
 BP_API enum bp_status bp_plugin_unload(bp_plugin *plugin);
 BP_API size_t bp_plugin_count(void);
 BP_API bp_plugin *bp_plugin_get(size_t index);
