@@ -1,6 +1,7 @@
 /* status.c - status codes, the per-thread last error, version queries and BP_ASSERT. */
 #include "config.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,11 +10,24 @@
 
 #define BP_ERROR_MAX 1024
 
-/* Per thread: the message of the last failure and its status. Fixed storage, so recording an
- * error can never itself fail for lack of memory. Messages longer than the storage end in
- * "..." rather than stopping silently mid-word. */
+/* Per thread: the message of the last failure and its status. Messages that fit live in fixed
+ * storage, so recording the usual error never allocates; a longer one (a deep path) goes to a
+ * heap copy that grows as needed and is freed when the thread ends. Only if that allocation
+ * fails is a message cut, and then it ends in "..." rather than stopping mid-word. Plain
+ * malloc, not bp__malloc: a failure here must not record an error in turn. */
 static _Thread_local char tls_error[BP_ERROR_MAX];
+static _Thread_local char *tls_heap;
+static _Thread_local size_t tls_heap_size;
+static _Thread_local const char *tls_message;
 static _Thread_local enum bp_status tls_status = BP_OK;
+
+static pthread_key_t heap_key;
+static pthread_once_t heap_key_once = PTHREAD_ONCE_INIT;
+
+static void make_heap_key(void)
+{
+    pthread_key_create(&heap_key, free);
+}
 
 const char *bp_status_name(enum bp_status status)
 {
@@ -72,22 +86,59 @@ size_t bp__escape_controls(char *dst, size_t size, const char *src)
     return o;
 }
 
+/* Bytes bp__escape_controls needs for all of src, its NUL included. */
+static size_t escaped_size(const char *src)
+{
+    size_t n = 1;
+    for (const unsigned char *p = (const unsigned char *)src; *p != '\0'; p++)
+        n += *p >= 7 && *p <= 13 ? 2 : *p < 0x20 || *p == 0x7f ? 4 : 1;
+    return n;
+}
+
+/* Makes raw (already formatted) the thread's message, escaped. */
+static void store_message(const char *raw)
+{
+    size_t need = escaped_size(raw);
+    if (need > sizeof(tls_error) && need > tls_heap_size) {
+        pthread_once(&heap_key_once, make_heap_key);
+        char *grown = realloc(tls_heap, need);
+        if (grown != NULL) {
+            tls_heap = grown;
+            tls_heap_size = need;
+            pthread_setspecific(heap_key, tls_heap);
+        }
+    }
+    char *dst = need > sizeof(tls_error) && tls_heap_size >= need ? tls_heap : tls_error;
+    bp__escape_controls(dst, dst == tls_heap ? tls_heap_size : sizeof(tls_error), raw);
+    tls_message = dst;
+}
+
 enum bp_status bp__verror(enum bp_status status, const char *fmt, va_list ap)
 {
-    /* Formatted first, then copied with control characters written as C escapes: names and
-     * paths come from users and files, and a newline or terminal escape in one must not
-     * break the one-line sentence (or a terminal) that shows it. */
-    char raw[BP_ERROR_MAX];
-    int n = vsnprintf(raw, sizeof(raw), fmt, ap);
-    if (n < 0)
-        snprintf(raw, sizeof(raw), "%s", bp_strerror(status));
-    else if ((size_t)n >= sizeof(raw))
-        memcpy(raw + sizeof(raw) - 4, "...", 4);
-    bp__escape_controls(tls_error, sizeof(tls_error), raw);
+    /* Formatted first (the arguments may point at the current message), then copied with
+     * control characters written as C escapes: names and paths come from users and files, and
+     * a newline or terminal escape in one must not break the one-line sentence (or a terminal)
+     * that shows it. */
+    char fixed[BP_ERROR_MAX], *raw = fixed, *big = NULL;
+    va_list again;
+    va_copy(again, ap);
+    int n = vsnprintf(fixed, sizeof(fixed), fmt, ap);
+    if (n < 0) {
+        snprintf(fixed, sizeof(fixed), "%s", bp_strerror(status));
+    } else if ((size_t)n >= sizeof(fixed)) {
+        big = malloc((size_t)n + 1);
+        if (big != NULL && vsnprintf(big, (size_t)n + 1, fmt, again) == n)
+            raw = big;
+        else
+            memcpy(fixed + sizeof(fixed) - 4, "...", 4);
+    }
+    va_end(again);
+    store_message(raw);
+    free(big);
     tls_status = status;
     /* Errors are returned to the caller, who decides whether they matter; debug logging lets
      * a user see every one of them without changing the application. */
-    bp_log(BP_LOG_DEBUG, "error %s: %s", bp_status_name(status), tls_error);
+    bp_log(BP_LOG_DEBUG, "error %s: %s", bp_status_name(status), bp_last_error());
     return status;
 }
 
@@ -102,7 +153,7 @@ enum bp_status bp__error(enum bp_status status, const char *fmt, ...)
 
 const char *bp_last_error(void)
 {
-    return tls_error;
+    return tls_message != NULL ? tls_message : tls_error;
 }
 
 enum bp_status bp_last_status(void)
@@ -113,6 +164,7 @@ enum bp_status bp_last_status(void)
 void bp_clear_error(void)
 {
     tls_error[0] = '\0';
+    tls_message = tls_error;
     tls_status = BP_OK;
 }
 

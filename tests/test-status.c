@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <backplane/bp-plugin.h>
+
 #include "test-util.h"
 
 START_TEST(test_status_names_and_texts)
@@ -76,6 +78,34 @@ static void capture(enum bp_log_level level, const char *msg, void *user)
     c->last_level = level;
     snprintf(c->last, sizeof(c->last), "%s", msg);
 }
+
+/* A message is kept whole however long it is (a deep plugin path), and control characters in
+ * it come back as C escapes, one printable line. */
+START_TEST(test_long_messages_whole_and_escaped)
+{
+    size_t n = 20000;
+    char *path = malloc(n + 1);
+    for (size_t i = 0; i < n; i++)
+        path[i] = i % 64 == 0 ? '/' : 'a' + (char)(i % 26);
+    path[n] = '\0';
+    ck_assert_int_eq(bp_set_error(BP_ERR_IO, "cannot open %s: end", path), BP_ERR_IO);
+    ck_assert_uint_eq(strlen(bp_last_error()), strlen("cannot open ") + n + strlen(": end"));
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), path));
+    /* The previous message as an argument of the next (a common way to add context). */
+    ck_assert_int_eq(bp_set_error(BP_ERR_IO, "again: %s", bp_last_error()), BP_ERR_IO);
+    ck_assert_uint_eq(strlen(bp_last_error()), strlen("again: cannot open ") + n + strlen(": end"));
+    /* Escapes, short and long. */
+    bp_set_error(BP_ERR_INVALID_ARG, "name 'a\nb\x1b[0m\x7f' done");
+    ck_assert_str_eq(bp_last_error(), "name 'a\\nb\\x1b[0m\\x7f' done");
+    path[100] = '\n';
+    bp_set_error(BP_ERR_INVALID_ARG, "%s", path);
+    ck_assert_uint_eq(strlen(bp_last_error()), n + 1);
+    ck_assert_ptr_null(strchr(bp_last_error(), '\n'));
+    bp_clear_error();
+    ck_assert_str_eq(bp_last_error(), "");
+    free(path);
+}
+END_TEST
 
 START_TEST(test_log_callback_and_level)
 {
@@ -156,6 +186,7 @@ int main(int argc, char **argv)
     BP_TCASE(s, test_status_names_and_texts, 10);
     BP_TCASE(s, test_error_is_set_and_cleared, 10);
     BP_TCASE(s, test_error_is_per_thread, 10);
+    BP_TCASE(s, test_long_messages_whole_and_escaped, 10);
     BP_TCASE(s, test_log_callback_and_level, 10);
     BP_TCASE(s, test_log_level_from_env, 10);
     BP_TCASE(s, test_version, 10);
