@@ -161,7 +161,23 @@ BP_API void *bp_backend_get_context(bp_backend *backend);
 
 /* Instruction-set features a plugin variant may require. The runtime checks them with CPUID and
  * the OS-enabled state (XCR0); names as in /proc/cpuinfo. */
-#define BP_CPU_FEATURE_MAP(X)                                                                      X(SSE4_2, 0, "sse4_2")                                                                         X(AVX, 1, "avx")                                                                               X(AVX2, 2, "avx2")                                                                             X(FMA, 3, "fma")                                                                               X(F16C, 4, "f16c")                                                                             X(AVX512F, 5, "avx512f")                                                                       X(AVX512BW, 6, "avx512bw")                                                                     X(AVX512DQ, 7, "avx512dq")                                                                     X(AVX512VL, 8, "avx512vl")                                                                     X(AVX512_VNNI, 9, "avx512_vnni")                                                               X(AVX512_BF16, 10, "avx512_bf16")                                                              X(AVX_VNNI, 11, "avx_vnni")                                                                    X(AMX_TILE, 12, "amx_tile")                                                                    X(AMX_INT8, 13, "amx_int8")                                                                    X(AMX_BF16, 14, "amx_bf16")                                                                    X(AMX_FP16, 15, "amx_fp16")
+#define BP_CPU_FEATURE_MAP(X)                               \
+    X(SSE4_2, 0, "sse4_2")                                  \
+    X(AVX, 1, "avx")                                        \
+    X(AVX2, 2, "avx2")                                      \
+    X(FMA, 3, "fma")                                        \
+    X(F16C, 4, "f16c")                                      \
+    X(AVX512F, 5, "avx512f")                                \
+    X(AVX512BW, 6, "avx512bw")                              \
+    X(AVX512DQ, 7, "avx512dq")                              \
+    X(AVX512VL, 8, "avx512vl")                              \
+    X(AVX512_VNNI, 9, "avx512_vnni")                        \
+    X(AVX512_BF16, 10, "avx512_bf16")                       \
+    X(AVX_VNNI, 11, "avx_vnni")                             \
+    X(AMX_TILE, 12, "amx_tile")                             \
+    X(AMX_INT8, 13, "amx_int8")                             \
+    X(AMX_BF16, 14, "amx_bf16")                             \
+    X(AMX_FP16, 15, "amx_fp16")
 
 enum bp_cpu_feature {
 #define BP_CPU_FEATURE_ENUM(name, bit, text) BP_CPU_##name = 1ull << (bit),
@@ -190,7 +206,17 @@ struct bp_plugin_descriptor {
 #define BP_PLUGIN_SYMBOL "bp_plugin_descriptor"
 
 /* Defines the descriptor of a plugin. Use once, at file scope, in one source of the plugin. */
-#define BP_PLUGIN_DEFINE(name_, variant_, features_, init_, score_)                                BP_API const struct bp_plugin_descriptor bp_plugin_descriptor = {                                  .struct_size = sizeof(struct bp_plugin_descriptor),                                            .api_major = BP_PLUGIN_API_MAJOR,                                                              .api_minor = BP_PLUGIN_API_MINOR,                                                              .name = (name_),                                                                               .variant = (variant_),                                                                         .cpu_features = (features_),                                                                   .init = (init_),                                                                               .score = (score_),                                                                         }
+#define BP_PLUGIN_DEFINE(name_, variant_, features_, init_, score_)   \
+    BP_API const struct bp_plugin_descriptor bp_plugin_descriptor = { \
+        .struct_size = sizeof(struct bp_plugin_descriptor),           \
+        .api_major = BP_PLUGIN_API_MAJOR,                             \
+        .api_minor = BP_PLUGIN_API_MINOR,                             \
+        .name = (name_),                                              \
+        .variant = (variant_),                                        \
+        .cpu_features = (features_),                                  \
+        .init = (init_),                                              \
+        .score = (score_),                                            \
+    }
 
 /* Records an error for bp_last_error() from plugin code; returns status. */
 BP_API enum bp_status bp_set_error(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3);

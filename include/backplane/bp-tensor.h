@@ -109,7 +109,8 @@ enum bp_op {
     BP_OP_COUNT
 };
 
-#define BP_UNARY_OP_MAP(X) X(NEG) X(ABS) X(RELU) X(GELU) X(SILU) X(SIGMOID) X(TANH) X(EXP) X(SQR) X(SQRT)
+#define BP_UNARY_OP_MAP(X)                                                                  \
+    X(NEG) X(ABS) X(RELU) X(GELU) X(SILU) X(SIGMOID) X(TANH) X(EXP) X(SQR) X(SQRT)
 
 enum bp_unary_op {
 #define BP_UNARY_ENUM(name) BP_UNARY_OP_##name,
@@ -218,7 +219,8 @@ BP_API bool bp_is_transposed(const bp_tensor *t); /* nb[0] > nb[1] */
 BP_API bool bp_is_permuted(const bp_tensor *t);
 BP_API bool bp_is_view(const bp_tensor *t);
 BP_API bool bp_are_same_shape(const bp_tensor *a, const bp_tensor *b);
-BP_API bool bp_can_repeat(const bp_tensor *small, const bp_tensor *big); /* big.ne[i] % small.ne[i] == 0 */
+/* big.ne[i] % small.ne[i] == 0 for every i */
+BP_API bool bp_can_repeat(const bp_tensor *small, const bp_tensor *big);
 /* "[4, 3, 1, 1]" into buf (at least 96 bytes); returns buf. */
 BP_API const char *bp_format_shape(const bp_tensor *t, char *buf, size_t size);
 
@@ -248,9 +250,10 @@ BP_API bp_tensor *bp_cont_4d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t
 BP_API bp_tensor *bp_reshape(bp_context *ctx, bp_tensor *a, int n_dims, const int64_t *ne);
 BP_API bp_tensor *bp_reshape_1d(bp_context *ctx, bp_tensor *a, int64_t ne0);
 BP_API bp_tensor *bp_reshape_2d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1);
-BP_API bp_tensor *bp_reshape_3d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2);
-BP_API bp_tensor *bp_reshape_4d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2,
-                                int64_t ne3);
+BP_API bp_tensor *bp_reshape_3d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1,
+                                int64_t ne2);
+BP_API bp_tensor *bp_reshape_4d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1,
+                                int64_t ne2, int64_t ne3);
 BP_API bp_tensor *bp_view_1d(bp_context *ctx, bp_tensor *a, int64_t ne0, size_t offset);
 BP_API bp_tensor *bp_view_2d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, size_t nb1,
                              size_t offset);
