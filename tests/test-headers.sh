@@ -2,7 +2,8 @@
 # test-headers.sh - the public headers as an application or plugin author meets them: each one
 # alone and all together compile warning-free as strict C11 and as C++11 (so no header depends
 # on another being included first, and none makes user code warn under -Wpedantic), the
-# plugin macros expand cleanly, and no line is too long to read. Run by make check.
+# plugin macros expand cleanly, no line is too long to read, and none sends the reader to a
+# file that is not installed. Run by make check.
 set -u
 srcdir=${srcdir:-.}
 builddir=${top_builddir:-.}
@@ -45,6 +46,9 @@ for h in $BP_TEST_HEADERS; do
         cp "$tmp/one.c" "$tmp/one.cpp"
         check "$name alone, C++11" $cxx $cxxflags $inc -fsyntax-only "$tmp/one.cpp"
     fi
+    # A header is all an application or plugin author has: it must not send them to files
+    # that are not installed (runtime/ops.c, tests/ref.c, ...).
+    check "$name refers to no file of the source tree" sh -c "! grep -n -E '(runtime|tests|plugins|tools|bench|docs)/[A-Za-z0-9_-]+[.](c|h|md)' '$srcdir/$h'"
     check "$name has no line over 100 characters" awk 'length > 100 { print FILENAME ":" FNR ": " length " characters"; bad = 1 } END { exit bad }' "$srcdir/$h"
 done
 check "all headers together, C11" $cc $cflags $inc -fsyntax-only "$tmp/all.c"
