@@ -69,6 +69,44 @@ check "a model larger than the device's memory" sh -c "'$tool' run -d ACCEL0 --m
 check "an unknown model exits 2 with the names" sh -c "'$tool' run --model huge 2>&1 | grep -q 'models: tiny, small, base'; '$tool' run --model huge 2>/dev/null; test \$? -eq 2"
 check "a prompt longer than the context is refused" sh -c "'$tool' run -p 300 2>&1 | grep -q 'context of'"
 check "the CPU must come last" sh -c "'$tool' run -d CPU,ACCEL0 2>&1 | grep -q 'must come last'"
+check "a device listed twice is named as such" sh -c "'$tool' run -d CPU,CPU 2>&1 | grep -q \"lists the device 'CPU' twice\" && { '$tool' run -d CPU,CPU 2>/dev/null; test \$? -eq 1; }"
+check "a device listed under two names is named as such" env BP_CPU_DEVICES=2 sh -c "'$tool' run -d ACCEL0,CPU,CPU0 2>&1 | grep -q \"lists the device 'CPU0' twice (as 'CPU' and 'CPU0')\""
+# usage VALUE-ERROR-REGEX COMMAND...: exit status 2 and the message on stderr, nothing run.
+usage() {
+    want=$1
+    shift
+    "$@" >"$tmp/stdout" 2>"$tmp/stderr"
+    rc=$?
+    cat "$tmp/stderr"
+    test "$rc" -eq 2 && grep -q -- "$want" "$tmp/stderr" && test ! -s "$tmp/stdout"
+}
+# Every numeric option is parsed whole and range-checked.
+for bad in "-t abc" "-t 2x" "-t -1" "-t 1025" "--threads ' 4'" "-p abc" "-p 0" "-p 9999999999" "-n ''" "-n +5" "-n 1e3"; do
+    opt=${bad%% *}
+    check "run $bad is refused" usage "^backplane run: $opt needs a whole number from" sh -c "exec '$tool' run -n 2 $bad"
+done
+for bad in "abc" "-1" "18446744073709551616" "0x10" "1.5"; do
+    check "run --seed $bad is refused" usage "^backplane run: --seed needs a whole number from 0 to 18446744073709551615, not '$bad'" "$tool" run -n 2 --seed "$bad"
+done
+check "the largest seed is accepted" sh -c "'$tool' run -n 2 --seed 18446744073709551615 | grep -q 'seed 18446744073709551615'"
+check "-p and -n that overflow int are refused with the context" usage "^backplane run: -p 2147483647 and -n 2 do not fit the context of 'tiny': -p + -n - 1 must be at most 256" "$tool" run -p 2147483647 -n 2
+check "-n that overflows int with -p is refused" usage "do not fit the context" "$tool" run -p 2 -n 2147483647
+check "-p + -n - 1 equal to the context is accepted" sh -c "'$tool' run -p 250 -n 7 -t 1 | grep -q '^tokens:'"
+# (each after small sizes, so that a broken parser runs a short benchmark, not the default)
+small="--M 64 --K 64 --N 1 --types f32 --min-time 0.01 --no-limits -d CPU"
+for bad in "--M abc" "--M 0" "--K 31" "--K 64x" "--N 1,,2" "--N 1,x" "--N 1,2,3,4,5,6,7,8,9" "-t abc" "--min-time abc" "--min-time nan" "--min-time inf" "--min-time 0" "--min-time -1"; do
+    opt=${bad%% *}
+    check "bench $bad is refused" usage "^backplane bench: $opt needs" sh -c "exec '$tool' bench $small $bad"
+done
+check "bench refuses an unknown option" usage "unknown or incomplete option '--frob'" sh -c "exec '$tool' bench $small --frob 1"
+check "bench refuses an unknown type before running" usage "'f33' in --types is not a weight type" sh -c "exec '$tool' bench $small --types f32,f33"
+# --dot: a file that cannot be written is an error, not a warning
+check "--dot to a missing directory exits 1 before running" sh -c "'$tool' run -n 2 --dot /nonexistent/x.dot > '$tmp/o' 2> '$tmp/e'; test \$? -eq 1 && grep -q \"cannot write --dot file '/nonexistent/x.dot'\" '$tmp/e' && test ! -s '$tmp/o'"
+if [ -w /dev/full ]; then
+    check "--dot to a full disk exits 1" sh -c "'$tool' run -n 2 --dot /dev/full >/dev/null 2>&1; test \$? -eq 1"
+    check "run output to a full disk exits 1" sh -c "'$tool' run -n 2 --json >/dev/full 2>/dev/null; test \$? -eq 1"
+fi
+check "--dot without a generation step is refused" usage "needs -n 2 or more" "$tool" run -n 1 --dot "$tmp/g1.dot"
 # backplane bench: the same benchmarks on the chosen devices
 check "bench measures matmul and add on the CPU" sh -c "'$tool' bench -d CPU --M 64 --K 64 --N 1,3 --types f32,q4_0 --min-time 0.01 --no-limits > '$tmp/b' && grep -q '^mul_mat_q4_0 M=64,K=64,N=3 CPU [0-9.]* GFLOP/s' '$tmp/b' && grep -q '^mul_mat_f32_weight_bw M=64,K=64,N=1 CPU' '$tmp/b' && grep -q '^add n=16777216 CPU [0-9.]* GB/s' '$tmp/b'"
 check "bench measures repacked q4_0 on the CPU and skips it elsewhere" sh -c "'$tool' bench -d ACCEL0,CPU --M 64 --K 64 --N 1 --types q4_0_repack --min-time 0.01 --no-limits > '$tmp/b' && grep -q '^mul_mat_q4_0_repack M=64,K=64,N=1 CPU [0-9.]* GFLOP/s' '$tmp/b' && grep -q 'mul_mat_q4_0_repack on ACCEL0: no CPU_REPACK buffer type, skipped' '$tmp/b'"

@@ -8,12 +8,14 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <backplane/backplane.h>
 
+#include "json.h"
 #include "tool.h"
 
 static void usage(FILE *f)
@@ -108,61 +110,53 @@ static void list_text(void)
     }
 }
 
-static void json_string(const char *s)
-{
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    putchar('"');
-}
-
 static void list_json(void)
 {
-    printf("{\n  \"version\": ");
-    json_string(bp_version());
-    printf(",\n  \"plugins\": [");
-    size_t nr = bp_plugin_report_count();
+    struct json_writer w;
+    json_init(&w, stdout, 2);
+    json_begin_object(&w);
+    json_member_string(&w, "version", bp_version());
+    json_key(&w, "plugins");
+    json_begin_array(&w);
+    const size_t nr = bp_plugin_report_count();
     for (size_t i = 0; i < nr; i++) {
         const struct bp_plugin_record *r = bp_plugin_report_get(i);
-        printf("%s\n    {\"path\": ", i ? "," : "");
-        json_string(r->path);
-        printf(", \"name\": ");
-        json_string(r->name);
-        printf(", \"variant\": ");
-        json_string(r->variant);
-        printf(", \"score\": %d, \"status\": ", r->score);
-        json_string(bp_plugin_status_name(r->status));
-        printf(", \"message\": ");
-        json_string(r->message);
-        printf("}");
+        json_begin_object(&w);
+        json_member_string(&w, "path", r->path);
+        json_member_string(&w, "name", r->name);
+        json_member_string(&w, "variant", r->variant);
+        json_member_int(&w, "score", r->score);
+        json_member_string(&w, "status", bp_plugin_status_name(r->status));
+        json_member_string(&w, "message", r->message);
+        json_end_object(&w);
     }
-    printf("%s],\n  \"devices\": [", nr ? "\n  " : "");
-    size_t nd = bp_device_count();
+    json_end_array(&w);
+    json_key(&w, "devices");
+    json_begin_array(&w);
+    const size_t nd = bp_device_count();
     for (size_t i = 0; i < nd; i++) {
         struct bp_device_props p;
         bp_device *d = bp_device_get(i);
         bp_device_get_props(d, &p);
-        printf("%s\n    {\"name\": ", i ? "," : "");
-        json_string(p.name);
-        printf(", \"description\": ");
-        json_string(p.description);
-        printf(", \"type\": ");
-        json_string(bp_device_type_name(p.type));
-        printf(", \"registry\": ");
-        json_string(bp_registry_name(bp_device_get_registry(d)));
-        printf(", \"memory_free\": %zu, \"memory_total\": %zu", p.memory_free, p.memory_total);
-        printf(", \"caps\": {\"async\": %s, \"host_buffer\": %s, \"buffer_from_host_ptr\": %s, "
-               "\"events\": %s}}",
-               p.caps.async ? "true" : "false", p.caps.host_buffer ? "true" : "false",
-               p.caps.buffer_from_host_ptr ? "true" : "false", p.caps.events ? "true" : "false");
+        json_begin_object(&w);
+        json_member_string(&w, "name", p.name);
+        json_member_string(&w, "description", p.description);
+        json_member_string(&w, "type", bp_device_type_name(p.type));
+        json_member_string(&w, "registry", bp_registry_name(bp_device_get_registry(d)));
+        json_member_uint(&w, "memory_free", p.memory_free);
+        json_member_uint(&w, "memory_total", p.memory_total);
+        json_key(&w, "caps");
+        json_begin_object(&w);
+        json_member_bool(&w, "async", p.caps.async);
+        json_member_bool(&w, "host_buffer", p.caps.host_buffer);
+        json_member_bool(&w, "buffer_from_host_ptr", p.caps.buffer_from_host_ptr);
+        json_member_bool(&w, "events", p.caps.events);
+        json_end_object(&w);
+        json_end_object(&w);
     }
-    printf("%s]\n}\n", nd ? "\n  " : "");
+    json_end_array(&w);
+    json_end_object(&w);
+    json_finish(&w);
 }
 
 static int cmd_list(int argc, char **argv)
@@ -184,7 +178,7 @@ static int cmd_list(int argc, char **argv)
     return 0;
 }
 
-int main(int argc, char **argv)
+static int dispatch(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -207,4 +201,19 @@ int main(int argc, char **argv)
     fprintf(stderr, "backplane: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;
+}
+
+int main(int argc, char **argv)
+{
+    int status = dispatch(argc, argv);
+    /* Output that did not reach its file (a full disk, a closed pipe) is a failure too: a
+     * script must not take a truncated listing or JSON document for the whole. */
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "backplane: cannot write the output%s%s\n", errno ? ": " : "",
+                errno ? strerror(errno) : "");
+        if (status == 0)
+            status = 1;
+    }
+    return status;
 }

@@ -109,29 +109,80 @@ static void bench_add(bp_backend *be, long n, double min_time)
     bp_context_free(ctx);
 }
 
+/* Limits of the options: sizes a tensor and its byte count can take with room to spare (a
+ * size the device cannot hold is then an allocation error, reported per line). */
+#define BENCH_MAX_DIM (1LL << 24)
+#define BENCH_MAX_N 8
+
 int cmd_bench(int argc, char **argv)
 {
-    /* bench_arg looks from index 1 on, like a main()'s argv */
-    const char *devices = bench_arg(argc + 1, argv - 1, "-d", NULL);
-    const char *types = bench_arg(argc + 1, argv - 1, "--types", "f32,f16,bf16,q8_0,q4_0");
-    const long M = atol(bench_arg(argc + 1, argv - 1, "--M", "4096"));
-    const long K = atol(bench_arg(argc + 1, argv - 1, "--K", "4096"));
-    const double min_time = atof(bench_arg(argc + 1, argv - 1, "--min-time", "0.5"));
-    const int threads = atoi(bench_arg(argc + 1, argv - 1, "-t", "0"));
-    long Ns[8];
-    const int nN = bench_parse_list(bench_arg(argc + 1, argv - 1, "--N", "1,32"), Ns, 8);
-    if (M < 1 || K < 32 || K % 32 != 0 || nN < 1 || threads < 0 || min_time <= 0) {
-        fprintf(stderr, "backplane bench: need --M >= 1, --K a multiple of 32, --N values, "
-                "-t >= 0, --min-time > 0\n");
+    static const char cmd[] = "backplane bench";
+    const char *devices = NULL, *types = "f32,f16,bf16,q8_0,q4_0";
+    long long M = 4096, K = 4096, threads = 0, Ns[BENCH_MAX_N] = {1, 32};
+    int nN = 2;
+    double min_time = 0.5;
+    bool limits = true;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
+        if (strcmp(a, "--no-limits") == 0) {
+            limits = false;
+            continue;
+        }
+        if (v == NULL) {
+            fprintf(stderr, "%s: unknown or incomplete option '%s'\n", cmd, a);
+            return 2;
+        }
+        if (strcmp(a, "-d") == 0)
+            devices = v;
+        else if (strcmp(a, "--types") == 0)
+            types = v;
+        else if (strcmp(a, "--M") == 0)
+            ok = tool_parse_int(cmd, a, v, 1, BENCH_MAX_DIM, &M);
+        else if (strcmp(a, "--K") == 0)
+            ok = tool_parse_int(cmd, a, v, 32, BENCH_MAX_DIM, &K);
+        else if (strcmp(a, "--N") == 0)
+            ok = (nN = tool_parse_int_list(cmd, a, v, 1, BENCH_MAX_DIM, Ns, BENCH_MAX_N)) > 0;
+        else if (strcmp(a, "-t") == 0)
+            ok = tool_parse_int(cmd, a, v, 0, 1024, &threads); /* the CPU plugin's limit */
+        else if (strcmp(a, "--min-time") == 0)
+            ok = tool_parse_seconds(cmd, a, v, 3600.0, &min_time);
+        else {
+            fprintf(stderr, "%s: unknown or incomplete option '%s'\n", cmd, a);
+            return 2;
+        }
+        if (!ok)
+            return 2;
+        i++;
+    }
+    if (K % 32 != 0) {
+        fprintf(stderr, "%s: --K needs a multiple of 32 (the block size of q8_0 and q4_0), not "
+                "%lld\n", cmd, K);
         return 2;
+    }
+    /* Every type name is checked before anything runs. */
+    char tb[128];
+    if (snprintf(tb, sizeof(tb), "%s", types) >= (int)sizeof(tb)) {
+        fprintf(stderr, "%s: --types list too long\n", cmd);
+        return 2;
+    }
+    for (char *save = NULL, *tn = strtok_r(tb, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
+        enum bp_type t;
+        bool repack;
+        if (!bench_weight_type(tn, &t, &repack)) {
+            fprintf(stderr, "%s: '%s' in --types is not a weight type (f32, f16, bf16, q8_0, "
+                    "q4_0, q4_0_repack, q8_0_repack)\n", cmd, tn);
+            return 2;
+        }
     }
     bp_plugin_load_all();
     bp_backend *be[8];
-    const int nb = tool_open_backends(devices, threads, be, 8, false);
+    const int nb = tool_open_backends(devices, (int)threads, be, 8, false);
     if (nb < 0)
         return 1;
-    if (!bench_flag(argc + 1, argv - 1, "--no-limits")) {
-        const int t = threads > 0 ? threads : 1;
+    if (limits) {
+        const int t = threads > 0 ? (int)threads : 1;
         printf("fma_peak - host %.1f GFLOP/s (%d thread%s)\n", bench_fma_peak(t), t,
                t == 1 ? "" : "s");
         printf("triad 3x256MiB host %.1f GB/s (%d thread%s)\n", bench_triad(t), t,
@@ -140,18 +191,15 @@ int cmd_bench(int argc, char **argv)
     for (int i = 0; i < nb; i++) {
         printf("# device: %s (%s)\n", bp_backend_name(be[i]),
                bp_device_description(bp_backend_get_device(be[i])));
-        char tb[128];
-        snprintf(tb, sizeof(tb), "%s", types);
+        snprintf(tb, sizeof(tb), "%s", types); /* strtok_r above cut it */
         for (char *save = NULL, *tn = strtok_r(tb, ",", &save); tn;
              tn = strtok_r(NULL, ",", &save)) {
             enum bp_type t;
             bool repack;
-            if (!bench_weight_type(tn, &t, &repack)) {
-                fprintf(stderr, "backplane bench: '%s' is not a weight type\n", tn);
-                continue;
-            }
+            if (!bench_weight_type(tn, &t, &repack))
+                continue; /* cannot happen: checked above */
             for (int k = 0; k < nN; k++)
-                bench_matmul(be[i], tn, t, repack, M, K, Ns[k], min_time);
+                bench_matmul(be[i], tn, t, repack, (long)M, (long)K, (long)Ns[k], min_time);
         }
         bench_add(be[i], 16L << 20, min_time);
     }

@@ -8,6 +8,8 @@
 #include "config.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,7 @@
 
 #include "../bench/bench-util.h" /* bench_repack_buft */
 
+#include "json.h"
 #include "model.h"
 #include "tool.h"
 
@@ -34,7 +37,8 @@ struct run_opts {
     uint64_t seed;
     bool check, json;
     bool no_repack; /* keep Q4_0/Q8_0 weights on a CPU device in its default buffer type */
-    const char *dot;
+    const char *dot; /* --dot FILE, opened by cmd_run as dot_file before anything runs */
+    FILE *dot_file;
 };
 
 struct split_info {
@@ -263,13 +267,28 @@ int tool_open_backends(const char *list, int threads, bp_backend **out, int max,
             goto fail;
         }
         out[nb++] = be;
-        if (for_run && is_cpu(be)) {
-            have_cpu = true;
-            if (i != n - 1) {
-                fprintf(stderr, "backplane run: the CPU device '%s' must come last in -d\n",
-                        names[i]);
-                goto fail;
-            }
+        /* Two names of one device ("CPU,CPU", or "CPU" and "CPU0") would give it two backends
+         * that compete for it; say so before any rule about the order of the list. */
+        bp_device *dev = bp_backend_get_device(be);
+        for (int j = 0; j < i; j++) {
+            if (bp_backend_get_device(out[j]) != dev)
+                continue;
+            if (strcmp(names[j], names[i]) == 0)
+                fprintf(stderr, "backplane: -d lists the device '%s' twice\n", names[i]);
+            else
+                fprintf(stderr, "backplane: -d lists the device '%s' twice (as '%s' and '%s')\n",
+                        bp_device_name(dev), names[j], names[i]);
+            goto fail;
+        }
+    }
+    for (int i = 0; for_run && i < nb; i++) {
+        if (!is_cpu(out[i]))
+            continue;
+        have_cpu = true;
+        if (i != nb - 1) {
+            fprintf(stderr, "backplane run: the CPU device '%s' must come last in -d\n",
+                    names[i]);
+            goto fail;
         }
     }
     if (for_run && !have_cpu) {
@@ -536,12 +555,12 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
                 snprintf(si->backend, sizeof(si->backend), "%s", sb ? bp_backend_name(sb) : "?");
                 si->nodes = nodes;
             }
-            if (o->dot != NULL && !quiet) {
-                FILE *f = fopen(o->dot, "w");
-                if (f == NULL || bp_sched_dump_dot(s, keep.graph, f) != BP_OK)
-                    fprintf(stderr, "backplane run: cannot write %s\n", o->dot);
-                if (f != NULL)
-                    fclose(f);
+            if (o->dot_file != NULL && !quiet &&
+                bp_sched_dump_dot(s, keep.graph, o->dot_file) != BP_OK) {
+                fprintf(stderr, "backplane run: cannot write the graph to %s: %s\n", o->dot,
+                        bp_last_error());
+                model_step_free(&keep);
+                goto out;
             }
             model_step_free(&keep);
         }
@@ -618,30 +637,48 @@ static void print_json(const struct run_opts *o, const struct run_result *r, int
                        bool agree, double max_diff)
 {
     const struct model_config *c = o->cfg;
-    printf("{\"model\": \"%s\", \"parameters\": %lld, \"wtype\": \"%s\", \"seed\": %llu,\n",
-           c->name, (long long)model_n_params(c), bp_type_name(o->wtype),
-           (unsigned long long)o->seed);
-    printf(" \"weights_on\": \"%s\",\n", r->names[r->weights_on]);
-    printf(" \"devices\": [");
-    for (int i = 0; i < r->n_backends; i++)
-        printf("%s{\"name\": \"%s\", \"plugin\": \"%s\", \"compute_bytes\": %zu}", i ? ", " : "",
-               r->names[i], r->plugins[i], r->compute_bytes[i]);
-    printf("],\n \"weight_bytes\": %zu, \"kv_bytes\": %zu, \"weight_buffer_type\": \"%s\",\n",
-           r->weight_bytes, r->kv_bytes, r->weight_buft);
-    printf(" \"prompt_tokens\": %d, \"prompt_splits\": %d, \"prompt_tokens_per_s\": %.3f,\n",
-           o->n_prompt, r->prompt_splits, o->n_prompt / r->prompt_seconds);
-    printf(" \"generated_tokens\": %d, \"generation_splits\": %d, \"generation_tokens_per_s\": "
-           "%.3f,\n", o->n_gen, r->gen_splits,
-           o->n_gen > 1 ? 1.0 / r->gen_median_seconds : 0.0);
-    printf(" \"tokens\": [");
+    struct json_writer w;
+    json_init(&w, stdout, 1);
+    json_begin_object(&w);
+    json_member_string(&w, "model", c->name);
+    json_member_int(&w, "parameters", (long long)model_n_params(c));
+    json_member_string(&w, "wtype", bp_type_name(o->wtype));
+    json_member_uint(&w, "seed", (unsigned long long)o->seed);
+    json_member_string(&w, "weights_on", r->names[r->weights_on]);
+    json_key(&w, "devices");
+    json_begin_array(&w);
+    for (int i = 0; i < r->n_backends; i++) {
+        json_begin_object(&w);
+        json_member_string(&w, "name", r->names[i]);
+        json_member_string(&w, "plugin", r->plugins[i]);
+        json_member_uint(&w, "compute_bytes", r->compute_bytes[i]);
+        json_end_object(&w);
+    }
+    json_end_array(&w);
+    json_member_uint(&w, "weight_bytes", r->weight_bytes);
+    json_member_uint(&w, "kv_bytes", r->kv_bytes);
+    json_member_string(&w, "weight_buffer_type", r->weight_buft);
+    json_member_int(&w, "prompt_tokens", o->n_prompt);
+    json_member_int(&w, "prompt_splits", r->prompt_splits);
+    json_member_double(&w, "prompt_tokens_per_s", o->n_prompt / r->prompt_seconds, 10);
+    json_member_int(&w, "generated_tokens", o->n_gen);
+    json_member_int(&w, "generation_splits", r->gen_splits);
+    json_member_double(&w, "generation_tokens_per_s",
+                       o->n_gen > 1 ? 1.0 / r->gen_median_seconds : 0.0, 10);
+    json_key(&w, "tokens");
+    json_begin_array(&w);
     for (int i = 0; i < o->n_gen; i++)
-        printf("%s%d", i ? ", " : "", r->tokens[i]);
-    printf("]");
-    if (check_done)
-        printf(",\n \"check\": {\"tokens_agree\": %s, \"max_logit_diff\": %.6g}", agree ? "true"
-                                                                                          : "false",
-               max_diff);
-    printf("}\n");
+        json_int(&w, r->tokens[i]);
+    json_end_array(&w);
+    if (check_done) {
+        json_key(&w, "check");
+        json_begin_object(&w);
+        json_member_bool(&w, "tokens_agree", agree);
+        json_member_double(&w, "max_logit_diff", max_diff, 6);
+        json_end_object(&w);
+    }
+    json_end_object(&w);
+    json_finish(&w);
 }
 
 static void run_usage(FILE *f)
@@ -661,12 +698,14 @@ static void run_usage(FILE *f)
 
 int cmd_run(int argc, char **argv)
 {
+    static const char cmd[] = "backplane run";
     struct run_opts o = {.cfg = model_config_by_name("tiny"), .wtype = BP_TYPE_F32,
                          .n_prompt = 32, .n_gen = 16, .seed = 1};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool takes = true;
+        long long num = 0;
         if (strcmp(a, "--model") == 0 && v) {
             o.cfg = model_config_by_name(v);
             if (o.cfg == NULL) {
@@ -683,13 +722,23 @@ int cmd_run(int argc, char **argv)
         } else if ((strcmp(a, "-d") == 0 || strcmp(a, "--devices") == 0) && v) {
             o.devices = v;
         } else if ((strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) && v) {
-            o.n_prompt = atoi(v);
+            /* int: the model's positions are int; the context is checked below, once the
+             * model is known. */
+            if (!tool_parse_int(cmd, a, v, 1, INT_MAX, &num))
+                return 2;
+            o.n_prompt = (int)num;
         } else if ((strcmp(a, "-n") == 0 || strcmp(a, "--gen") == 0) && v) {
-            o.n_gen = atoi(v);
+            if (!tool_parse_int(cmd, a, v, 1, INT_MAX, &num))
+                return 2;
+            o.n_gen = (int)num;
         } else if ((strcmp(a, "-t") == 0 || strcmp(a, "--threads") == 0) && v) {
-            o.threads = atoi(v);
+            /* 0: the CPU plugin's default; its upper limit is 1024 */
+            if (!tool_parse_int(cmd, a, v, 0, 1024, &num))
+                return 2;
+            o.threads = (int)num;
         } else if (strcmp(a, "--seed") == 0 && v) {
-            o.seed = strtoull(v, NULL, 10);
+            if (!tool_parse_u64(cmd, a, v, &o.seed))
+                return 2;
         } else if (strcmp(a, "--dot") == 0 && v) {
             o.dot = v;
         } else {
@@ -712,16 +761,38 @@ int cmd_run(int argc, char **argv)
         if (takes)
             i++;
     }
-    if (o.n_prompt < 1 || o.n_gen < 1 || o.n_prompt + o.n_gen - 1 > o.cfg->n_ctx ||
-        o.threads < 0) {
-        fprintf(stderr, "backplane run: need -p >= 1 and -n >= 1 with -p + -n - 1 <= %d (the "
-                "context of '%s'), -t >= 0\n", o.cfg->n_ctx, o.cfg->name);
+    /* Both are in 1..INT_MAX here, so the test is written without a sum that could overflow:
+     * -p + -n - 1 <= n_ctx. */
+    const int n_ctx = o.cfg->n_ctx;
+    if (o.n_prompt > n_ctx || o.n_gen > n_ctx - o.n_prompt + 1) {
+        fprintf(stderr, "%s: -p %d and -n %d do not fit the context of '%s': -p + -n - 1 must be "
+                "at most %d\n", cmd, o.n_prompt, o.n_gen, o.cfg->name, n_ctx);
         return 2;
+    }
+    if (o.dot != NULL && o.n_gen < 2) {
+        fprintf(stderr, "%s: --dot writes the graph of a generation step: it needs -n 2 or more\n",
+                cmd);
+        return 2;
+    }
+    /* Opened before the model runs, so that a path that cannot be written fails at once. */
+    if (o.dot != NULL && (o.dot_file = fopen(o.dot, "w")) == NULL) {
+        fprintf(stderr, "%s: cannot write --dot file '%s': %s\n", cmd, o.dot, strerror(errno));
+        return 1;
     }
     bp_plugin_load_all();
 
     struct run_result r, ref;
-    if (run_once(&o, o.devices, &r, false) != 0) {
+    int ran = run_once(&o, o.devices, &r, false);
+    if (o.dot_file != NULL) {
+        const bool bad = ferror(o.dot_file) != 0;
+        if (fclose(o.dot_file) != 0 || bad) {
+            if (ran == 0)
+                fprintf(stderr, "%s: cannot write --dot file '%s'\n", cmd, o.dot);
+            ran = 1;
+        }
+        o.dot_file = NULL;
+    }
+    if (ran != 0) {
         result_free(&r);
         return 1;
     }

@@ -6,6 +6,7 @@
 #include <backplane/backplane.h>
 
 #include <stdbool.h>
+#include <stdint.h>
 
 /* backplane run (run.c) */
 int cmd_run(int argc, char **argv);
@@ -17,5 +18,18 @@ int cmd_bench(int argc, char **argv);
  * and must be last; otherwise the default is every device. Returns how many, or -1 after
  * printing why (nothing left open). */
 int tool_open_backends(const char *list, int threads, bp_backend **out, int max, bool for_run);
+
+/* Strict parsing of numeric option values (args.c). The whole of text must be the number and
+ * lie in the range; otherwise each prints "<cmd>: <opt> needs ..., not '<text>'" on stderr and
+ * returns false (the list parser -1), and the caller exits with status 2. */
+bool tool_parse_int(const char *cmd, const char *opt, const char *text, long long min,
+                    long long max, long long *out);
+bool tool_parse_u64(const char *cmd, const char *opt, const char *text, uint64_t *out);
+/* A duration in seconds: finite, above 0, at most max. */
+bool tool_parse_seconds(const char *cmd, const char *opt, const char *text, double max,
+                        double *out);
+/* "1,8,32": 1 to max_n whole numbers in [min, max]; their count. */
+int tool_parse_int_list(const char *cmd, const char *opt, const char *text, long long min,
+                        long long max, long long *out, int max_n);
 
 #endif

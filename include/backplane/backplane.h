@@ -1,4 +1,5 @@
-/* backplane.h - umbrella header: the whole public API of libbackplane. */
+/* backplane.h - umbrella header: the whole public API of libbackplane. A plugin author also
+ * includes <backplane/bp-plugin.h>, the interface a plugin implements. */
 #ifndef BACKPLANE_H
 #define BACKPLANE_H
 
@@ -9,6 +10,7 @@
 #include <backplane/bp-alloc.h>
 #include <backplane/bp-sched.h>
 #include <backplane/bp-comm.h>
+#include <backplane/bp-meta.h>
 
 #ifdef __cplusplus
 extern "C" {

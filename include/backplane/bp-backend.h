@@ -1,5 +1,24 @@
 /* bp-backend.h - buffer types, buffers, backends, devices, registries and events: the user side
- * of the backend API. Plugin authors implement these objects through bp-plugin.h. */
+ * of the backend API. Plugin authors implement these objects through bp-plugin.h.
+ *
+ * Threads. What may be used from several threads at once, and what may not:
+ * - Discovery and loading (bp_plugin_load_all, and every lookup that runs it) happen once and
+ *   are thread-safe. Registries, devices and buffer types are read-only afterwards: any
+ *   thread may query them (names, properties, supports_op, buffer types) at any time.
+ * - A backend is used by one thread at a time: graph compute, synchronize and the async
+ *   set/get/copy. A call that enters a backend while another thread's call on it is still in
+ *   progress is refused with BP_ERR_BUSY and a sentence in bp_last_error(), not a crash; wait
+ *   or use a backend per thread. Different backends may run on different threads at the same
+ *   time, also over the same buffers of weights as long as nobody writes them.
+ * - A scheduler (bp_sched, bp-sched.h) is used by one thread at a time, with the same
+ *   BP_ERR_BUSY refusal.
+ * - Contexts, graphs, tensors and buffers' contents are plain data and not synchronised: one
+ *   thread writes them at a time, and nobody reads while one writes.
+ * - bp_last_error() is per thread. The log callback may be called from any thread, also from
+ *   several at once.
+ * - Unloading a plugin (bp_plugin_unload) must not race with any use of that plugin's
+ *   registries, devices, buffers or backends: it refuses while objects hold the plugin, but a
+ *   call in progress on another thread is the caller's to finish first. */
 #ifndef BACKPLANE_BP_BACKEND_H
 #define BACKPLANE_BP_BACKEND_H
 
@@ -71,6 +90,10 @@ BP_API bp_buffer *bp_buffer_from_host_ptr(void *ptr, size_t size);
 /* ---- Buffers ---------------------------------------------------------------------------- */
 
 BP_API void bp_buffer_free(bp_buffer *buf); /* NULL: no-op */
+/* The address tensor data in buf is placed from (tensor data = base + offset). For a host
+ * buffer (bp_buffer_is_host) that is host memory; for any other buffer it is an address in the
+ * plugin's own space (a device pointer, a meta device's reserved range) that the caller may
+ * compute offsets with but must not dereference: use bp_tensor_set/get for the data. */
 BP_API void *bp_buffer_get_base(bp_buffer *buf);
 BP_API size_t bp_buffer_get_size(bp_buffer *buf);
 BP_API size_t bp_buffer_get_alignment(bp_buffer *buf);
@@ -171,8 +194,15 @@ BP_API enum bp_status bp_event_synchronize(bp_event *event);
 BP_API const char *bp_registry_name(bp_registry *reg);
 BP_API size_t bp_registry_device_count(bp_registry *reg);
 BP_API bp_device *bp_registry_get_device(bp_registry *reg, size_t index);
-/* A named optional feature ("bp_cpu_set_n_threads", "bp_comm_init", ...); NULL without an error
- * being an failure when the registry does not have it. Cast to the documented type. */
+/* A named optional feature ("bp_cpu_set_n_threads", "bp_comm_init", ...); NULL, without an
+ * error being recorded, when the registry does not have it. Convert it to the documented
+ * function pointer type; ISO C has no conversion from void * to a function pointer (a
+ * -Wpedantic warning), so code that must compile cleanly copies the bytes instead:
+ *     bp_cpu_set_n_threads_fn fn;
+ *     void *p = bp_registry_get_proc_address(reg, "bp_cpu_set_n_threads");
+ *     if (p != NULL)
+ *         memcpy(&fn, &p, sizeof(fn));
+ * as bp_meta_device_new in bp-meta.h does (POSIX guarantees the representations agree). */
 BP_API void *bp_registry_get_proc_address(bp_registry *reg, const char *name);
 /* The CPU registry's extras, by name:
  * "bp_cpu_set_n_threads": the thread count of a CPU backend.

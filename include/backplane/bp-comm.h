@@ -3,10 +3,11 @@
  * A registry that can reduce across its own devices offers three proc addresses with these
  * signatures (the CPU plugin in shared memory, the CUDA plugin through NCCL). The meta backend
  * uses them for its all-reduces and falls back to copies and ADD graphs when they are absent.
+ * Each is converted to its type as bp_registry_get_proc_address (bp-backend.h) describes:
  *
- *   bp_comm_init_fn      f = bp_registry_get_proc_address(reg, "bp_comm_init");
- *   bp_comm_allreduce_fn g = bp_registry_get_proc_address(reg, "bp_comm_allreduce");
- *   bp_comm_free_fn      h = bp_registry_get_proc_address(reg, "bp_comm_free");
+ *   "bp_comm_init"       bp_comm_init_fn
+ *   "bp_comm_allreduce"  bp_comm_allreduce_fn
+ *   "bp_comm_free"       bp_comm_free_fn
  */
 #ifndef BACKPLANE_BP_COMM_H
 #define BACKPLANE_BP_COMM_H

@@ -2,6 +2,8 @@
 #ifndef BACKPLANE_BP_META_H
 #define BACKPLANE_BP_META_H
 
+#include <string.h> /* memcpy, for bp_meta_device_new */
+
 #include <backplane/bp-backend.h>
 
 #ifdef __cplusplus
@@ -62,9 +64,15 @@ static inline bp_device *bp_meta_device_new(bp_device *const *devices, int n,
     bp_registry *reg = bp_registry_by_name("Meta");
     if (reg == NULL)
         return NULL;
-    bp_meta_device_new_fn fn =
-        (bp_meta_device_new_fn)bp_registry_get_proc_address(reg, "bp_meta_device_new");
-    return fn ? fn(devices, n, split, user_data) : NULL;
+    void *proc = bp_registry_get_proc_address(reg, "bp_meta_device_new");
+    if (proc == NULL)
+        return NULL;
+    /* ISO C and C++ do not convert an object pointer to a function pointer (a -Wpedantic
+     * warning in every file that includes this header); POSIX guarantees they have the same
+     * representation, so the bytes are copied instead. */
+    bp_meta_device_new_fn fn;
+    memcpy(&fn, &proc, sizeof(fn));
+    return fn(devices, n, split, user_data);
 }
 
 #ifdef __cplusplus

@@ -7,7 +7,12 @@
  * not have count as "not supported". Members marked optional may also be NULL; the runtime
  * supplies the default written next to them. The runtime owns the objects it returns from the
  * constructors below and calls the interface's free member (when present) to let the plugin
- * release its context. */
+ * release its context.
+ *
+ * Threads (the user's rules are in bp-backend.h): the runtime never runs two calls of one
+ * backend's members at once, but registry, device and buffer type members may be called from
+ * several threads at the same time, and so may buffer members that read (get_tensor, also from
+ * two backends sharing weights). Keep them free of unsynchronised writes to shared state. */
 #ifndef BACKPLANE_BP_PLUGIN_H
 #define BACKPLANE_BP_PLUGIN_H
 
@@ -38,10 +43,18 @@ struct bp_buffer_type_iface {
     void (*free)(bp_buffer_type *buft);                                  /* optional */
 };
 
-/* Offsets and sizes are bytes within the tensor's data; the runtime has checked the bounds. */
+/* Offsets and sizes are bytes within the tensor's data; the runtime has checked the bounds.
+ * Required: get_base, memset_tensor, set_tensor, get_tensor and clear (bp_buffer_new refuses an
+ * interface without them); every other member is optional. */
 struct bp_buffer_iface {
     size_t struct_size;
     void (*free_buffer)(bp_buffer *buf); /* optional: releases the context */
+    /* The address tensors are placed from: a tensor's data is base + its offset, inside
+     * [base, base + size). Not NULL and aligned to the buffer type's alignment. For host memory
+     * it is that memory; for any other buffer it is an address in the plugin's own space (a
+     * device pointer, or a reserved range the plugin maps to its storage) that the runtime only
+     * computes with and compares, never dereferences; the data moves through the members
+     * below. */
     void *(*get_base)(bp_buffer *buf);
     enum bp_status (*init_tensor)(bp_buffer *buf, bp_tensor *t); /* optional */
     enum bp_status (*memset_tensor)(bp_buffer *buf, bp_tensor *t, uint8_t value, size_t offset,
@@ -140,10 +153,16 @@ BP_API bp_device *bp_device_new(bp_registry *reg, const struct bp_device_iface *
 BP_API bp_buffer_type *bp_buffer_type_new(bp_device *dev, const struct bp_buffer_type_iface *iface,
                                           void *context);
 BP_API void bp_buffer_type_free(bp_buffer_type *buft);
-/* For a buffer type's alloc_buffer: the user frees it with bp_buffer_free. */
+/* For a buffer type's alloc_buffer: the user frees it with bp_buffer_free (which calls
+ * free_buffer). On failure (NULL: an interface without a required member, out of memory) it
+ * does not take ownership of context and calls nothing of iface: the caller still owns the
+ * context and releases it. iface must stay valid for the life of the buffer (a static
+ * struct). */
 BP_API bp_buffer *bp_buffer_new(bp_buffer_type *buft, const struct bp_buffer_iface *iface,
                                 void *context, size_t size);
-/* For a device's init_backend: the user frees it with bp_backend_free. */
+/* For a device's init_backend: the user frees it with bp_backend_free (which calls free). As
+ * with bp_buffer_new, on failure the context stays the caller's. Every constructor above
+ * behaves the same way: NULL means nothing was taken over. */
 BP_API bp_backend *bp_backend_new(bp_device *dev, const struct bp_backend_iface *iface,
                                   void *context);
 
@@ -161,7 +180,23 @@ BP_API void *bp_backend_get_context(bp_backend *backend);
 
 /* Instruction-set features a plugin variant may require. The runtime checks them with CPUID and
  * the OS-enabled state (XCR0); names as in /proc/cpuinfo. */
-#define BP_CPU_FEATURE_MAP(X)                                                                      X(SSE4_2, 0, "sse4_2")                                                                         X(AVX, 1, "avx")                                                                               X(AVX2, 2, "avx2")                                                                             X(FMA, 3, "fma")                                                                               X(F16C, 4, "f16c")                                                                             X(AVX512F, 5, "avx512f")                                                                       X(AVX512BW, 6, "avx512bw")                                                                     X(AVX512DQ, 7, "avx512dq")                                                                     X(AVX512VL, 8, "avx512vl")                                                                     X(AVX512_VNNI, 9, "avx512_vnni")                                                               X(AVX512_BF16, 10, "avx512_bf16")                                                              X(AVX_VNNI, 11, "avx_vnni")                                                                    X(AMX_TILE, 12, "amx_tile")                                                                    X(AMX_INT8, 13, "amx_int8")                                                                    X(AMX_BF16, 14, "amx_bf16")                                                                    X(AMX_FP16, 15, "amx_fp16")
+#define BP_CPU_FEATURE_MAP(X)                               \
+    X(SSE4_2, 0, "sse4_2")                                  \
+    X(AVX, 1, "avx")                                        \
+    X(AVX2, 2, "avx2")                                      \
+    X(FMA, 3, "fma")                                        \
+    X(F16C, 4, "f16c")                                      \
+    X(AVX512F, 5, "avx512f")                                \
+    X(AVX512BW, 6, "avx512bw")                              \
+    X(AVX512DQ, 7, "avx512dq")                              \
+    X(AVX512VL, 8, "avx512vl")                              \
+    X(AVX512_VNNI, 9, "avx512_vnni")                        \
+    X(AVX512_BF16, 10, "avx512_bf16")                       \
+    X(AVX_VNNI, 11, "avx_vnni")                             \
+    X(AMX_TILE, 12, "amx_tile")                             \
+    X(AMX_INT8, 13, "amx_int8")                             \
+    X(AMX_BF16, 14, "amx_bf16")                             \
+    X(AMX_FP16, 15, "amx_fp16")
 
 enum bp_cpu_feature {
 #define BP_CPU_FEATURE_ENUM(name, bit, text) BP_CPU_##name = 1ull << (bit),
@@ -190,7 +225,17 @@ struct bp_plugin_descriptor {
 #define BP_PLUGIN_SYMBOL "bp_plugin_descriptor"
 
 /* Defines the descriptor of a plugin. Use once, at file scope, in one source of the plugin. */
-#define BP_PLUGIN_DEFINE(name_, variant_, features_, init_, score_)                                BP_API const struct bp_plugin_descriptor bp_plugin_descriptor = {                                  .struct_size = sizeof(struct bp_plugin_descriptor),                                            .api_major = BP_PLUGIN_API_MAJOR,                                                              .api_minor = BP_PLUGIN_API_MINOR,                                                              .name = (name_),                                                                               .variant = (variant_),                                                                         .cpu_features = (features_),                                                                   .init = (init_),                                                                               .score = (score_),                                                                         }
+#define BP_PLUGIN_DEFINE(name_, variant_, features_, init_, score_)   \
+    BP_API const struct bp_plugin_descriptor bp_plugin_descriptor = { \
+        .struct_size = sizeof(struct bp_plugin_descriptor),           \
+        .api_major = BP_PLUGIN_API_MAJOR,                             \
+        .api_minor = BP_PLUGIN_API_MINOR,                             \
+        .name = (name_),                                              \
+        .variant = (variant_),                                        \
+        .cpu_features = (features_),                                  \
+        .init = (init_),                                              \
+        .score = (score_),                                            \
+    }
 
 /* Records an error for bp_last_error() from plugin code; returns status. */
 BP_API enum bp_status bp_set_error(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3);

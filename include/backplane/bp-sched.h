@@ -14,6 +14,8 @@ extern "C" {
 #define BP_SCHED_MAX_COPIES 4        /* copies of split inputs with parallel = true */
 #define BP_SCHED_MAX_SPLIT_INPUTS 30 /* a split needing more is cut again */
 
+/* A scheduler is used by one thread at a time; a call that enters it while another thread's
+ * call is in progress is refused with BP_ERR_BUSY (the threading rules are in bp-backend.h). */
 typedef struct bp_sched bp_sched;
 
 /*

@@ -109,7 +109,8 @@ enum bp_op {
     BP_OP_COUNT
 };
 
-#define BP_UNARY_OP_MAP(X) X(NEG) X(ABS) X(RELU) X(GELU) X(SILU) X(SIGMOID) X(TANH) X(EXP) X(SQR) X(SQRT)
+#define BP_UNARY_OP_MAP(X)                                                                  \
+    X(NEG) X(ABS) X(RELU) X(GELU) X(SILU) X(SIGMOID) X(TANH) X(EXP) X(SQR) X(SQRT)
 
 enum bp_unary_op {
 #define BP_UNARY_ENUM(name) BP_UNARY_OP_##name,
@@ -128,6 +129,61 @@ enum bp_rope_mode {
     BP_ROPE_NORMAL = 0, /* rotates adjacent pairs (x[2i], x[2i+1]) */
     BP_ROPE_NEOX = 2,   /* rotates the two halves (x[i], x[i + n_dims/2]) */
 };
+
+/*
+ * Sources and parameters of each op, as a kernel finds them in the result tensor. src[i] not
+ * listed are NULL. op_params are int32 slots; a float parameter is stored bit for bit in its
+ * slot (read it with bp_get_op_param_f32), an int with bp_get_op_param_i32.
+ *
+ *   NONE       a leaf (bp_new_tensor*): no sources, no parameters.
+ *   DUP        src[0] a. Contiguous, a's type and shape.
+ *   CPY        src[0] a (the values), src[1] b (the destination). A view of b with b's type and
+ *              shape; element j of a (in logical order) converted to b's type goes to element j
+ *              of b.
+ *   CONT       src[0] a. Contiguous, a's type, the shape given to bp_cont_4d; elements in a's
+ *              logical order.
+ *   RESHAPE    src[0] a. View; no parameters.
+ *   VIEW       src[0] a. View; op_params[0..1] hold the size_t byte offset given to bp_view_*d
+ *              (relative to a's data; view_offs is the offset into view_src).
+ *   PERMUTE    src[0] a. View; op_params[i] (i = 0..3) is the result axis of source axis i.
+ *   TRANSPOSE  src[0] a. View; axes 0 and 1 swapped.
+ *   GET_ROWS   src[0] a [E, R, B, C] (any type), src[1] ids I32 [n, B, C]. F32 [E, n, B, C]:
+ *              r[:, i, j, k] = a[:, ids[i, j, k], j, k].
+ *   SET_ROWS   src[0] dst [E, R, B, C], src[1] src F32 [E, n, B, C], src[2] ids I32 [n, b, c].
+ *              A view of dst: dst[:, ids[i, j % b, k % c], j, k] = src[:, i, j, k], converted to
+ *              dst's type.
+ *   ADD, SUB, MUL, DIV
+ *              src[0] a, src[1] b, F32. r = a op b with b repeated by modulo:
+ *              r[i0, i1, i2, i3] = a[i0, i1, i2, i3] op b[i0 % b.ne0, i1 % b.ne1, i2 % b.ne2,
+ *              i3 % b.ne3].
+ *   SCALE      src[0] a. op_params[0] = s (f32); r = a * s.
+ *   UNARY      src[0] a. op_params[0] = enum bp_unary_op (bp_get_unary_op). NEG -x, ABS |x|,
+ *              RELU max(x, 0), GELU the tanh form
+ *                0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+ *              (not the erf form; kernels may compute it as x / (1 + e^(-2 sqrt(2/pi) (x +
+ *              0.044715 x^3))), the same function), SILU x / (1 + e^-x), SIGMOID 1 / (1 + e^-x),
+ *              TANH, EXP, SQR x^2, SQRT.
+ *   SUM_ROWS, MEAN, ARGMAX
+ *              src[0] a. No parameters.
+ *   NORM, RMS_NORM
+ *              src[0] a. op_params[0] = eps (f32).
+ *   MUL_MAT    src[0] a [K, M, A2, A3] (the weights), src[1] b F32 [K, N, B2, B3]. F32
+ *              [M, N, B2, B3]: r[m, n, i2, i3] = sum_k a[k, m, i2 / (B2 / A2), i3 / (B3 / A3)] *
+ *              b[k, n, i2, i3]. a is broadcast by division, unlike the binary ops' modulo: each
+ *              slice of a serves B2 / A2 consecutive slices of b (grouped-query attention: with
+ *              A2 = 2 and B2 = 8, a's head 0 serves b's heads 0..3).
+ *   SOFT_MAX   src[0] a, src[1] mask or NULL. op_params[0] = scale (f32). Along ne[0] of
+ *              a[:, i1, i2, i3] * scale + mask[:, i1, i2 % mask.ne2, i3 % mask.ne3].
+ *   ROPE       src[0] x, src[1] pos I32. op_params[0] = n_dims, [1] = enum bp_rope_mode,
+ *              [2] = freq_base (f32), [3] = freq_scale (f32). In each head of token t (x's
+ *              index 2), pair i (0 <= i < n_dims / 2: values 2i and 2i + 1, or i and
+ *              i + n_dims / 2 in NeoX mode) (v0, v1) becomes (v0 cos th - v1 sin th,
+ *              v0 sin th + v1 cos th) with th = pos[t] * freq_scale * freq_base^(-2i / n_dims);
+ *              values from n_dims on are copied.
+ *   CONCAT     src[0] a, src[1] b. op_params[0] = dim; b's elements follow a's along dim.
+ *   GLU        src[0] a, src[1] b or NULL. op_params[0] = enum bp_glu_op, [1] = 1 when src[1]
+ *              is NULL (a holds gate and value as the two halves of each row), else 0.
+ */
 
 /* "ADD", "MUL_MAT", ...; "INVALID" out of range. */
 BP_API const char *bp_op_name(enum bp_op op);
@@ -158,7 +214,8 @@ struct bp_tensor {
     int64_t ne[BP_MAX_DIMS];
     size_t nb[BP_MAX_DIMS];
 
-    /* Op parameters, read through bp_get_op_params_*(); layout per op in runtime/ops.c. */
+    /* Op parameters, read through bp_get_op_param_*(); the layout of each op is in "Sources
+     * and parameters of each op" above bp_op_name(). */
     int32_t op_params[BP_MAX_OP_PARAMS / sizeof(int32_t)];
     uint32_t flags; /* enum bp_tensor_flag */
 
@@ -166,8 +223,14 @@ struct bp_tensor {
     struct bp_tensor *view_src; /* the tensor that owns the data, never itself a view */
     size_t view_offs;           /* byte offset into view_src's data */
 
-    struct bp_buffer *buffer; /* NULL until allocated */
-    void *data;               /* address inside buffer (host or device), NULL until allocated */
+    /* NULL until allocated. A view gets its view_src's buffer when it is placed
+     * (bp_tensor_init_view, which the allocators call), so kernels may read t->buffer of any
+     * placed tensor, view or not. */
+    struct bp_buffer *buffer;
+    /* Address inside buffer, NULL until allocated: host memory only when the buffer is a host
+     * buffer (bp_buffer_is_host); otherwise an address in the plugin's own space (see
+     * bp_buffer_get_base), not for the host to dereference. */
+    void *data;
     void *extra;              /* for the backend that holds the buffer */
 
     char name[BP_MAX_NAME];
@@ -223,7 +286,8 @@ BP_API bool bp_is_transposed(const bp_tensor *t); /* nb[0] > nb[1] */
 BP_API bool bp_is_permuted(const bp_tensor *t);
 BP_API bool bp_is_view(const bp_tensor *t);
 BP_API bool bp_are_same_shape(const bp_tensor *a, const bp_tensor *b);
-BP_API bool bp_can_repeat(const bp_tensor *small, const bp_tensor *big); /* big.ne[i] % small.ne[i] == 0 */
+/* big.ne[i] % small.ne[i] == 0 for every i */
+BP_API bool bp_can_repeat(const bp_tensor *small, const bp_tensor *big);
 /* "[4, 3, 1, 1]" into buf (at least 96 bytes); returns buf. */
 BP_API const char *bp_format_shape(const bp_tensor *t, char *buf, size_t size);
 /* A description for messages into buf (BP_TENSOR_DESC_SIZE bytes hold any): "'wq' f16 [64, 64,
@@ -261,9 +325,10 @@ BP_API bp_tensor *bp_cont_4d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t
 BP_API bp_tensor *bp_reshape(bp_context *ctx, bp_tensor *a, int n_dims, const int64_t *ne);
 BP_API bp_tensor *bp_reshape_1d(bp_context *ctx, bp_tensor *a, int64_t ne0);
 BP_API bp_tensor *bp_reshape_2d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1);
-BP_API bp_tensor *bp_reshape_3d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2);
-BP_API bp_tensor *bp_reshape_4d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2,
-                                int64_t ne3);
+BP_API bp_tensor *bp_reshape_3d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1,
+                                int64_t ne2);
+BP_API bp_tensor *bp_reshape_4d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1,
+                                int64_t ne2, int64_t ne3);
 BP_API bp_tensor *bp_view_1d(bp_context *ctx, bp_tensor *a, int64_t ne0, size_t offset);
 BP_API bp_tensor *bp_view_2d(bp_context *ctx, bp_tensor *a, int64_t ne0, int64_t ne1, size_t nb1,
                              size_t offset);
@@ -321,7 +386,8 @@ BP_API bp_tensor *bp_norm(bp_context *ctx, bp_tensor *a, float eps);
 BP_API bp_tensor *bp_rms_norm(bp_context *ctx, bp_tensor *a, float eps);
 
 /* mul_mat(a [K, M, A2, A3] any type but I32, b F32 [K, N, B2, B3]) -> F32 [M, N, B2, B3] with
- * r[m, n] = sum_k a[k, m] * b[k, n]; B2 % A2 == 0 and B3 % A3 == 0 (a is broadcast). */
+ * r[m, n] = sum_k a[k, m] * b[k, n]; B2 % A2 == 0 and B3 % A3 == 0. a is broadcast by division:
+ * slice i2 of b uses slice i2 / (B2 / A2) of a (not i2 % A2 as in the binary ops). */
 BP_API bp_tensor *bp_mul_mat(bp_context *ctx, bp_tensor *a, bp_tensor *b);
 
 /* softmax along ne[0] of a*scale + mask. a F32; mask optional (NULL), F32 or F16 with
