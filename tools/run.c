@@ -2,8 +2,11 @@
  * the scheduler: a batched prompt, then greedy generation one token at a time.
  *
  * The device list (-d) is comma-separated at the outer level, so "Meta(CPU0,CPU1),CPU" names two
- * backends. The weights and the KV cache go to the first device; the scheduler runs each op
- * there when it can and on the CPU (always last) otherwise. --check runs the same model on the
+ * backends. The weights go to the first device that multiplies by them; the token embedding
+ * table and the KV cache stay with them when that device also runs GET_ROWS of the weights and
+ * SET_ROWS into the cache, else they go to the first device that does (a destination is never
+ * copied to where its op runs). The scheduler runs each op on the first device that can and
+ * on the CPU (always last) otherwise. --check runs the same model on the
  * CPU alone and compares logits and tokens. */
 #include "config.h"
 
@@ -645,6 +648,8 @@ static void print_json(const struct run_opts *o, const struct run_result *r, int
     json_member_string(&w, "wtype", bp_type_name(o->wtype));
     json_member_uint(&w, "seed", (unsigned long long)o->seed);
     json_member_string(&w, "weights_on", r->names[r->weights_on]);
+    json_member_string(&w, "embedding_on", r->names[r->embd_on]);
+    json_member_string(&w, "kv_cache_on", r->names[r->kv_on]);
     json_key(&w, "devices");
     json_begin_array(&w);
     for (int i = 0; i < r->n_backends; i++) {
@@ -688,8 +693,10 @@ static void run_usage(FILE *f)
                "                     [--seed N] [--check] [--json] [--dot FILE] [--no-repack]\n"
                "\n"
                "  -d DEVICES  comma-separated backends, e.g. CPU, CUDA0,CPU or \"Meta(CPU0,CPU1)\";\n"
-               "              weights and KV cache live on the first that can multiply; a CPU\n"
-               "              backend is added last when missing (default: every GPU, then CPU)\n"
+               "              weights live on the first that can multiply, the embedding table\n"
+               "              and KV cache there too when it runs their ops (else on the first\n"
+               "              that does); a CPU backend is added last when missing (default:\n"
+               "              every GPU, then CPU)\n"
                "  --check     also run on the CPU alone; report the largest logit difference and\n"
                "              whether the generated tokens agree (exit status 1 when they do not)\n"
                "  --no-repack Q4_0/Q8_0 weights on a CPU device stay in host memory as they are\n"
