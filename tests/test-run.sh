@@ -44,6 +44,11 @@ check "tiny on the CPU equals itself, exactly" sh -c "'$tool' run --model tiny -
 check "two runs give the same tokens" sh -c "test \"\$('$tool' run -n 6 | grep tokens:)\" = \"\$('$tool' run -n 6 -t 1 | grep tokens:)\""
 check "accelerator + CPU agrees with the CPU" agrees "ACCEL0,CPU"
 check "the KV cache and embedding go where SET_ROWS and GET_ROWS run" sh -c "'$tool' run -d ACCEL0 -n 2 | grep -q 'weights [0-9.]* MiB on ACCEL0 (TestAccel), token embedding on CPU, KV cache [0-9.]* MiB on CPU'"
+long_name=$(printf 'CPU%0300d' 0)
+check "a device name longer than any buffer is named whole in the error" sh -c "'$tool' run -d '$long_name' -n 2 2>&1 | grep -q \"device '$long_name': \""
+check "a Meta(...) part list longer than any buffer reaches the meta plugin whole" env BP_CPU_DEVICES=2 sh -c "'$tool' run -d 'Meta(CPU0,$long_name)' -n 2 2>&1 | grep -q '$long_name'"
+check "an empty name in -d is named as such" sh -c "'$tool' run -d 'CPU,,CPU' 2>&1 | grep -q 'a name is empty'"
+check "unbalanced parentheses in -d are named as such" sh -c "'$tool' run -d 'Meta(CPU0,CPU' 2>&1 | grep -q 'parentheses do not match'"
 check "json says where the KV cache and embedding live" sh -c "'$tool' run -d ACCEL0 -n 2 --json | grep -q '\"embedding_on\": \"CPU\"' && '$tool' run -d ACCEL0 -n 2 --json | grep -q '\"kv_cache_on\": \"CPU\"'"
 check "the accelerator run has several splits" sh -c "'$tool' run -d ACCEL0 -n 3 | grep -q 'generation: 2 tokens, [0-9][0-9]* splits per graph: CPU 1 nodes, ACCEL0'"
 check "Meta(CPU0,CPU1) agrees (collectives)" env BP_CPU_DEVICES=2 "$0" --agrees "Meta(CPU0,CPU1)"

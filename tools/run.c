@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -89,33 +90,76 @@ static void result_free(struct run_result *r)
     free(r->logits);
 }
 
-/* Splits list at commas outside parentheses; false when there are too many or a name is empty. */
-static int split_devices(const char *list, char out[][128], int max)
+/* Device names cut from a -d list or a "Meta(...)" name, each a heap copy of its own, so no
+ * length limit cuts one short. */
+struct name_list {
+    char *name[MAX_BACKENDS];
+    int n;
+};
+
+static void names_free(struct name_list *l)
 {
-    int n = 0, depth = 0;
-    size_t len = 0;
-    for (const char *p = list;; p++) {
-        if (*p == '\0' || (*p == ',' && depth == 0)) {
-            while (len > 0 && isspace((unsigned char)out[n][len - 1]))
-                len--;
-            out[n][len] = '\0';
-            if (len == 0 || n + 1 > max)
-                return -1;
-            n++;
-            len = 0;
-            if (*p == '\0')
-                return n;
-            continue;
-        }
-        if (*p == '(')
+    for (int i = 0; i < l->n; i++)
+        free(l->name[i]);
+    l->n = 0;
+}
+
+enum split_error {
+    SPLIT_EMPTY = -1,    /* an empty name: ",,", a leading or trailing comma */
+    SPLIT_TOO_MANY = -2, /* more than max names */
+    SPLIT_PARENS = -3,   /* unbalanced parentheses */
+    SPLIT_NO_MEMORY = -4,
+};
+
+/* Splits the len bytes at list at commas outside parentheses, trimming spaces around each
+ * name; the number of names, or a split_error (out is then empty). */
+static int split_devices(const char *list, size_t len, struct name_list *out, int max)
+{
+    out->n = 0;
+    int depth = 0, err = 0;
+    const char *start = list, *end = list + len;
+    for (const char *p = list; err == 0; p++) {
+        if (p < end && *p == '(')
             depth++;
-        else if (*p == ')')
-            depth--;
-        if (len == 0 && isspace((unsigned char)*p))
+        else if (p < end && *p == ')' && --depth < 0)
+            err = SPLIT_PARENS;
+        if (err != 0 || (p < end && !(*p == ',' && depth == 0)))
             continue;
-        if (len + 1 >= 128)
-            return -1;
-        out[n][len++] = *p;
+        const char *a = start, *b = p;
+        while (a < b && isspace((unsigned char)*a))
+            a++;
+        while (b > a && isspace((unsigned char)b[-1]))
+            b--;
+        if (p == end && depth != 0)
+            err = SPLIT_PARENS;
+        else if (a == b)
+            err = SPLIT_EMPTY;
+        else if (out->n == max)
+            err = SPLIT_TOO_MANY;
+        else if ((out->name[out->n] = strndup(a, (size_t)(b - a))) == NULL)
+            err = SPLIT_NO_MEMORY;
+        else
+            out->n++;
+        if (p == end)
+            break;
+        start = p + 1;
+    }
+    if (err != 0)
+        names_free(out);
+    return err != 0 ? err : out->n;
+}
+
+static const char *split_error_text(int err)
+{
+    switch (err) {
+    case SPLIT_EMPTY:
+        return "a name is empty (an extra comma?)";
+    case SPLIT_TOO_MANY:
+        return "too many names";
+    case SPLIT_PARENS:
+        return "its parentheses do not match";
+    default:
+        return "out of memory";
     }
 }
 
@@ -131,40 +175,45 @@ static bp_device *find_device(const char *name)
     bp_device *dev = bp_device_by_name(name);
     if (dev != NULL)
         return dev;
-    char err[512];
-    snprintf(err, sizeof(err), "%s", bp_last_error());
+    char *err = strdup(bp_last_error());
     bp_registry *reg = bp_registry_by_name(name);
-    if (reg != NULL && bp_registry_device_count(reg) > 0)
+    if (reg != NULL && bp_registry_device_count(reg) > 0) {
+        free(err);
         return bp_registry_get_device(reg, 0);
-    bp_set_error(BP_ERR_NOT_FOUND, "%s", err);
+    }
+    bp_set_error(BP_ERR_NOT_FOUND, "%s", err ? err : "no such device (and out of memory)");
+    free(err);
     return NULL;
 }
 
-/* The part names of "Meta(A,B,...)" into names; their count, or -1 when name is not of that
- * form. */
-static int meta_part_names(const char *name, char names[][128])
+static bool is_meta_name(const char *name)
 {
-    char inner[512];
+    return strncasecmp(name, "Meta(", 5) == 0;
+}
+
+/* The part names of "Meta(A,B,...)" into parts; their count, or a negative number when name is
+ * not of that form (the meta plugin then says what is wrong with it). */
+static int meta_part_names(const char *name, struct name_list *parts)
+{
+    parts->n = 0;
     const size_t len = strlen(name);
-    if (strncmp(name, "Meta(", 5) != 0 || len < 7 || name[len - 1] != ')' ||
-        len - 6 >= sizeof(inner))
+    if (!is_meta_name(name) || len < 7 || name[len - 1] != ')')
         return -1;
-    memcpy(inner, name + 5, len - 6);
-    inner[len - 6] = '\0';
-    return split_devices(inner, names, MAX_BACKENDS);
+    return split_devices(name + 5, len - 6, parts, MAX_BACKENDS);
 }
 
 /* Every part of "Meta(A,B,...)" is a CPU device (so a thread count applies to all of them). */
 static bool meta_all_cpu(const char *name)
 {
-    char parts[MAX_BACKENDS][128];
-    const int n = meta_part_names(name, parts);
-    for (int i = 0; i < n; i++) {
-        bp_device *d = bp_device_by_name(parts[i]);
-        if (d == NULL || bp_device_get_type(d) != BP_DEVICE_TYPE_CPU)
-            return false;
+    struct name_list parts;
+    const int n = meta_part_names(name, &parts);
+    bool all = n > 0;
+    for (int i = 0; i < n && all; i++) {
+        bp_device *d = bp_device_by_name(parts.name[i]);
+        all = d != NULL && bp_device_get_type(d) == BP_DEVICE_TYPE_CPU;
     }
-    return n > 0;
+    names_free(&parts);
+    return all;
 }
 
 /* The split the meta backend stores the model's matrices in (Megatron): attention q/k/v and the
@@ -213,16 +262,19 @@ static const struct model_config *split_model; /* for megatron_split, set by run
  * (megatron_split), so that each device holds its share only. */
 static bp_backend *open_meta(const char *name, const char *params)
 {
-    char names[MAX_BACKENDS][128];
-    const int n = meta_part_names(name, names);
-    if (n < 1 || split_model == NULL)
+    struct name_list names;
+    const int n = meta_part_names(name, &names);
+    if (n < 1 || split_model == NULL) {
+        names_free(&names);
         return bp_backend_init_by_name(name, params); /* let the meta plugin explain */
-    bp_device *parts[MAX_BACKENDS];
-    for (int i = 0; i < n; i++) {
-        parts[i] = find_device(names[i]);
-        if (parts[i] == NULL)
-            return NULL;
     }
+    bp_device *parts[MAX_BACKENDS];
+    bool found = true;
+    for (int i = 0; i < n && found; i++)
+        found = (parts[i] = find_device(names.name[i])) != NULL;
+    names_free(&names);
+    if (!found)
+        return NULL;
     bp_device *d = bp_meta_device_new(parts, n, megatron_split, (void *)split_model);
     return d != NULL ? bp_device_init_backend(d, params) : NULL;
 }
@@ -231,7 +283,7 @@ static bp_backend *open_backend(const char *name, int threads)
 {
     char params[32];
     snprintf(params, sizeof(params), "threads=%d", threads);
-    if (strncmp(name, "Meta(", 5) == 0)
+    if (is_meta_name(name))
         return open_meta(name, threads > 0 && meta_all_cpu(name) ? params : NULL);
     bp_device *dev = find_device(name);
     if (dev == NULL)
@@ -242,31 +294,38 @@ static bp_backend *open_backend(const char *name, int threads)
 
 int tool_open_backends(const char *list, int threads, bp_backend **out, int max, bool for_run)
 {
-    char names[MAX_BACKENDS][128];
-    int n = 0;
+    struct name_list names = {.n = 0};
     if (max > MAX_BACKENDS)
         max = MAX_BACKENDS;
     const int room = for_run ? max - 1 : max; /* run keeps a place for the CPU */
     if (list != NULL) {
-        n = split_devices(list, names, room);
-        if (n < 0) {
-            fprintf(stderr, "backplane: cannot read the device list '%s' (at most %d "
-                    "comma-separated names)\n", list, room);
+        int err = split_devices(list, strlen(list), &names, room);
+        if (err < 0) {
+            fprintf(stderr, "backplane: cannot read the device list '%s': %s (at most %d "
+                    "comma-separated names)\n", list, split_error_text(err), room);
             return -1;
         }
     } else {
-        for (size_t i = 0; i < bp_device_count() && n < room; i++) {
+        for (size_t i = 0; i < bp_device_count() && names.n < room; i++) {
             bp_device *d = bp_device_get(i);
-            if (!for_run || bp_device_get_type(d) == BP_DEVICE_TYPE_GPU)
-                snprintf(names[n++], sizeof(names[0]), "%s", bp_device_name(d));
+            if (for_run && bp_device_get_type(d) != BP_DEVICE_TYPE_GPU)
+                continue;
+            if ((names.name[names.n] = strdup(bp_device_name(d))) == NULL) {
+                fprintf(stderr, "backplane: out of memory\n");
+                names_free(&names);
+                return -1;
+            }
+            names.n++;
         }
     }
+    char **name = names.name;
+    const int n = names.n;
     int nb = 0;
     bool have_cpu = false;
     for (int i = 0; i < n; i++) {
-        bp_backend *be = open_backend(names[i], threads);
+        bp_backend *be = open_backend(name[i], threads);
         if (be == NULL) {
-            fprintf(stderr, "backplane: device '%s': %s\n", names[i], bp_last_error());
+            fprintf(stderr, "backplane: device '%s': %s\n", name[i], bp_last_error());
             goto fail;
         }
         out[nb++] = be;
@@ -276,11 +335,11 @@ int tool_open_backends(const char *list, int threads, bp_backend **out, int max,
         for (int j = 0; j < i; j++) {
             if (bp_backend_get_device(out[j]) != dev)
                 continue;
-            if (strcmp(names[j], names[i]) == 0)
-                fprintf(stderr, "backplane: -d lists the device '%s' twice\n", names[i]);
+            if (strcmp(name[j], name[i]) == 0)
+                fprintf(stderr, "backplane: -d lists the device '%s' twice\n", name[i]);
             else
                 fprintf(stderr, "backplane: -d lists the device '%s' twice (as '%s' and '%s')\n",
-                        bp_device_name(dev), names[j], names[i]);
+                        bp_device_name(dev), name[j], name[i]);
             goto fail;
         }
     }
@@ -290,7 +349,7 @@ int tool_open_backends(const char *list, int threads, bp_backend **out, int max,
         have_cpu = true;
         if (i != nb - 1) {
             fprintf(stderr, "backplane run: the CPU device '%s' must come last in -d\n",
-                    names[i]);
+                    name[i]);
             goto fail;
         }
     }
@@ -303,10 +362,12 @@ int tool_open_backends(const char *list, int threads, bp_backend **out, int max,
         }
         out[nb++] = cpu;
     }
+    names_free(&names);
     if (nb == 0)
         fprintf(stderr, "backplane: no devices (see `backplane list`)\n");
     return nb > 0 ? nb : -1;
 fail:
+    names_free(&names);
     for (int i = 0; i < nb; i++)
         bp_backend_free(out[i]);
     return -1;
