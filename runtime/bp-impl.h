@@ -26,6 +26,8 @@ enum bp_status bp__verror(enum bp_status status, const char *fmt, va_list ap);
  * "\x1b"), so text from users and files stays one printable line; a copy that does not fit ends
  * in "...". Returns the length written. */
 size_t bp__escape_controls(char *dst, size_t size, const char *src);
+/* The same into a new allocation of the right size (bp__free it); NULL when out of memory. */
+char *bp__escape_dup(const char *src, const char *what);
 
 /* The library's one allocation path, so out-of-memory handling can be exercised by tests.
  * On failure they set bp_last_error() (naming `what`) and return NULL. */

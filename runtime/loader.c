@@ -113,8 +113,12 @@ static struct bp_plugin_record *add_record(const char *path, const char *name,
 {
     va_list ap;
     va_start(ap, fmt);
-    char *msg = bp__vasprintf("a plugin report record", fmt, ap);
+    char *raw = bp__vasprintf("a plugin report record", fmt, ap);
     va_end(ap);
+    /* The message is display text: file names in it have their control characters escaped,
+     * as in every error message. The record's path stays the exact bytes. */
+    char *msg = raw ? bp__escape_dup(raw, "a plugin report record") : NULL;
+    bp__free(raw);
     if (msg == NULL)
         return NULL;
     bp_log(status == BP_PLUGIN_LOADED ? BP_LOG_INFO

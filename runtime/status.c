@@ -95,6 +95,15 @@ static size_t escaped_size(const char *src)
     return n;
 }
 
+char *bp__escape_dup(const char *src, const char *what)
+{
+    size_t need = escaped_size(src);
+    char *dst = bp__malloc(need, what);
+    if (dst != NULL)
+        bp__escape_controls(dst, need, src);
+    return dst;
+}
+
 /* Makes raw (already formatted) the thread's message, escaped. */
 static void store_message(const char *raw)
 {

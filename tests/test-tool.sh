@@ -77,5 +77,10 @@ else
     fail=$((fail + 1))
     echo "FAIL: python3 (tools/build-deps.txt) is needed to check the JSON outputs"
 fi
+# The same names in the text outputs: control characters come out as C escapes, so the name
+# cannot start a line of its own or send DEL to the terminal.
+escaped=$(printf 'x"\\\\n\\t\\x7f')
+check "list prints hostile file names with escapes" sh -c "out=\$(BP_PLUGIN_PATH=\"\$EVIL_DIR\" '$tool' list) && printf '%s' \"\$out\" | grep -qF '$escaped' && ! printf '%s' \"\$out\" | grep -q \"\$(printf '\\177')\""
+check "run prints a hostile plugin path with escapes" sh -c "BP_PLUGIN_PATH=\"\$EVIL_DIR\" '$tool' run -n 2 | grep -a '(plugin ' | grep -aqF '$escaped'"
 echo "$pass passed, $fail failed"
 test "$fail" -eq 0

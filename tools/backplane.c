@@ -78,11 +78,15 @@ static void list_text(void)
 {
     const char *env = getenv("BP_PLUGIN_PATH");
     printf("plugin search path:\n");
-    if (env != NULL && env[0] != '\0')
-        printf("  %s (BP_PLUGIN_PATH)\n", env);
+    if (env != NULL && env[0] != '\0') {
+        printf("  ");
+        tool_put_text(env, stdout);
+        printf(" (BP_PLUGIN_PATH)\n");
+    }
     const char *sys = getenv("BP_PLUGIN_SYSTEM_PATH");
-    printf("  %s (%s)\n", sys ? (sys[0] ? sys : "(none)") : bp_default_plugin_dir(),
-           sys ? "BP_PLUGIN_SYSTEM_PATH" : "configured");
+    printf("  ");
+    tool_put_text(sys ? (sys[0] ? sys : "(none)") : bp_default_plugin_dir(), stdout);
+    printf(" (%s)\n", sys ? "BP_PLUGIN_SYSTEM_PATH" : "configured");
 
     size_t nr = bp_plugin_report_count();
     printf("\nplugins considered: %zu\n", nr);
@@ -91,9 +95,13 @@ static void list_text(void)
         char score[16] = "-";
         if (r->score >= 0)
             snprintf(score, sizeof(score), "%d", r->score);
-        printf("  %-16s %s\n", bp_plugin_status_name(r->status), r->path);
-        printf("  %-16s name %s%s%s, score %s: %s\n", "", r->name[0] ? r->name : "-",
-               r->variant[0] ? ", variant " : "", r->variant, score, r->message);
+        printf("  %-16s ", bp_plugin_status_name(r->status));
+        tool_put_text(r->path, stdout);
+        printf("\n  %-16s name ", "");
+        tool_put_text(r->name[0] ? r->name : "-", stdout);
+        printf("%s", r->variant[0] ? ", variant " : "");
+        tool_put_text(r->variant, stdout);
+        printf(", score %s: %s\n", score, r->message);
     }
 
     size_t nd = bp_device_count();
@@ -103,7 +111,12 @@ static void list_text(void)
         bp_device_get_props(bp_device_get(i), &p);
         char caps[64];
         caps_string(&p.caps, caps, sizeof(caps));
-        printf("  %-10s %-5s %s\n", p.name, bp_device_type_name(p.type), p.description);
+        printf("  ");
+        tool_put_text(p.name, stdout);
+        printf("%*s %-5s ", (int)(strlen(p.name) < 10 ? 10 - strlen(p.name) : 0), "",
+               bp_device_type_name(p.type));
+        tool_put_text(p.description, stdout);
+        printf("\n");
         printf("  %-10s memory %.1f of %.1f MiB free, caps: %s, registry %s\n", "",
                (double)p.memory_free / (1 << 20), (double)p.memory_total / (1 << 20), caps,
                bp_registry_name(bp_device_get_registry(bp_device_get(i))));

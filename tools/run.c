@@ -53,9 +53,11 @@ struct split_info {
 /* What one run produced. */
 struct run_result {
     int n_backends;
-    char names[MAX_BACKENDS][64];
-    char descriptions[MAX_BACKENDS][256];
-    char plugins[MAX_BACKENDS][256]; /* file of the plugin that provides the device */
+    /* Heap copies (NULL when memory ran out; printed as "?"): no length limit cuts a Meta(...)
+     * name or a deep plugin path short. */
+    char *names[MAX_BACKENDS];
+    char *descriptions[MAX_BACKENDS];
+    char *plugins[MAX_BACKENDS]; /* file of the plugin that provides the device */
     size_t compute_bytes[MAX_BACKENDS];
     size_t weight_bytes, kv_bytes;
     char weight_buft[64];
@@ -86,8 +88,24 @@ static int cmp_double(const void *a, const void *b)
 
 static void result_free(struct run_result *r)
 {
+    for (int i = 0; i < MAX_BACKENDS; i++) {
+        free(r->names[i]);
+        free(r->descriptions[i]);
+        free(r->plugins[i]);
+    }
     free(r->tokens);
     free(r->logits);
+}
+
+static char *dup_text(const char *s)
+{
+    return strdup(s != NULL ? s : "?");
+}
+
+/* For printing a field of the result that may have failed to copy. */
+static const char *or_unknown(const char *s)
+{
+    return s != NULL ? s : "?";
 }
 
 /* Device names cut from a -d list or a "Meta(...)" name, each a heap copy of its own, so no
@@ -458,14 +476,13 @@ static enum bp_status step(bp_sched *s, const struct model *m, int n_tok, int po
 }
 
 /* The file of the loaded plugin whose registry is called reg, or "?". */
-static const char *plugin_of(const char *reg)
+/* The file of the loaded plugin whose registry reg is; "?" for an in-process registry. */
+static const char *plugin_of(bp_registry *reg)
 {
-    char want[160];
-    snprintf(want, sizeof(want), "registry '%s' ", reg);
-    for (size_t i = 0; i < bp_plugin_report_count(); i++) {
-        const struct bp_plugin_record *rec = bp_plugin_report_get(i);
-        if (rec->status == BP_PLUGIN_LOADED && strncmp(rec->message, want, strlen(want)) == 0)
-            return rec->path;
+    for (size_t i = 0; i < bp_plugin_count(); i++) {
+        bp_plugin *p = bp_plugin_get(i);
+        if (bp_plugin_get_registry(p) == reg)
+            return bp_plugin_path(p);
     }
     return "?";
 }
@@ -490,10 +507,9 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     r->n_backends = nb;
     for (int i = 0; i < nb; i++) {
         bp_device *d = bp_backend_get_device(be[i]);
-        snprintf(r->names[i], sizeof(r->names[i]), "%s", bp_backend_name(be[i]));
-        snprintf(r->descriptions[i], sizeof(r->descriptions[i]), "%s", bp_device_description(d));
-        snprintf(r->plugins[i], sizeof(r->plugins[i]), "%s",
-                 plugin_of(bp_registry_name(bp_device_get_registry(d))));
+        r->names[i] = dup_text(bp_backend_name(be[i]));
+        r->descriptions[i] = dup_text(bp_device_description(d));
+        r->plugins[i] = dup_text(plugin_of(bp_device_get_registry(d)));
     }
 
     /* The weights go to the first device that multiplies at all (a device without MUL_MAT,
@@ -511,7 +527,8 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     }
     if (w == nb || !runs_op(be[w], OP_MUL_MAT, o->wtype, cfg->n_embd)) {
         fprintf(stderr, "backplane run: %s cannot run %s weights; it can run: %s\n",
-                r->names[w < nb ? w : 0], bp_type_name(o->wtype), can[0] ? can : "none of them");
+                or_unknown(r->names[w < nb ? w : 0]), bp_type_name(o->wtype),
+                can[0] ? can : "none of them");
         goto out;
     }
     r->weights_on = w;
@@ -533,7 +550,8 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     if (mem_total > 0 && need > mem_free) {
         fprintf(stderr, "backplane run: model '%s' with %s weights needs %.2f GiB for weights "
                 "and KV cache; %s has %.2f GiB free of %.2f GiB\n", cfg->name,
-                bp_type_name(o->wtype), need / 1073741824.0, r->names[w], mem_free / 1073741824.0,
+                bp_type_name(o->wtype), need / 1073741824.0, or_unknown(r->names[w]),
+                mem_free / 1073741824.0,
                 mem_total / 1073741824.0);
         goto out;
     }
@@ -546,7 +564,7 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     }
     if (show && model_weight_bytes(cfg, o->wtype) > (64u << 20)) /* takes a while */
         fprintf(stderr, "loading %s (%s weights) on %s...", cfg->name, bp_type_name(o->wtype),
-                r->names[w]);
+                or_unknown(r->names[w]));
     bp_buffer_type *ebuft = r->embd_on == w ? wbuft : bp_backend_get_default_buffer_type(be[r->embd_on]);
     const struct model_placement where = {
         .weights = wbuft,
@@ -555,7 +573,7 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     };
     if (model_init(&m, cfg, o->wtype, &where, o->seed) != BP_OK) {
         fprintf(stderr, "%sbackplane run: cannot load model '%s' on %s: %s\n", show ? "\n" : "",
-                cfg->name, r->names[w], bp_last_error());
+                cfg->name, or_unknown(r->names[w]), bp_last_error());
         goto out;
     }
     if (show)
@@ -660,22 +678,29 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
            "%s weights, seed %llu\n", c->name, c->n_layer, c->n_embd, c->n_ff, c->n_head,
            c->n_vocab, (double)model_n_params(c) / 1e6, bp_type_name(o->wtype),
            (unsigned long long)o->seed);
-    for (int i = 0; i < r->n_backends; i++)
-        printf("%-11s %s: %s\n%-11s (plugin %s)\n", i == 0 ? "devices:" : "", r->names[i],
-               r->descriptions[i], "", r->plugins[i]);
+    for (int i = 0; i < r->n_backends; i++) {
+        printf("%-11s ", i == 0 ? "devices:" : "");
+        tool_put_text(or_unknown(r->names[i]), stdout);
+        printf(": ");
+        tool_put_text(or_unknown(r->descriptions[i]), stdout);
+        printf("\n%-11s (plugin ", "");
+        tool_put_text(or_unknown(r->plugins[i]), stdout);
+        printf(")\n");
+    }
     if (r->kv_on == r->weights_on && r->embd_on == r->weights_on)
         printf("buffers:    weights %.2f MiB and KV cache %.2f MiB on %s (%s)",
-               mib(r->weight_bytes), mib(r->kv_bytes), r->names[r->weights_on], r->weight_buft);
+               mib(r->weight_bytes), mib(r->kv_bytes), or_unknown(r->names[r->weights_on]),
+               r->weight_buft);
     else
         printf("buffers:    weights %.2f MiB on %s (%s), token embedding on %s, KV cache %.2f MiB "
-               "on %s", mib(r->weight_bytes), r->names[r->weights_on], r->weight_buft,
-               r->names[r->embd_on], mib(r->kv_bytes), r->names[r->kv_on]);
+               "on %s", mib(r->weight_bytes), or_unknown(r->names[r->weights_on]), r->weight_buft,
+               or_unknown(r->names[r->embd_on]), mib(r->kv_bytes), or_unknown(r->names[r->kv_on]));
     for (int p = 0; p < r->n_weight_parts; p++)
         printf("%s%.2f", p == 0 ? "; weights per part: " : " + ", mib(r->weight_part_bytes[p]));
     if (r->n_weight_parts > 0)
         printf(" MiB");
     for (int i = 0; i < r->n_backends; i++)
-        printf("; compute %s %.2f MiB", r->names[i], mib(r->compute_bytes[i]));
+        printf("; compute %s %.2f MiB", or_unknown(r->names[i]), mib(r->compute_bytes[i]));
     printf("\n");
     printf("prompt:     %d tokens in one graph, %d split%s, %.1f tokens/s (%.1f ms)\n", o->n_prompt,
            r->prompt_splits, r->prompt_splits == 1 ? "" : "s",
@@ -708,15 +733,15 @@ static void print_json(const struct run_opts *o, const struct run_result *r, int
     json_member_int(&w, "parameters", (long long)model_n_params(c));
     json_member_string(&w, "wtype", bp_type_name(o->wtype));
     json_member_uint(&w, "seed", (unsigned long long)o->seed);
-    json_member_string(&w, "weights_on", r->names[r->weights_on]);
-    json_member_string(&w, "embedding_on", r->names[r->embd_on]);
-    json_member_string(&w, "kv_cache_on", r->names[r->kv_on]);
+    json_member_string(&w, "weights_on", or_unknown(r->names[r->weights_on]));
+    json_member_string(&w, "embedding_on", or_unknown(r->names[r->embd_on]));
+    json_member_string(&w, "kv_cache_on", or_unknown(r->names[r->kv_on]));
     json_key(&w, "devices");
     json_begin_array(&w);
     for (int i = 0; i < r->n_backends; i++) {
         json_begin_object(&w);
-        json_member_string(&w, "name", r->names[i]);
-        json_member_string(&w, "plugin", r->plugins[i]);
+        json_member_string(&w, "name", or_unknown(r->names[i]));
+        json_member_string(&w, "plugin", or_unknown(r->plugins[i]));
         json_member_uint(&w, "compute_bytes", r->compute_bytes[i]);
         json_end_object(&w);
     }

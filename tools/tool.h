@@ -6,6 +6,7 @@
 #include <backplane/backplane.h>
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdint.h>
 
 /* backplane run (run.c) */
@@ -17,6 +18,10 @@ int cmd_bench(int argc, char **argv);
  * devices), at most max. for_run: the default is every GPU, the CPU is added last when missing
  * and must be last; otherwise the default is every device. Returns how many, or -1 after
  * printing why (nothing left open). */
+/* Writes s to f with control characters as C escapes ("\n", "\x1b"): for names and paths
+ * that come from outside the tool, printed as text. */
+void tool_put_text(const char *s, FILE *f);
+
 int tool_open_backends(const char *list, int threads, bp_backend **out, int max, bool for_run);
 
 /* Strict parsing of numeric option values (args.c). The whole of text must be the number and

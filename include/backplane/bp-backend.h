@@ -236,12 +236,12 @@ enum bp_plugin_status {
 };
 
 struct bp_plugin_record {
-    const char *path;    /* file or directory */
+    const char *path;    /* file or directory, its exact bytes (escape before printing) */
     const char *name;    /* <name> from the file name ("" for a directory) */
     const char *variant; /* <variant> or "" */
     int score;           /* -1 when never asked */
     enum bp_plugin_status status;
-    const char *message; /* why (one sentence), or what was loaded */
+    const char *message; /* why (one sentence), or what was loaded; control chars escaped */
 };
 
 BP_API const char *bp_plugin_status_name(enum bp_plugin_status status);
