@@ -1,0 +1,27 @@
+/* plugin-file.h - private to runtime/: the checks on a plugin file before it is loaded, the
+ * path walk that opens it (plugin-file.c) and its ELF headers. Used by loader.c. */
+#ifndef BACKPLANE_PLUGIN_FILE_H
+#define BACKPLANE_PLUGIN_FILE_H
+
+#include <stdbool.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+enum bp_walk_target { BP_WALK_DIR, BP_WALK_FILE };
+
+/* Resolves path (absolute, or relative to the checked directory atfd whose path is at) one
+ * component at a time from the root, checking owner and permissions of every directory and
+ * symbolic link on the way, and opens what it names: a directory for reading, or a regular
+ * file read-only (never a device or FIFO: they are refused by type before anything is
+ * opened). Returns the descriptor, with *st and, when canon is not NULL, the resolved path
+ * (heap); or -1 with *why (heap, NULL when memory ran out) and *err (the errno behind it, or
+ * 0). */
+int bp__walk(int atfd, const char *at, const char *path, enum bp_walk_target target,
+             struct stat *st, char **canon, char **why, int *err);
+
+/* Why the ELF file open as fd (size bytes) cannot be a shared object for this process, as a
+ * heap sentence; NULL when the headers are sound (*bad false; *bad true with NULL: out of
+ * memory). */
+char *bp__elf_problem(int fd, off_t size, bool *bad);
+
+#endif
