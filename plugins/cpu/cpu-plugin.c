@@ -9,6 +9,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -26,6 +27,10 @@
 
 struct cpu_backend {
     struct bp_cpu_pool *pool;
+    /* A compute or a thread-count change is in progress. The runtime already refuses a second
+     * thread's compute; bp_cpu_set_n_threads is called directly, so it and compute exclude
+     * each other here (BP_ERR_BUSY) instead of resizing the pool under a running graph. */
+    atomic_bool busy;
     int n_threads;
     char *work;            /* 64-byte aligned scratch: per-thread slices, then a shared one */
     size_t work_size;
@@ -127,9 +132,30 @@ static void graph_job_run(void *arg, int ith, int nth)
     }
 }
 
+static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g);
+
+static bool enter(struct cpu_backend *cb, const char *fn)
+{
+    bool expected = false;
+    if (atomic_compare_exchange_strong(&cb->busy, &expected, true))
+        return true;
+    bp_set_error(BP_ERR_BUSY, "CPU: %s: the backend is computing or changing its thread count "
+                 "on another thread; a backend is used by one thread at a time", fn);
+    return false;
+}
+
 static enum bp_status cpu_graph_compute(bp_backend *be, bp_graph *g)
 {
     struct cpu_backend *cb = bp_backend_get_context(be);
+    if (!enter(cb, "graph compute"))
+        return BP_ERR_BUSY;
+    enum bp_status st = graph_compute(cb, g);
+    atomic_store(&cb->busy, false);
+    return st;
+}
+
+static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g)
+{
     const int nth = cb->n_threads;
     size_t per_thread = 0, shared = 0;
     for (int i = 0; i < bp_graph_n_nodes(g); i++) {
@@ -279,7 +305,12 @@ static enum bp_status cpu_set_n_threads(bp_backend *be, int n)
 {
     if (!bp_cpu_is_own_backend(be))
         return bp_set_error(BP_ERR_INVALID_ARG, "bp_cpu_set_n_threads: not a CPU backend");
-    return set_threads(bp_backend_get_context(be), n);
+    struct cpu_backend *cb = bp_backend_get_context(be);
+    if (!enter(cb, "bp_cpu_set_n_threads"))
+        return BP_ERR_BUSY;
+    enum bp_status st = set_threads(cb, n);
+    atomic_store(&cb->busy, false);
+    return st;
 }
 
 /* ---- Device ----------------------------------------------------------------------------- */
