@@ -1,6 +1,6 @@
 /* conformance-cases.c - private to tests/: every (op, type, shape) case of the conformance
  * suite. Shapes include 1, odd primes, sizes that are not multiples of a SIMD width or of the
- * 256-wide K blocks of blocked matrix products, broadcast sources, and permuted, transposed and
+ * 512-wide K blocks of blocked matrix products, broadcast sources, and permuted, transposed and
  * strided views as sources. Each builder makes its own leafs; variants pick shapes and types. */
 #include "conformance.h"
 
@@ -228,7 +228,7 @@ static bp_tensor *b_concat(bp_context *ctx, int v)
 /* ---- Matrix products -------------------------------------------------------------------- */
 
 /* (K, M, N): vectors, odd sizes, every CPU strategy (dot products for N < 16, the broadcast
- * kernel for 16 <= N <= 48, the packed GEMM above), K across several 256-wide blocks. */
+ * kernel for 16 <= N <= 48, the packed GEMM above), K across a 512-wide block boundary. */
 static const int64_t mm_shapes[][3] = {
     {32, 1, 1},    {64, 7, 1},     {96, 13, 5},  {64, 17, 9}, {320, 33, 17},
     {544, 45, 64}, {32, 70, 8},    {288, 40, 150}, {64, 3, 129},

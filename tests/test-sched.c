@@ -1,6 +1,7 @@
-/* test-sched.c - the scheduler over the test accelerator (tests/accel: its own non-host buffer
- * type, async copies, events, a partial op set) and the CPU: every scheduled result must equal
- * the same graph computed on the CPU alone. */
+/* test-sched.c - the scheduler over the test accelerator (the backplane-accel test plugin, built
+ * from tests/plugins/plugin.c: its own non-host buffer type, async copies, events, a partial op
+ * set) and the CPU: every scheduled result must equal the same graph computed on the CPU
+ * alone. */
 #include <math.h>
 #include <stdlib.h>
 #include <unistd.h>

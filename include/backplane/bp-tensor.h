@@ -380,7 +380,8 @@ BP_API bp_tensor *bp_sum_rows(bp_context *ctx, bp_tensor *a);
 BP_API bp_tensor *bp_mean(bp_context *ctx, bp_tensor *a);
 BP_API bp_tensor *bp_argmax(bp_context *ctx, bp_tensor *a);
 
-/* Row normalisations over ne[0], F32, eps > 0 (finite). norm: (x - mean) / sqrt(var + eps);
+/* Row normalisations over ne[0], F32, eps >= 0 and finite (0 is allowed: an all-zero row is
+ * then the caller's risk). norm: (x - mean) / sqrt(var + eps);
  * rms_norm: x / sqrt(mean(x^2) + eps). */
 BP_API bp_tensor *bp_norm(bp_context *ctx, bp_tensor *a, float eps);
 BP_API bp_tensor *bp_rms_norm(bp_context *ctx, bp_tensor *a, float eps);
