@@ -1,15 +1,15 @@
-/* meta-compute.c - split states, their propagation through the graph, and running each part's
- * share of it.
+/* meta-compute.c - computing a graph on a meta device: the states of its tensors, the
+ * conversions between them, and running each part's share of it.
  *
  * Every tensor of the graph has a state: MIRRORED (each part holds all of it), SPLIT on an axis
- * with a size per part, or PARTIAL (each part holds a summand). Walking the nodes in order, a rule
- * per op picks the states it wants its sources in and the state of its result (docs/meta.md has
- * the table); a source in another state is converted first: a MIRRORED tensor is sliced for free
- * (its data is already on every part), a SPLIT one is gathered, a PARTIAL one all-reduced. Every
- * part gets a "shadow" of each node - the same op on its slice of memory - queued on that part's
- * backend. Gathers and all-reduces need finished data, so they first run what is queued.
- * Anything a rule does not cover runs MIRRORED: every part computes it in full, which is always
- * correct. */
+ * with a size per part, or PARTIAL (each part holds a summand). Walking the nodes in order, the
+ * rules of meta-rules.c pick the states a node wants its sources in and the state of its result
+ * (docs/meta.md has the table); a source in another state is converted first: a MIRRORED tensor
+ * is sliced for free (its data is already on every part), a SPLIT one is gathered, a PARTIAL one
+ * all-reduced. Every part gets a "shadow" of each node - the same op on its slice of memory -
+ * queued on that part's backend. Gathers and all-reduces need finished data, so they first run
+ * what is queued. Anything a rule does not cover runs MIRRORED: every part computes it in full,
+ * which is always correct. */
 #include "config.h"
 
 #include <stdlib.h>
@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "meta-impl.h"
+#include "meta-rules.h"
 
 struct record {
     const bp_tensor *t;
@@ -49,48 +50,6 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static bool same_state(const struct bp_meta_split *a, const struct bp_meta_split *b, int n)
-{
-    if (a->state != b->state)
-        return false;
-    if (a->state != BP_META_SPLIT)
-        return true;
-    if (a->axis != b->axis)
-        return false;
-    for (int p = 0; p < n; p++) {
-        if (a->sizes[p] != b->sizes[p])
-            return false;
-    }
-    return true;
-}
-
-static int64_t start_of(const struct bp_meta_split *s, int p)
-{
-    int64_t o = 0;
-    for (int q = 0; q < p; q++)
-        o += s->sizes[q];
-    return o;
-}
-
-/* An even split of ne over n parts in units of the largest power of two <= 64 that still gives
- * every part a unit (keeps attention heads whole for the usual head sizes); whole blocks for a
- * quantised row axis. */
-static struct bp_meta_split even_split(const bp_tensor *t, int axis, int n)
-{
-    struct bp_meta_split s = {.state = BP_META_SPLIT, .axis = axis};
-    const int64_t ne = t->ne[axis];
-    int64_t g = 64;
-    while (g > 1 && (ne % g != 0 || ne / g < n))
-        g /= 2;
-    if (axis == 0 && bp_type_block_size(t->type) > 1)
-        g = g < 32 ? 32 : g;
-    const int64_t units = ne / g, rest = ne - units * g;
-    for (int p = 0; p < n; p++)
-        s.sizes[p] = (units / n + (p < units % n ? 1 : 0)) * g;
-    s.sizes[n - 1] += rest;
-    return s;
-}
-
 /* ---- Records and shadows ---------------------------------------------------------------- */
 
 static struct record *rec_of(struct run *r, const bp_tensor *t)
@@ -115,7 +74,7 @@ static bp_tensor *shadow_at(struct run *r, const bp_tensor *t, const struct bp_m
     size_t offs = 0;
     if (s->state == BP_META_SPLIT) {
         ne[s->axis] = s->sizes[p];
-        int64_t start = start_of(s, p);
+        int64_t start = bp_meta_split_start(s, p);
         offs = (size_t)(start / bp_type_block_size(t->type)) * t->nb[s->axis];
         if (s->axis != 0)
             offs = (size_t)start * t->nb[s->axis];
@@ -152,7 +111,7 @@ static bp_tensor *shadow(struct run *r, const bp_tensor *t, const struct bp_meta
 {
     const struct meta_slot *sl = meta_sliced_slot(t);
     if (sl != NULL) {
-        if (same_state(s, &sl->s, r->n))
+        if (bp_meta_same_state(s, &sl->s, r->n))
             return packed_shadow(r, t, sl, p);
         char desc[BP_TENSOR_DESC_SIZE];
         bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s is stored in slices; it cannot be used or "
@@ -377,8 +336,8 @@ static bp_tensor slice_in_whole(const bp_tensor *t, const struct meta_slot *sl, 
     bp_tensor to = *packed;
     memcpy(to.nb, t->nb, sizeof(to.nb));
     to.buffer = buf;
-    to.data = base + (sl->s.axis == 1 ? (size_t)start_of(&sl->s, p) * t->nb[1]
-                                      : bp_row_size(t->type, start_of(&sl->s, p)));
+    to.data = base + (sl->s.axis == 1 ? (size_t)bp_meta_split_start(&sl->s, p) * t->nb[1]
+                                      : bp_row_size(t->type, bp_meta_split_start(&sl->s, p)));
     return to;
 }
 
@@ -545,7 +504,7 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
 {
     struct record *rec = rec_of(r, t);
     const struct meta_slot *sl = meta_sliced_slot(t);
-    if (sl != NULL && !same_state(&sl->s, want, r->n)) {
+    if (sl != NULL && !bp_meta_same_state(&sl->s, want, r->n)) {
         /* Stored in slices, wanted otherwise: whole copies for this run, then any state of
          * those is a view of them. */
         if (rec->temp[0] == NULL) {
@@ -560,11 +519,11 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
         }
         return BP_OK;
     }
-    if (same_state(&rec->s, want, r->n) && rec->sh[0] != NULL) {
+    if (bp_meta_same_state(&rec->s, want, r->n) && rec->sh[0] != NULL) {
         memcpy(out, rec->sh, (size_t)r->n * sizeof(*out));
         return BP_OK;
     }
-    if (!same_state(&rec->s, want, r->n) && rec->s.state != BP_META_MIRRORED) {
+    if (!bp_meta_same_state(&rec->s, want, r->n) && rec->s.state != BP_META_MIRRORED) {
         /* Bring it to MIRRORED: that needs t's finished data. */
         enum bp_status st = flush(r);
         if (st == BP_OK)
@@ -575,7 +534,7 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
         if (!make_shadows(r, t, &MIRROR, rec->sh))
             return bp_last_status();
     }
-    if (same_state(&rec->s, want, r->n)) {
+    if (bp_meta_same_state(&rec->s, want, r->n)) {
         if (rec->sh[0] == NULL && !make_shadows(r, t, want, rec->sh))
             return bp_last_status();
         memcpy(out, rec->sh, (size_t)r->n * sizeof(*out));
@@ -585,7 +544,7 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
     return make_shadows(r, t, want, out) ? BP_OK : bp_last_status();
 }
 
-/* ---- Rules ------------------------------------------------------------------------------- */
+/* ---- Deciding states --------------------------------------------------------------------- */
 
 static bool is_weight(const bp_tensor *t)
 {
@@ -593,204 +552,34 @@ static bool is_weight(const bp_tensor *t)
     return owner->buffer != NULL && bp_buffer_get_usage(owner->buffer) == BP_BUFFER_USAGE_WEIGHTS;
 }
 
-static struct bp_meta_split split_on(const struct bp_meta_split *like, int axis)
-{
-    struct bp_meta_split s = *like;
-    s.state = BP_META_SPLIT;
-    s.axis = axis;
-    return s;
-}
-
-/* Where a split on axis a of `from` (logical shape) lands in `to` when the same elements are
- * laid out in to's shape, or -1 when it would cut through an axis. */
-static int map_reshape(const bp_tensor *from, const bp_tensor *to, const struct bp_meta_split *s,
-                       int n, struct bp_meta_split *out)
-{
-    int64_t inner = 1;
-    for (int i = 0; i < s->axis; i++)
-        inner *= from->ne[i];
-    const int64_t span = inner * from->ne[s->axis];
-    int64_t tin = 1;
-    for (int b = 0; b < 4; b++) {
-        const int64_t tspan = tin * to->ne[b];
-        if (tspan == span && to->ne[b] > 0) {
-            /* Axis b ends where the split axis ends; sizes scale by inner / tin. */
-            struct bp_meta_split m = split_on(s, b);
-            for (int p = 0; p < n; p++) {
-                const int64_t elems = s->sizes[p] * inner;
-                if (elems % tin != 0)
-                    return -1; /* a slice would cut through axis b - 1 (half a head) */
-                m.sizes[p] = elems / tin;
-            }
-            *out = m;
-            return b;
-        }
-        tin = tspan;
-    }
-    return -1;
-}
-
-/* Decides the states of node's sources and result. want[k] for each source. Fails only when
- * the user's split callback gives an invalid answer. */
+/* Decides the states of node's sources and result (meta-rules.c) from the states its sources
+ * are in: want[k] for each source. A product with a weight stored whole first asks the user's
+ * split policy; an invalid answer is the only way this fails. */
 static enum bp_status decide(struct run *r, const bp_tensor *node,
                              struct bp_meta_split want[BP_MAX_SRC], struct bp_meta_split *out)
 {
-    const int n = r->n;
-    const bp_tensor *a = node->src[0], *b = node->src[1];
-    struct bp_meta_split sa = a ? rec_of(r, a)->s : MIRROR, sb = b ? rec_of(r, b)->s : MIRROR;
+    struct bp_meta_rule_in in = {.node = node, .n = r->n};
     for (int k = 0; k < BP_MAX_SRC; k++)
-        want[k] = MIRROR;
-    *out = MIRROR;
-
-    switch (node->op) {
-    case BP_OP_PERMUTE:
-    case BP_OP_TRANSPOSE:
-        want[0] = sa;
-        *out = sa;
-        if (sa.state == BP_META_SPLIT)
-            out->axis = node->op == BP_OP_TRANSPOSE ? (sa.axis < 2 ? 1 - sa.axis : sa.axis)
-                                                    : bp_get_op_param_i32(node, sa.axis);
-        return BP_OK;
-    case BP_OP_RESHAPE:
-    case BP_OP_CONT:
-    case BP_OP_DUP:
-        if (sa.state != BP_META_SPLIT) {
-            want[0] = sa;
-            *out = sa;
-        } else if (bp_are_same_shape(a, node)) {
-            want[0] = sa;
-            *out = sa;
-        } else if (map_reshape(a, node, &sa, n, out) >= 0) {
-            want[0] = sa;
-        }
-        return BP_OK;
-    case BP_OP_SCALE:
-        want[0] = sa;
-        *out = sa;
-        return BP_OK;
-    case BP_OP_UNARY:
-    case BP_OP_RMS_NORM:
-    case BP_OP_NORM:
-        if (sa.state == BP_META_SPLIT && (node->op == BP_OP_UNARY || sa.axis >= 1)) {
-            want[0] = sa;
-            *out = sa;
-        }
-        return BP_OK;
-    case BP_OP_SOFT_MAX:
-        if (sa.state == BP_META_SPLIT && sa.axis >= 2 &&
-            (b == NULL || (b->ne[2] == 1 && b->ne[3] == 1))) {
-            want[0] = sa;
-            *out = sa;
-        }
-        return BP_OK;
-    case BP_OP_ROPE:
-        if (sa.state == BP_META_SPLIT && (sa.axis == 1 || sa.axis == 3)) {
-            want[0] = sa;
-            *out = sa;
-        }
-        return BP_OK;
-    case BP_OP_ADD:
-    case BP_OP_SUB:
-    case BP_OP_MUL:
-    case BP_OP_DIV:
-    case BP_OP_GLU:
-        if (node->op == BP_OP_GLU && b == NULL) {
-            if (sa.state == BP_META_SPLIT && sa.axis >= 1) {
-                want[0] = sa;
-                *out = sa;
-            }
-            return BP_OK;
-        }
-        if (sa.state == BP_META_PARTIAL && sb.state == BP_META_PARTIAL &&
-            (node->op == BP_OP_ADD || node->op == BP_OP_SUB) && bp_are_same_shape(a, b)) {
-            want[0] = sa;
-            want[1] = sb;
-            *out = sa;
-            return BP_OK;
-        }
-        if (sa.state == BP_META_SPLIT) {
-            const int ax = sa.axis;
-            if (same_state(&sa, &sb, n)) {
-                want[0] = want[1] = sa;
-                *out = sa;
-            } else if (b->ne[ax] == 1) {
-                want[0] = sa;
-                *out = sa;
-            } else if (b->ne[ax] == a->ne[ax]) {
-                want[0] = want[1] = sa;
-                *out = sa;
-            }
-            return BP_OK;
-        }
-        if (sb.state == BP_META_SPLIT && a->ne[sb.axis] == b->ne[sb.axis]) {
-            want[0] = want[1] = sb;
-            *out = sb;
-        }
-        return BP_OK;
-    case BP_OP_MUL_MAT: {
-        /* A weight that is MIRRORED in memory can be taken in any split: ask the user's policy,
-         * else pick from how the activations arrive (Megatron: column-parallel when they are
-         * whole, row-parallel when they come split along K). */
-        const bool w = is_weight(a) && a->ne[2] == 1 && a->ne[3] == 1;
-        if (w && sa.state == BP_META_MIRRORED) {
-            struct bp_meta_split u;
-            bool given;
-            const enum bp_status st = meta_ask_split(r->md, a, &u, &given);
-            if (st != BP_OK)
-                return st;
-            if (given && u.state == BP_META_SPLIT)
-                sa = u;
-        }
-        if (sa.state == BP_META_SPLIT && sa.axis == 1 && sb.state != BP_META_PARTIAL) {
-            want[0] = sa;
-            *out = split_on(&sa, 0);
-            return BP_OK;
-        }
-        if (sb.state == BP_META_SPLIT && sb.axis == 0 && w &&
-            (sa.state == BP_META_MIRRORED || same_state(&sa, &sb, n))) {
-            bool blocks = true;
-            for (int p = 0; p < n; p++)
-                blocks &= sb.sizes[p] % bp_type_block_size(a->type) == 0;
-            if (blocks) {
-                want[0] = want[1] = sb;
-                *out = (struct bp_meta_split){.state = BP_META_PARTIAL};
-                return BP_OK;
-            }
-        }
-        if (sa.state == BP_META_SPLIT && sa.axis == 0 && same_state(&sa, &sb, n)) {
-            want[0] = want[1] = sa;
-            *out = (struct bp_meta_split){.state = BP_META_PARTIAL};
-            return BP_OK;
-        }
-        for (int ax = 2; ax <= 3; ax++) {
-            if (a->ne[ax] != b->ne[ax])
-                continue;
-            if (sb.state == BP_META_SPLIT && sb.axis == ax &&
-                (sa.state == BP_META_MIRRORED || same_state(&sa, &sb, n))) {
-                want[0] = want[1] = sb;
-                *out = sb;
-                return BP_OK;
-            }
-            if (sa.state == BP_META_SPLIT && sa.axis == ax && sb.state == BP_META_MIRRORED) {
-                want[0] = want[1] = sa;
-                *out = sa;
-                return BP_OK;
-            }
-        }
-        if (sb.state == BP_META_SPLIT && sb.axis == 1) {
-            want[1] = sb;
-            *out = sb;
-            return BP_OK;
-        }
-        if (w && sa.state == BP_META_MIRRORED && sb.state != BP_META_PARTIAL) {
-            want[0] = even_split(a, 1, n);
-            *out = split_on(&want[0], 0);
-        }
-        return BP_OK;
+        in.src[k] = node->src[k] != NULL ? rec_of(r, node->src[k])->s : MIRROR;
+    in.src0_weight = node->src[0] != NULL && is_weight(node->src[0]);
+    if (bp_meta_rules_ask_policy(&in)) {
+        struct bp_meta_split u;
+        bool given;
+        const enum bp_status st = bp_meta_ask_split(r->md, node->src[0], &u, &given);
+        if (st != BP_OK)
+            return st;
+        if (given && u.state == BP_META_SPLIT)
+            in.src[0] = u;
     }
-    default:
-        return BP_OK; /* MIRRORED: every part computes it in full */
+    struct bp_meta_decision d;
+    if (bp_meta_rules_decide(&in, &d) == BP_META_RULE_INVALID) {
+        char desc[BP_TENSOR_DESC_SIZE];
+        return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s: %s", r->md->name,
+                            bp_describe_tensor(node, desc, sizeof(desc)), d.reason);
     }
+    memcpy(want, d.want, sizeof(d.want));
+    *out = d.out;
+    return BP_OK;
 }
 
 /* ---- The graph --------------------------------------------------------------------------- */
@@ -823,7 +612,8 @@ static bp_tensor *regroup_target(struct run *r, const bp_tensor *node,
     memcpy(t->nb, nb, sizeof(nb));
     memcpy(t->name, node->name, sizeof(t->name));
     t->buffer = meta_part_buffer(node, p);
-    t->data = (char *)meta_part_address(node, p) + (size_t)start_of(in, p) * nb[in->axis];
+    t->data = (char *)meta_part_address(node, p) +
+              (size_t)bp_meta_split_start(in, p) * nb[in->axis];
     return t;
 }
 

@@ -90,8 +90,8 @@ const struct meta_slot *meta_sliced_slot(const bp_tensor *t);
  * "Overriding the policy"). BP_OK with *given true and *out filled when the callback chose a
  * split or MIRRORED; BP_OK with *given false when there is no callback or it left the choice to
  * the default policy; an error naming w, the axis and the sizes when the answer is invalid. */
-enum bp_status meta_ask_split(struct meta_dev *md, const bp_tensor *w, struct bp_meta_split *out,
-                              bool *given);
+enum bp_status bp_meta_ask_split(struct meta_dev *md, const bp_tensor *w,
+                                 struct bp_meta_split *out, bool *given);
 const struct bp_meta_split *meta_state_get(struct meta_dev *md, const bp_tensor *t);
 bool meta_state_set(struct meta_dev *md, const bp_tensor *t, const struct bp_meta_split *s);
 /* Drops the states of tensors in buf (freed or cleared: its data is the same on every part). */

@@ -185,8 +185,8 @@ static void sizes_text(const struct bp_meta_split *s, int n, char *buf, size_t c
                                  (long long)s->sizes[p]);
 }
 
-enum bp_status meta_ask_split(struct meta_dev *md, const bp_tensor *w, struct bp_meta_split *out,
-                              bool *given)
+enum bp_status bp_meta_ask_split(struct meta_dev *md, const bp_tensor *w,
+                                 struct bp_meta_split *out, bool *given)
 {
     *given = false;
     if (md->split_fn == NULL)
@@ -257,7 +257,7 @@ static enum bp_status sliced_split(struct meta_dev *md, const bp_tensor *w, bool
         return BP_OK;
     struct bp_meta_split s;
     bool given;
-    enum bp_status st = meta_ask_split(md, w, &s, &given);
+    enum bp_status st = bp_meta_ask_split(md, w, &s, &given);
     if (st != BP_OK || !given || s.state != BP_META_SPLIT || (s.axis != 0 && s.axis != 1))
         return st;
     *out = s;
