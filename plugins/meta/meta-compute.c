@@ -34,8 +34,7 @@ struct run {
     struct meta_dev *md;
     int n;
     bp_context *ctx;
-    struct record *recs;
-    size_t recs_size;
+    struct bp_meta_ptab recs; /* tensor -> struct record */
     bp_tensor **pending[BP_META_MAX_DEVICES];
     int n_pending[BP_META_MAX_DEVICES];
     int cap_pending;
@@ -52,18 +51,22 @@ static double now(void)
 
 /* ---- Records and shadows ---------------------------------------------------------------- */
 
+/* t's record, made when missing; NULL when out of memory (with the error set). */
 static struct record *rec_of(struct run *r, const bp_tensor *t)
 {
-    size_t i = (size_t)(((uintptr_t)t >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (r->recs_size - 1);
-    while (r->recs[i].t != NULL && r->recs[i].t != t)
-        i = (i + 1) & (r->recs_size - 1);
-    if (r->recs[i].t == NULL) {
-        const struct meta_slot *sl = meta_sliced_slot(t);
-        r->recs[i].t = t;
-        /* a sliced weight is in its storage split; anything else as the last run left it */
-        r->recs[i].s = sl != NULL ? sl->s : *meta_state_get(r->md, t);
+    bool added;
+    struct record *rec = bp_meta_ptab_put(&r->recs, t, &added);
+    if (rec == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", r->md->name);
+        return NULL;
     }
-    return &r->recs[i];
+    if (added) {
+        const struct meta_slot *sl = meta_sliced_slot(t);
+        rec->t = t;
+        /* a sliced weight is in its storage split; anything else as the last run left it */
+        rec->s = sl != NULL ? sl->s : *bp_meta_state_get(&r->md->states, t);
+    }
+    return rec;
 }
 
 /* t in state s as part p sees it, laid out like t in (buf, base): sliced when s is SPLIT. */
@@ -503,6 +506,8 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
                            bp_tensor **out)
 {
     struct record *rec = rec_of(r, t);
+    if (rec == NULL)
+        return bp_last_status();
     const struct meta_slot *sl = meta_sliced_slot(t);
     if (sl != NULL && !bp_meta_same_state(&sl->s, want, r->n)) {
         /* Stored in slices, wanted otherwise: whole copies for this run, then any state of
@@ -559,8 +564,12 @@ static enum bp_status decide(struct run *r, const bp_tensor *node,
                              struct bp_meta_split want[BP_MAX_SRC], struct bp_meta_split *out)
 {
     struct bp_meta_rule_in in = {.node = node, .n = r->n};
-    for (int k = 0; k < BP_MAX_SRC; k++)
-        in.src[k] = node->src[k] != NULL ? rec_of(r, node->src[k])->s : MIRROR;
+    for (int k = 0; k < BP_MAX_SRC; k++) {
+        const struct record *rec = node->src[k] != NULL ? rec_of(r, node->src[k]) : NULL;
+        if (node->src[k] != NULL && rec == NULL)
+            return bp_last_status();
+        in.src[k] = rec != NULL ? rec->s : MIRROR;
+    }
     in.src0_weight = node->src[0] != NULL && is_weight(node->src[0]);
     if (bp_meta_rules_ask_policy(&in)) {
         struct bp_meta_split u;
@@ -641,12 +650,11 @@ enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g)
     }
     if (st != BP_OK)
         return st;
-    r.recs_size = 64;
-    while (r.recs_size < 4 * (size_t)(nn + nl + 1))
-        r.recs_size <<= 1;
-    r.recs = calloc(r.recs_size, sizeof(*r.recs));
+    /* Room for a record of every tensor of the graph from the start. */
+    bp_meta_ptab_init(&r.recs, sizeof(struct record));
+    const bool reserved = bp_meta_ptab_reserve(&r.recs, 2 * (size_t)(nn + nl + 1));
     r.ctx = bp_context_new((size_t)(nn + nl + 8) * (size_t)r.n * (BP_MAX_SRC + 3) + 64);
-    if (r.recs == NULL || r.ctx == NULL) {
+    if (!reserved || r.ctx == NULL) {
         st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
         goto done;
     }
@@ -664,6 +672,10 @@ enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g)
         if (st != BP_OK)
             break;
         struct record *rec = rec_of(&r, node);
+        if (rec == NULL) {
+            st = bp_last_status();
+            break;
+        }
         rec->s = out;
         if (!make_shadows(&r, node, &out, rec->sh)) {
             st = bp_last_status();
@@ -691,19 +703,22 @@ enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g)
         st = flush(&r);
     /* Remember what each tensor holds, so reads gather, sum or pick accordingly (a sliced
      * weight stays what its storage is). */
-    for (size_t i = 0; st == BP_OK && i < r.recs_size; i++) {
-        if (r.recs[i].t != NULL && meta_sliced_slot(r.recs[i].t) == NULL &&
-            !meta_state_set(mb->md, r.recs[i].t, &r.recs[i].s))
+    const void *key;
+    void *val;
+    for (size_t i = 0; st == BP_OK && bp_meta_ptab_next(&r.recs, &i, &key, &val);) {
+        const struct record *rec = val;
+        if (meta_sliced_slot(rec->t) == NULL &&
+            !bp_meta_state_set(&mb->md->states, rec->t, &rec->s))
             st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
     }
 done:
-    for (size_t i = 0; r.recs != NULL && i < r.recs_size; i++)
+    for (size_t i = 0; bp_meta_ptab_next(&r.recs, &i, &key, &val);)
         for (int p = 0; p < r.n; p++)
-            bp_buffer_free(r.recs[i].temp[p]);
+            bp_buffer_free(((struct record *)val)->temp[p]);
     for (int p = 0; p < r.n; p++)
         free(r.pending[p]);
     bp_context_free(r.ctx);
-    free(r.recs);
+    bp_meta_ptab_close(&r.recs);
     return st;
 }
 
@@ -713,7 +728,7 @@ enum bp_status meta_read(struct meta_dev *md, const bp_tensor *t, void *data, si
                          size_t size)
 {
     const struct meta_slot *sl = meta_sliced_slot(t);
-    const struct bp_meta_split *s = sl != NULL ? &sl->s : meta_state_get(md, t);
+    const struct bp_meta_split *s = sl != NULL ? &sl->s : bp_meta_state_get(&md->states, t);
     const size_t bytes = bp_nbytes(t);
     char *full = malloc(bytes + 64), *tmp = malloc(bytes + 64);
     enum bp_status st = BP_OK;

@@ -1,4 +1,4 @@
-/* meta-impl.h - private to plugins/meta: what the meta plugin's files share. */
+/* meta-impl.h - private to plugins/meta/: what the meta plugin's files share. */
 #ifndef BP_META_IMPL_H
 #define BP_META_IMPL_H
 
@@ -8,13 +8,7 @@
 #include <backplane/bp-meta.h>
 #include <backplane/bp-plugin.h>
 
-/* The state a tensor had after the last computation, for reading it back. */
-struct meta_entry {
-    const bp_tensor *t;
-    const bp_buffer *buffer; /* where t was when the state was set: a later tensor at the same */
-    const void *data;        /* address, or t moved elsewhere, does not inherit the state */
-    struct bp_meta_split s;
-};
+#include "meta-state.h"
 
 struct meta_dev {
     char *name; /* "Meta(A,B,...)", heap: the parts' names have no length limit */
@@ -25,10 +19,7 @@ struct meta_dev {
     void *split_user;
     bp_device *dev;
     bp_buffer_type *buft;
-    /* tensor -> state, open addressing; states of tensors not listed are MIRRORED */
-    struct meta_entry *states;
-    size_t states_size;
-    size_t states_used;
+    struct bp_meta_ptab states; /* tensor -> state after the last computation (meta-state.c) */
 };
 
 /* How one weight is stored in a weights buffer (usage BP_BUFFER_USAGE_WEIGHTS): a buffer of its
@@ -92,10 +83,6 @@ const struct meta_slot *meta_sliced_slot(const bp_tensor *t);
  * the default policy; an error naming w, the axis and the sizes when the answer is invalid. */
 enum bp_status bp_meta_ask_split(struct meta_dev *md, const bp_tensor *w,
                                  struct bp_meta_split *out, bool *given);
-const struct bp_meta_split *meta_state_get(struct meta_dev *md, const bp_tensor *t);
-bool meta_state_set(struct meta_dev *md, const bp_tensor *t, const struct bp_meta_split *s);
-/* Drops the states of tensors in buf (freed or cleared: its data is the same on every part). */
-void meta_states_forget(struct meta_dev *md, const bp_buffer *buf);
 
 /* meta-compute.c */
 enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g);

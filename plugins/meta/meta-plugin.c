@@ -30,70 +30,6 @@ static struct {
     int n;
 } meta;
 
-/* ---- State table ------------------------------------------------------------------------- */
-
-static struct meta_entry *find_slot(struct meta_entry *tab, size_t size, const bp_tensor *t)
-{
-    size_t i = (size_t)(((uintptr_t)t >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (size - 1);
-    while (tab[i].t != NULL && tab[i].t != t)
-        i = (i + 1) & (size - 1);
-    return &tab[i];
-}
-
-const struct bp_meta_split *meta_state_get(struct meta_dev *md, const bp_tensor *t)
-{
-    static const struct bp_meta_split mirrored = {.state = BP_META_MIRRORED};
-    if (md->states_size == 0)
-        return &mirrored;
-    const struct meta_entry *e = find_slot(md->states, md->states_size, t);
-    return e->t == t && e->buffer == t->buffer && e->data == t->data ? &e->s : &mirrored;
-}
-
-/* Rebuilds the table from the entries that are kept (linear probing has no cheap delete). */
-static bool rehash(struct meta_dev *md, size_t size, const bp_buffer *drop)
-{
-    struct meta_entry *tab = calloc(size, sizeof(*tab));
-    if (tab == NULL)
-        return false;
-    size_t used = 0;
-    for (size_t i = 0; i < md->states_size; i++) {
-        if (md->states[i].t != NULL && (drop == NULL || md->states[i].buffer != drop)) {
-            *find_slot(tab, size, md->states[i].t) = md->states[i];
-            used++;
-        }
-    }
-    free(md->states);
-    md->states = tab;
-    md->states_size = size;
-    md->states_used = used;
-    return true;
-}
-
-void meta_states_forget(struct meta_dev *md, const bp_buffer *buf)
-{
-    if (md->states_used > 0 && !rehash(md, md->states_size, buf)) {
-        /* No memory for a new table: forget everything rather than keep stale states. */
-        memset(md->states, 0, md->states_size * sizeof(*md->states));
-        md->states_used = 0;
-    }
-}
-
-bool meta_state_set(struct meta_dev *md, const bp_tensor *t, const struct bp_meta_split *s)
-{
-    if (2 * (md->states_used + 1) > md->states_size &&
-        !rehash(md, md->states_size ? 2 * md->states_size : 1024, NULL))
-        return false;
-    struct meta_entry *e = find_slot(md->states, md->states_size, t);
-    if (e->t == NULL) {
-        e->t = t;
-        md->states_used++;
-    }
-    e->buffer = t->buffer;
-    e->data = t->data;
-    e->s = *s;
-    return true;
-}
-
 /* ---- Buffers ----------------------------------------------------------------------------- */
 
 static bool is_weights(bp_buffer *buf)
@@ -346,7 +282,7 @@ static void *mbuf_base(bp_buffer *buf)
 static void mbuf_free(bp_buffer *buf)
 {
     struct meta_buf *mb = bp_buffer_get_context(buf);
-    meta_states_forget(mb->md, buf);
+    bp_meta_states_forget(&mb->md->states, buf);
     for (int p = 0; p < mb->md->n; p++)
         bp_buffer_free(mb->parts[p]);
     for (size_t i = 0; i < mb->n_slots; i++)
@@ -361,7 +297,7 @@ static void mbuf_free(bp_buffer *buf)
 static enum bp_status mark_mirrored(struct meta_dev *md, const bp_tensor *t)
 {
     static const struct bp_meta_split mirrored = {.state = BP_META_MIRRORED};
-    return meta_state_set(md, t, &mirrored)
+    return bp_meta_state_set(&md->states, t, &mirrored)
                ? BP_OK
                : bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory recording the state of "
                               "'%s'", md->name, t->name);
@@ -471,7 +407,7 @@ static enum bp_status mbuf_clear(bp_buffer *buf, uint8_t v)
     }
     /* Everything is now the same bytes on every part; a sliced weight keeps its split, which
      * its slot (not the state table) says. */
-    meta_states_forget(mb->md, buf);
+    bp_meta_states_forget(&mb->md->states, buf);
     return BP_OK;
 }
 
@@ -863,6 +799,7 @@ static bp_device *device_for(bp_device *const *devices, int n, bp_meta_split_fn 
     md->n = n;
     md->split_fn = fn;
     md->split_user = user;
+    bp_meta_states_init(&md->states);
     for (int i = 0; i < n; i++)
         md->parts[i] = devices[i];
     snprintf(md->description, sizeof(md->description), "tensor parallelism over %d devices%s",
@@ -1014,7 +951,7 @@ static void mreg_free(bp_registry *reg)
 {
     (void)reg;
     for (int i = 0; i < meta.n; i++) {
-        free(meta.devs[i]->states);
+        bp_meta_ptab_close(&meta.devs[i]->states);
         free(meta.devs[i]->name);
         free(meta.devs[i]);
     }
