@@ -61,7 +61,7 @@ static struct record *rec_of(struct run *r, const bp_tensor *t)
         return NULL;
     }
     if (added) {
-        const struct meta_slot *sl = meta_sliced_slot(t);
+        const struct meta_slot *sl = bp_meta_sliced_slot(t);
         rec->t = t;
         /* a sliced weight is in its storage split; anything else as the last run left it */
         rec->s = sl != NULL ? sl->s : *bp_meta_state_get(&r->md->states, t);
@@ -69,67 +69,11 @@ static struct record *rec_of(struct run *r, const bp_tensor *t)
     return rec;
 }
 
-/* t in state s as part p sees it, laid out like t in (buf, base): sliced when s is SPLIT. */
-static bp_tensor *shadow_at(struct run *r, const bp_tensor *t, const struct bp_meta_split *s,
-                            int p, bp_buffer *buf, void *base)
-{
-    int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
-    size_t offs = 0;
-    if (s->state == BP_META_SPLIT) {
-        ne[s->axis] = s->sizes[p];
-        int64_t start = bp_meta_split_start(s, p);
-        offs = (size_t)(start / bp_type_block_size(t->type)) * t->nb[s->axis];
-        if (s->axis != 0)
-            offs = (size_t)start * t->nb[s->axis];
-    }
-    bp_tensor *sh = bp_new_tensor_4d(r->ctx, t->type, ne[0], ne[1], ne[2], ne[3]);
-    if (sh == NULL)
-        return NULL;
-    memcpy(sh->nb, t->nb, sizeof(sh->nb));
-    memcpy(sh->op_params, t->op_params, sizeof(sh->op_params));
-    memcpy(sh->name, t->name, sizeof(sh->name));
-    sh->buffer = buf;
-    sh->data = (char *)base + offs;
-    return sh;
-}
-
-/* Part p's packed slice of a sliced weight: rows of the slice's own width. */
-static bp_tensor *packed_shadow(struct run *r, const bp_tensor *t, const struct meta_slot *sl,
-                                int p)
-{
-    int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
-    ne[sl->s.axis] = sl->s.sizes[p];
-    bp_tensor *sh = bp_new_tensor_4d(r->ctx, t->type, ne[0], ne[1], ne[2], ne[3]);
-    if (sh == NULL)
-        return NULL;
-    memcpy(sh->op_params, t->op_params, sizeof(sh->op_params));
-    memcpy(sh->name, t->name, sizeof(sh->name));
-    sh->buffer = sl->part[p];
-    sh->data = bp_buffer_get_base(sl->part[p]);
-    return sh; /* strides: bp_new_tensor_4d's contiguous ones, the packed layout */
-}
-
-/* t as part p sees it in state s: a tensor on the part's memory, sliced when s is SPLIT. */
-static bp_tensor *shadow(struct run *r, const bp_tensor *t, const struct bp_meta_split *s, int p)
-{
-    const struct meta_slot *sl = meta_sliced_slot(t);
-    if (sl != NULL) {
-        if (bp_meta_same_state(s, &sl->s, r->n))
-            return packed_shadow(r, t, sl, p);
-        char desc[BP_TENSOR_DESC_SIZE];
-        bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s is stored in slices; it cannot be used or "
-                     "written in another state here", r->md->name,
-                     bp_describe_tensor(t, desc, sizeof(desc)));
-        return NULL;
-    }
-    return shadow_at(r, t, s, p, meta_part_buffer(t, p), meta_part_address(t, p));
-}
-
 static bool make_shadows(struct run *r, const bp_tensor *t, const struct bp_meta_split *s,
                          bp_tensor **out)
 {
     for (int p = 0; p < r->n; p++) {
-        out[p] = shadow(r, t, s, p);
+        out[p] = bp_meta_shadow(r->ctx, r->md, t, s, p);
         if (out[p] == NULL)
             return false;
     }
@@ -208,7 +152,7 @@ static void worker_wait(struct meta_worker *w)
     pthread_mutex_unlock(&w->mu);
 }
 
-void meta_workers_stop(struct meta_backend *mb)
+void bp_meta_workers_stop(struct meta_backend *mb)
 {
     for (int p = 0; p < BP_META_MAX_DEVICES; p++) {
         struct meta_worker *w = &mb->workers[p];
@@ -306,50 +250,12 @@ static bool queue(struct run *r, int p, bp_tensor *sh)
 
 /* ---- Conversions ------------------------------------------------------------------------- */
 
-/* Copies src's elements into dst (same shape, other memory, each with its own strides), row
- * by row when both have contiguous rows. */
-static enum bp_status copy_rows(const bp_tensor *src, bp_tensor *dst, char *tmp)
-{
-    if (bp_nelements(src) == 0)
-        return BP_OK;
-    const size_t esz = bp_type_size(src->type);
-    const bool rows = src->nb[0] == esz && dst->nb[0] == esz;
-    const size_t seg = rows ? bp_row_size(src->type, src->ne[0]) : esz;
-    for (int64_t i3 = 0; i3 < src->ne[3]; i3++)
-        for (int64_t i2 = 0; i2 < src->ne[2]; i2++)
-            for (int64_t i1 = 0; i1 < src->ne[1]; i1++)
-                for (int64_t i0 = 0; i0 < (rows ? 1 : src->ne[0]); i0++) {
-                    size_t off = (size_t)i0 * src->nb[0] + (size_t)i1 * src->nb[1] +
-                                 (size_t)i2 * src->nb[2] + (size_t)i3 * src->nb[3];
-                    size_t doff = (size_t)i0 * dst->nb[0] + (size_t)i1 * dst->nb[1] +
-                                  (size_t)i2 * dst->nb[2] + (size_t)i3 * dst->nb[3];
-                    enum bp_status st = bp_tensor_get(src, tmp, off, seg);
-                    if (st == BP_OK)
-                        st = bp_tensor_set(dst, tmp, doff, seg);
-                    if (st != BP_OK)
-                        return st;
-                }
-    return BP_OK;
-}
-
-/* Where part p's slice of a sliced weight t sits in a whole copy of t at (buf, base). */
-static bp_tensor slice_in_whole(const bp_tensor *t, const struct meta_slot *sl, int p,
-                                const bp_tensor *packed, bp_buffer *buf, char *base)
-{
-    bp_tensor to = *packed;
-    memcpy(to.nb, t->nb, sizeof(to.nb));
-    to.buffer = buf;
-    to.data = base + (sl->s.axis == 1 ? (size_t)bp_meta_split_start(&sl->s, p) * t->nb[1]
-                                      : bp_row_size(t->type, bp_meta_split_start(&sl->s, p)));
-    return to;
-}
-
 /* A sliced weight needed whole (or split otherwise) in this run: every part gets a whole copy,
  * assembled from all parts' slices, freed when the run ends. */
 static enum bp_status unslice(struct run *r, struct record *rec)
 {
     const bp_tensor *t = rec->t;
-    const struct meta_slot *sl = meta_sliced_slot(t);
+    const struct meta_slot *sl = bp_meta_sliced_slot(t);
     const size_t bytes = bp_nbytes(t);
     char *tmp = malloc(bp_row_size(t->type, t->ne[0]) + 64);
     if (tmp == NULL)
@@ -363,15 +269,15 @@ static enum bp_status unslice(struct run *r, struct record *rec)
     for (int q = 0; q < r->n && st == BP_OK; q++) {
         if (sl->s.sizes[q] == 0)
             continue;
-        bp_tensor *from = packed_shadow(r, t, sl, q);
+        bp_tensor *from = bp_meta_packed_shadow(r->ctx, t, sl, q);
         if (from == NULL) {
             st = bp_last_status();
             break;
         }
         for (int p = 0; p < r->n && st == BP_OK; p++) {
-            bp_tensor to = slice_in_whole(t, sl, q, from, rec->temp[p],
+            bp_tensor to = bp_meta_slice_in_whole(t, sl, q, from, rec->temp[p],
                                           bp_buffer_get_base(rec->temp[p]));
-            st = copy_rows(from, &to, tmp);
+            st = bp_meta_copy_rows(from, &to, tmp);
         }
     }
     free(tmp);
@@ -388,15 +294,15 @@ static enum bp_status gather(struct run *r, const bp_tensor *t, const struct bp_
     for (int q = 0; q < r->n && st == BP_OK; q++) {
         if (s->sizes[q] == 0)
             continue;
-        bp_tensor *from = shadow(r, t, s, q);
+        bp_tensor *from = bp_meta_shadow(r->ctx, r->md, t, s, q);
         for (int p = 0; p < r->n && st == BP_OK && from; p++) {
             if (p == q)
                 continue;
             bp_tensor to = *from; /* part q's slice, placed in part p's memory */
-            to.buffer = meta_part_buffer(t, p);
-            to.data = (char *)meta_part_address(t, p) +
-                      ((char *)from->data - (char *)meta_part_address(t, q));
-            st = copy_rows(from, &to, tmp);
+            to.buffer = bp_meta_part_buffer(t, p);
+            to.data = (char *)bp_meta_part_address(t, p) +
+                      ((char *)from->data - (char *)bp_meta_part_address(t, q));
+            st = bp_meta_copy_rows(from, &to, tmp);
         }
         if (from == NULL)
             st = bp_last_status();
@@ -508,7 +414,7 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
     struct record *rec = rec_of(r, t);
     if (rec == NULL)
         return bp_last_status();
-    const struct meta_slot *sl = meta_sliced_slot(t);
+    const struct meta_slot *sl = bp_meta_sliced_slot(t);
     if (sl != NULL && !bp_meta_same_state(&sl->s, want, r->n)) {
         /* Stored in slices, wanted otherwise: whole copies for this run, then any state of
          * those is a view of them. */
@@ -518,7 +424,8 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
                 return st;
         }
         for (int p = 0; p < r->n; p++) {
-            out[p] = shadow_at(r, t, want, p, rec->temp[p], bp_buffer_get_base(rec->temp[p]));
+            out[p] = bp_meta_shadow_at(r->ctx, t, want, p, rec->temp[p],
+                                       bp_buffer_get_base(rec->temp[p]));
             if (out[p] == NULL)
                 return bp_last_status();
         }
@@ -620,13 +527,13 @@ static bp_tensor *regroup_target(struct run *r, const bp_tensor *node,
         nb[d] = nb[d - 1] * (size_t)a->ne[d - 1];
     memcpy(t->nb, nb, sizeof(nb));
     memcpy(t->name, node->name, sizeof(t->name));
-    t->buffer = meta_part_buffer(node, p);
-    t->data = (char *)meta_part_address(node, p) +
+    t->buffer = bp_meta_part_buffer(node, p);
+    t->data = (char *)bp_meta_part_address(node, p) +
               (size_t)bp_meta_split_start(in, p) * nb[in->axis];
     return t;
 }
 
-enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g)
+enum bp_status bp_meta_graph_compute(struct meta_backend *mb, bp_graph *g)
 {
     struct run r = {.mb = mb, .md = mb->md, .n = mb->md->n};
     const int nn = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
@@ -645,7 +552,7 @@ enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g)
         for (int k = -1; k < BP_MAX_SRC && st == BP_OK; k++) {
             const bp_tensor *u = k < 0 ? t : t->src[k];
             if (u != NULL && u->buffer != NULL && bp_buffer_get_type(u->buffer) == mb->md->buft)
-                st = meta_prepare(u);
+                st = bp_meta_prepare(u);
         }
     }
     if (st != BP_OK)
@@ -707,7 +614,7 @@ enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g)
     void *val;
     for (size_t i = 0; st == BP_OK && bp_meta_ptab_next(&r.recs, &i, &key, &val);) {
         const struct record *rec = val;
-        if (meta_sliced_slot(rec->t) == NULL &&
+        if (bp_meta_sliced_slot(rec->t) == NULL &&
             !bp_meta_state_set(&mb->md->states, rec->t, &rec->s))
             st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
     }
@@ -722,74 +629,3 @@ done:
     return st;
 }
 
-/* ---- Reading ----------------------------------------------------------------------------- */
-
-enum bp_status meta_read(struct meta_dev *md, const bp_tensor *t, void *data, size_t offset,
-                         size_t size)
-{
-    const struct meta_slot *sl = meta_sliced_slot(t);
-    const struct bp_meta_split *s = sl != NULL ? &sl->s : bp_meta_state_get(&md->states, t);
-    const size_t bytes = bp_nbytes(t);
-    char *full = malloc(bytes + 64), *tmp = malloc(bytes + 64);
-    enum bp_status st = BP_OK;
-    if (full == NULL || tmp == NULL) {
-        st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory reading '%s'", md->name,
-                          t->name);
-        goto done;
-    }
-    struct run r = {.md = md, .n = md->n};
-    r.ctx = bp_context_new((size_t)md->n + 4);
-    if (r.ctx == NULL) {
-        st = bp_last_status();
-        goto done;
-    }
-    if (s->state == BP_META_SPLIT) {
-        /* Every part's slice, in place, in one host copy of the whole tensor. */
-        bp_tensor host = *t;
-        host.view_src = NULL;
-        host.buffer = bp_buffer_from_host_ptr(full, bytes);
-        host.data = full;
-        if (host.buffer == NULL)
-            st = bp_last_status();
-        for (int p = 0; p < md->n && st == BP_OK; p++) {
-            if (s->sizes[p] == 0)
-                continue;
-            bp_tensor *from = shadow(&r, t, s, p);
-            if (from == NULL) {
-                st = bp_last_status();
-                break;
-            }
-            bp_tensor to = *from;
-            if (sl != NULL) {
-                to = slice_in_whole(t, sl, p, from, host.buffer, full);
-            } else {
-                to.buffer = host.buffer;
-                to.data = full + ((char *)from->data - (char *)meta_part_address(t, p));
-            }
-            st = copy_rows(from, &to, tmp);
-        }
-        bp_buffer_free(host.buffer);
-    } else {
-        bp_tensor *p0 = shadow(&r, t, &MIRROR, 0);
-        st = p0 ? bp_tensor_get(p0, full, 0, bytes) : bp_last_status();
-        if (st == BP_OK && s->state == BP_META_PARTIAL && t->type != BP_TYPE_F32)
-            st = bp_set_error(BP_ERR_TYPE, "%s: cannot read '%s': it holds partial sums of type "
-                              "%s, which only f32 supports", md->name, t->name,
-                              bp_type_name(t->type));
-        if (s->state == BP_META_PARTIAL && t->type == BP_TYPE_F32) {
-            for (int p = 1; p < md->n && st == BP_OK; p++) {
-                bp_tensor *pp = shadow(&r, t, &MIRROR, p);
-                st = pp ? bp_tensor_get(pp, tmp, 0, bytes) : bp_last_status();
-                for (size_t i = 0; st == BP_OK && i < bytes / sizeof(float); i++)
-                    ((float *)full)[i] += ((float *)tmp)[i];
-            }
-        }
-    }
-    if (st == BP_OK)
-        memcpy(data, full + offset, size);
-    bp_context_free(r.ctx);
-done:
-    free(full);
-    free(tmp);
-    return st;
-}
