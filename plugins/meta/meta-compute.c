@@ -533,92 +533,102 @@ static bp_tensor *regroup_target(struct run *r, const bp_tensor *node,
     return t;
 }
 
-enum bp_status bp_meta_graph_compute(struct meta_backend *mb, bp_graph *g)
+/* Checks that every node of g is in one of md's buffers and gives every tensor involved its
+ * storage on the parts (buffers get theirs at first use). */
+static enum bp_status prepare_graph(struct meta_dev *md, bp_graph *g)
 {
-    struct run r = {.mb = mb, .md = mb->md, .n = mb->md->n};
     const int nn = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
     enum bp_status st = BP_OK;
     for (int i = 0; i < nn; i++) {
         const bp_tensor *t = bp_graph_node(g, i);
         char desc[BP_TENSOR_DESC_SIZE];
-        if (t->buffer == NULL || bp_buffer_get_type(t->buffer) != mb->md->buft)
+        if (t->buffer == NULL || bp_buffer_get_type(t->buffer) != md->buft)
             return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s node %s is not in one of its "
-                                "buffers", mb->md->name, bp_op_name(t->op),
+                                "buffers", md->name, bp_op_name(t->op),
                                 bp_describe_tensor(t, desc, sizeof(desc)));
     }
-    /* Storage on the parts for every tensor involved (buffers get theirs at first use). */
     for (int i = 0; i < nn + nl && st == BP_OK; i++) {
         const bp_tensor *t = i < nn ? bp_graph_node(g, i) : bp_graph_leaf(g, i - nn);
         for (int k = -1; k < BP_MAX_SRC && st == BP_OK; k++) {
             const bp_tensor *u = k < 0 ? t : t->src[k];
-            if (u != NULL && u->buffer != NULL && bp_buffer_get_type(u->buffer) == mb->md->buft)
+            if (u != NULL && u->buffer != NULL && bp_buffer_get_type(u->buffer) == md->buft)
                 st = bp_meta_prepare(u);
         }
     }
+    return st;
+}
+
+/* One node: decides its states, converts its sources, and queues its shadow on every part (a
+ * view computes nothing: its shadows already point at its data). */
+static enum bp_status compute_node(struct run *r, bp_tensor *node)
+{
+    struct bp_meta_split want[BP_MAX_SRC], out;
+    enum bp_status st = decide(r, node, want, &out);
+    bp_tensor *srcs[BP_MAX_SRC][BP_META_MAX_DEVICES] = {{0}};
+    for (int k = 0; k < BP_MAX_SRC && st == BP_OK; k++) {
+        if (node->src[k] != NULL)
+            st = need(r, node->src[k], &want[k], srcs[k]);
+    }
+    if (st != BP_OK)
+        return st;
+    struct record *rec = rec_of(r, node);
+    if (rec == NULL)
+        return bp_last_status();
+    rec->s = out;
+    if (!make_shadows(r, node, &out, rec->sh))
+        return bp_last_status();
+    if (bp_op_is_view(node->op))
+        return BP_OK;
+    const bool regroup = reshaping_copy(node, &want[0], &out);
+    for (int p = 0; p < r->n; p++) {
+        bp_tensor *sh = regroup ? regroup_target(r, node, &want[0], srcs[0][p], p) : rec->sh[p];
+        if (sh == NULL)
+            return bp_last_status();
+        sh->op = node->op;
+        for (int k = 0; k < BP_MAX_SRC; k++)
+            sh->src[k] = srcs[k][p];
+        if (!queue(r, p, sh))
+            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", r->md->name);
+    }
+    return BP_OK;
+}
+
+/* Remembers what each tensor holds, so reads gather, sum or pick accordingly (a sliced weight
+ * stays what its storage is). */
+static enum bp_status remember_states(struct run *r)
+{
+    const void *key;
+    void *val;
+    for (size_t i = 0; bp_meta_ptab_next(&r->recs, &i, &key, &val);) {
+        const struct record *rec = val;
+        if (bp_meta_sliced_slot(rec->t) == NULL &&
+            !bp_meta_state_set(&r->md->states, rec->t, &rec->s))
+            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", r->md->name);
+    }
+    return BP_OK;
+}
+
+enum bp_status bp_meta_graph_compute(struct meta_backend *mb, bp_graph *g)
+{
+    struct run r = {.mb = mb, .md = mb->md, .n = mb->md->n};
+    const int nn = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    enum bp_status st = prepare_graph(mb->md, g);
     if (st != BP_OK)
         return st;
     /* Room for a record of every tensor of the graph from the start. */
     bp_meta_ptab_init(&r.recs, sizeof(struct record));
     const bool reserved = bp_meta_ptab_reserve(&r.recs, 2 * (size_t)(nn + nl + 1));
     r.ctx = bp_context_new((size_t)(nn + nl + 8) * (size_t)r.n * (BP_MAX_SRC + 3) + 64);
-    if (!reserved || r.ctx == NULL) {
+    if (!reserved || r.ctx == NULL)
         st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
-        goto done;
-    }
-    for (int i = 0; i < nn && st == BP_OK; i++) {
-        bp_tensor *node = bp_graph_node(g, i);
-        struct bp_meta_split want[BP_MAX_SRC], out;
-        st = decide(&r, node, want, &out);
-        if (st != BP_OK)
-            break;
-        bp_tensor *srcs[BP_MAX_SRC][BP_META_MAX_DEVICES] = {{0}};
-        for (int k = 0; k < BP_MAX_SRC && st == BP_OK; k++) {
-            if (node->src[k] != NULL)
-                st = need(&r, node->src[k], &want[k], srcs[k]);
-        }
-        if (st != BP_OK)
-            break;
-        struct record *rec = rec_of(&r, node);
-        if (rec == NULL) {
-            st = bp_last_status();
-            break;
-        }
-        rec->s = out;
-        if (!make_shadows(&r, node, &out, rec->sh)) {
-            st = bp_last_status();
-            break;
-        }
-        if (bp_op_is_view(node->op))
-            continue; /* a view computes nothing: its shadows already point at its data */
-        const bool regroup = reshaping_copy(node, &want[0], &out);
-        for (int p = 0; p < r.n; p++) {
-            bp_tensor *sh = regroup ? regroup_target(&r, node, &want[0], srcs[0][p], p) : rec->sh[p];
-            if (sh == NULL) {
-                st = bp_last_status();
-                break;
-            }
-            sh->op = node->op;
-            for (int k = 0; k < BP_MAX_SRC; k++)
-                sh->src[k] = srcs[k][p];
-            if (!queue(&r, p, sh)) {
-                st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
-                break;
-            }
-        }
-    }
+    for (int i = 0; i < nn && st == BP_OK; i++)
+        st = compute_node(&r, bp_graph_node(g, i));
     if (st == BP_OK)
         st = flush(&r);
-    /* Remember what each tensor holds, so reads gather, sum or pick accordingly (a sliced
-     * weight stays what its storage is). */
+    if (st == BP_OK)
+        st = remember_states(&r);
     const void *key;
     void *val;
-    for (size_t i = 0; st == BP_OK && bp_meta_ptab_next(&r.recs, &i, &key, &val);) {
-        const struct record *rec = val;
-        if (bp_meta_sliced_slot(rec->t) == NULL &&
-            !bp_meta_state_set(&mb->md->states, rec->t, &rec->s))
-            st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
-    }
-done:
     for (size_t i = 0; bp_meta_ptab_next(&r.recs, &i, &key, &val);)
         for (int p = 0; p < r.n; p++)
             bp_buffer_free(((struct record *)val)->temp[p]);

@@ -250,6 +250,33 @@ static char *compose_name(bp_device *const *devices, int n)
     return name;
 }
 
+/* Whether devices[0..n) can be the parts of a meta device: none NULL, none a meta device, none
+ * twice. The error (starting with `who`) says which when not. */
+static bool parts_valid(bp_device *const *devices, int n, const char *who)
+{
+    for (int i = 0; i < n; i++) {
+        if (devices[i] == NULL) {
+            bp_set_error(BP_ERR_INVALID_ARG, "%s: device %d of %d is NULL", who, i, n);
+            return false;
+        }
+        if (bp_device_get_type(devices[i]) == BP_DEVICE_TYPE_META) {
+            bp_set_error(BP_ERR_INVALID_ARG, "%s: device %d ('%.*s%s') is itself a meta device; "
+                         "a meta device cannot be a part of another", who, i,
+                         SHOW(bp_device_name(devices[i])));
+            return false;
+        }
+        for (int j = 0; j < i; j++) {
+            if (devices[j] == devices[i]) {
+                bp_set_error(BP_ERR_INVALID_ARG, "%s: device '%.*s%s' is listed twice (parts %d "
+                             "and %d); each device can be one part only", who,
+                             SHOW(bp_device_name(devices[i])), j, i);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 /* The meta device over devices[0..n) with split policy (fn, user): one device per name, so
  * asking again for the same parts gives the device already made. A request without a policy
  * (fn NULL, as "Meta(...)" names make) takes the device whatever policy it was made with; a
@@ -258,26 +285,8 @@ static char *compose_name(bp_device *const *devices, int n)
 static bp_device *device_for(bp_device *const *devices, int n, bp_meta_split_fn fn, void *user,
                              const char *who)
 {
-    for (int i = 0; i < n; i++) {
-        if (devices[i] == NULL) {
-            bp_set_error(BP_ERR_INVALID_ARG, "%s: device %d of %d is NULL", who, i, n);
-            return NULL;
-        }
-        if (bp_device_get_type(devices[i]) == BP_DEVICE_TYPE_META) {
-            bp_set_error(BP_ERR_INVALID_ARG, "%s: device %d ('%.*s%s') is itself a meta device; "
-                         "a meta device cannot be a part of another", who, i,
-                         SHOW(bp_device_name(devices[i])));
-            return NULL;
-        }
-        for (int j = 0; j < i; j++) {
-            if (devices[j] == devices[i]) {
-                bp_set_error(BP_ERR_INVALID_ARG, "%s: device '%.*s%s' is listed twice (parts %d "
-                             "and %d); each device can be one part only", who,
-                             SHOW(bp_device_name(devices[i])), j, i);
-                return NULL;
-            }
-        }
-    }
+    if (!parts_valid(devices, n, who))
+        return NULL;
     if (fn == NULL)
         user = NULL; /* no policy: the user data means nothing */
     char *name = compose_name(devices, n);
