@@ -1,15 +1,15 @@
-/* meta-compute.c - split states, their propagation through the graph, and running each part's
- * share of it.
+/* meta-compute.c - computing a graph on a meta device: the states of its tensors, the
+ * conversions between them, and running each part's share of it.
  *
  * Every tensor of the graph has a state: MIRRORED (each part holds all of it), SPLIT on an axis
- * with a size per part, or PARTIAL (each part holds a summand). Walking the nodes in order, a rule
- * per op picks the states it wants its sources in and the state of its result (docs/meta.md has
- * the table); a source in another state is converted first: a MIRRORED tensor is sliced for free
- * (its data is already on every part), a SPLIT one is gathered, a PARTIAL one all-reduced. Every
- * part gets a "shadow" of each node - the same op on its slice of memory - queued on that part's
- * backend. Gathers and all-reduces need finished data, so they first run what is queued.
- * Anything a rule does not cover runs MIRRORED: every part computes it in full, which is always
- * correct. */
+ * with a size per part, or PARTIAL (each part holds a summand). Walking the nodes in order, the
+ * rules of meta-rules.c pick the states a node wants its sources in and the state of its result
+ * (docs/meta.md has the table); a source in another state is converted first: a MIRRORED tensor
+ * is sliced for free (its data is already on every part), a SPLIT one is gathered, a PARTIAL one
+ * all-reduced. Every part gets a "shadow" of each node - the same op on its slice of memory -
+ * queued on that part's backend. Gathers and all-reduces need finished data, so they first run
+ * what is queued. Anything a rule does not cover runs MIRRORED: every part computes it in full,
+ * which is always correct. */
 #include "config.h"
 
 #include <stdlib.h>
@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "meta-impl.h"
+#include "meta-rules.h"
 
 struct record {
     const bp_tensor *t;
@@ -33,8 +34,7 @@ struct run {
     struct meta_dev *md;
     int n;
     bp_context *ctx;
-    struct record *recs;
-    size_t recs_size;
+    struct bp_meta_ptab recs; /* tensor -> struct record */
     bp_tensor **pending[BP_META_MAX_DEVICES];
     int n_pending[BP_META_MAX_DEVICES];
     int cap_pending;
@@ -49,125 +49,31 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static bool same_state(const struct bp_meta_split *a, const struct bp_meta_split *b, int n)
-{
-    if (a->state != b->state)
-        return false;
-    if (a->state != BP_META_SPLIT)
-        return true;
-    if (a->axis != b->axis)
-        return false;
-    for (int p = 0; p < n; p++) {
-        if (a->sizes[p] != b->sizes[p])
-            return false;
-    }
-    return true;
-}
-
-static int64_t start_of(const struct bp_meta_split *s, int p)
-{
-    int64_t o = 0;
-    for (int q = 0; q < p; q++)
-        o += s->sizes[q];
-    return o;
-}
-
-/* An even split of ne over n parts in units of the largest power of two <= 64 that still gives
- * every part a unit (keeps attention heads whole for the usual head sizes); whole blocks for a
- * quantised row axis. */
-static struct bp_meta_split even_split(const bp_tensor *t, int axis, int n)
-{
-    struct bp_meta_split s = {.state = BP_META_SPLIT, .axis = axis};
-    const int64_t ne = t->ne[axis];
-    int64_t g = 64;
-    while (g > 1 && (ne % g != 0 || ne / g < n))
-        g /= 2;
-    if (axis == 0 && bp_type_block_size(t->type) > 1)
-        g = g < 32 ? 32 : g;
-    const int64_t units = ne / g, rest = ne - units * g;
-    for (int p = 0; p < n; p++)
-        s.sizes[p] = (units / n + (p < units % n ? 1 : 0)) * g;
-    s.sizes[n - 1] += rest;
-    return s;
-}
-
 /* ---- Records and shadows ---------------------------------------------------------------- */
 
+/* t's record, made when missing; NULL when out of memory (with the error set). */
 static struct record *rec_of(struct run *r, const bp_tensor *t)
 {
-    size_t i = (size_t)(((uintptr_t)t >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (r->recs_size - 1);
-    while (r->recs[i].t != NULL && r->recs[i].t != t)
-        i = (i + 1) & (r->recs_size - 1);
-    if (r->recs[i].t == NULL) {
-        const struct meta_slot *sl = meta_sliced_slot(t);
-        r->recs[i].t = t;
+    bool added;
+    struct record *rec = bp_meta_ptab_put(&r->recs, t, &added);
+    if (rec == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", r->md->name);
+        return NULL;
+    }
+    if (added) {
+        const struct meta_slot *sl = bp_meta_sliced_slot(t);
+        rec->t = t;
         /* a sliced weight is in its storage split; anything else as the last run left it */
-        r->recs[i].s = sl != NULL ? sl->s : *meta_state_get(r->md, t);
+        rec->s = sl != NULL ? sl->s : *bp_meta_state_get(&r->md->states, t);
     }
-    return &r->recs[i];
-}
-
-/* t in state s as part p sees it, laid out like t in (buf, base): sliced when s is SPLIT. */
-static bp_tensor *shadow_at(struct run *r, const bp_tensor *t, const struct bp_meta_split *s,
-                            int p, bp_buffer *buf, void *base)
-{
-    int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
-    size_t offs = 0;
-    if (s->state == BP_META_SPLIT) {
-        ne[s->axis] = s->sizes[p];
-        int64_t start = start_of(s, p);
-        offs = (size_t)(start / bp_type_block_size(t->type)) * t->nb[s->axis];
-        if (s->axis != 0)
-            offs = (size_t)start * t->nb[s->axis];
-    }
-    bp_tensor *sh = bp_new_tensor_4d(r->ctx, t->type, ne[0], ne[1], ne[2], ne[3]);
-    if (sh == NULL)
-        return NULL;
-    memcpy(sh->nb, t->nb, sizeof(sh->nb));
-    memcpy(sh->op_params, t->op_params, sizeof(sh->op_params));
-    memcpy(sh->name, t->name, sizeof(sh->name));
-    sh->buffer = buf;
-    sh->data = (char *)base + offs;
-    return sh;
-}
-
-/* Part p's packed slice of a sliced weight: rows of the slice's own width. */
-static bp_tensor *packed_shadow(struct run *r, const bp_tensor *t, const struct meta_slot *sl,
-                                int p)
-{
-    int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
-    ne[sl->s.axis] = sl->s.sizes[p];
-    bp_tensor *sh = bp_new_tensor_4d(r->ctx, t->type, ne[0], ne[1], ne[2], ne[3]);
-    if (sh == NULL)
-        return NULL;
-    memcpy(sh->op_params, t->op_params, sizeof(sh->op_params));
-    memcpy(sh->name, t->name, sizeof(sh->name));
-    sh->buffer = sl->part[p];
-    sh->data = bp_buffer_get_base(sl->part[p]);
-    return sh; /* strides: bp_new_tensor_4d's contiguous ones, the packed layout */
-}
-
-/* t as part p sees it in state s: a tensor on the part's memory, sliced when s is SPLIT. */
-static bp_tensor *shadow(struct run *r, const bp_tensor *t, const struct bp_meta_split *s, int p)
-{
-    const struct meta_slot *sl = meta_sliced_slot(t);
-    if (sl != NULL) {
-        if (same_state(s, &sl->s, r->n))
-            return packed_shadow(r, t, sl, p);
-        char desc[BP_TENSOR_DESC_SIZE];
-        bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s is stored in slices; it cannot be used or "
-                     "written in another state here", r->md->name,
-                     bp_describe_tensor(t, desc, sizeof(desc)));
-        return NULL;
-    }
-    return shadow_at(r, t, s, p, meta_part_buffer(t, p), meta_part_address(t, p));
+    return rec;
 }
 
 static bool make_shadows(struct run *r, const bp_tensor *t, const struct bp_meta_split *s,
                          bp_tensor **out)
 {
     for (int p = 0; p < r->n; p++) {
-        out[p] = shadow(r, t, s, p);
+        out[p] = bp_meta_shadow(r->ctx, r->md, t, s, p);
         if (out[p] == NULL)
             return false;
     }
@@ -246,7 +152,7 @@ static void worker_wait(struct meta_worker *w)
     pthread_mutex_unlock(&w->mu);
 }
 
-void meta_workers_stop(struct meta_backend *mb)
+void bp_meta_workers_stop(struct meta_backend *mb)
 {
     for (int p = 0; p < BP_META_MAX_DEVICES; p++) {
         struct meta_worker *w = &mb->workers[p];
@@ -344,50 +250,12 @@ static bool queue(struct run *r, int p, bp_tensor *sh)
 
 /* ---- Conversions ------------------------------------------------------------------------- */
 
-/* Copies src's elements into dst (same shape, other memory, each with its own strides), row
- * by row when both have contiguous rows. */
-static enum bp_status copy_rows(const bp_tensor *src, bp_tensor *dst, char *tmp)
-{
-    if (bp_nelements(src) == 0)
-        return BP_OK;
-    const size_t esz = bp_type_size(src->type);
-    const bool rows = src->nb[0] == esz && dst->nb[0] == esz;
-    const size_t seg = rows ? bp_row_size(src->type, src->ne[0]) : esz;
-    for (int64_t i3 = 0; i3 < src->ne[3]; i3++)
-        for (int64_t i2 = 0; i2 < src->ne[2]; i2++)
-            for (int64_t i1 = 0; i1 < src->ne[1]; i1++)
-                for (int64_t i0 = 0; i0 < (rows ? 1 : src->ne[0]); i0++) {
-                    size_t off = (size_t)i0 * src->nb[0] + (size_t)i1 * src->nb[1] +
-                                 (size_t)i2 * src->nb[2] + (size_t)i3 * src->nb[3];
-                    size_t doff = (size_t)i0 * dst->nb[0] + (size_t)i1 * dst->nb[1] +
-                                  (size_t)i2 * dst->nb[2] + (size_t)i3 * dst->nb[3];
-                    enum bp_status st = bp_tensor_get(src, tmp, off, seg);
-                    if (st == BP_OK)
-                        st = bp_tensor_set(dst, tmp, doff, seg);
-                    if (st != BP_OK)
-                        return st;
-                }
-    return BP_OK;
-}
-
-/* Where part p's slice of a sliced weight t sits in a whole copy of t at (buf, base). */
-static bp_tensor slice_in_whole(const bp_tensor *t, const struct meta_slot *sl, int p,
-                                const bp_tensor *packed, bp_buffer *buf, char *base)
-{
-    bp_tensor to = *packed;
-    memcpy(to.nb, t->nb, sizeof(to.nb));
-    to.buffer = buf;
-    to.data = base + (sl->s.axis == 1 ? (size_t)start_of(&sl->s, p) * t->nb[1]
-                                      : bp_row_size(t->type, start_of(&sl->s, p)));
-    return to;
-}
-
 /* A sliced weight needed whole (or split otherwise) in this run: every part gets a whole copy,
  * assembled from all parts' slices, freed when the run ends. */
 static enum bp_status unslice(struct run *r, struct record *rec)
 {
     const bp_tensor *t = rec->t;
-    const struct meta_slot *sl = meta_sliced_slot(t);
+    const struct meta_slot *sl = bp_meta_sliced_slot(t);
     const size_t bytes = bp_nbytes(t);
     char *tmp = malloc(bp_row_size(t->type, t->ne[0]) + 64);
     if (tmp == NULL)
@@ -401,15 +269,15 @@ static enum bp_status unslice(struct run *r, struct record *rec)
     for (int q = 0; q < r->n && st == BP_OK; q++) {
         if (sl->s.sizes[q] == 0)
             continue;
-        bp_tensor *from = packed_shadow(r, t, sl, q);
+        bp_tensor *from = bp_meta_packed_shadow(r->ctx, t, sl, q);
         if (from == NULL) {
             st = bp_last_status();
             break;
         }
         for (int p = 0; p < r->n && st == BP_OK; p++) {
-            bp_tensor to = slice_in_whole(t, sl, q, from, rec->temp[p],
+            bp_tensor to = bp_meta_slice_in_whole(t, sl, q, from, rec->temp[p],
                                           bp_buffer_get_base(rec->temp[p]));
-            st = copy_rows(from, &to, tmp);
+            st = bp_meta_copy_rows(from, &to, tmp);
         }
     }
     free(tmp);
@@ -426,15 +294,15 @@ static enum bp_status gather(struct run *r, const bp_tensor *t, const struct bp_
     for (int q = 0; q < r->n && st == BP_OK; q++) {
         if (s->sizes[q] == 0)
             continue;
-        bp_tensor *from = shadow(r, t, s, q);
+        bp_tensor *from = bp_meta_shadow(r->ctx, r->md, t, s, q);
         for (int p = 0; p < r->n && st == BP_OK && from; p++) {
             if (p == q)
                 continue;
             bp_tensor to = *from; /* part q's slice, placed in part p's memory */
-            to.buffer = meta_part_buffer(t, p);
-            to.data = (char *)meta_part_address(t, p) +
-                      ((char *)from->data - (char *)meta_part_address(t, q));
-            st = copy_rows(from, &to, tmp);
+            to.buffer = bp_meta_part_buffer(t, p);
+            to.data = (char *)bp_meta_part_address(t, p) +
+                      ((char *)from->data - (char *)bp_meta_part_address(t, q));
+            st = bp_meta_copy_rows(from, &to, tmp);
         }
         if (from == NULL)
             st = bp_last_status();
@@ -544,8 +412,10 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
                            bp_tensor **out)
 {
     struct record *rec = rec_of(r, t);
-    const struct meta_slot *sl = meta_sliced_slot(t);
-    if (sl != NULL && !same_state(&sl->s, want, r->n)) {
+    if (rec == NULL)
+        return bp_last_status();
+    const struct meta_slot *sl = bp_meta_sliced_slot(t);
+    if (sl != NULL && !bp_meta_same_state(&sl->s, want, r->n)) {
         /* Stored in slices, wanted otherwise: whole copies for this run, then any state of
          * those is a view of them. */
         if (rec->temp[0] == NULL) {
@@ -554,17 +424,18 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
                 return st;
         }
         for (int p = 0; p < r->n; p++) {
-            out[p] = shadow_at(r, t, want, p, rec->temp[p], bp_buffer_get_base(rec->temp[p]));
+            out[p] = bp_meta_shadow_at(r->ctx, t, want, p, rec->temp[p],
+                                       bp_buffer_get_base(rec->temp[p]));
             if (out[p] == NULL)
                 return bp_last_status();
         }
         return BP_OK;
     }
-    if (same_state(&rec->s, want, r->n) && rec->sh[0] != NULL) {
+    if (bp_meta_same_state(&rec->s, want, r->n) && rec->sh[0] != NULL) {
         memcpy(out, rec->sh, (size_t)r->n * sizeof(*out));
         return BP_OK;
     }
-    if (!same_state(&rec->s, want, r->n) && rec->s.state != BP_META_MIRRORED) {
+    if (!bp_meta_same_state(&rec->s, want, r->n) && rec->s.state != BP_META_MIRRORED) {
         /* Bring it to MIRRORED: that needs t's finished data. */
         enum bp_status st = flush(r);
         if (st == BP_OK)
@@ -575,7 +446,7 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
         if (!make_shadows(r, t, &MIRROR, rec->sh))
             return bp_last_status();
     }
-    if (same_state(&rec->s, want, r->n)) {
+    if (bp_meta_same_state(&rec->s, want, r->n)) {
         if (rec->sh[0] == NULL && !make_shadows(r, t, want, rec->sh))
             return bp_last_status();
         memcpy(out, rec->sh, (size_t)r->n * sizeof(*out));
@@ -585,7 +456,7 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
     return make_shadows(r, t, want, out) ? BP_OK : bp_last_status();
 }
 
-/* ---- Rules ------------------------------------------------------------------------------- */
+/* ---- Deciding states --------------------------------------------------------------------- */
 
 static bool is_weight(const bp_tensor *t)
 {
@@ -593,204 +464,38 @@ static bool is_weight(const bp_tensor *t)
     return owner->buffer != NULL && bp_buffer_get_usage(owner->buffer) == BP_BUFFER_USAGE_WEIGHTS;
 }
 
-static struct bp_meta_split split_on(const struct bp_meta_split *like, int axis)
-{
-    struct bp_meta_split s = *like;
-    s.state = BP_META_SPLIT;
-    s.axis = axis;
-    return s;
-}
-
-/* Where a split on axis a of `from` (logical shape) lands in `to` when the same elements are
- * laid out in to's shape, or -1 when it would cut through an axis. */
-static int map_reshape(const bp_tensor *from, const bp_tensor *to, const struct bp_meta_split *s,
-                       int n, struct bp_meta_split *out)
-{
-    int64_t inner = 1;
-    for (int i = 0; i < s->axis; i++)
-        inner *= from->ne[i];
-    const int64_t span = inner * from->ne[s->axis];
-    int64_t tin = 1;
-    for (int b = 0; b < 4; b++) {
-        const int64_t tspan = tin * to->ne[b];
-        if (tspan == span && to->ne[b] > 0) {
-            /* Axis b ends where the split axis ends; sizes scale by inner / tin. */
-            struct bp_meta_split m = split_on(s, b);
-            for (int p = 0; p < n; p++) {
-                const int64_t elems = s->sizes[p] * inner;
-                if (elems % tin != 0)
-                    return -1; /* a slice would cut through axis b - 1 (half a head) */
-                m.sizes[p] = elems / tin;
-            }
-            *out = m;
-            return b;
-        }
-        tin = tspan;
-    }
-    return -1;
-}
-
-/* Decides the states of node's sources and result. want[k] for each source. Fails only when
- * the user's split callback gives an invalid answer. */
+/* Decides the states of node's sources and result (meta-rules.c) from the states its sources
+ * are in: want[k] for each source. A product with a weight stored whole first asks the user's
+ * split policy; an invalid answer is the only way this fails. */
 static enum bp_status decide(struct run *r, const bp_tensor *node,
                              struct bp_meta_split want[BP_MAX_SRC], struct bp_meta_split *out)
 {
-    const int n = r->n;
-    const bp_tensor *a = node->src[0], *b = node->src[1];
-    struct bp_meta_split sa = a ? rec_of(r, a)->s : MIRROR, sb = b ? rec_of(r, b)->s : MIRROR;
-    for (int k = 0; k < BP_MAX_SRC; k++)
-        want[k] = MIRROR;
-    *out = MIRROR;
-
-    switch (node->op) {
-    case BP_OP_PERMUTE:
-    case BP_OP_TRANSPOSE:
-        want[0] = sa;
-        *out = sa;
-        if (sa.state == BP_META_SPLIT)
-            out->axis = node->op == BP_OP_TRANSPOSE ? (sa.axis < 2 ? 1 - sa.axis : sa.axis)
-                                                    : bp_get_op_param_i32(node, sa.axis);
-        return BP_OK;
-    case BP_OP_RESHAPE:
-    case BP_OP_CONT:
-    case BP_OP_DUP:
-        if (sa.state != BP_META_SPLIT) {
-            want[0] = sa;
-            *out = sa;
-        } else if (bp_are_same_shape(a, node)) {
-            want[0] = sa;
-            *out = sa;
-        } else if (map_reshape(a, node, &sa, n, out) >= 0) {
-            want[0] = sa;
-        }
-        return BP_OK;
-    case BP_OP_SCALE:
-        want[0] = sa;
-        *out = sa;
-        return BP_OK;
-    case BP_OP_UNARY:
-    case BP_OP_RMS_NORM:
-    case BP_OP_NORM:
-        if (sa.state == BP_META_SPLIT && (node->op == BP_OP_UNARY || sa.axis >= 1)) {
-            want[0] = sa;
-            *out = sa;
-        }
-        return BP_OK;
-    case BP_OP_SOFT_MAX:
-        if (sa.state == BP_META_SPLIT && sa.axis >= 2 &&
-            (b == NULL || (b->ne[2] == 1 && b->ne[3] == 1))) {
-            want[0] = sa;
-            *out = sa;
-        }
-        return BP_OK;
-    case BP_OP_ROPE:
-        if (sa.state == BP_META_SPLIT && (sa.axis == 1 || sa.axis == 3)) {
-            want[0] = sa;
-            *out = sa;
-        }
-        return BP_OK;
-    case BP_OP_ADD:
-    case BP_OP_SUB:
-    case BP_OP_MUL:
-    case BP_OP_DIV:
-    case BP_OP_GLU:
-        if (node->op == BP_OP_GLU && b == NULL) {
-            if (sa.state == BP_META_SPLIT && sa.axis >= 1) {
-                want[0] = sa;
-                *out = sa;
-            }
-            return BP_OK;
-        }
-        if (sa.state == BP_META_PARTIAL && sb.state == BP_META_PARTIAL &&
-            (node->op == BP_OP_ADD || node->op == BP_OP_SUB) && bp_are_same_shape(a, b)) {
-            want[0] = sa;
-            want[1] = sb;
-            *out = sa;
-            return BP_OK;
-        }
-        if (sa.state == BP_META_SPLIT) {
-            const int ax = sa.axis;
-            if (same_state(&sa, &sb, n)) {
-                want[0] = want[1] = sa;
-                *out = sa;
-            } else if (b->ne[ax] == 1) {
-                want[0] = sa;
-                *out = sa;
-            } else if (b->ne[ax] == a->ne[ax]) {
-                want[0] = want[1] = sa;
-                *out = sa;
-            }
-            return BP_OK;
-        }
-        if (sb.state == BP_META_SPLIT && a->ne[sb.axis] == b->ne[sb.axis]) {
-            want[0] = want[1] = sb;
-            *out = sb;
-        }
-        return BP_OK;
-    case BP_OP_MUL_MAT: {
-        /* A weight that is MIRRORED in memory can be taken in any split: ask the user's policy,
-         * else pick from how the activations arrive (Megatron: column-parallel when they are
-         * whole, row-parallel when they come split along K). */
-        const bool w = is_weight(a) && a->ne[2] == 1 && a->ne[3] == 1;
-        if (w && sa.state == BP_META_MIRRORED) {
-            struct bp_meta_split u;
-            bool given;
-            const enum bp_status st = meta_ask_split(r->md, a, &u, &given);
-            if (st != BP_OK)
-                return st;
-            if (given && u.state == BP_META_SPLIT)
-                sa = u;
-        }
-        if (sa.state == BP_META_SPLIT && sa.axis == 1 && sb.state != BP_META_PARTIAL) {
-            want[0] = sa;
-            *out = split_on(&sa, 0);
-            return BP_OK;
-        }
-        if (sb.state == BP_META_SPLIT && sb.axis == 0 && w &&
-            (sa.state == BP_META_MIRRORED || same_state(&sa, &sb, n))) {
-            bool blocks = true;
-            for (int p = 0; p < n; p++)
-                blocks &= sb.sizes[p] % bp_type_block_size(a->type) == 0;
-            if (blocks) {
-                want[0] = want[1] = sb;
-                *out = (struct bp_meta_split){.state = BP_META_PARTIAL};
-                return BP_OK;
-            }
-        }
-        if (sa.state == BP_META_SPLIT && sa.axis == 0 && same_state(&sa, &sb, n)) {
-            want[0] = want[1] = sa;
-            *out = (struct bp_meta_split){.state = BP_META_PARTIAL};
-            return BP_OK;
-        }
-        for (int ax = 2; ax <= 3; ax++) {
-            if (a->ne[ax] != b->ne[ax])
-                continue;
-            if (sb.state == BP_META_SPLIT && sb.axis == ax &&
-                (sa.state == BP_META_MIRRORED || same_state(&sa, &sb, n))) {
-                want[0] = want[1] = sb;
-                *out = sb;
-                return BP_OK;
-            }
-            if (sa.state == BP_META_SPLIT && sa.axis == ax && sb.state == BP_META_MIRRORED) {
-                want[0] = want[1] = sa;
-                *out = sa;
-                return BP_OK;
-            }
-        }
-        if (sb.state == BP_META_SPLIT && sb.axis == 1) {
-            want[1] = sb;
-            *out = sb;
-            return BP_OK;
-        }
-        if (w && sa.state == BP_META_MIRRORED && sb.state != BP_META_PARTIAL) {
-            want[0] = even_split(a, 1, n);
-            *out = split_on(&want[0], 0);
-        }
-        return BP_OK;
+    struct bp_meta_rule_in in = {.node = node, .n = r->n};
+    for (int k = 0; k < BP_MAX_SRC; k++) {
+        const struct record *rec = node->src[k] != NULL ? rec_of(r, node->src[k]) : NULL;
+        if (node->src[k] != NULL && rec == NULL)
+            return bp_last_status();
+        in.src[k] = rec != NULL ? rec->s : MIRROR;
     }
-    default:
-        return BP_OK; /* MIRRORED: every part computes it in full */
+    in.src0_weight = node->src[0] != NULL && is_weight(node->src[0]);
+    if (bp_meta_rules_ask_policy(&in)) {
+        struct bp_meta_split u;
+        bool given;
+        const enum bp_status st = bp_meta_ask_split(r->md, node->src[0], &u, &given);
+        if (st != BP_OK)
+            return st;
+        if (given && u.state == BP_META_SPLIT)
+            in.src[0] = u;
     }
+    struct bp_meta_decision d;
+    if (bp_meta_rules_decide(&in, &d) == BP_META_RULE_INVALID) {
+        char desc[BP_TENSOR_DESC_SIZE];
+        return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s: %s", r->md->name,
+                            bp_describe_tensor(node, desc, sizeof(desc)), d.reason);
+    }
+    memcpy(want, d.want, sizeof(d.want));
+    *out = d.out;
+    return BP_OK;
 }
 
 /* ---- The graph --------------------------------------------------------------------------- */
@@ -822,169 +527,115 @@ static bp_tensor *regroup_target(struct run *r, const bp_tensor *node,
         nb[d] = nb[d - 1] * (size_t)a->ne[d - 1];
     memcpy(t->nb, nb, sizeof(nb));
     memcpy(t->name, node->name, sizeof(t->name));
-    t->buffer = meta_part_buffer(node, p);
-    t->data = (char *)meta_part_address(node, p) + (size_t)start_of(in, p) * nb[in->axis];
+    t->buffer = bp_meta_part_buffer(node, p);
+    t->data = (char *)bp_meta_part_address(node, p) +
+              (size_t)bp_meta_split_start(in, p) * nb[in->axis];
     return t;
 }
 
-enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g)
+/* Checks that every node of g is in one of md's buffers and gives every tensor involved its
+ * storage on the parts (buffers get theirs at first use). */
+static enum bp_status prepare_graph(struct meta_dev *md, bp_graph *g)
 {
-    struct run r = {.mb = mb, .md = mb->md, .n = mb->md->n};
     const int nn = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
     enum bp_status st = BP_OK;
     for (int i = 0; i < nn; i++) {
         const bp_tensor *t = bp_graph_node(g, i);
         char desc[BP_TENSOR_DESC_SIZE];
-        if (t->buffer == NULL || bp_buffer_get_type(t->buffer) != mb->md->buft)
+        if (t->buffer == NULL || bp_buffer_get_type(t->buffer) != md->buft)
             return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s node %s is not in one of its "
-                                "buffers", mb->md->name, bp_op_name(t->op),
+                                "buffers", md->name, bp_op_name(t->op),
                                 bp_describe_tensor(t, desc, sizeof(desc)));
     }
-    /* Storage on the parts for every tensor involved (buffers get theirs at first use). */
     for (int i = 0; i < nn + nl && st == BP_OK; i++) {
         const bp_tensor *t = i < nn ? bp_graph_node(g, i) : bp_graph_leaf(g, i - nn);
         for (int k = -1; k < BP_MAX_SRC && st == BP_OK; k++) {
             const bp_tensor *u = k < 0 ? t : t->src[k];
-            if (u != NULL && u->buffer != NULL && bp_buffer_get_type(u->buffer) == mb->md->buft)
-                st = meta_prepare(u);
+            if (u != NULL && u->buffer != NULL && bp_buffer_get_type(u->buffer) == md->buft)
+                st = bp_meta_prepare(u);
         }
+    }
+    return st;
+}
+
+/* One node: decides its states, converts its sources, and queues its shadow on every part (a
+ * view computes nothing: its shadows already point at its data). */
+static enum bp_status compute_node(struct run *r, bp_tensor *node)
+{
+    struct bp_meta_split want[BP_MAX_SRC], out;
+    enum bp_status st = decide(r, node, want, &out);
+    bp_tensor *srcs[BP_MAX_SRC][BP_META_MAX_DEVICES] = {{0}};
+    for (int k = 0; k < BP_MAX_SRC && st == BP_OK; k++) {
+        if (node->src[k] != NULL)
+            st = need(r, node->src[k], &want[k], srcs[k]);
     }
     if (st != BP_OK)
         return st;
-    r.recs_size = 64;
-    while (r.recs_size < 4 * (size_t)(nn + nl + 1))
-        r.recs_size <<= 1;
-    r.recs = calloc(r.recs_size, sizeof(*r.recs));
+    struct record *rec = rec_of(r, node);
+    if (rec == NULL)
+        return bp_last_status();
+    rec->s = out;
+    if (!make_shadows(r, node, &out, rec->sh))
+        return bp_last_status();
+    if (bp_op_is_view(node->op))
+        return BP_OK;
+    const bool regroup = reshaping_copy(node, &want[0], &out);
+    for (int p = 0; p < r->n; p++) {
+        bp_tensor *sh = regroup ? regroup_target(r, node, &want[0], srcs[0][p], p) : rec->sh[p];
+        if (sh == NULL)
+            return bp_last_status();
+        sh->op = node->op;
+        for (int k = 0; k < BP_MAX_SRC; k++)
+            sh->src[k] = srcs[k][p];
+        if (!queue(r, p, sh))
+            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", r->md->name);
+    }
+    return BP_OK;
+}
+
+/* Remembers what each tensor holds, so reads gather, sum or pick accordingly (a sliced weight
+ * stays what its storage is). */
+static enum bp_status remember_states(struct run *r)
+{
+    const void *key;
+    void *val;
+    for (size_t i = 0; bp_meta_ptab_next(&r->recs, &i, &key, &val);) {
+        const struct record *rec = val;
+        if (bp_meta_sliced_slot(rec->t) == NULL &&
+            !bp_meta_state_set(&r->md->states, rec->t, &rec->s))
+            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", r->md->name);
+    }
+    return BP_OK;
+}
+
+enum bp_status bp_meta_graph_compute(struct meta_backend *mb, bp_graph *g)
+{
+    struct run r = {.mb = mb, .md = mb->md, .n = mb->md->n};
+    const int nn = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    enum bp_status st = prepare_graph(mb->md, g);
+    if (st != BP_OK)
+        return st;
+    /* Room for a record of every tensor of the graph from the start. */
+    bp_meta_ptab_init(&r.recs, sizeof(struct record));
+    const bool reserved = bp_meta_ptab_reserve(&r.recs, 2 * (size_t)(nn + nl + 1));
     r.ctx = bp_context_new((size_t)(nn + nl + 8) * (size_t)r.n * (BP_MAX_SRC + 3) + 64);
-    if (r.recs == NULL || r.ctx == NULL) {
+    if (!reserved || r.ctx == NULL)
         st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
-        goto done;
-    }
-    for (int i = 0; i < nn && st == BP_OK; i++) {
-        bp_tensor *node = bp_graph_node(g, i);
-        struct bp_meta_split want[BP_MAX_SRC], out;
-        st = decide(&r, node, want, &out);
-        if (st != BP_OK)
-            break;
-        bp_tensor *srcs[BP_MAX_SRC][BP_META_MAX_DEVICES] = {{0}};
-        for (int k = 0; k < BP_MAX_SRC && st == BP_OK; k++) {
-            if (node->src[k] != NULL)
-                st = need(&r, node->src[k], &want[k], srcs[k]);
-        }
-        if (st != BP_OK)
-            break;
-        struct record *rec = rec_of(&r, node);
-        rec->s = out;
-        if (!make_shadows(&r, node, &out, rec->sh)) {
-            st = bp_last_status();
-            break;
-        }
-        if (bp_op_is_view(node->op))
-            continue; /* a view computes nothing: its shadows already point at its data */
-        const bool regroup = reshaping_copy(node, &want[0], &out);
-        for (int p = 0; p < r.n; p++) {
-            bp_tensor *sh = regroup ? regroup_target(&r, node, &want[0], srcs[0][p], p) : rec->sh[p];
-            if (sh == NULL) {
-                st = bp_last_status();
-                break;
-            }
-            sh->op = node->op;
-            for (int k = 0; k < BP_MAX_SRC; k++)
-                sh->src[k] = srcs[k][p];
-            if (!queue(&r, p, sh)) {
-                st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
-                break;
-            }
-        }
-    }
+    for (int i = 0; i < nn && st == BP_OK; i++)
+        st = compute_node(&r, bp_graph_node(g, i));
     if (st == BP_OK)
         st = flush(&r);
-    /* Remember what each tensor holds, so reads gather, sum or pick accordingly (a sliced
-     * weight stays what its storage is). */
-    for (size_t i = 0; st == BP_OK && i < r.recs_size; i++) {
-        if (r.recs[i].t != NULL && meta_sliced_slot(r.recs[i].t) == NULL &&
-            !meta_state_set(mb->md, r.recs[i].t, &r.recs[i].s))
-            st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
-    }
-done:
-    for (size_t i = 0; r.recs != NULL && i < r.recs_size; i++)
+    if (st == BP_OK)
+        st = remember_states(&r);
+    const void *key;
+    void *val;
+    for (size_t i = 0; bp_meta_ptab_next(&r.recs, &i, &key, &val);)
         for (int p = 0; p < r.n; p++)
-            bp_buffer_free(r.recs[i].temp[p]);
+            bp_buffer_free(((struct record *)val)->temp[p]);
     for (int p = 0; p < r.n; p++)
         free(r.pending[p]);
     bp_context_free(r.ctx);
-    free(r.recs);
+    bp_meta_ptab_close(&r.recs);
     return st;
 }
 
-/* ---- Reading ----------------------------------------------------------------------------- */
-
-enum bp_status meta_read(struct meta_dev *md, const bp_tensor *t, void *data, size_t offset,
-                         size_t size)
-{
-    const struct meta_slot *sl = meta_sliced_slot(t);
-    const struct bp_meta_split *s = sl != NULL ? &sl->s : meta_state_get(md, t);
-    const size_t bytes = bp_nbytes(t);
-    char *full = malloc(bytes + 64), *tmp = malloc(bytes + 64);
-    enum bp_status st = BP_OK;
-    if (full == NULL || tmp == NULL) {
-        st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory reading '%s'", md->name,
-                          t->name);
-        goto done;
-    }
-    struct run r = {.md = md, .n = md->n};
-    r.ctx = bp_context_new((size_t)md->n + 4);
-    if (r.ctx == NULL) {
-        st = bp_last_status();
-        goto done;
-    }
-    if (s->state == BP_META_SPLIT) {
-        /* Every part's slice, in place, in one host copy of the whole tensor. */
-        bp_tensor host = *t;
-        host.view_src = NULL;
-        host.buffer = bp_buffer_from_host_ptr(full, bytes);
-        host.data = full;
-        if (host.buffer == NULL)
-            st = bp_last_status();
-        for (int p = 0; p < md->n && st == BP_OK; p++) {
-            if (s->sizes[p] == 0)
-                continue;
-            bp_tensor *from = shadow(&r, t, s, p);
-            if (from == NULL) {
-                st = bp_last_status();
-                break;
-            }
-            bp_tensor to = *from;
-            if (sl != NULL) {
-                to = slice_in_whole(t, sl, p, from, host.buffer, full);
-            } else {
-                to.buffer = host.buffer;
-                to.data = full + ((char *)from->data - (char *)meta_part_address(t, p));
-            }
-            st = copy_rows(from, &to, tmp);
-        }
-        bp_buffer_free(host.buffer);
-    } else {
-        bp_tensor *p0 = shadow(&r, t, &MIRROR, 0);
-        st = p0 ? bp_tensor_get(p0, full, 0, bytes) : bp_last_status();
-        if (st == BP_OK && s->state == BP_META_PARTIAL && t->type != BP_TYPE_F32)
-            st = bp_set_error(BP_ERR_TYPE, "%s: cannot read '%s': it holds partial sums of type "
-                              "%s, which only f32 supports", md->name, t->name,
-                              bp_type_name(t->type));
-        if (s->state == BP_META_PARTIAL && t->type == BP_TYPE_F32) {
-            for (int p = 1; p < md->n && st == BP_OK; p++) {
-                bp_tensor *pp = shadow(&r, t, &MIRROR, p);
-                st = pp ? bp_tensor_get(pp, tmp, 0, bytes) : bp_last_status();
-                for (size_t i = 0; st == BP_OK && i < bytes / sizeof(float); i++)
-                    ((float *)full)[i] += ((float *)tmp)[i];
-            }
-        }
-    }
-    if (st == BP_OK)
-        memcpy(data, full + offset, size);
-    bp_context_free(r.ctx);
-done:
-    free(full);
-    free(tmp);
-    return st;
-}

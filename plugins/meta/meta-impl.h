@@ -1,4 +1,4 @@
-/* meta-impl.h - private to plugins/meta: what the meta plugin's files share. */
+/* meta-impl.h - private to plugins/meta/: what the meta plugin's files share. */
 #ifndef BP_META_IMPL_H
 #define BP_META_IMPL_H
 
@@ -8,13 +8,7 @@
 #include <backplane/bp-meta.h>
 #include <backplane/bp-plugin.h>
 
-/* The state a tensor had after the last computation, for reading it back. */
-struct meta_entry {
-    const bp_tensor *t;
-    const bp_buffer *buffer; /* where t was when the state was set: a later tensor at the same */
-    const void *data;        /* address, or t moved elsewhere, does not inherit the state */
-    struct bp_meta_split s;
-};
+#include "meta-state.h"
 
 struct meta_dev {
     char *name; /* "Meta(A,B,...)", heap: the parts' names have no length limit */
@@ -25,10 +19,7 @@ struct meta_dev {
     void *split_user;
     bp_device *dev;
     bp_buffer_type *buft;
-    /* tensor -> state, open addressing; states of tensors not listed are MIRRORED */
-    struct meta_entry *states;
-    size_t states_size;
-    size_t states_used;
+    struct bp_meta_ptab states; /* tensor -> state after the last computation (meta-state.c) */
 };
 
 /* How one weight is stored in a weights buffer (usage BP_BUFFER_USAGE_WEIGHTS): a buffer of its
@@ -77,32 +68,46 @@ struct meta_backend {
     int n_reduces;
 };
 
-/* meta-plugin.c */
+/* meta-buffer.c */
 /* Where t's data lives on part `part`. For a sliced weight that is the part's packed slice. */
-void *meta_part_address(const bp_tensor *t, int part);
-bp_buffer *meta_part_buffer(const bp_tensor *t, int part);
+void *bp_meta_part_address(const bp_tensor *t, int part);
+bp_buffer *bp_meta_part_buffer(const bp_tensor *t, int part);
 /* Makes sure t has storage on the parts (materialises its buffer, or gives a weight without
  * one a zeroed whole slot). */
-enum bp_status meta_prepare(const bp_tensor *t);
+enum bp_status bp_meta_prepare(const bp_tensor *t);
 /* The slot of a sliced weight whose data t is (t itself or a same-address view), else NULL. */
-const struct meta_slot *meta_sliced_slot(const bp_tensor *t);
+const struct meta_slot *bp_meta_sliced_slot(const bp_tensor *t);
 /* Asks md's split callback how weight w is split and checks the answer (docs/meta.md,
  * "Overriding the policy"). BP_OK with *given true and *out filled when the callback chose a
  * split or MIRRORED; BP_OK with *given false when there is no callback or it left the choice to
  * the default policy; an error naming w, the axis and the sizes when the answer is invalid. */
-enum bp_status meta_ask_split(struct meta_dev *md, const bp_tensor *w, struct bp_meta_split *out,
-                              bool *given);
-const struct bp_meta_split *meta_state_get(struct meta_dev *md, const bp_tensor *t);
-bool meta_state_set(struct meta_dev *md, const bp_tensor *t, const struct bp_meta_split *s);
-/* Drops the states of tensors in buf (freed or cleared: its data is the same on every part). */
-void meta_states_forget(struct meta_dev *md, const bp_buffer *buf);
+enum bp_status bp_meta_ask_split(struct meta_dev *md, const bp_tensor *w,
+                                 struct bp_meta_split *out, bool *given);
+/* Shadows: t as part p sees it, a tensor made in ctx (owned by ctx) over the part's memory.
+ * In state s, laid out like t in (buf, base): sliced when s is SPLIT. */
+bp_tensor *bp_meta_shadow_at(bp_context *ctx, const bp_tensor *t, const struct bp_meta_split *s,
+                             int p, bp_buffer *buf, void *base);
+/* Part p's packed slice of a sliced weight: rows of the slice's own width. */
+bp_tensor *bp_meta_packed_shadow(bp_context *ctx, const bp_tensor *t, const struct meta_slot *sl,
+                                 int p);
+/* In state s on t's own storage; NULL with the error set when t is stored in slices of another
+ * split. */
+bp_tensor *bp_meta_shadow(bp_context *ctx, const struct meta_dev *md, const bp_tensor *t,
+                          const struct bp_meta_split *s, int p);
+/* Copies src's elements into dst (same shape, each with its own strides) through tmp, a host
+ * buffer of at least one row of src. */
+enum bp_status bp_meta_copy_rows(const bp_tensor *src, bp_tensor *dst, char *tmp);
+/* Where part p's slice (packed) of a sliced weight t sits in a whole copy of t at (buf, base). */
+bp_tensor bp_meta_slice_in_whole(const bp_tensor *t, const struct meta_slot *sl, int p,
+                                 const bp_tensor *packed, bp_buffer *buf, char *base);
+/* Bytes buf (a meta buffer) holds on its part `part`. */
+size_t bp_meta_buffer_bytes_on(bp_buffer *buf, int part);
+/* md's buffer type (bp_buffer_type_new: owned by md's device). */
+bp_buffer_type *bp_meta_buffer_type_new(struct meta_dev *md);
 
 /* meta-compute.c */
-enum bp_status meta_graph_compute(struct meta_backend *mb, bp_graph *g);
+enum bp_status bp_meta_graph_compute(struct meta_backend *mb, bp_graph *g);
 /* Ends and joins the backend's worker threads. */
-void meta_workers_stop(struct meta_backend *mb);
-/* Reads bytes [offset, offset + size) of t as the value its state represents. */
-enum bp_status meta_read(struct meta_dev *md, const bp_tensor *t, void *data, size_t offset,
-                         size_t size);
+void bp_meta_workers_stop(struct meta_backend *mb);
 
 #endif
