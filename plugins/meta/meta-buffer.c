@@ -372,7 +372,8 @@ static enum bp_status read_tensor(struct meta_dev *md, const bp_tensor *t, void 
                                   size_t offset, size_t size)
 {
     const struct meta_slot *sl = bp_meta_sliced_slot(t);
-    const struct bp_meta_split *s = sl != NULL ? &sl->s : bp_meta_state_get(&md->states, t);
+    const struct bp_meta_split state = sl != NULL ? sl->s : bp_meta_state_get(&md->states, t);
+    const struct bp_meta_split *s = &state;
     const size_t bytes = bp_nbytes(t);
     char *full = malloc(bytes + 64), *tmp = malloc(bytes + 64);
     enum bp_status st = BP_OK;

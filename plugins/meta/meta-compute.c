@@ -64,7 +64,7 @@ static struct record *rec_of(struct run *r, const bp_tensor *t)
         const struct meta_slot *sl = bp_meta_sliced_slot(t);
         rec->t = t;
         /* a sliced weight is in its storage split; anything else as the last run left it */
-        rec->s = sl != NULL ? sl->s : *bp_meta_state_get(&r->md->states, t);
+        rec->s = sl != NULL ? sl->s : bp_meta_state_get(&r->md->states, t);
     }
     return rec;
 }

@@ -19,7 +19,7 @@ struct meta_dev {
     void *split_user;
     bp_device *dev;
     bp_buffer_type *buft;
-    struct bp_meta_ptab states; /* tensor -> state after the last computation (meta-state.c) */
+    struct bp_meta_states states; /* tensor -> state after the last computation (meta-state.c) */
 };
 
 /* How one weight is stored in a weights buffer (usage BP_BUFFER_USAGE_WEIGHTS): a buffer of its

@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <strings.h>
 
@@ -17,11 +19,21 @@
 
 #define MAX_META_DEVICES 32
 
+/* The meta devices made so far. Devices are added (by name or bp_meta_device_new, from any
+ * thread) and only freed with the registry: creation is serialised by `create`, and a device
+ * is published by storing its pointer before the release-store of the count, so readers (the
+ * registry's device list, buffer lookups) need no lock: they load the count with acquire. */
 static struct {
     bp_registry *reg;
     struct meta_dev *devs[MAX_META_DEVICES];
-    int n;
-} meta;
+    atomic_int n;
+    pthread_mutex_t create;
+} meta = {.create = PTHREAD_MUTEX_INITIALIZER};
+
+static int n_devices(void)
+{
+    return atomic_load_explicit(&meta.n, memory_order_acquire);
+}
 
 /* ---- Proc addresses of buffers and backends ---------------------------------------------- */
 
@@ -29,7 +41,7 @@ static struct {
 static size_t meta_buffer_part_bytes(bp_buffer *buf, int part)
 {
     struct meta_dev *md = NULL;
-    for (int i = 0; i < meta.n && md == NULL; i++)
+    for (int i = 0, n = n_devices(); i < n && md == NULL; i++)
         if (bp_buffer_get_type(buf) == meta.devs[i]->buft)
             md = meta.devs[i];
     /* 0 is also an answer ("nothing made yet"), so the error only explains a 0. */
@@ -282,6 +294,9 @@ static bool parts_valid(bp_device *const *devices, int n, const char *who)
  * (fn NULL, as "Meta(...)" names make) takes the device whatever policy it was made with; a
  * request with a policy other than the existing device's is an error, since the policy decides
  * how that device's weights are stored. `who` starts every error message. */
+static bp_device *find_or_make(bp_device *const *devices, int n, bp_meta_split_fn fn, void *user,
+                               const char *who, char *name);
+
 static bp_device *device_for(bp_device *const *devices, int n, bp_meta_split_fn fn, void *user,
                              const char *who)
 {
@@ -294,7 +309,18 @@ static bp_device *device_for(bp_device *const *devices, int n, bp_meta_split_fn 
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", who);
         return NULL;
     }
-    for (int k = 0; k < meta.n; k++) {
+    pthread_mutex_lock(&meta.create);
+    bp_device *dev = find_or_make(devices, n, fn, user, who, name);
+    pthread_mutex_unlock(&meta.create);
+    return dev;
+}
+
+/* The meta device over devices (creation lock held): the existing one, or a new one. Takes
+ * name (heap). */
+static bp_device *find_or_make(bp_device *const *devices, int n, bp_meta_split_fn fn, void *user,
+                               const char *who, char *name)
+{
+    for (int k = 0; k < n_devices(); k++) {
         struct meta_dev *md = meta.devs[k];
         if (strcasecmp(md->name, name) != 0)
             continue;
@@ -316,7 +342,7 @@ static bp_device *device_for(bp_device *const *devices, int n, bp_meta_split_fn 
         }
         return md->dev;
     }
-    if (meta.n == MAX_META_DEVICES) {
+    if (n_devices() == MAX_META_DEVICES) {
         free(name);
         bp_set_error(BP_ERR_CAPACITY, "%s: at most %d meta devices", who, MAX_META_DEVICES);
         return NULL;
@@ -339,11 +365,14 @@ static bp_device *device_for(bp_device *const *devices, int n, bp_meta_split_fn 
     md->dev = bp_device_new(meta.reg, &meta_device_iface, md);
     md->buft = md->dev ? bp_meta_buffer_type_new(md) : NULL;
     if (md->buft == NULL) {
+        bp_meta_states_close(&md->states);
         free(md->name);
         free(md);
         return NULL; /* a device without a buffer type stays listed; it cannot be created */
     }
-    meta.devs[meta.n++] = md;
+    const int k = n_devices();
+    meta.devs[k] = md;
+    atomic_store_explicit(&meta.n, k + 1, memory_order_release);
     return md->dev;
 }
 
@@ -456,7 +485,7 @@ static const char *mreg_name(bp_registry *reg)
 static size_t mreg_count(bp_registry *reg)
 {
     (void)reg;
-    return (size_t)meta.n;
+    return (size_t)n_devices();
 }
 
 static bp_device *mreg_device(bp_registry *reg, size_t i)
@@ -482,12 +511,12 @@ static void *mreg_proc(bp_registry *reg, const char *name)
 static void mreg_free(bp_registry *reg)
 {
     (void)reg;
-    for (int i = 0; i < meta.n; i++) {
-        bp_meta_ptab_close(&meta.devs[i]->states);
+    for (int i = 0; i < n_devices(); i++) {
+        bp_meta_states_close(&meta.devs[i]->states);
         free(meta.devs[i]->name);
         free(meta.devs[i]);
     }
-    meta.n = 0;
+    atomic_store(&meta.n, 0);
     meta.reg = NULL;
 }
 

@@ -138,30 +138,42 @@ struct state_entry {
     struct bp_meta_split s;
 };
 
-void bp_meta_states_init(struct bp_meta_ptab *states)
+void bp_meta_states_init(struct bp_meta_states *states)
 {
-    bp_meta_ptab_init(states, sizeof(struct state_entry));
+    bp_meta_ptab_init(&states->tab, sizeof(struct state_entry));
+    pthread_mutex_init(&states->lock, NULL);
 }
 
-const struct bp_meta_split *bp_meta_state_get(const struct bp_meta_ptab *states,
-                                              const bp_tensor *t)
+void bp_meta_states_close(struct bp_meta_states *states)
 {
-    static const struct bp_meta_split mirrored = {.state = BP_META_MIRRORED};
-    const struct state_entry *e = bp_meta_ptab_get(states, t);
-    return e != NULL && e->buffer == t->buffer && e->data == t->data ? &e->s : &mirrored;
+    bp_meta_ptab_close(&states->tab);
+    pthread_mutex_destroy(&states->lock);
 }
 
-bool bp_meta_state_set(struct bp_meta_ptab *states, const bp_tensor *t,
+struct bp_meta_split bp_meta_state_get(struct bp_meta_states *states, const bp_tensor *t)
+{
+    struct bp_meta_split s = {.state = BP_META_MIRRORED};
+    pthread_mutex_lock(&states->lock);
+    const struct state_entry *e = bp_meta_ptab_get(&states->tab, t);
+    if (e != NULL && e->buffer == t->buffer && e->data == t->data)
+        s = e->s;
+    pthread_mutex_unlock(&states->lock);
+    return s;
+}
+
+bool bp_meta_state_set(struct bp_meta_states *states, const bp_tensor *t,
                        const struct bp_meta_split *s)
 {
     bool added;
-    struct state_entry *e = bp_meta_ptab_put(states, t, &added);
-    if (e == NULL)
-        return false;
-    e->buffer = t->buffer;
-    e->data = t->data;
-    e->s = *s;
-    return true;
+    pthread_mutex_lock(&states->lock);
+    struct state_entry *e = bp_meta_ptab_put(&states->tab, t, &added);
+    if (e != NULL) {
+        e->buffer = t->buffer;
+        e->data = t->data;
+        e->s = *s;
+    }
+    pthread_mutex_unlock(&states->lock);
+    return e != NULL;
 }
 
 static bool not_in_buffer(const void *val, const void *buf)
@@ -169,9 +181,11 @@ static bool not_in_buffer(const void *val, const void *buf)
     return ((const struct state_entry *)val)->buffer != buf;
 }
 
-void bp_meta_states_forget(struct bp_meta_ptab *states, const bp_buffer *buf)
+void bp_meta_states_forget(struct bp_meta_states *states, const bp_buffer *buf)
 {
+    pthread_mutex_lock(&states->lock);
     /* No memory for a new table: forget everything rather than keep stale states. */
-    if (!bp_meta_ptab_retain(states, not_in_buffer, buf))
-        bp_meta_ptab_clear(states);
+    if (!bp_meta_ptab_retain(&states->tab, not_in_buffer, buf))
+        bp_meta_ptab_clear(&states->tab);
+    pthread_mutex_unlock(&states->lock);
 }

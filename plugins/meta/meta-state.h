@@ -3,6 +3,7 @@
 #ifndef BP_META_STATE_H
 #define BP_META_STATE_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -38,14 +39,21 @@ bool bp_meta_ptab_next(const struct bp_meta_ptab *tab, size_t *i, const void **k
 
 /* The state each tensor had after the last computation of its meta device, for reading it back
  * and for the next computation. A tensor not in the table is MIRRORED, and so is one that has
- * moved (another buffer or address) since its state was set. */
-void bp_meta_states_init(struct bp_meta_ptab *states);
-const struct bp_meta_split *bp_meta_state_get(const struct bp_meta_ptab *states,
-                                              const bp_tensor *t);
+ * moved (another buffer or address) since its state was set. Every backend of the meta device
+ * shares the table, and different backends may be used on different threads at once, so each
+ * call takes the table's lock (states are copied out, never pointed into). */
+struct bp_meta_states {
+    struct bp_meta_ptab tab;
+    pthread_mutex_t lock;
+};
+
+void bp_meta_states_init(struct bp_meta_states *states);
+void bp_meta_states_close(struct bp_meta_states *states);
+struct bp_meta_split bp_meta_state_get(struct bp_meta_states *states, const bp_tensor *t);
 /* False: out of memory (the state is not recorded). */
-bool bp_meta_state_set(struct bp_meta_ptab *states, const bp_tensor *t,
+bool bp_meta_state_set(struct bp_meta_states *states, const bp_tensor *t,
                        const struct bp_meta_split *s);
 /* Drops the states of tensors in buf (freed or cleared: its data is the same on every part). */
-void bp_meta_states_forget(struct bp_meta_ptab *states, const bp_buffer *buf);
+void bp_meta_states_forget(struct bp_meta_states *states, const bp_buffer *buf);
 
 #endif
