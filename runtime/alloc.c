@@ -128,7 +128,7 @@ struct free_list {
     size_t alignment;
     struct block *blocks;
     int n;
-    int cap;
+    size_t cap;
     size_t high_water;
 };
 
@@ -191,7 +191,7 @@ static void fl_free(struct free_list *fl, size_t offset, size_t size)
         fl->blocks[i].offset = offset;
         fl->blocks[i].size += size;
     } else {
-        BP_ASSERT(fl->n < fl->cap);
+        BP_ASSERT((size_t)fl->n < fl->cap);
         memmove(&fl->blocks[i + 1], &fl->blocks[i], (size_t)(fl->n - i) * sizeof(struct block));
         fl->blocks[i] = (struct block){offset, size};
         fl->n++;
@@ -227,7 +227,7 @@ struct bp_gallocr {
     size_t cache_cap;
 
     bp_buffer **old; /* buffers this allocator freed: tensors may still point into them */
-    size_t n_old;
+    size_t n_old, cap_old;
     int n_reallocs;
 };
 
@@ -448,27 +448,18 @@ static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, con
     int blocks = n_nodes + n_leafs + 2;
     for (int i = 0; i < ga->n_bufts; i++) {
         struct free_list *fl = &ga->lists[i];
-        if (fl->cap < blocks) {
-            struct block *grown = bp__realloc(fl->blocks, (size_t)blocks * sizeof(*grown),
-                                              "allocator free list");
-            if (grown == NULL)
-                return BP_ERR_OUT_OF_MEMORY;
-            fl->blocks = grown;
-            fl->cap = blocks;
-        }
+        if (!bp__grow((void **)&fl->blocks, &fl->cap, (size_t)blocks, sizeof(*fl->blocks),
+                      "allocator free list"))
+            return BP_ERR_OUT_OF_MEMORY;
         fl_reset(fl);
     }
 
     /* Every table lookup of the plan is done once, here; the passes below use the pointers. */
     bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
     const size_t per_node = 2 + BP_MAX_SRC, cache = (size_t)n_nodes * per_node + (size_t)n_leafs;
-    if (cache > ga->cache_cap) {
-        struct tinfo **grown = bp__realloc(ga->cache, cache * sizeof(*grown), "allocator cache");
-        if (grown == NULL)
-            return BP_ERR_OUT_OF_MEMORY;
-        ga->cache = grown;
-        ga->cache_cap = cache;
-    }
+    if (!bp__grow((void **)&ga->cache, &ga->cache_cap, cache, sizeof(*ga->cache),
+                  "allocator cache"))
+        return BP_ERR_OUT_OF_MEMORY;
     struct tinfo **leaf_ti = ga->cache, **node_ti = ga->cache + n_leafs;
 #define SRC_TI(i, s) node_ti[(size_t)(i) * per_node + 2 + (s)]
 #define VIEW_TI(i) node_ti[(size_t)(i) * per_node + 1]
@@ -555,12 +546,11 @@ static enum bp_status grow(bp_gallocr *ga, int id, size_t size)
         return bp_last_status() != BP_OK ? bp_last_status() : BP_ERR_OUT_OF_MEMORY;
     bp_buffer_set_usage(buf, BP_BUFFER_USAGE_COMPUTE);
     if (ga->buffers[id] != NULL) {
-        bp_buffer **old = bp__realloc(ga->old, (ga->n_old + 1) * sizeof(*old), "allocator history");
-        if (old == NULL) {
+        if (!bp__grow((void **)&ga->old, &ga->cap_old, ga->n_old + 1, sizeof(*ga->old),
+                      "allocator history")) {
             bp_buffer_free(buf);
             return BP_ERR_OUT_OF_MEMORY;
         }
-        ga->old = old;
         ga->old[ga->n_old++] = ga->buffers[id];
         bp_buffer_free(ga->buffers[id]);
     }

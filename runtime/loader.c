@@ -70,13 +70,13 @@ struct record {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct bp_plugin **plugins;
-static size_t n_plugins;
+static size_t n_plugins, cap_plugins;
 /* Plugins unloaded by bp_plugin_unload: their code is gone, their handles stay valid until the
  * library is unloaded, so a stale handle is an error with a name rather than a freed pointer. */
 static struct bp_plugin **tombstones;
-static size_t n_tombstones;
+static size_t n_tombstones, cap_tombstones;
 static struct record **records;
-static size_t n_records;
+static size_t n_records, cap_records;
 
 static pthread_once_t discovery_once = PTHREAD_ONCE_INIT;
 static enum bp_status discovery_status = BP_OK;
@@ -131,15 +131,14 @@ static struct bp_plugin_record *add_record(const char *path, const char *name,
            lm = strlen(msg) + 1;
     struct record *r = bp__calloc(1, sizeof(*r), "a plugin report record");
     char *s = r ? bp__malloc(lp + ln + lv + lm, "a plugin report record") : NULL;
-    struct record **grown = s ? bp__realloc(records, (n_records + 1) * sizeof(*records),
-                                            "the plugin report") : NULL;
-    if (grown == NULL) {
+    if (s == NULL ||
+        !bp__grow((void **)&records, &cap_records, n_records + 1, sizeof(*records),
+                  "the plugin report")) {
         bp__free(msg);
         bp__free(s);
         bp__free(r);
         return NULL;
     }
-    records = grown;
     r->strings = s;
     r->pub.path = memcpy(s, path, lp);
     r->pub.name = memcpy(s + lp, name, ln);
@@ -651,17 +650,15 @@ static struct bp_plugin *finish_load(struct candidate *c)
         }
     }
     struct bp_plugin *p = bp__calloc(1, sizeof(*p), "a plugin");
-    struct bp_plugin **grown =
-        p ? bp__realloc(plugins, (n_plugins + 1) * sizeof(*plugins), "the plugin list") : NULL;
+    bool grown = p != NULL && bp__grow((void **)&plugins, &cap_plugins, n_plugins + 1,
+                                       sizeof(*plugins), "the plugin list");
     if (p)
         p->path = bp__strdup(c->path, "a plugin path");
     if (p)
         p->name = bp__strdup(c->name, "a plugin name");
     if (p)
         p->variant = bp__strdup(c->variant, "a plugin variant");
-    if (grown == NULL || p->path == NULL || p->name == NULL || p->variant == NULL) {
-        if (grown)
-            plugins = grown;
+    if (!grown || p->path == NULL || p->name == NULL || p->variant == NULL) {
         if (p) {
             bp__free(p->path);
             bp__free(p->name);
@@ -674,7 +671,6 @@ static struct bp_plugin *finish_load(struct candidate *c)
         candidate_close(c);
         return NULL;
     }
-    plugins = grown;
     p->handle = c->handle;
     p->fd = c->fd;
     c->handle = NULL;
@@ -748,7 +744,7 @@ struct search {
         dev_t dev;
         ino_t ino;
     } *dirs;
-    size_t n_dirs;
+    size_t n_dirs, cap_dirs;
     struct candidate *cands;
     size_t n, cap;
 };
@@ -793,15 +789,13 @@ static ssize_t add_dir(struct search *s, const char *dir, const char *rec, const
             return -1;
         }
     }
-    struct search_dir *grown =
-        bp__realloc(s->dirs, (s->n_dirs + 1) * sizeof(*s->dirs), "the plugin directories");
-    if (grown == NULL) {
+    if (!bp__grow((void **)&s->dirs, &s->cap_dirs, s->n_dirs + 1, sizeof(*s->dirs),
+                  "the plugin directories")) {
         add_record(rec, name, variant, -1, BP_PLUGIN_FAILED, "out of memory while searching it");
         close(fd);
         bp__free(resolved);
         return -1;
     }
-    s->dirs = grown;
     s->dirs[s->n_dirs] = (struct search_dir){fd, resolved, dir, st.st_dev, st.st_ino};
     return (ssize_t)s->n_dirs++;
 }
@@ -824,16 +818,10 @@ static bool add_candidate(struct search *s, size_t di, const char *dir, const ch
         bp__free(c.path);
         return !oom;
     }
-    if (s->n == s->cap) {
-        size_t nc = s->cap ? 2 * s->cap : 16;
-        struct candidate *grown = bp__realloc(s->cands, nc * sizeof(*s->cands),
-                                              "plugin candidates");
-        if (grown == NULL) {
-            candidate_free(&c);
-            return false;
-        }
-        s->cands = grown;
-        s->cap = nc;
+    if (!bp__grow((void **)&s->cands, &s->cap, s->n + 1, sizeof(*s->cands),
+                  "plugin candidates")) {
+        candidate_free(&c);
+        return false;
     }
     s->cands[s->n++] = c;
     return true;
@@ -861,15 +849,15 @@ static void scan_dir(struct search *s, const char *dir, bool dedup)
         return;
     }
     char **names = NULL;
-    size_t nn = 0;
+    size_t nn = 0, cap = 0;
     bool incomplete = false;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
         if (strncmp(e->d_name, "backplane-", 10) != 0)
             continue;
-        char **grown = bp__realloc(names, (nn + 1) * sizeof(*names), "a directory listing");
-        char *copy = grown ? bp__strdup(e->d_name, "a file name") : NULL;
-        if (grown)
-            names = grown;
+        char *copy = bp__grow((void **)&names, &cap, nn + 1, sizeof(*names),
+                              "a directory listing")
+                         ? bp__strdup(e->d_name, "a file name")
+                         : NULL;
         if (copy == NULL) {
             incomplete = true;
             break;
@@ -1086,13 +1074,11 @@ enum bp_status bp_plugin_unload(bp_plugin *p)
                          p->path, refs, BP_PLURAL(refs), BP_PLURAL(refs), BP_PLURAL(refs));
     }
     /* Room for the tombstone first, so that running out of memory changes nothing. */
-    struct bp_plugin **grown =
-        bp__realloc(tombstones, (n_tombstones + 1) * sizeof(*grown), "the unloaded plugins");
-    if (grown == NULL) {
+    if (!bp__grow((void **)&tombstones, &cap_tombstones, n_tombstones + 1, sizeof(*tombstones),
+                  "the unloaded plugins")) {
         pthread_mutex_unlock(&lock);
         return BP_ERR_OUT_OF_MEMORY;
     }
-    tombstones = grown;
     for (size_t i = 0; i < n_plugins; i++) {
         if (plugins[i] == p) {
             memmove(&plugins[i], &plugins[i + 1], (n_plugins - i - 1) * sizeof(*plugins));
@@ -1135,17 +1121,18 @@ __attribute__((destructor)) static void loader_fini(void)
     }
     bp__free(tombstones);
     tombstones = NULL;
-    n_tombstones = 0;
+    n_tombstones = cap_tombstones = 0;
     if (n_plugins == 0) {
         bp__free(plugins);
         plugins = NULL;
+        cap_plugins = 0;
         for (size_t i = 0; i < n_records; i++) {
             bp__free(records[i]->strings);
             bp__free(records[i]);
         }
         bp__free(records);
         records = NULL;
-        n_records = 0;
+        n_records = cap_records = 0;
     }
     pthread_mutex_unlock(&lock);
 }

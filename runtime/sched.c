@@ -114,30 +114,30 @@ struct bp_sched {
 
     struct split *splits;
     int n_splits;
-    int cap_splits;
+    size_t cap_splits;
 
     bp_context *ctx; /* metadata of the input copies */
     struct copy_set *copies;
     int n_copy_sets;
-    int cap_copy_sets;
+    size_t cap_copy_sets;
 
     bp_graph *graph; /* nodes of the user graph, leafs plus copies: what the allocator sees */
     bp_tensor **node_buf;
     bp_tensor **leaf_buf;
     int *node_ids;
     int *leaf_ids;
-    size_t cap_ids;
+    size_t cap_node_buf, cap_leaf_buf, cap_node_ids, cap_leaf_ids;
 
     struct subst *subst;
     int n_subst;
-    int cap_subst;
+    size_t cap_subst;
 
     struct pin *pins;
     int n_pins;
-    int cap_pins;
+    size_t cap_pins;
 
     struct tinfo **node_ti; /* the table entry of each node of the graph being split */
-    int cap_node_ti;
+    size_t cap_node_ti;
 
     bp_sched_eval_fn eval_fn;
     void *eval_user;
@@ -146,21 +146,6 @@ struct bp_sched {
 };
 
 /* ---- Small helpers ---------------------------------------------------------------------- */
-
-static bool grow(void **p, int *cap, int need, size_t elem, const char *what)
-{
-    if (need <= *cap)
-        return true;
-    int nc = *cap ? *cap : 16;
-    while (nc < need)
-        nc *= 2;
-    void *q = bp__realloc(*p, (size_t)nc * elem, what);
-    if (q == NULL)
-        return false;
-    *p = q;
-    *cap = nc;
-    return true;
-}
 
 static struct tinfo *info(bp_sched *s, const bp_tensor *t)
 {
@@ -359,7 +344,7 @@ void bp_sched_free(bp_sched *s)
     for (int b = 0; b < s->n_backends; b++)
         for (int c = 0; c < BP_SCHED_MAX_COPIES; c++)
             bp_event_free(s->events[b][c]);
-    for (int i = 0; i < s->cap_splits; i++)
+    for (size_t i = 0; i < s->cap_splits; i++)
         bp_graph_free(s->splits[i].graph);
     bp__free(s->splits);
     bp_gallocr_free(s->galloc);
@@ -568,7 +553,8 @@ static enum bp_status assign_all(bp_sched *s, bp_graph *g)
 {
     const int n = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
     bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
-    if (!grow((void **)&s->node_ti, &s->cap_node_ti, n, sizeof(*s->node_ti), "the scheduler"))
+    if (!bp__grow((void **)&s->node_ti, &s->cap_node_ti, (size_t)n, sizeof(*s->node_ti),
+                  "the scheduler"))
         return BP_ERR_OUT_OF_MEMORY;
     for (int i = 0; i < n; i++)
         s->node_ti[i] = info(s, nodes[i]);
@@ -685,17 +671,12 @@ static bool readable_by(bp_sched *s, const bp_tensor *t, int b)
 
 static struct split *new_split(bp_sched *s, int backend, int i0)
 {
-    if (s->n_splits == s->cap_splits) {
-        int nc = s->cap_splits ? 2 * s->cap_splits : 8;
-        struct split *grown = bp__realloc(s->splits, (size_t)nc * sizeof(*grown),
-                                          "the scheduler's splits");
-        if (grown == NULL)
-            return NULL;
-        /* New slots own no graph yet. */
-        memset(grown + s->cap_splits, 0, (size_t)(nc - s->cap_splits) * sizeof(*grown));
-        s->splits = grown;
-        s->cap_splits = nc;
-    }
+    const size_t old_cap = s->cap_splits;
+    if (!bp__grow((void **)&s->splits, &s->cap_splits, (size_t)s->n_splits + 1,
+                  sizeof(*s->splits), "the scheduler's splits"))
+        return NULL;
+    /* New slots own no graph yet. */
+    memset(s->splits + old_cap, 0, (s->cap_splits - old_cap) * sizeof(*s->splits));
     struct split *sp = &s->splits[s->n_splits++];
     sp->backend = backend;
     sp->i0 = sp->i1 = i0;
@@ -718,8 +699,8 @@ static bp_tensor *copy_for(bp_sched *s, bp_tensor *src, int b)
     struct tinfo *ti = info(s, src);
     if (ti->copy[b] > 0)
         return s->copies[ti->copy[b] - 1].t[s->cur_copy];
-    if (!grow((void **)&s->copies, &s->cap_copy_sets, s->n_copy_sets + 1, sizeof(*s->copies),
-              "the scheduler's input copies"))
+    if (!bp__grow((void **)&s->copies, &s->cap_copy_sets, (size_t)s->n_copy_sets + 1,
+                  sizeof(*s->copies), "the scheduler's input copies"))
         return NULL;
     struct copy_set *cs = &s->copies[s->n_copy_sets];
     cs->src = src;
@@ -754,8 +735,8 @@ static bp_tensor *copy_for(bp_sched *s, bp_tensor *src, int b)
 
 static enum bp_status substitute(bp_sched *s, bp_tensor *node, int slot, bp_tensor *copy)
 {
-    if (!grow((void **)&s->subst, &s->cap_subst, s->n_subst + 1, sizeof(*s->subst),
-              "the scheduler's source swaps"))
+    if (!bp__grow((void **)&s->subst, &s->cap_subst, (size_t)s->n_subst + 1, sizeof(*s->subst),
+                  "the scheduler's source swaps"))
         return BP_ERR_OUT_OF_MEMORY;
     s->subst[s->n_subst++] = (struct subst){node, slot, node->src[slot]};
     node->src[slot] = copy;
@@ -891,23 +872,14 @@ static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
     const size_t n_alloc = (size_t)n + (size_t)total_inputs;
     const size_t n_leafs = (size_t)nl + (size_t)s->n_copy_sets * (size_t)s->n_copies;
     const size_t need = n_alloc > n_leafs ? n_alloc : n_leafs;
-    if (need > s->cap_ids) {
-        int *ni = bp__realloc(s->node_ids, need * sizeof(int), "scheduler ids");
-        if (ni)
-            s->node_ids = ni;
-        int *li = ni ? bp__realloc(s->leaf_ids, need * sizeof(int), "scheduler ids") : NULL;
-        if (li)
-            s->leaf_ids = li;
-        bp_tensor **lb = li ? bp__realloc(s->leaf_buf, need * sizeof(*lb), "scheduler leafs") : NULL;
-        if (lb)
-            s->leaf_buf = lb;
-        bp_tensor **nb = lb ? bp__realloc(s->node_buf, need * sizeof(*nb), "scheduler nodes") : NULL;
-        if (nb == NULL) {
-            restore_sources(s);
-            return BP_ERR_OUT_OF_MEMORY;
-        }
-        s->node_buf = nb;
-        s->cap_ids = need;
+    if (!bp__grow((void **)&s->node_ids, &s->cap_node_ids, need, sizeof(int), "scheduler ids") ||
+        !bp__grow((void **)&s->leaf_ids, &s->cap_leaf_ids, need, sizeof(int), "scheduler ids") ||
+        !bp__grow((void **)&s->leaf_buf, &s->cap_leaf_buf, need, sizeof(*s->leaf_buf),
+                  "scheduler leafs") ||
+        !bp__grow((void **)&s->node_buf, &s->cap_node_buf, need, sizeof(*s->node_buf),
+                  "scheduler nodes")) {
+        restore_sources(s);
+        return BP_ERR_OUT_OF_MEMORY;
     }
     bp_tensor **gnodes = bp__graph_nodes(g), **gleafs = bp__graph_leafs(g);
     int k = 0;
@@ -1203,7 +1175,8 @@ enum bp_status bp_sched_set_tensor_backend(bp_sched *s, bp_tensor *t, bp_backend
             return BP_OK;
         }
     }
-    if (!grow((void **)&s->pins, &s->cap_pins, s->n_pins + 1, sizeof(*s->pins), "pins"))
+    if (!bp__grow((void **)&s->pins, &s->cap_pins, (size_t)s->n_pins + 1, sizeof(*s->pins),
+                  "pins"))
         return BP_ERR_OUT_OF_MEMORY;
     s->pins[s->n_pins++] = (struct pin){t, b};
     s->allocated = NULL;
