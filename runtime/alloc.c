@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "backend-impl.h"
+#include "ptrmap.h"
 #include <backplane/bp-alloc.h>
 
 /* n rounded up to a multiple of align; false when that does not fit in size_t. */
@@ -200,9 +201,8 @@ static void fl_free(struct free_list *fl, size_t offset, size_t size)
 
 /* ---- Graph allocator -------------------------------------------------------------------- */
 
+/* What the plan knows of one tensor; ga->map gives its index in ga->infos. */
 struct tinfo {
-    const bp_tensor *t;
-    unsigned gen;   /* in use only when gen == ga->gen: a new plan bumps gen, no clearing */
     int n_children; /* consumers not yet computed */
     int n_views;    /* views whose consumers are not all computed */
     int buft;
@@ -220,9 +220,9 @@ struct bp_gallocr {
     bp_buffer **buffers;
     struct free_list *lists;
 
-    struct tinfo *infos; /* hash set by tensor pointer */
-    size_t hash_size;
-    unsigned gen;
+    struct bp__ptrmap map; /* tensor -> index in infos; a new plan clears it in O(1) */
+    struct tinfo *infos;
+    size_t cap_infos;
     struct tinfo **cache; /* per plan: the entries of every leaf, node and node source */
     size_t cache_cap;
 
@@ -270,24 +270,23 @@ void bp_gallocr_free(bp_gallocr *ga)
     bp__free(ga->old);
     bp__free(ga->cache);
     bp__free(ga->infos);
+    bp__ptrmap_close(&ga->map);
     bp__free(ga->lists);
     bp__free(ga->buffers);
     bp__free(ga->bufts);
     bp__free(ga);
 }
 
+/* The plan's entry for t, new and zeroed on first mention. */
 static struct tinfo *info_of(bp_gallocr *ga, const bp_tensor *t)
 {
-    uintptr_t x = (uintptr_t)t;
-    size_t i = (size_t)((x >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (ga->hash_size - 1);
-    while (ga->infos[i].gen == ga->gen && ga->infos[i].t != t)
-        i = (i + 1) & (ga->hash_size - 1);
-    if (ga->infos[i].gen != ga->gen) {
-        memset(&ga->infos[i], 0, sizeof(ga->infos[i]));
-        ga->infos[i].t = t;
-        ga->infos[i].gen = ga->gen;
-    }
-    return &ga->infos[i];
+    bool added;
+    int *i = bp__ptrmap_put(&ga->map, t, (int)ga->map.used, &added);
+    /* plan() sized the map and infos for every tensor the graph can mention. */
+    BP_ASSERT(i != NULL);
+    if (added)
+        memset(&ga->infos[*i], 0, sizeof(ga->infos[*i]));
+    return &ga->infos[*i];
 }
 
 static bool owns_buffer(const bp_gallocr *ga, const bp_buffer *buf)
@@ -427,24 +426,13 @@ static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, con
     if (st != BP_OK)
         return st;
 
-    /* Room for every tensor the graph can mention, at most half full. */
-    size_t want = 1, mentions = (size_t)n_nodes * (BP_MAX_SRC + 2) + (size_t)n_leafs + 1;
-    while (want < 2 * mentions)
-        want <<= 1;
-    if (want > ga->hash_size) {
-        struct tinfo *grown = bp__calloc(want, sizeof(*grown), "allocator state");
-        if (grown == NULL)
-            return BP_ERR_OUT_OF_MEMORY;
-        bp__free(ga->infos);
-        ga->infos = grown;
-        ga->hash_size = want;
-        ga->gen = 0;
-    }
-    /* A new generation empties the table without touching it. */
-    if (++ga->gen == 0) {
-        memset(ga->infos, 0, ga->hash_size * sizeof(*ga->infos));
-        ga->gen = 1;
-    }
+    /* Room for every tensor the graph can mention, the map at most half full. */
+    const size_t mentions = (size_t)n_nodes * (BP_MAX_SRC + 2) + (size_t)n_leafs + 1;
+    if (!bp__ptrmap_reserve(&ga->map, 2 * mentions, "allocator state") ||
+        !bp__grow((void **)&ga->infos, &ga->cap_infos, bp__ptrmap_limit(&ga->map),
+                  sizeof(*ga->infos), "allocator state"))
+        return BP_ERR_OUT_OF_MEMORY;
+    bp__ptrmap_clear(&ga->map);
     int blocks = n_nodes + n_leafs + 2;
     for (int i = 0; i < ga->n_bufts; i++) {
         struct free_list *fl = &ga->lists[i];

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "backend-impl.h"
+#include "ptrmap.h"
 #include <backplane/bp-alloc.h>
 #include <backplane/bp-sched.h>
 
@@ -57,9 +58,8 @@ static const char *const why_text[] = {
     "its view source is there", "input copy",
 };
 
+/* What the scheduler knows of one tensor; s->map gives its index in s->infos. */
 struct tinfo {
-    const bp_tensor *t;
-    unsigned gen; /* the entry is in use only when gen == sched->gen */
     signed char backend;
     unsigned char why;
     unsigned short sup_known, sup; /* supports_op answers per backend, asked at most once */
@@ -105,10 +105,9 @@ struct bp_sched {
     size_t graph_size;
     int debug;
 
-    struct tinfo *infos;
-    size_t hash_size;
-    size_t hash_used;
-    unsigned gen;   /* bumped per split instead of clearing the table */
+    struct bp__ptrmap map; /* tensor -> index in infos; cleared in O(1) per split */
+    struct tinfo *infos;   /* bp__ptrmap_limit(&map) entries */
+    size_t cap_infos;
     bool overflow;  /* the table got too full during a split: grow it and split again */
     struct tinfo scratch;
 
@@ -147,65 +146,47 @@ struct bp_sched {
 
 /* ---- Small helpers ---------------------------------------------------------------------- */
 
+/* The entry of t, new (unassigned) on first mention. */
 static struct tinfo *info(bp_sched *s, const bp_tensor *t)
 {
-    uintptr_t x = (uintptr_t)t;
-    size_t i = (size_t)((x >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (s->hash_size - 1);
-    while (s->infos[i].gen == s->gen && s->infos[i].t != t)
-        i = (i + 1) & (s->hash_size - 1);
-    if (s->infos[i].gen != s->gen) {
-        if (4 * (s->hash_used + 1) > 3 * s->hash_size) {
-            /* Too full to stay fast (or at all): answer from scratch, split again bigger. */
-            s->overflow = true;
-            memset(&s->scratch, 0, sizeof(s->scratch));
-            s->scratch.backend = -1;
-            return &s->scratch;
-        }
-        memset(&s->infos[i], 0, sizeof(s->infos[i]));
-        s->infos[i].t = t;
-        s->infos[i].gen = s->gen;
-        s->infos[i].backend = -1;
-        s->hash_used++;
+    bool added;
+    int *i = bp__ptrmap_put(&s->map, t, (int)s->map.used, &added);
+    if (i == NULL) {
+        /* Too full to stay fast (or at all): answer from scratch, split again bigger. */
+        s->overflow = true;
+        memset(&s->scratch, 0, sizeof(s->scratch));
+        s->scratch.backend = -1;
+        return &s->scratch;
     }
-    return &s->infos[i];
+    struct tinfo *ti = &s->infos[*i];
+    if (added) {
+        memset(ti, 0, sizeof(*ti));
+        ti->backend = -1;
+    }
+    return ti;
 }
 
-static const bp_tensor *lookup(const bp_sched *s, const bp_tensor *t)
+/* Whether t has an entry (from the last split), without making one. */
+static bool known(const bp_sched *s, const bp_tensor *t)
 {
-    uintptr_t x = (uintptr_t)t;
-    size_t i = (size_t)((x >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (s->hash_size - 1);
-    while (s->infos[i].gen == s->gen && s->infos[i].t != t)
-        i = (i + 1) & (s->hash_size - 1);
-    return s->infos[i].gen == s->gen ? t : NULL;
+    return bp__ptrmap_get(&s->map, t) != NULL;
 }
 
-/* Starts a fresh table generation (wrapping around clears it for real once in 4 billion). */
+/* Empties the table in O(1), for the next split. */
 static void clear_infos(bp_sched *s)
 {
-    if (++s->gen == 0) {
-        memset(s->infos, 0, s->hash_size * sizeof(*s->infos));
-        s->gen = 1;
-    }
-    s->hash_used = 0;
+    bp__ptrmap_clear(&s->map);
     s->overflow = false;
 }
 
+/* Makes room for at least want slots (1024 at least). The entries array may move: every
+ * struct tinfo pointer taken before is stale, so this runs only before a split starts. */
 static bool resize_infos(bp_sched *s, size_t want)
 {
-    size_t size = 1024;
-    while (size < want)
-        size <<= 1;
-    if (size <= s->hash_size)
-        return true;
-    struct tinfo *t = bp__calloc(size, sizeof(*t), "the scheduler's tensor table");
-    if (t == NULL)
-        return false;
-    bp__free(s->infos);
-    s->infos = t;
-    s->hash_size = size;
-    s->gen = 0;
-    clear_infos(s);
-    return true;
+    return bp__ptrmap_reserve(&s->map, want > 1024 ? want : 1024,
+                              "the scheduler's tensor table") &&
+           bp__grow((void **)&s->infos, &s->cap_infos, bp__ptrmap_limit(&s->map),
+                    sizeof(*s->infos), "the scheduler's tensor table");
 }
 
 static int backend_index(const bp_sched *s, const bp_backend *be)
@@ -351,6 +332,7 @@ void bp_sched_free(bp_sched *s)
     bp_graph_free(s->graph);
     bp_context_free(s->ctx);
     bp__free(s->infos);
+    bp__ptrmap_close(&s->map);
     bp__free(s->copies);
     bp__free(s->leaf_buf);
     bp__free(s->node_buf);
@@ -817,7 +799,7 @@ static enum bp_status split_graph(bp_sched *s, bp_graph *g)
         enum bp_status st = split_graph_once(s, g);
         if (s->overflow) {
             restore_sources(s);
-            if (!resize_infos(s, 4 * s->hash_size))
+            if (!resize_infos(s, 4 * bp__ptrmap_size(&s->map)))
                 return BP_ERR_OUT_OF_MEMORY;
             continue;
         }
@@ -1185,7 +1167,7 @@ enum bp_status bp_sched_set_tensor_backend(bp_sched *s, bp_tensor *t, bp_backend
 
 bp_backend *bp_sched_get_tensor_backend(bp_sched *s, const bp_tensor *t)
 {
-    if (s == NULL || t == NULL || lookup(s, t) == NULL)
+    if (s == NULL || t == NULL || !known(s, t))
         return NULL;
     int b = info(s, t)->backend;
     return b >= 0 ? s->backends[b] : NULL;
@@ -1251,7 +1233,7 @@ enum bp_status bp_sched_dump_dot(bp_sched *s, bp_graph *g, FILE *out)
                 bp_backend_name(s->backends[sp->backend]));
         for (int k = sp->i0; k < sp->i1 && k < bp_graph_n_nodes(g); k++) {
             const bp_tensor *n = bp_graph_node(g, k);
-            int b = lookup(s, n) ? info(s, n)->backend : -1;
+            int b = known(s, n) ? info(s, n)->backend : -1;
             fprintf(out, "    n%p [label=\"%d %s\\n%s\", fillcolor=%s];\n", (const void *)n, k,
                     bp_op_name(n->op), n->name, b >= 0 ? colors[b % 8] : "white");
         }
