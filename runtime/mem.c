@@ -2,7 +2,8 @@
  *
  * Everything the runtime allocates goes through these wrappers so that an allocation failure
  * always becomes BP_ERR_OUT_OF_MEMORY with a message naming what was being allocated, and so
- * that tests can make allocations fail on purpose.
+ * that tests can make allocations fail on purpose. Arrays that are appended to grow through
+ * bp__grow, one overflow-checked doubling policy for the whole runtime.
  *
  * Fault injection (configure --enable-fault-injection, the default for development builds;
  * packages are built without it): with BP_FAIL_ALLOC_AFTER=N in the environment, allocation
