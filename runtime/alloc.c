@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "backend-impl.h"
+#include "ptrmap.h"
 #include <backplane/bp-alloc.h>
 
 /* n rounded up to a multiple of align; false when that does not fit in size_t. */
@@ -128,7 +129,7 @@ struct free_list {
     size_t alignment;
     struct block *blocks;
     int n;
-    int cap;
+    size_t cap;
     size_t high_water;
 };
 
@@ -191,7 +192,7 @@ static void fl_free(struct free_list *fl, size_t offset, size_t size)
         fl->blocks[i].offset = offset;
         fl->blocks[i].size += size;
     } else {
-        BP_ASSERT(fl->n < fl->cap);
+        BP_ASSERT((size_t)fl->n < fl->cap);
         memmove(&fl->blocks[i + 1], &fl->blocks[i], (size_t)(fl->n - i) * sizeof(struct block));
         fl->blocks[i] = (struct block){offset, size};
         fl->n++;
@@ -200,9 +201,8 @@ static void fl_free(struct free_list *fl, size_t offset, size_t size)
 
 /* ---- Graph allocator -------------------------------------------------------------------- */
 
+/* What the plan knows of one tensor; ga->map gives its index in ga->infos. */
 struct tinfo {
-    const bp_tensor *t;
-    unsigned gen;   /* in use only when gen == ga->gen: a new plan bumps gen, no clearing */
     int n_children; /* consumers not yet computed */
     int n_views;    /* views whose consumers are not all computed */
     int buft;
@@ -220,14 +220,14 @@ struct bp_gallocr {
     bp_buffer **buffers;
     struct free_list *lists;
 
-    struct tinfo *infos; /* hash set by tensor pointer */
-    size_t hash_size;
-    unsigned gen;
+    struct bp__ptrmap map; /* tensor -> index in infos; a new plan clears it in O(1) */
+    struct tinfo *infos;
+    size_t cap_infos;
     struct tinfo **cache; /* per plan: the entries of every leaf, node and node source */
     size_t cache_cap;
 
     bp_buffer **old; /* buffers this allocator freed: tensors may still point into them */
-    size_t n_old;
+    size_t n_old, cap_old;
     int n_reallocs;
 };
 
@@ -270,24 +270,23 @@ void bp_gallocr_free(bp_gallocr *ga)
     bp__free(ga->old);
     bp__free(ga->cache);
     bp__free(ga->infos);
+    bp__ptrmap_close(&ga->map);
     bp__free(ga->lists);
     bp__free(ga->buffers);
     bp__free(ga->bufts);
     bp__free(ga);
 }
 
+/* The plan's entry for t, new and zeroed on first mention. */
 static struct tinfo *info_of(bp_gallocr *ga, const bp_tensor *t)
 {
-    uintptr_t x = (uintptr_t)t;
-    size_t i = (size_t)((x >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (ga->hash_size - 1);
-    while (ga->infos[i].gen == ga->gen && ga->infos[i].t != t)
-        i = (i + 1) & (ga->hash_size - 1);
-    if (ga->infos[i].gen != ga->gen) {
-        memset(&ga->infos[i], 0, sizeof(ga->infos[i]));
-        ga->infos[i].t = t;
-        ga->infos[i].gen = ga->gen;
-    }
-    return &ga->infos[i];
+    bool added;
+    int *i = bp__ptrmap_put(&ga->map, t, (int)ga->map.used, &added);
+    /* plan() sized the map and infos for every tensor the graph can mention. */
+    BP_ASSERT(i != NULL);
+    if (added)
+        memset(&ga->infos[*i], 0, sizeof(ga->infos[*i]));
+    return &ga->infos[*i];
 }
 
 static bool owns_buffer(const bp_gallocr *ga, const bp_buffer *buf)
@@ -420,75 +419,62 @@ static enum bp_status check_ids(const bp_gallocr *ga, const bp_graph *g, const i
     return BP_OK;
 }
 
-static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, const int *leaf_ids)
-{
-    const int n_nodes = bp_graph_n_nodes(g), n_leafs = bp_graph_n_leafs(g);
-    enum bp_status st = check_ids(ga, g, node_ids, leaf_ids);
-    if (st != BP_OK)
-        return st;
+/* The plan's cache of table entries, so that every lookup is done once per plan: one entry
+ * per leaf, then one row per node holding the node's, its view source's and its sources'. */
+enum { ROW_NODE, ROW_VIEW, ROW_SRC, ROW_SIZE = ROW_SRC + BP_MAX_SRC };
 
-    /* Room for every tensor the graph can mention, at most half full. */
-    size_t want = 1, mentions = (size_t)n_nodes * (BP_MAX_SRC + 2) + (size_t)n_leafs + 1;
-    while (want < 2 * mentions)
-        want <<= 1;
-    if (want > ga->hash_size) {
-        struct tinfo *grown = bp__calloc(want, sizeof(*grown), "allocator state");
-        if (grown == NULL)
-            return BP_ERR_OUT_OF_MEMORY;
-        bp__free(ga->infos);
-        ga->infos = grown;
-        ga->hash_size = want;
-        ga->gen = 0;
-    }
-    /* A new generation empties the table without touching it. */
-    if (++ga->gen == 0) {
-        memset(ga->infos, 0, ga->hash_size * sizeof(*ga->infos));
-        ga->gen = 1;
-    }
-    int blocks = n_nodes + n_leafs + 2;
+static struct tinfo **node_row(const bp_gallocr *ga, int n_leafs, int i)
+{
+    return ga->cache + n_leafs + (size_t)i * ROW_SIZE;
+}
+
+/* Empties the table, the free lists and the cache, with room for a graph of this size. */
+static enum bp_status plan_reset(bp_gallocr *ga, int n_nodes, int n_leafs)
+{
+    /* Room for every tensor the graph can mention, the map at most half full. */
+    const size_t mentions = (size_t)n_nodes * ROW_SIZE + (size_t)n_leafs + 1;
+    if (!bp__ptrmap_reserve(&ga->map, 2 * mentions, "allocator state") ||
+        !bp__grow((void **)&ga->infos, &ga->cap_infos, bp__ptrmap_limit(&ga->map),
+                  sizeof(*ga->infos), "allocator state"))
+        return BP_ERR_OUT_OF_MEMORY;
+    bp__ptrmap_clear(&ga->map);
+    const size_t blocks = (size_t)n_nodes + (size_t)n_leafs + 2;
     for (int i = 0; i < ga->n_bufts; i++) {
         struct free_list *fl = &ga->lists[i];
-        if (fl->cap < blocks) {
-            struct block *grown = bp__realloc(fl->blocks, (size_t)blocks * sizeof(*grown),
-                                              "allocator free list");
-            if (grown == NULL)
-                return BP_ERR_OUT_OF_MEMORY;
-            fl->blocks = grown;
-            fl->cap = blocks;
-        }
+        if (!bp__grow((void **)&fl->blocks, &fl->cap, blocks, sizeof(*fl->blocks),
+                      "allocator free list"))
+            return BP_ERR_OUT_OF_MEMORY;
         fl_reset(fl);
     }
+    const size_t cache = (size_t)n_nodes * ROW_SIZE + (size_t)n_leafs;
+    if (!bp__grow((void **)&ga->cache, &ga->cache_cap, cache, sizeof(*ga->cache),
+                  "allocator cache"))
+        return BP_ERR_OUT_OF_MEMORY;
+    return BP_OK;
+}
 
-    /* Every table lookup of the plan is done once, here; the passes below use the pointers. */
+/* Fills the cache: every leaf and node is in the graph; counts each tensor's consumers and
+ * views. A source outside the graph must have memory already. */
+static enum bp_status plan_lookups(bp_gallocr *ga, bp_graph *g, const int *node_ids)
+{
+    const int n_nodes = bp_graph_n_nodes(g), n_leafs = bp_graph_n_leafs(g);
     bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
-    const size_t per_node = 2 + BP_MAX_SRC, cache = (size_t)n_nodes * per_node + (size_t)n_leafs;
-    if (cache > ga->cache_cap) {
-        struct tinfo **grown = bp__realloc(ga->cache, cache * sizeof(*grown), "allocator cache");
-        if (grown == NULL)
-            return BP_ERR_OUT_OF_MEMORY;
-        ga->cache = grown;
-        ga->cache_cap = cache;
-    }
-    struct tinfo **leaf_ti = ga->cache, **node_ti = ga->cache + n_leafs;
-#define SRC_TI(i, s) node_ti[(size_t)(i) * per_node + 2 + (s)]
-#define VIEW_TI(i) node_ti[(size_t)(i) * per_node + 1]
-#define NODE_TI(i) node_ti[(size_t)(i) * per_node]
     for (int i = 0; i < n_leafs; i++) {
-        leaf_ti[i] = info_of(ga, leafs[i]);
-        leaf_ti[i]->in_graph = true;
+        ga->cache[i] = info_of(ga, leafs[i]);
+        ga->cache[i]->in_graph = true;
     }
     for (int i = 0; i < n_nodes; i++) {
-        NODE_TI(i) = info_of(ga, nodes[i]);
-        NODE_TI(i)->in_graph = true;
+        struct tinfo **row = node_row(ga, n_leafs, i);
+        row[ROW_NODE] = info_of(ga, nodes[i]);
+        row[ROW_NODE]->in_graph = true;
     }
-
-    /* Count consumers and views. */
     for (int i = 0; i < n_nodes; i++) {
         bp_tensor *node = nodes[i];
-        NODE_TI(i)->buft = node_ids ? node_ids[i] : 0;
+        struct tinfo **row = node_row(ga, n_leafs, i);
+        row[ROW_NODE]->buft = node_ids ? node_ids[i] : 0;
         for (int s = 0; s < BP_MAX_SRC; s++) {
             bp_tensor *src = node->src[s];
-            SRC_TI(i, s) = NULL;
+            row[ROW_SRC + s] = NULL;
             if (src == NULL)
                 continue;
             struct tinfo *si = info_of(ga, src);
@@ -498,53 +484,87 @@ static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, con
                                  "has no memory",
                                  bp__describe(src).s, bp__describe(node).s);
             si->n_children++;
-            SRC_TI(i, s) = si;
+            row[ROW_SRC + s] = si;
         }
-        VIEW_TI(i) = node->view_src ? info_of(ga, node->view_src) : NULL;
-        if (VIEW_TI(i) != NULL)
-            VIEW_TI(i)->n_views++;
+        row[ROW_VIEW] = node->view_src ? info_of(ga, node->view_src) : NULL;
+        if (row[ROW_VIEW] != NULL)
+            row[ROW_VIEW]->n_views++;
     }
+    return BP_OK;
+}
 
-    /* Leafs and inputs live for the whole graph: give them memory before any node. */
+/* Leafs and inputs live for the whole graph: they get memory before any node. */
+static enum bp_status plan_inputs(bp_gallocr *ga, bp_graph *g, const int *leaf_ids)
+{
+    const int n_nodes = bp_graph_n_nodes(g), n_leafs = bp_graph_n_leafs(g);
+    bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
+    enum bp_status st;
     for (int i = 0; i < n_leafs; i++) {
-        leaf_ti[i]->buft = leaf_ids ? leaf_ids[i] : 0;
-        if (needs_memory(ga, leafs[i]) && (st = plan_alloc(ga, leaf_ti[i], leafs[i])) != BP_OK)
+        ga->cache[i]->buft = leaf_ids ? leaf_ids[i] : 0;
+        if (needs_memory(ga, leafs[i]) && (st = plan_alloc(ga, ga->cache[i], leafs[i])) != BP_OK)
             return st;
     }
     for (int i = 0; i < n_nodes; i++) {
         if ((nodes[i]->flags & BP_TENSOR_FLAG_INPUT) && needs_memory(ga, nodes[i]) &&
-            (st = plan_alloc(ga, NODE_TI(i), nodes[i])) != BP_OK)
+            (st = plan_alloc(ga, node_row(ga, n_leafs, i)[ROW_NODE], nodes[i])) != BP_OK)
             return st;
     }
+    return BP_OK;
+}
 
+/* node (its cache row) has run: the sources it was the last consumer of give their memory
+ * back, a view's through its source once the source's views are all done. */
+static void release_sources(bp_gallocr *ga, const bp_tensor *node, struct tinfo *const *row)
+{
+    for (int s = 0; s < BP_MAX_SRC; s++) {
+        struct tinfo *pi = row[ROW_SRC + s];
+        if (pi == NULL || --pi->n_children > 0 || pi->n_views > 0)
+            continue;
+        const bp_tensor *src = node->src[s];
+        if (src->view_src != NULL) {
+            struct tinfo *vi = info_of(ga, src->view_src);
+            if (--vi->n_views == 0 && vi->n_children == 0)
+                plan_release(ga, vi);
+        } else {
+            plan_release(ga, pi);
+        }
+    }
+}
+
+/* The nodes in execution order: each gets memory (in place of a source where it can), then
+ * releases what it was the last to use. */
+static enum bp_status plan_nodes(bp_gallocr *ga, bp_graph *g)
+{
+    const int n_nodes = bp_graph_n_nodes(g), n_leafs = bp_graph_n_leafs(g);
+    bp_tensor **nodes = bp__graph_nodes(g);
+    enum bp_status st;
     for (int i = 0; i < n_nodes; i++) {
         bp_tensor *node = nodes[i];
-        struct tinfo *ti = NODE_TI(i);
-        if (VIEW_TI(i) != NULL)
-            ti->buft = VIEW_TI(i)->buft;
+        struct tinfo **row = node_row(ga, n_leafs, i);
+        struct tinfo *ti = row[ROW_NODE];
+        if (row[ROW_VIEW] != NULL)
+            ti->buft = row[ROW_VIEW]->buft;
         else if (!ti->planned && needs_memory(ga, node) && !plan_inplace(ga, ti, node) &&
                  (st = plan_alloc(ga, ti, node)) != BP_OK)
             return st;
-
-        /* This node has run: sources it was the last consumer of give their memory back. */
-        for (int s = 0; s < BP_MAX_SRC; s++) {
-            struct tinfo *pi = SRC_TI(i, s);
-            if (pi == NULL || --pi->n_children > 0 || pi->n_views > 0)
-                continue;
-            const bp_tensor *src = node->src[s];
-            if (src->view_src != NULL) {
-                struct tinfo *vi = info_of(ga, src->view_src);
-                if (--vi->n_views == 0 && vi->n_children == 0)
-                    plan_release(ga, vi);
-            } else {
-                plan_release(ga, pi);
-            }
-        }
+        release_sources(ga, node, row);
     }
-#undef SRC_TI
-#undef VIEW_TI
-#undef NODE_TI
     return BP_OK;
+}
+
+/* Plans g: where every tensor that needs memory goes, and each buffer type's high-water mark. */
+static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, const int *leaf_ids)
+{
+    enum bp_status st = check_ids(ga, g, node_ids, leaf_ids);
+    if (st == BP_OK)
+        st = plan_reset(ga, bp_graph_n_nodes(g), bp_graph_n_leafs(g));
+    if (st == BP_OK)
+        st = plan_lookups(ga, g, node_ids);
+    if (st == BP_OK)
+        st = plan_inputs(ga, g, leaf_ids);
+    if (st == BP_OK)
+        st = plan_nodes(ga, g);
+    return st;
 }
 
 /* Replaces buffer id with one of at least size bytes. */
@@ -555,12 +575,11 @@ static enum bp_status grow(bp_gallocr *ga, int id, size_t size)
         return bp_last_status() != BP_OK ? bp_last_status() : BP_ERR_OUT_OF_MEMORY;
     bp_buffer_set_usage(buf, BP_BUFFER_USAGE_COMPUTE);
     if (ga->buffers[id] != NULL) {
-        bp_buffer **old = bp__realloc(ga->old, (ga->n_old + 1) * sizeof(*old), "allocator history");
-        if (old == NULL) {
+        if (!bp__grow((void **)&ga->old, &ga->cap_old, ga->n_old + 1, sizeof(*ga->old),
+                      "allocator history")) {
             bp_buffer_free(buf);
             return BP_ERR_OUT_OF_MEMORY;
         }
-        ga->old = old;
         ga->old[ga->n_old++] = ga->buffers[id];
         bp_buffer_free(ga->buffers[id]);
     }
@@ -623,7 +642,7 @@ enum bp_status bp_gallocr_alloc_graph(bp_gallocr *ga, bp_graph *graph, const int
     for (int i = 0; st == BP_OK && i < nl; i++)
         st = place(ga, leafs[i], ga->cache[i]);
     for (int i = 0; st == BP_OK && i < bp_graph_n_nodes(graph); i++)
-        st = place(ga, nodes[i], ga->cache[nl + (size_t)i * (2 + BP_MAX_SRC)]);
+        st = place(ga, nodes[i], node_row(ga, nl, i)[ROW_NODE]);
     return st;
 }
 

@@ -19,6 +19,7 @@ struct bp_registry {
     int api_minor;
     bp_device **devices; /* made with bp_device_new for this registry, freed with it */
     size_t n_devices;
+    size_t cap_devices;
 };
 
 struct bp_device {
@@ -27,6 +28,7 @@ struct bp_device {
     bp_registry *reg;
     bp_buffer_type **bufts; /* made with bp_buffer_type_new for this device, freed with it */
     size_t n_bufts;
+    size_t cap_bufts;
 };
 
 struct bp_buffer_type {

@@ -10,10 +10,11 @@
 
 #include "backend-impl.h"
 
-#define CHECK_HANDLE(h, fn, ret)                                                               \
+/* Returns ret from the calling function, with an error naming it, when handle h is NULL. */
+#define CHECK_HANDLE(h, ret)                                                                   \
     do {                                                                                       \
         if ((h) == NULL) {                                                                     \
-            bp__error(BP_ERR_INVALID_ARG, "%s: %s is NULL", fn, #h);                           \
+            bp__error(BP_ERR_INVALID_ARG, "%s: %s is NULL", __func__, #h);                     \
             return ret;                                                                        \
         }                                                                                      \
     } while (0)
@@ -29,19 +30,19 @@ static void default_error(enum bp_status status, const char *fmt, const char *na
 
 const char *bp_buffer_type_name(bp_buffer_type *buft)
 {
-    CHECK_HANDLE(buft, "bp_buffer_type_name", "");
+    CHECK_HANDLE(buft, "");
     return buft->iface->get_name(buft);
 }
 
 size_t bp_buffer_type_alignment(bp_buffer_type *buft)
 {
-    CHECK_HANDLE(buft, "bp_buffer_type_alignment", 0);
+    CHECK_HANDLE(buft, 0);
     return buft->iface->get_alignment(buft);
 }
 
 size_t bp_buffer_type_max_size(bp_buffer_type *buft)
 {
-    CHECK_HANDLE(buft, "bp_buffer_type_max_size", 0);
+    CHECK_HANDLE(buft, 0);
     if (BP_HAS(struct bp_buffer_type_iface, buft->iface, get_max_size))
         return buft->iface->get_max_size(buft);
     return SIZE_MAX;
@@ -49,8 +50,8 @@ size_t bp_buffer_type_max_size(bp_buffer_type *buft)
 
 size_t bp_buffer_type_alloc_size(bp_buffer_type *buft, const bp_tensor *t)
 {
-    CHECK_HANDLE(buft, "bp_buffer_type_alloc_size", 0);
-    CHECK_HANDLE(t, "bp_buffer_type_alloc_size", 0);
+    CHECK_HANDLE(buft, 0);
+    CHECK_HANDLE(t, 0);
     if (BP_HAS(struct bp_buffer_type_iface, buft->iface, get_alloc_size))
         return buft->iface->get_alloc_size(buft, t);
     return bp_nbytes(t);
@@ -70,7 +71,7 @@ bp_device *bp_buffer_type_device(bp_buffer_type *buft)
 
 bp_buffer *bp_buffer_type_alloc(bp_buffer_type *buft, size_t size)
 {
-    CHECK_HANDLE(buft, "bp_buffer_type_alloc", NULL);
+    CHECK_HANDLE(buft, NULL);
     size_t max = bp_buffer_type_max_size(buft);
     if (size > max)
         return bp__error_null(BP_ERR_OUT_OF_MEMORY,
@@ -110,7 +111,7 @@ void bp_buffer_free(bp_buffer *buf)
 
 void *bp_buffer_get_base(bp_buffer *buf)
 {
-    CHECK_HANDLE(buf, "bp_buffer_get_base", NULL);
+    CHECK_HANDLE(buf, NULL);
     return buf->iface->get_base(buf);
 }
 
@@ -121,7 +122,7 @@ size_t bp_buffer_get_size(bp_buffer *buf)
 
 size_t bp_buffer_get_alignment(bp_buffer *buf)
 {
-    CHECK_HANDLE(buf, "bp_buffer_get_alignment", 0);
+    CHECK_HANDLE(buf, 0);
     return bp_buffer_type_alignment(buf->buft);
 }
 
@@ -137,7 +138,7 @@ bool bp_buffer_is_host(bp_buffer *buf)
 
 enum bp_status bp_buffer_clear(bp_buffer *buf, uint8_t value)
 {
-    CHECK_HANDLE(buf, "bp_buffer_clear", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(buf, BP_ERR_INVALID_ARG);
     if (buf->size == 0)
         return BP_OK;
     return buf->iface->clear(buf, value);
@@ -165,8 +166,8 @@ enum bp_status bp__place_tensor(bp_buffer *buf, bp_tensor *t, void *addr)
 
 enum bp_status bp_buffer_place_tensor(bp_buffer *buf, bp_tensor *t, void *addr)
 {
-    CHECK_HANDLE(buf, "bp_buffer_place_tensor", BP_ERR_INVALID_ARG);
-    CHECK_HANDLE(t, "bp_buffer_place_tensor", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(buf, BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(t, BP_ERR_INVALID_ARG);
     if (t->view_src != NULL)
         return bp__error(BP_ERR_INVALID_ARG,
                          "bp_buffer_place_tensor: %s is a view; place its source and call "
@@ -191,7 +192,7 @@ enum bp_status bp_buffer_place_tensor(bp_buffer *buf, bp_tensor *t, void *addr)
 
 enum bp_status bp_tensor_init_view(bp_tensor *t)
 {
-    CHECK_HANDLE(t, "bp_tensor_init_view", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(t, BP_ERR_INVALID_ARG);
     if (t->view_src == NULL)
         return bp__error(BP_ERR_INVALID_ARG, "bp_tensor_init_view: %s is not a view",
                          bp__describe(t).s);
@@ -381,7 +382,7 @@ static void backend_leave(bp_backend *be)
 
 const char *bp_backend_name(bp_backend *backend)
 {
-    CHECK_HANDLE(backend, "bp_backend_name", "");
+    CHECK_HANDLE(backend, "");
     return backend->iface->get_name(backend);
 }
 
@@ -402,19 +403,19 @@ bp_device *bp_backend_get_device(bp_backend *backend)
 
 bp_buffer_type *bp_backend_get_default_buffer_type(bp_backend *backend)
 {
-    CHECK_HANDLE(backend, "bp_backend_get_default_buffer_type", NULL);
+    CHECK_HANDLE(backend, NULL);
     return bp_device_get_buffer_type(backend->device);
 }
 
 bp_buffer *bp_backend_alloc_buffer(bp_backend *backend, size_t size)
 {
-    CHECK_HANDLE(backend, "bp_backend_alloc_buffer", NULL);
+    CHECK_HANDLE(backend, NULL);
     return bp_buffer_type_alloc(bp_backend_get_default_buffer_type(backend), size);
 }
 
 enum bp_status bp_backend_synchronize(bp_backend *backend)
 {
-    CHECK_HANDLE(backend, __func__, BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(backend, BP_ERR_INVALID_ARG);
     if (!BP_HAS(struct bp_backend_iface, backend->iface, synchronize))
         return BP_OK;
     BACKEND_ENTER(backend, BP_ERR_BUSY);
@@ -475,8 +476,8 @@ static enum bp_status check_graph_memory(bp_backend *be, bp_graph *g)
 
 enum bp_status bp_backend_graph_compute_async(bp_backend *backend, bp_graph *graph)
 {
-    CHECK_HANDLE(backend, __func__, BP_ERR_INVALID_ARG);
-    CHECK_HANDLE(graph, __func__, BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(backend, BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(graph, BP_ERR_INVALID_ARG);
     BACKEND_ENTER(backend, BP_ERR_BUSY);
     enum bp_status st = check_graph_memory(backend, graph);
     if (st == BP_OK) {
@@ -516,7 +517,7 @@ bool bp_backend_offload_op(bp_backend *backend, const bp_tensor *op)
 enum bp_status bp_backend_tensor_set_async(bp_backend *backend, bp_tensor *t, const void *data,
                                            size_t offset, size_t size)
 {
-    CHECK_HANDLE(backend, "bp_backend_tensor_set_async", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(backend, BP_ERR_INVALID_ARG);
     enum bp_status st = check_range("bp_backend_tensor_set_async", t, offset, size);
     if (st != BP_OK || size == 0)
         return st;
@@ -534,7 +535,7 @@ enum bp_status bp_backend_tensor_set_async(bp_backend *backend, bp_tensor *t, co
 enum bp_status bp_backend_tensor_get_async(bp_backend *backend, const bp_tensor *t, void *data,
                                            size_t offset, size_t size)
 {
-    CHECK_HANDLE(backend, "bp_backend_tensor_get_async", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(backend, BP_ERR_INVALID_ARG);
     enum bp_status st = check_range("bp_backend_tensor_get_async", t, offset, size);
     if (st != BP_OK || size == 0)
         return st;
@@ -552,8 +553,8 @@ enum bp_status bp_backend_tensor_get_async(bp_backend *backend, const bp_tensor 
 enum bp_status bp_backend_tensor_copy_async(bp_backend *src_backend, bp_backend *dst_backend,
                                             const bp_tensor *src, bp_tensor *dst)
 {
-    CHECK_HANDLE(src_backend, "bp_backend_tensor_copy_async", BP_ERR_INVALID_ARG);
-    CHECK_HANDLE(dst_backend, "bp_backend_tensor_copy_async", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(src_backend, BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(dst_backend, BP_ERR_INVALID_ARG);
     enum bp_status st = check_range("bp_backend_tensor_copy_async", src, 0, 0);
     if (st == BP_OK)
         st = check_range("bp_backend_tensor_copy_async", dst, 0, 0);
@@ -584,19 +585,19 @@ enum bp_status bp_backend_tensor_copy_async(bp_backend *src_backend, bp_backend 
 
 const char *bp_device_name(bp_device *dev)
 {
-    CHECK_HANDLE(dev, "bp_device_name", "");
+    CHECK_HANDLE(dev, "");
     return dev->iface->get_name(dev);
 }
 
 const char *bp_device_description(bp_device *dev)
 {
-    CHECK_HANDLE(dev, "bp_device_description", "");
+    CHECK_HANDLE(dev, "");
     return dev->iface->get_description(dev);
 }
 
 enum bp_device_type bp_device_get_type(bp_device *dev)
 {
-    CHECK_HANDLE(dev, "bp_device_get_type", BP_DEVICE_TYPE_CPU);
+    CHECK_HANDLE(dev, BP_DEVICE_TYPE_CPU);
     return dev->iface->get_type(dev);
 }
 
@@ -659,7 +660,7 @@ bp_registry *bp_device_get_registry(bp_device *dev)
 
 bp_backend *bp_device_init_backend(bp_device *dev, const char *params)
 {
-    CHECK_HANDLE(dev, "bp_device_init_backend", NULL);
+    CHECK_HANDLE(dev, NULL);
     bp_clear_error();
     bp_backend *be = dev->iface->init_backend(dev, params);
     if (be == NULL)
@@ -670,13 +671,13 @@ bp_backend *bp_device_init_backend(bp_device *dev, const char *params)
 
 bp_buffer_type *bp_device_get_buffer_type(bp_device *dev)
 {
-    CHECK_HANDLE(dev, "bp_device_get_buffer_type", NULL);
+    CHECK_HANDLE(dev, NULL);
     return dev->iface->get_buffer_type(dev);
 }
 
 bp_buffer_type *bp_device_get_host_buffer_type(bp_device *dev)
 {
-    CHECK_HANDLE(dev, "bp_device_get_host_buffer_type", NULL);
+    CHECK_HANDLE(dev, NULL);
     if (!BP_HAS(struct bp_device_iface, dev->iface, get_host_buffer_type))
         return bp__error_null(BP_ERR_UNSUPPORTED, "device %s has no host buffer type",
                               bp_device_name(dev));
@@ -686,7 +687,7 @@ bp_buffer_type *bp_device_get_host_buffer_type(bp_device *dev)
 bp_buffer *bp_device_buffer_from_host_ptr(bp_device *dev, void *ptr, size_t size,
                                           size_t max_tensor_size)
 {
-    CHECK_HANDLE(dev, "bp_device_buffer_from_host_ptr", NULL);
+    CHECK_HANDLE(dev, NULL);
     if (!BP_HAS(struct bp_device_iface, dev->iface, buffer_from_host_ptr))
         return bp__error_null(BP_ERR_UNSUPPORTED,
                               "device %s cannot use host memory as a buffer",
@@ -716,7 +717,7 @@ bool bp_device_offload_op(bp_device *dev, const bp_tensor *op)
 
 bp_event *bp_event_new(bp_device *dev)
 {
-    CHECK_HANDLE(dev, "bp_event_new", NULL);
+    CHECK_HANDLE(dev, NULL);
     if (!BP_HAS(struct bp_device_iface, dev->iface, event_new))
         return bp__error_null(BP_ERR_UNSUPPORTED, "device %s has no events", bp_device_name(dev));
     bp_event *ev = bp__calloc(1, sizeof(*ev), "an event");
@@ -746,8 +747,8 @@ void bp_event_free(bp_event *event)
 
 enum bp_status bp_event_record(bp_event *event, bp_backend *backend)
 {
-    CHECK_HANDLE(event, "bp_event_record", BP_ERR_INVALID_ARG);
-    CHECK_HANDLE(backend, "bp_event_record", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(event, BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(backend, BP_ERR_INVALID_ARG);
     if (backend->device != event->device)
         return bp__error(BP_ERR_INVALID_ARG,
                          "bp_event_record: the event belongs to device %s, the backend to %s",
@@ -763,8 +764,8 @@ enum bp_status bp_event_record(bp_event *event, bp_backend *backend)
 
 enum bp_status bp_event_wait(bp_backend *backend, bp_event *event)
 {
-    CHECK_HANDLE(event, "bp_event_wait", BP_ERR_INVALID_ARG);
-    CHECK_HANDLE(backend, "bp_event_wait", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(event, BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(backend, BP_ERR_INVALID_ARG);
     if (BP_HAS(struct bp_backend_iface, backend->iface, event_wait) &&
         backend->device->reg == event->device->reg) {
         BACKEND_ENTER(backend, BP_ERR_BUSY);
@@ -778,7 +779,7 @@ enum bp_status bp_event_wait(bp_backend *backend, bp_event *event)
 
 enum bp_status bp_event_synchronize(bp_event *event)
 {
-    CHECK_HANDLE(event, "bp_event_synchronize", BP_ERR_INVALID_ARG);
+    CHECK_HANDLE(event, BP_ERR_INVALID_ARG);
     return event->device->iface->event_synchronize(event->device, event->handle);
 }
 
@@ -786,19 +787,19 @@ enum bp_status bp_event_synchronize(bp_event *event)
 
 const char *bp_registry_name(bp_registry *reg)
 {
-    CHECK_HANDLE(reg, "bp_registry_name", "");
+    CHECK_HANDLE(reg, "");
     return reg->iface->get_name(reg);
 }
 
 size_t bp_registry_device_count(bp_registry *reg)
 {
-    CHECK_HANDLE(reg, "bp_registry_device_count", 0);
+    CHECK_HANDLE(reg, 0);
     return reg->iface->get_device_count(reg);
 }
 
 bp_device *bp_registry_get_device(bp_registry *reg, size_t index)
 {
-    CHECK_HANDLE(reg, "bp_registry_get_device", NULL);
+    CHECK_HANDLE(reg, NULL);
     size_t n = bp_registry_device_count(reg);
     if (index >= n)
         return bp__error_null(BP_ERR_OUT_OF_BOUNDS,
@@ -809,8 +810,8 @@ bp_device *bp_registry_get_device(bp_registry *reg, size_t index)
 
 void *bp_registry_get_proc_address(bp_registry *reg, const char *name)
 {
-    CHECK_HANDLE(reg, "bp_registry_get_proc_address", NULL);
-    CHECK_HANDLE(name, "bp_registry_get_proc_address", NULL);
+    CHECK_HANDLE(reg, NULL);
+    CHECK_HANDLE(name, NULL);
     if (!BP_HAS(struct bp_registry_iface, reg->iface, get_proc_address))
         return NULL;
     return reg->iface->get_proc_address(reg, name);

@@ -45,6 +45,11 @@ char *bp__vasprintf(const char *what, const char *fmt, va_list ap);
 /* s (heap or NULL) with the formatted text appended; on failure s is freed and NULL returned,
  * so a string can be built in a loop with one check per step. */
 char *bp__strcat_printf(char *s, const char *what, const char *fmt, ...) BP_PRINTF(3, 4);
+/* Makes the array *p (of *cap elements of elem bytes) hold at least need elements, doubling
+ * its capacity (from 8) so that appending one at a time stays linear. The contents are kept
+ * and the new elements are not initialised. False with the error set (naming what) when memory
+ * runs out or the size overflows; *p and *cap are then unchanged. */
+bool bp__grow(void **p, size_t *cap, size_t need, size_t elem, const char *what);
 
 /* Overflow-checked size arithmetic: false when the result does not fit. */
 static inline bool bp__mul_size(size_t a, size_t b, size_t *out)

@@ -1,16 +1,17 @@
 /* graph.c - graphs: build in topological order from outputs, leafs vs nodes, use counts, views.
  *
  * Building walks sources depth-first with an explicit stack (a chain of ten thousand ops must
- * not overflow the C stack) and appends each tensor after all of its sources. A pointer hash
- * set, sized once at creation, remembers which tensors are already in the graph and how many
- * node sources point at each one. A build that runs out of room is undone completely: the node
- * and leaf counts are restored and the hash set is rebuilt from them. */
+ * not overflow the C stack) and appends each tensor after all of its sources. A pointer map
+ * (ptrmap.h), sized once at creation, remembers which tensors are already in the graph and how
+ * many node sources point at each one. A build that runs out of room is undone completely: the
+ * node and leaf counts are restored and the map is rebuilt from them. */
 #include "config.h"
 
 #include <limits.h>
 #include <string.h>
 
 #include "bp-impl.h"
+#include "ptrmap.h"
 
 struct frame {
     bp_tensor *t;
@@ -24,9 +25,7 @@ struct bp_graph {
     bp_tensor **nodes;
     bp_tensor **leafs;
 
-    size_t hash_size; /* power of two, at least twice the most entries (2 * capacity) */
-    const bp_tensor **keys;
-    int *uses;
+    struct bp__ptrmap uses; /* every tensor of the graph -> node sources pointing at it */
 
     struct frame *stack; /* 2 * capacity + 1 frames: every frame is a distinct new tensor */
     bool hash_stale;     /* set by bp__graph_set: rebuilt on first use, most users never ask */
@@ -45,33 +44,17 @@ static const bp_graph *fresh(const bp_graph *g)
     return g;
 }
 
-static size_t hash_ptr(const void *p, size_t size)
-{
-    uintptr_t x = (uintptr_t)p;
-    x ^= x >> 17;
-    x *= (uintptr_t)0x9E3779B97F4A7C15ull;
-    x ^= x >> 29;
-    return (size_t)x & (size - 1);
-}
-
-/* The slot holding p, or the empty slot where it would go. */
-static size_t hash_slot(const bp_graph *g, const bp_tensor *p)
-{
-    size_t i = hash_ptr(p, g->hash_size);
-    while (g->keys[i] != NULL && g->keys[i] != p)
-        i = (i + 1) & (g->hash_size - 1);
-    return i;
-}
-
 static bool hash_has(const bp_graph *g, const bp_tensor *p)
 {
-    return g->keys[hash_slot(g, p)] == p;
+    return bp__ptrmap_get(&g->uses, p) != NULL;
 }
 
 static void hash_insert(bp_graph *g, const bp_tensor *p)
 {
-    size_t i = hash_slot(g, p);
-    g->keys[i] = p;
+    bool added;
+    /* Never refused: the map has room for 2 * capacity entries, more than a graph holds. */
+    int *uses = bp__ptrmap_put(&g->uses, p, 0, &added);
+    BP_ASSERT(uses != NULL);
 }
 
 static void count_uses(bp_graph *g, const bp_tensor *node)
@@ -79,18 +62,17 @@ static void count_uses(bp_graph *g, const bp_tensor *node)
     for (int s = 0; s < BP_MAX_SRC; s++) {
         if (node->src[s] == NULL)
             continue;
-        /* A source outside the graph (possible in a graph view) has no slot to count in. */
-        size_t slot = hash_slot(g, node->src[s]);
-        if (g->keys[slot] == node->src[s])
-            g->uses[slot]++;
+        /* A source outside the graph (possible in a graph view) has no entry to count in. */
+        int *uses = bp__ptrmap_get(&g->uses, node->src[s]);
+        if (uses != NULL)
+            (*uses)++;
     }
 }
 
-/* Rebuilds the hash set and use counts from the node and leaf arrays. */
+/* Rebuilds the tensor set and use counts from the node and leaf arrays. */
 static void rehash(bp_graph *g)
 {
-    memset(g->keys, 0, g->hash_size * sizeof(*g->keys));
-    memset(g->uses, 0, g->hash_size * sizeof(*g->uses));
+    bp__ptrmap_clear(&g->uses);
     for (int i = 0; i < g->n_leafs; i++)
         hash_insert(g, g->leafs[i]);
     for (int i = 0; i < g->n_nodes; i++)
@@ -109,9 +91,6 @@ bp_graph *bp_graph_new(size_t capacity)
     if (g == NULL)
         return NULL;
     g->capacity = capacity;
-    g->hash_size = 1;
-    while (g->hash_size < 4 * capacity)
-        g->hash_size <<= 1;
 
     g->nodes = bp__calloc(capacity, sizeof(*g->nodes), "graph nodes");
     if (g->nodes == NULL)
@@ -119,11 +98,8 @@ bp_graph *bp_graph_new(size_t capacity)
     g->leafs = bp__calloc(capacity, sizeof(*g->leafs), "graph leafs");
     if (g->leafs == NULL)
         goto fail;
-    g->keys = bp__calloc(g->hash_size, sizeof(*g->keys), "the graph's tensor set");
-    if (g->keys == NULL)
-        goto fail;
-    g->uses = bp__calloc(g->hash_size, sizeof(*g->uses), "the graph's use counts");
-    if (g->uses == NULL)
+    /* At most 2 * capacity entries, so the map stays at most half full. */
+    if (!bp__ptrmap_init(&g->uses, 4 * capacity, "the graph's tensor set"))
         goto fail;
     g->stack = bp__calloc(2 * capacity + 1, sizeof(*g->stack), "the graph build stack");
     if (g->stack == NULL)
@@ -140,8 +116,7 @@ void bp_graph_free(bp_graph *g)
     if (g == NULL)
         return;
     bp__free(g->stack);
-    bp__free(g->uses);
-    bp__free(g->keys);
+    bp__ptrmap_close(&g->uses);
     bp__free(g->leafs);
     bp__free(g->nodes);
     bp__free(g);
@@ -284,9 +259,8 @@ int bp_graph_use_count(const bp_graph *g, const bp_tensor *t)
 {
     if (g == NULL || t == NULL)
         return 0;
-    fresh(g);
-    size_t slot = hash_slot(g, t);
-    return g->keys[slot] == t ? g->uses[slot] : 0;
+    const int *uses = bp__ptrmap_get(&fresh(g)->uses, t);
+    return uses != NULL ? *uses : 0;
 }
 
 bp_tensor *bp_graph_find(const bp_graph *g, const char *name)

@@ -19,13 +19,8 @@
  * Buffers, backends and events of a plugin hold a reference on it; unload is refused while any
  * are alive. Discovery runs once (pthread_once); explicit loads and unloads take a mutex.
  *
- * Probing (BP_PLUGIN_PROBE=1): before a file is opened in this process, a forked child opens
- * it and runs its init; a child killed by a signal (or that exits on its own, or takes longer
- * than a minute) gets the file refused with the reason, and the process goes on. Verdicts are
- * cached by path, size and modification time in BP_PLUGIN_PROBE_CACHE (default
- * $XDG_CACHE_HOME/backplane/probe-cache, else ~/.cache/backplane/probe-cache), so each plugin
- * file is probed once. Probe early: the child of a process with other threads may only do
- * what is safe after fork, and dlopen and plugin init are not guaranteed to be. */
+ * With BP_PLUGIN_PROBE=1, a forked child opens and initialises each file before this process
+ * does, and a file whose child crashes is refused (probe.c). */
 #include "config.h"
 
 #include <dirent.h>
@@ -36,19 +31,17 @@
 #include <limits.h>
 #include <link.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend-impl.h"
 #include "plugin-file.h"
+#include "probe.h"
 
 struct bp_plugin {
     char *path;
@@ -70,13 +63,13 @@ struct record {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct bp_plugin **plugins;
-static size_t n_plugins;
+static size_t n_plugins, cap_plugins;
 /* Plugins unloaded by bp_plugin_unload: their code is gone, their handles stay valid until the
  * library is unloaded, so a stale handle is an error with a name rather than a freed pointer. */
 static struct bp_plugin **tombstones;
-static size_t n_tombstones;
+static size_t n_tombstones, cap_tombstones;
 static struct record **records;
-static size_t n_records;
+static size_t n_records, cap_records;
 
 static pthread_once_t discovery_once = PTHREAD_ONCE_INIT;
 static enum bp_status discovery_status = BP_OK;
@@ -131,15 +124,14 @@ static struct bp_plugin_record *add_record(const char *path, const char *name,
            lm = strlen(msg) + 1;
     struct record *r = bp__calloc(1, sizeof(*r), "a plugin report record");
     char *s = r ? bp__malloc(lp + ln + lv + lm, "a plugin report record") : NULL;
-    struct record **grown = s ? bp__realloc(records, (n_records + 1) * sizeof(*records),
-                                            "the plugin report") : NULL;
-    if (grown == NULL) {
+    if (s == NULL ||
+        !bp__grow((void **)&records, &cap_records, n_records + 1, sizeof(*records),
+                  "the plugin report")) {
         bp__free(msg);
         bp__free(s);
         bp__free(r);
         return NULL;
     }
-    records = grown;
     r->strings = s;
     r->pub.path = memcpy(s, path, lp);
     r->pub.name = memcpy(s + lp, name, ln);
@@ -359,184 +351,16 @@ static char *dl_message(const char *err, const struct candidate *c)
     return out;
 }
 
-/* ---- Probing in a child process ---------------------------------------------------------- */
-
-static char *probe_cache_path(void)
+/* What the probe child checks before it runs init: what the real load checks, in its order
+ * (the same descriptor checks read the same strings), then CPU features and score. */
+static bool probe_check(const struct bp_plugin_descriptor *d, const void *arg)
 {
-    const char *p = secure_getenv("BP_PLUGIN_PROBE_CACHE");
-    if (p != NULL && p[0] != '\0')
-        return bp__strdup(p, "the probe cache path");
-    const char *xdg = secure_getenv("XDG_CACHE_HOME"), *home = secure_getenv("HOME");
-    if (xdg != NULL && xdg[0] == '/')
-        return bp__asprintf("the probe cache path", "%s/backplane/probe-cache", xdg);
-    if (home != NULL && home[0] == '/')
-        return bp__asprintf("the probe cache path", "%s/.cache/backplane/probe-cache", home);
-    return NULL;
-}
-
-/* The cache as a stream, or NULL. Opened non-blocking and used only when it is a regular file:
- * a FIFO or device named by BP_PLUGIN_PROBE_CACHE must not hang or feed discovery. */
-static FILE *open_cache(const char *cache, bool append)
-{
-    int flags = append ? O_WRONLY | O_APPEND | O_CREAT : O_RDONLY;
-    int fd = open(cache, flags | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0600);
-    struct stat st;
-    if (fd < 0) {
-        if (append || errno != ENOENT)
-            bp_log(BP_LOG_WARN, "plugin probe: cannot %s the verdict cache %s: %s",
-                   append ? "write" : "read", cache, strerror(errno));
-        return NULL;
-    }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        bp_log(BP_LOG_WARN, "plugin probe: the verdict cache %s is not a regular file; probing "
-               "without it", cache);
-        close(fd);
-        return NULL;
-    }
-    FILE *f = fdopen(fd, append ? "a" : "r");
-    if (f == NULL)
-        close(fd);
-    return f;
-}
-
-/* The cached verdict for st (a line "<size> <mtime s> <mtime ns> <verdict> <path>"), or false. */
-static bool probe_cached(const char *cache, const char *path, const struct stat *st, char *verdict,
-                         size_t n)
-{
-    FILE *f = open_cache(cache, false);
-    if (f == NULL)
-        return false;
-    char *line = NULL;
-    size_t cap = 0;
-    bool found = false;
-    while (getline(&line, &cap, f) >= 0) {
-        long long size, sec, nsec;
-        char v[64];
-        int used = 0;
-        line[strcspn(line, "\n")] = '\0';
-        if (sscanf(line, "%lld %lld %lld %63s %n", &size, &sec, &nsec, v, &used) != 4 || used == 0)
-            continue;
-        if (strcmp(line + used, path) == 0 && size == (long long)st->st_size &&
-            sec == (long long)st->st_mtim.tv_sec && nsec == (long long)st->st_mtim.tv_nsec) {
-            snprintf(verdict, n, "%s", v); /* the last line for the file wins */
-            found = true;
-        }
-    }
-    free(line); /* getline's buffer comes from malloc */
-    fclose(f);
-    return found;
-}
-
-static void probe_remember(const char *cache, const char *path, const struct stat *st,
-                           const char *verdict)
-{
-    char *dir = bp__strdup(cache, "the probe cache path");
-    char *slash = dir ? strrchr(dir, '/') : NULL;
-    if (slash != NULL && slash != dir) {
-        *slash = '\0';
-        char *parent = strrchr(dir, '/');
-        if (parent != NULL && parent != dir) { /* .../.cache/backplane: make both levels */
-            *parent = '\0';
-            mkdir(dir, 0700);
-            *parent = '/';
-        }
-        mkdir(dir, 0700);
-    }
-    bp__free(dir);
-    FILE *f = open_cache(cache, true);
-    if (f == NULL)
-        return;
-    fprintf(f, "%lld %lld %lld %s %s\n", (long long)st->st_size, (long long)st->st_mtim.tv_sec,
-            (long long)st->st_mtim.tv_nsec, verdict, path);
-    fclose(f);
-}
-
-/* Sanitizer runtimes, when the program is built with one: its death callbacks (a fuzzer's crash
- * reporter, for instance) belong to the application and must not run in the probe child. */
-extern void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
-
-/* Opens and initialises the candidate's file (its descriptor, st) in a child process. True
- * when the child came back normally (or could not even open the file: the real dlopen reports
- * that); otherwise *why says what happened to it. */
-static bool probe(const struct candidate *c, const struct stat *st, char **why)
-{
-    const char *path = c->path;
-    char *cache = probe_cache_path(), verdict[64] = "";
-    bool cached = cache != NULL && probe_cached(cache, path, st, verdict, sizeof(verdict));
-    if (!cached) {
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid < 0) {
-            bp_log(BP_LOG_WARN, "plugin probe: fork failed (%s); loading %s unprobed",
-                   strerror(errno), path);
-            bp__free(cache);
-            return true;
-        }
-        if (pid == 0) {
-            bp__free(cache); /* the parent's to use; tidy for leak checkers in the child */
-            const struct rlimit no_core = {0, 0}; /* a crashing probe leaves no core file */
-            setrlimit(RLIMIT_CORE, &no_core);
-            /* and dies of the signal: the host's crash handlers (crash reporters, sanitizers,
-             * fuzzers) must not treat the probe's crash as the application's */
-            static const int fatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP};
-            for (size_t i = 0; i < sizeof(fatal) / sizeof(fatal[0]); i++)
-                signal(fatal[i], SIG_DFL);
-            if (__sanitizer_set_death_callback != NULL)
-                __sanitizer_set_death_callback(NULL);
-            alarm(60);
-            /* the inherited descriptor: the child loads the file the parent checked */
-            void *h = dlopen(c->fdpath, RTLD_NOW | RTLD_LOCAL);
-            if (h == NULL)
-                _exit(0);
-            const struct bp_plugin_descriptor *d = dlsym(h, BP_PLUGIN_SYMBOL);
-            /* what the real load runs, in its order: the same descriptor checks (they read
-             * the same strings), features, score, init; and every path ends with dlclose,
-             * which runs the file's finalisers */
-            char *problem = NULL;
-            if (descriptor_ok(d, c, &problem) && (d->cpu_features & ~bp_cpu_features()) == 0 &&
-                descriptor_score(d) > 0) {
-                bp_registry *reg = d->init();
-                if (reg != NULL) /* tidy, for leak checkers that watch the child (valgrind) */
-                    bp_registry_free(reg);
-            }
-            bp__free(problem);
-            dlclose(h);
-            _exit(0);
-        }
-        int status = 0;
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-            ;
-        if (WIFSIGNALED(status))
-            snprintf(verdict, sizeof(verdict), "signal:%d", WTERMSIG(status));
-        else if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
-            snprintf(verdict, sizeof(verdict), "exit:%d", WEXITSTATUS(status));
-        else
-            snprintf(verdict, sizeof(verdict), "ok");
-        if (cache != NULL)
-            probe_remember(cache, path, st, verdict);
-    }
-    bp__free(cache);
-    if (strcmp(verdict, "ok") == 0)
-        return true;
-    int code = 0;
-    const char *src = cached ? " (cached verdict; touch the file to probe it again)" : "";
-    if (sscanf(verdict, "signal:%d", &code) == 1)
-        *why = bp__asprintf("a probe verdict", "the probe crashed: opening and initialising it "
-                            "in a child process ended with signal %d (%s)%s", code,
-                            code == SIGALRM ? "no answer within a minute" : strsignal(code), src);
-    else if (sscanf(verdict, "exit:%d", &code) == 1)
-        *why = bp__asprintf("a probe verdict", "the probe exited: opening and initialising it "
-                            "in a child process ended the process with status %d%s", code, src);
-    else
-        *why = bp__asprintf("a probe verdict", "the probe verdict '%s' is not understood%s",
-                            verdict, src);
-    return false;
-}
-
-static bool probing(void)
-{
-    const char *p = secure_getenv("BP_PLUGIN_PROBE");
-    return p != NULL && strcmp(p, "1") == 0;
+    const struct candidate *c = arg;
+    char *problem = NULL;
+    bool ok = descriptor_ok(d, c, &problem) && (d->cpu_features & ~bp_cpu_features()) == 0 &&
+              descriptor_score(d) > 0;
+    bp__free(problem);
+    return ok;
 }
 
 /* The earlier candidate of the group that is the same file as c, or NULL. */
@@ -577,7 +401,8 @@ static bool prepare(struct candidate *c, const struct candidate *group, size_t n
         goto refused;
     }
     if ((why = bp__elf_problem(c->fd, st.st_size, &bad)) != NULL || bad ||
-        !choose_fd_name(c, &why) || (probing() && !probe(c, &st, &why))) {
+        !choose_fd_name(c, &why) ||
+        (bp__probing() && !bp__probe(c->path, c->fdpath, &st, probe_check, c, &why))) {
         add_record(c->path, c->name, c->variant, -1, BP_PLUGIN_REFUSED, "%s", reason(why));
         goto refused;
     }
@@ -651,17 +476,15 @@ static struct bp_plugin *finish_load(struct candidate *c)
         }
     }
     struct bp_plugin *p = bp__calloc(1, sizeof(*p), "a plugin");
-    struct bp_plugin **grown =
-        p ? bp__realloc(plugins, (n_plugins + 1) * sizeof(*plugins), "the plugin list") : NULL;
+    bool grown = p != NULL && bp__grow((void **)&plugins, &cap_plugins, n_plugins + 1,
+                                       sizeof(*plugins), "the plugin list");
     if (p)
         p->path = bp__strdup(c->path, "a plugin path");
     if (p)
         p->name = bp__strdup(c->name, "a plugin name");
     if (p)
         p->variant = bp__strdup(c->variant, "a plugin variant");
-    if (grown == NULL || p->path == NULL || p->name == NULL || p->variant == NULL) {
-        if (grown)
-            plugins = grown;
+    if (!grown || p->path == NULL || p->name == NULL || p->variant == NULL) {
         if (p) {
             bp__free(p->path);
             bp__free(p->name);
@@ -674,7 +497,6 @@ static struct bp_plugin *finish_load(struct candidate *c)
         candidate_close(c);
         return NULL;
     }
-    plugins = grown;
     p->handle = c->handle;
     p->fd = c->fd;
     c->handle = NULL;
@@ -748,7 +570,7 @@ struct search {
         dev_t dev;
         ino_t ino;
     } *dirs;
-    size_t n_dirs;
+    size_t n_dirs, cap_dirs;
     struct candidate *cands;
     size_t n, cap;
 };
@@ -793,15 +615,13 @@ static ssize_t add_dir(struct search *s, const char *dir, const char *rec, const
             return -1;
         }
     }
-    struct search_dir *grown =
-        bp__realloc(s->dirs, (s->n_dirs + 1) * sizeof(*s->dirs), "the plugin directories");
-    if (grown == NULL) {
+    if (!bp__grow((void **)&s->dirs, &s->cap_dirs, s->n_dirs + 1, sizeof(*s->dirs),
+                  "the plugin directories")) {
         add_record(rec, name, variant, -1, BP_PLUGIN_FAILED, "out of memory while searching it");
         close(fd);
         bp__free(resolved);
         return -1;
     }
-    s->dirs = grown;
     s->dirs[s->n_dirs] = (struct search_dir){fd, resolved, dir, st.st_dev, st.st_ino};
     return (ssize_t)s->n_dirs++;
 }
@@ -824,16 +644,10 @@ static bool add_candidate(struct search *s, size_t di, const char *dir, const ch
         bp__free(c.path);
         return !oom;
     }
-    if (s->n == s->cap) {
-        size_t nc = s->cap ? 2 * s->cap : 16;
-        struct candidate *grown = bp__realloc(s->cands, nc * sizeof(*s->cands),
-                                              "plugin candidates");
-        if (grown == NULL) {
-            candidate_free(&c);
-            return false;
-        }
-        s->cands = grown;
-        s->cap = nc;
+    if (!bp__grow((void **)&s->cands, &s->cap, s->n + 1, sizeof(*s->cands),
+                  "plugin candidates")) {
+        candidate_free(&c);
+        return false;
     }
     s->cands[s->n++] = c;
     return true;
@@ -861,15 +675,15 @@ static void scan_dir(struct search *s, const char *dir, bool dedup)
         return;
     }
     char **names = NULL;
-    size_t nn = 0;
+    size_t nn = 0, cap = 0;
     bool incomplete = false;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
         if (strncmp(e->d_name, "backplane-", 10) != 0)
             continue;
-        char **grown = bp__realloc(names, (nn + 1) * sizeof(*names), "a directory listing");
-        char *copy = grown ? bp__strdup(e->d_name, "a file name") : NULL;
-        if (grown)
-            names = grown;
+        char *copy = bp__grow((void **)&names, &cap, nn + 1, sizeof(*names),
+                              "a directory listing")
+                         ? bp__strdup(e->d_name, "a file name")
+                         : NULL;
         if (copy == NULL) {
             incomplete = true;
             break;
@@ -1086,13 +900,11 @@ enum bp_status bp_plugin_unload(bp_plugin *p)
                          p->path, refs, BP_PLURAL(refs), BP_PLURAL(refs), BP_PLURAL(refs));
     }
     /* Room for the tombstone first, so that running out of memory changes nothing. */
-    struct bp_plugin **grown =
-        bp__realloc(tombstones, (n_tombstones + 1) * sizeof(*grown), "the unloaded plugins");
-    if (grown == NULL) {
+    if (!bp__grow((void **)&tombstones, &cap_tombstones, n_tombstones + 1, sizeof(*tombstones),
+                  "the unloaded plugins")) {
         pthread_mutex_unlock(&lock);
         return BP_ERR_OUT_OF_MEMORY;
     }
-    tombstones = grown;
     for (size_t i = 0; i < n_plugins; i++) {
         if (plugins[i] == p) {
             memmove(&plugins[i], &plugins[i + 1], (n_plugins - i - 1) * sizeof(*plugins));
@@ -1135,17 +947,18 @@ __attribute__((destructor)) static void loader_fini(void)
     }
     bp__free(tombstones);
     tombstones = NULL;
-    n_tombstones = 0;
+    n_tombstones = cap_tombstones = 0;
     if (n_plugins == 0) {
         bp__free(plugins);
         plugins = NULL;
+        cap_plugins = 0;
         for (size_t i = 0; i < n_records; i++) {
             bp__free(records[i]->strings);
             bp__free(records[i]);
         }
         bp__free(records);
         records = NULL;
-        n_records = 0;
+        n_records = cap_records = 0;
     }
     pthread_mutex_unlock(&lock);
 }

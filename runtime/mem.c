@@ -2,7 +2,8 @@
  *
  * Everything the runtime allocates goes through these wrappers so that an allocation failure
  * always becomes BP_ERR_OUT_OF_MEMORY with a message naming what was being allocated, and so
- * that tests can make allocations fail on purpose.
+ * that tests can make allocations fail on purpose. Arrays that are appended to grow through
+ * bp__grow, one overflow-checked doubling policy for the whole runtime.
  *
  * Fault injection (configure --enable-fault-injection, the default for development builds;
  * packages are built without it): with BP_FAIL_ALLOC_AFTER=N in the environment, allocation
@@ -12,6 +13,7 @@
 #include "config.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +85,30 @@ void *bp__realloc(void *p, size_t size, const char *what)
     if (q == NULL)
         bp__error(BP_ERR_OUT_OF_MEMORY, "out of memory growing %s to %zu bytes", what, size);
     return q;
+}
+
+bool bp__grow(void **p, size_t *cap, size_t need, size_t elem, const char *what)
+{
+    if (need <= *cap)
+        return true;
+    size_t bytes;
+    if (!bp__mul_size(need, elem, &bytes)) {
+        bp__error(BP_ERR_OUT_OF_MEMORY, "growing %s to %zu x %zu bytes overflows", what, need,
+                  elem);
+        return false;
+    }
+    /* Double, but never past what fits: near the limit, exactly what is needed. */
+    size_t n = *cap ? *cap : 8;
+    while (n < need && n <= SIZE_MAX / 2)
+        n *= 2;
+    if (n < need || !bp__mul_size(n, elem, &bytes))
+        n = need;
+    void *q = bp__realloc(*p, n * elem, what);
+    if (q == NULL)
+        return false;
+    *p = q;
+    *cap = n;
+    return true;
 }
 
 void bp__free(void *p)

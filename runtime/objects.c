@@ -37,13 +37,11 @@ static bool member_ok(size_t struct_size, size_t off, size_t sz, const void *fn)
                                   what, (iface)->struct_size, #m);                             \
     } while (0)
 
-static bool append_ptr(void ***list, size_t *n, void *p, const char *what)
+static bool append_ptr(void ***list, size_t *n, size_t *cap, void *p, const char *what)
 {
-    void **grown = bp__realloc(*list, (*n + 1) * sizeof(void *), what);
-    if (grown == NULL)
+    if (!bp__grow((void **)list, cap, *n + 1, sizeof(void *), what))
         return false;
-    grown[(*n)++] = p;
-    *list = grown;
+    (*list)[(*n)++] = p;
     return true;
 }
 
@@ -115,7 +113,8 @@ bp_device *bp_device_new(bp_registry *reg, const struct bp_device_iface *iface, 
     dev->iface = iface;
     dev->context = context;
     dev->reg = reg;
-    if (!append_ptr((void ***)&reg->devices, &reg->n_devices, dev, "a registry's device list")) {
+    if (!append_ptr((void ***)&reg->devices, &reg->n_devices, &reg->cap_devices, dev,
+                    "a registry's device list")) {
         bp__free(dev);
         return NULL;
     }
@@ -137,7 +136,8 @@ bp_buffer_type *bp_buffer_type_new(bp_device *dev, const struct bp_buffer_type_i
     buft->context = context;
     buft->device = dev;
     if (dev != NULL &&
-        !append_ptr((void ***)&dev->bufts, &dev->n_bufts, buft, "a device's buffer types")) {
+        !append_ptr((void ***)&dev->bufts, &dev->n_bufts, &dev->cap_bufts, buft,
+                    "a device's buffer types")) {
         bp__free(buft);
         return NULL;
     }

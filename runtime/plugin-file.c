@@ -103,171 +103,223 @@ static int open_root(char **path, char **why)
     return fd;
 }
 
-/* Declared in plugin-file.h. */
-int bp__walk(int atfd, const char *at, const char *path, enum bp_walk_target target,
-                struct stat *st, char **canon, char **why, int *err)
+/* A walk in progress: the directory reached so far (checked, open as cur) and the path still
+ * to resolve. */
+struct walk {
+    const char *path; /* as given, for messages */
+    enum bp_walk_target target;
+    char *rest;       /* the path being resolved (heap); a symbolic link splices its target in */
+    char *p;          /* the next component in rest */
+    int cur;          /* the directory reached, or -1 */
+    char *cur_path;   /* its path */
+    int links;        /* symbolic links followed so far */
+    char **why;
+    int *err;
+};
+
+/* Opens the directory the walk starts from: the root for an absolute path, else at. */
+static bool walk_start(struct walk *w, int atfd, const char *at)
+{
+    if (w->path[0] == '/')
+        w->cur = open_root(&w->cur_path, w->why);
+    else if ((w->cur = fcntl(atfd, F_DUPFD_CLOEXEC, 0)) < 0)
+        *w->why = bp__asprintf("a plugin check", "cannot use the directory %s: %s", at,
+                               strerror(errno));
+    else if ((w->cur_path = bp__strdup(at, "a path")) == NULL) {
+        close(w->cur);
+        w->cur = -1;
+    }
+    return w->cur >= 0;
+}
+
+/* The path ended at the directory reached: opens it for reading, unless a file was asked
+ * for. The descriptor, or -1. */
+static int walk_end_dir(struct walk *w, struct stat *st, char **canon)
+{
+    if (w->target == BP_WALK_FILE) {
+        *w->why = bp__asprintf("a plugin check", "%s is a directory, not a regular file",
+                               w->cur_path);
+        return -1;
+    }
+    int fd = openat(w->cur, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, st) != 0) {
+        *w->err = errno;
+        *w->why = bp__asprintf("a plugin check", "cannot read the directory %s: %s", w->cur_path,
+                               strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    if (canon != NULL) {
+        *canon = w->cur_path;
+        w->cur_path = NULL;
+    }
+    return fd;
+}
+
+/* The symbolic link comp (lst, at path step, which this frees) in the directory reached: the
+ * rest of the path continues from its target. False when the link is refused or unreadable. */
+static bool walk_link(struct walk *w, const char *comp, const struct stat *lst, char *step)
 {
     enum { MAX_LINKS = 40 };
-    char *rest = bp__strdup(path, "a path"), *cur_path = NULL;
-    int cur = -1, result = -1, links = 0;
+    /* A link's own mode is always 777 and means nothing; who made it does. */
+    bool refuse = true;
+    if (lst->st_uid != 0 && lst->st_uid != geteuid())
+        *w->why = bp__asprintf("a plugin check", "the symbolic link %s is owned by uid %u, "
+                               "neither root nor the current user", step, (unsigned)lst->st_uid);
+    else if (++w->links > MAX_LINKS)
+        *w->why = bp__asprintf("a plugin check", "more than %d symbolic links on the way to %s",
+                               MAX_LINKS, w->path);
+    else
+        refuse = false;
+    char *to = refuse ? NULL : read_link(w->cur, comp, w->err);
+    if (to == NULL && !refuse && *w->err != ENOMEM)
+        *w->why = bp__asprintf("a plugin check", "cannot read the symbolic link %s: %s", step,
+                               strerror(*w->err));
+    bp__free(step);
+    if (to == NULL)
+        return false;
+    char *spliced = bp__asprintf("a path", "%s%s%s", to, *w->p ? "/" : "", w->p);
+    bp__free(to);
+    if (spliced == NULL)
+        return false;
+    bp__free(w->rest);
+    w->rest = w->p = spliced;
+    if (w->rest[0] == '/') {
+        close(w->cur);
+        bp__free(w->cur_path);
+        w->cur_path = NULL;
+        if ((w->cur = open_root(&w->cur_path, w->why)) < 0)
+            return false;
+    }
+    return true;
+}
+
+/* The directory comp (at path step, which the walk keeps) in the directory reached: checks it
+ * and moves into it. False when it is refused. */
+static bool walk_dir(struct walk *w, const char *comp, char *step)
+{
+    int fd = openat(w->cur, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat dst;
+    if (fd < 0 || fstat(fd, &dst) != 0) {
+        *w->err = errno;
+        *w->why = bp__asprintf("a plugin check", "cannot open the directory %s: %s", step,
+                               strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        bp__free(step);
+        return false;
+    }
+    bool bad = false;
+    char *what = bp__asprintf("a plugin check", "the directory %s", step);
+    *w->why = what ? owner_mode_problem(&dst, what, &bad) : NULL;
+    const bool ok = what != NULL && !bad;
+    bp__free(what);
+    close(w->cur);
+    w->cur = fd;
+    bp__free(w->cur_path);
+    w->cur_path = step;
+    return ok;
+}
+
+/* The last component comp (lst, at path step, which this frees), neither link nor directory:
+ * opens it once as the regular file asked for and checks it on the descriptor. The
+ * descriptor, or -1. */
+static int walk_file(struct walk *w, const char *comp, const struct stat *lst, char *step,
+                     bool last, struct stat *st, char **canon)
+{
+    if (!last || w->target == BP_WALK_DIR) {
+        *w->err = ENOTDIR;
+        *w->why = bp__asprintf("a plugin check", "%s is not a directory", step);
+        bp__free(step);
+        return -1;
+    }
+    if (!S_ISREG(lst->st_mode)) {
+        *w->why = bp__asprintf("a plugin check", "not a regular file");
+        bp__free(step);
+        return -1;
+    }
+    /* Non-blocking: should the name be swapped for a FIFO after the check above, the open must
+     * not hang; the type and identity are checked again on the descriptor. */
+    int result = -1, fd = openat(w->cur, comp,
+                                 O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    bool bad;
+    if (fd < 0 || fstat(fd, st) != 0) {
+        *w->err = errno;
+        *w->why = bp__asprintf("a plugin check", "cannot open the file: %s", strerror(errno));
+    } else if (!S_ISREG(st->st_mode) || st->st_dev != lst->st_dev || st->st_ino != lst->st_ino) {
+        *w->why = bp__asprintf("a plugin check", "the file changed while it was being checked");
+    } else if ((*w->why = owner_mode_problem(st, "the file", &bad)) == NULL && !bad) {
+        result = fd;
+        if (canon != NULL) {
+            *canon = step;
+            step = NULL;
+        }
+    }
+    if (result < 0 && fd >= 0)
+        close(fd);
+    bp__free(step);
+    return result;
+}
+
+/* Resolves the rest of the path one component at a time from the directory reached. */
+static int walk_steps(struct walk *w, struct stat *st, char **canon)
+{
+    for (w->p = w->rest;;) {
+        while (*w->p == '/')
+            w->p++;
+        if (*w->p == '\0') /* the path named a directory */
+            return walk_end_dir(w, st, canon);
+        char *next = strchr(w->p, '/');
+        if (next != NULL)
+            *next++ = '\0';
+        else
+            next = w->p + strlen(w->p);
+        bool last = next[strspn(next, "/")] == '\0';
+        const char *comp = w->p;
+        w->p = next;
+        if (strcmp(comp, ".") == 0)
+            continue;
+        struct stat lst;
+        if (fstatat(w->cur, comp, &lst, AT_SYMLINK_NOFOLLOW) != 0) {
+            *w->err = errno;
+            *w->why = bp__asprintf("a plugin check", "cannot open %s%s%s: %s", w->cur_path,
+                                   strcmp(w->cur_path, "/") == 0 ? "" : "/", comp,
+                                   strerror(errno));
+            return -1;
+        }
+        char *step = path_step(w->cur_path, comp);
+        if (step == NULL)
+            return -1;
+        if (S_ISLNK(lst.st_mode)) {
+            if (!walk_link(w, comp, &lst, step))
+                return -1;
+        } else if (S_ISDIR(lst.st_mode)) {
+            if (!walk_dir(w, comp, step))
+                return -1;
+        } else {
+            return walk_file(w, comp, &lst, step, last, st, canon);
+        }
+    }
+}
+
+/* Declared in plugin-file.h. */
+int bp__walk(int atfd, const char *at, const char *path, enum bp_walk_target target,
+             struct stat *st, char **canon, char **why, int *err)
+{
+    struct walk w = {.path = path, .target = target, .cur = -1, .why = why, .err = err};
+    int result = -1;
     *why = NULL;
     *err = 0;
     if (canon != NULL)
         *canon = NULL;
-    if (rest == NULL)
-        goto out;
-    if (path[0] == '/')
-        cur = open_root(&cur_path, why);
-    else if ((cur = fcntl(atfd, F_DUPFD_CLOEXEC, 0)) < 0)
-        *why = bp__asprintf("a plugin check", "cannot use the directory %s: %s", at,
-                            strerror(errno));
-    else if ((cur_path = bp__strdup(at, "a path")) == NULL) {
-        close(cur);
-        cur = -1;
-    }
-    if (cur < 0)
-        goto out;
-    for (char *p = rest;;) {
-        while (*p == '/')
-            p++;
-        if (*p == '\0') { /* the path named a directory */
-            if (target == BP_WALK_FILE) {
-                *why = bp__asprintf("a plugin check", "%s is a directory, not a regular file",
-                                    cur_path);
-                goto out;
-            }
-            result = openat(cur, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-            if (result < 0 || fstat(result, st) != 0) {
-                *err = errno;
-                *why = bp__asprintf("a plugin check", "cannot read the directory %s: %s",
-                                    cur_path, strerror(errno));
-                if (result >= 0)
-                    close(result);
-                result = -1;
-                goto out;
-            }
-            if (canon != NULL) {
-                *canon = cur_path;
-                cur_path = NULL;
-            }
-            goto out;
-        }
-        char *next = strchr(p, '/');
-        if (next != NULL)
-            *next++ = '\0';
-        else
-            next = p + strlen(p);
-        bool last = next[strspn(next, "/")] == '\0';
-        const char *comp = p;
-        p = next;
-        if (strcmp(comp, ".") == 0)
-            continue;
-        struct stat lst;
-        if (fstatat(cur, comp, &lst, AT_SYMLINK_NOFOLLOW) != 0) {
-            *err = errno;
-            *why = bp__asprintf("a plugin check", "cannot open %s%s%s: %s", cur_path,
-                                strcmp(cur_path, "/") == 0 ? "" : "/", comp, strerror(errno));
-            goto out;
-        }
-        char *step = path_step(cur_path, comp);
-        if (step == NULL)
-            goto out;
-        bool bad = false;
-        if (S_ISLNK(lst.st_mode)) {
-            /* A link's own mode is always 777 and means nothing; who made it does. */
-            bool refuse = true;
-            if (lst.st_uid != 0 && lst.st_uid != geteuid())
-                *why = bp__asprintf("a plugin check", "the symbolic link %s is owned by uid %u, "
-                                    "neither root nor the current user", step,
-                                    (unsigned)lst.st_uid);
-            else if (++links > MAX_LINKS)
-                *why = bp__asprintf("a plugin check", "more than %d symbolic links on the way "
-                                    "to %s", MAX_LINKS, path);
-            else
-                refuse = false;
-            char *to = refuse ? NULL : read_link(cur, comp, err);
-            if (to == NULL && !refuse && *err != ENOMEM)
-                *why = bp__asprintf("a plugin check", "cannot read the symbolic link %s: %s",
-                                    step, strerror(*err));
-            bp__free(step);
-            if (to == NULL)
-                goto out;
-            /* The rest of the path continues from the link's target. */
-            char *spliced = bp__asprintf("a path", "%s%s%s", to, *p ? "/" : "", p);
-            bp__free(to);
-            if (spliced == NULL)
-                goto out;
-            bp__free(rest);
-            rest = p = spliced;
-            if (rest[0] == '/') {
-                close(cur);
-                bp__free(cur_path);
-                cur_path = NULL;
-                if ((cur = open_root(&cur_path, why)) < 0)
-                    goto out;
-            }
-            continue;
-        }
-        if (S_ISDIR(lst.st_mode)) {
-            int fd = openat(cur, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-            struct stat dst;
-            if (fd < 0 || fstat(fd, &dst) != 0) {
-                *err = errno;
-                *why = bp__asprintf("a plugin check", "cannot open the directory %s: %s", step,
-                                    strerror(errno));
-                if (fd >= 0)
-                    close(fd);
-                bp__free(step);
-                goto out;
-            }
-            char *what = bp__asprintf("a plugin check", "the directory %s", step);
-            *why = what ? owner_mode_problem(&dst, what, &bad) : NULL;
-            bp__free(what);
-            close(cur);
-            cur = fd;
-            bp__free(cur_path);
-            cur_path = step;
-            if (what == NULL || bad)
-                goto out;
-            continue;
-        }
-        if (!last || target == BP_WALK_DIR) {
-            *err = ENOTDIR;
-            *why = bp__asprintf("a plugin check", "%s is not a directory", step);
-            bp__free(step);
-            goto out;
-        }
-        if (!S_ISREG(lst.st_mode)) {
-            *why = bp__asprintf("a plugin check", "not a regular file");
-            bp__free(step);
-            goto out;
-        }
-        /* Non-blocking: should the name be swapped for a FIFO after the check above, the open
-         * must not hang; the type and identity are checked again on the descriptor. */
-        int fd = openat(cur, comp, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-        if (fd < 0 || fstat(fd, st) != 0) {
-            *err = errno;
-            *why = bp__asprintf("a plugin check", "cannot open the file: %s", strerror(errno));
-        } else if (!S_ISREG(st->st_mode) || st->st_dev != lst.st_dev ||
-                   st->st_ino != lst.st_ino) {
-            *why = bp__asprintf("a plugin check", "the file changed while it was being checked");
-        } else if ((*why = owner_mode_problem(st, "the file", &bad)) == NULL && !bad) {
-            result = fd;
-            if (canon != NULL) {
-                *canon = step;
-                step = NULL;
-            }
-        }
-        if (result < 0 && fd >= 0)
-            close(fd);
-        bp__free(step);
-        goto out;
-    }
-out:
-    if (cur >= 0)
-        close(cur);
-    bp__free(cur_path);
-    bp__free(rest);
+    w.rest = bp__strdup(path, "a path");
+    if (w.rest != NULL && walk_start(&w, atfd, at))
+        result = walk_steps(&w, st, canon);
+    if (w.cur >= 0)
+        close(w.cur);
+    bp__free(w.cur_path);
+    bp__free(w.rest);
     return result;
 }
 

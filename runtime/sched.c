@@ -2,25 +2,31 @@
  * graph where the backend changes, copies each split's inputs into the split's backend,
  * allocates everything through the graph allocator and runs the splits in order.
  *
- * Assignment, in passes (the reasons are what BP_SCHED_DEBUG=2 prints):
- *   1. pinned by the user; already in a buffer (the highest-priority backend that can use that
- *      buffer type and runs the op); graph inputs go to the CPU backend (the last); an op that
- *      reads weights (buffer usage WEIGHTS) goes where the weights are, unless a higher-priority
- *      backend asks to offload it.
- *   2. expansion to unassigned neighbours: down then up the node list, accelerators first (the
+ * Assignment, in passes (assign_all; the reasons are what BP_SCHED_DEBUG=2 prints):
+ *   1. assign_pinned_and_placed: pinned by the user; already in a buffer (the highest-priority
+ *      backend that can use that buffer type and runs the op); graph inputs go to the CPU
+ *      backend (the last); an op that reads weights (buffer usage WEIGHTS) goes where the
+ *      weights are, unless a higher-priority backend asks to offload it.
+ *   2. expand to unassigned neighbours: down then up the node list, accelerators first (the
  *      CPU does not spread), then everyone.
  *   3. upgrade: a node moves to a higher-priority backend that runs it and can use the buffers
  *      of everything it touches.
- *   4. the rest: the backend holding most of the node's inputs, else the highest-priority one
- *      that runs it; a node no backend runs is an error naming it.
- * Then leafs and views without a backend take their consumer's or their source's.
+ *   4. assign_rest: the backend holding most of the node's inputs, else the highest-priority
+ *      one that runs it; a node no backend runs is an error naming it.
+ *   5. place_views_and_leafs: leafs and views without a backend take their consumer's or their
+ *      source's.
+ * check_assignments then refuses a node placed where it cannot run or write.
  *
- * Splits: a run of consecutive nodes on one backend. Every source of a split's node that lives
- * on another backend gets a copy (one per split input, reused within the split) allocated in the
- * split's backend as a graph input; the node's source pointer is swapped to the copy until the
- * computation is finished (then restored), so the allocator and the backend see one consistent
- * graph. With `parallel`, BP_SCHED_MAX_COPIES sets of copies rotate between evaluations and each
- * backend's events keep a copy from being overwritten while still in use. */
+ * Splits (cut_splits): a run of consecutive nodes on one backend. Every source of a split's
+ * node that lives on another backend gets a copy (add_input_copies: one per split input, reused
+ * within the split) allocated in the split's backend as a graph input; the node's source
+ * pointer is swapped to the copy until the computation is finished (then restored), so the
+ * allocator and the backend see one consistent graph (build_alloc_graph, set_split_graphs).
+ * With `parallel`, BP_SCHED_MAX_COPIES sets of copies rotate between evaluations and each
+ * backend's events keep a copy from being overwritten while still in use.
+ *
+ * Every tensor's assignment lives in a record found through a pointer map (ptrmap.h) that is
+ * cleared in O(1) per split. */
 #include "config.h"
 
 #include <stdio.h>
@@ -29,6 +35,7 @@
 #include <string.h>
 
 #include "backend-impl.h"
+#include "ptrmap.h"
 #include <backplane/bp-alloc.h>
 #include <backplane/bp-sched.h>
 
@@ -57,9 +64,8 @@ static const char *const why_text[] = {
     "its view source is there", "input copy",
 };
 
+/* What the scheduler knows of one tensor; s->map gives its index in s->infos. */
 struct tinfo {
-    const bp_tensor *t;
-    unsigned gen; /* the entry is in use only when gen == sched->gen */
     signed char backend;
     unsigned char why;
     unsigned short sup_known, sup; /* supports_op answers per backend, asked at most once */
@@ -105,39 +111,38 @@ struct bp_sched {
     size_t graph_size;
     int debug;
 
-    struct tinfo *infos;
-    size_t hash_size;
-    size_t hash_used;
-    unsigned gen;   /* bumped per split instead of clearing the table */
+    struct bp__ptrmap map; /* tensor -> index in infos; cleared in O(1) per split */
+    struct tinfo *infos;   /* bp__ptrmap_limit(&map) entries */
+    size_t cap_infos;
     bool overflow;  /* the table got too full during a split: grow it and split again */
     struct tinfo scratch;
 
     struct split *splits;
     int n_splits;
-    int cap_splits;
+    size_t cap_splits;
 
     bp_context *ctx; /* metadata of the input copies */
     struct copy_set *copies;
     int n_copy_sets;
-    int cap_copy_sets;
+    size_t cap_copy_sets;
 
     bp_graph *graph; /* nodes of the user graph, leafs plus copies: what the allocator sees */
     bp_tensor **node_buf;
     bp_tensor **leaf_buf;
     int *node_ids;
     int *leaf_ids;
-    size_t cap_ids;
+    size_t cap_node_buf, cap_leaf_buf, cap_node_ids, cap_leaf_ids;
 
     struct subst *subst;
     int n_subst;
-    int cap_subst;
+    size_t cap_subst;
 
     struct pin *pins;
     int n_pins;
-    int cap_pins;
+    size_t cap_pins;
 
     struct tinfo **node_ti; /* the table entry of each node of the graph being split */
-    int cap_node_ti;
+    size_t cap_node_ti;
 
     bp_sched_eval_fn eval_fn;
     void *eval_user;
@@ -147,80 +152,47 @@ struct bp_sched {
 
 /* ---- Small helpers ---------------------------------------------------------------------- */
 
-static bool grow(void **p, int *cap, int need, size_t elem, const char *what)
-{
-    if (need <= *cap)
-        return true;
-    int nc = *cap ? *cap : 16;
-    while (nc < need)
-        nc *= 2;
-    void *q = bp__realloc(*p, (size_t)nc * elem, what);
-    if (q == NULL)
-        return false;
-    *p = q;
-    *cap = nc;
-    return true;
-}
-
+/* The entry of t, new (unassigned) on first mention. */
 static struct tinfo *info(bp_sched *s, const bp_tensor *t)
 {
-    uintptr_t x = (uintptr_t)t;
-    size_t i = (size_t)((x >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (s->hash_size - 1);
-    while (s->infos[i].gen == s->gen && s->infos[i].t != t)
-        i = (i + 1) & (s->hash_size - 1);
-    if (s->infos[i].gen != s->gen) {
-        if (4 * (s->hash_used + 1) > 3 * s->hash_size) {
-            /* Too full to stay fast (or at all): answer from scratch, split again bigger. */
-            s->overflow = true;
-            memset(&s->scratch, 0, sizeof(s->scratch));
-            s->scratch.backend = -1;
-            return &s->scratch;
-        }
-        memset(&s->infos[i], 0, sizeof(s->infos[i]));
-        s->infos[i].t = t;
-        s->infos[i].gen = s->gen;
-        s->infos[i].backend = -1;
-        s->hash_used++;
+    bool added;
+    int *i = bp__ptrmap_put(&s->map, t, (int)s->map.used, &added);
+    if (i == NULL) {
+        /* Too full to stay fast (or at all): answer from scratch, split again bigger. */
+        s->overflow = true;
+        memset(&s->scratch, 0, sizeof(s->scratch));
+        s->scratch.backend = -1;
+        return &s->scratch;
     }
-    return &s->infos[i];
+    struct tinfo *ti = &s->infos[*i];
+    if (added) {
+        memset(ti, 0, sizeof(*ti));
+        ti->backend = -1;
+    }
+    return ti;
 }
 
-static const bp_tensor *lookup(const bp_sched *s, const bp_tensor *t)
+/* Whether t has an entry (from the last split), without making one. */
+static bool known(const bp_sched *s, const bp_tensor *t)
 {
-    uintptr_t x = (uintptr_t)t;
-    size_t i = (size_t)((x >> 4) * (uintptr_t)0x9E3779B97F4A7C15ull) & (s->hash_size - 1);
-    while (s->infos[i].gen == s->gen && s->infos[i].t != t)
-        i = (i + 1) & (s->hash_size - 1);
-    return s->infos[i].gen == s->gen ? t : NULL;
+    return bp__ptrmap_get(&s->map, t) != NULL;
 }
 
-/* Starts a fresh table generation (wrapping around clears it for real once in 4 billion). */
+/* Empties the table in O(1), for the next split. */
 static void clear_infos(bp_sched *s)
 {
-    if (++s->gen == 0) {
-        memset(s->infos, 0, s->hash_size * sizeof(*s->infos));
-        s->gen = 1;
-    }
-    s->hash_used = 0;
+    bp__ptrmap_clear(&s->map);
     s->overflow = false;
 }
 
+/* Makes room for at least want slots (1024 at least). The entries array may move: every
+ * struct tinfo pointer taken before is stale, so this runs only before a split starts. */
 static bool resize_infos(bp_sched *s, size_t want)
 {
-    size_t size = 1024;
-    while (size < want)
-        size <<= 1;
-    if (size <= s->hash_size)
-        return true;
-    struct tinfo *t = bp__calloc(size, sizeof(*t), "the scheduler's tensor table");
-    if (t == NULL)
-        return false;
-    bp__free(s->infos);
-    s->infos = t;
-    s->hash_size = size;
-    s->gen = 0;
-    clear_infos(s);
-    return true;
+    return bp__ptrmap_reserve(&s->map, want > 1024 ? want : 1024,
+                              "the scheduler's tensor table") &&
+           bp__grow((void **)&s->infos, &s->cap_infos, bp__ptrmap_limit(&s->map),
+                    sizeof(*s->infos), "the scheduler's tensor table");
 }
 
 static int backend_index(const bp_sched *s, const bp_backend *be)
@@ -359,13 +331,14 @@ void bp_sched_free(bp_sched *s)
     for (int b = 0; b < s->n_backends; b++)
         for (int c = 0; c < BP_SCHED_MAX_COPIES; c++)
             bp_event_free(s->events[b][c]);
-    for (int i = 0; i < s->cap_splits; i++)
+    for (size_t i = 0; i < s->cap_splits; i++)
         bp_graph_free(s->splits[i].graph);
     bp__free(s->splits);
     bp_gallocr_free(s->galloc);
     bp_graph_free(s->graph);
     bp_context_free(s->ctx);
     bp__free(s->infos);
+    bp__ptrmap_close(&s->map);
     bp__free(s->copies);
     bp__free(s->leaf_buf);
     bp__free(s->node_buf);
@@ -420,7 +393,7 @@ static int pinned_backend(const bp_sched *s, const bp_tensor *t)
     return -1;
 }
 
-/* Pass 1 for one tensor: where its memory, role or weights put it. */
+/* assign_pinned_and_placed for one tensor: where its memory, role or weights put it. */
 static void assign_from_current(bp_sched *s, const bp_tensor *t)
 {
     int b = pinned_backend(s, t);
@@ -466,6 +439,8 @@ static void assign_from_current(bp_sched *s, const bp_tensor *t)
     }
 }
 
+/* Expansion: walking the nodes down (or up), an unassigned node joins the backend of the last
+ * assigned one when that backend runs it; without include_cpu the CPU does not spread. */
 static void expand(bp_sched *s, bp_graph *g, bool up, bool include_cpu)
 {
     const int n = bp_graph_n_nodes(g), cpu = s->n_backends - 1;
@@ -564,42 +539,42 @@ static enum bp_status check_assignments(bp_sched *s, bp_graph *g)
     return BP_OK;
 }
 
-static enum bp_status assign_all(bp_sched *s, bp_graph *g)
+/* One backend: nothing to decide, only whether it runs every node. */
+static enum bp_status assign_single_backend(bp_sched *s, bp_graph *g)
 {
     const int n = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
     bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
-    if (!grow((void **)&s->node_ti, &s->cap_node_ti, n, sizeof(*s->node_ti), "the scheduler"))
-        return BP_ERR_OUT_OF_MEMORY;
-    for (int i = 0; i < n; i++)
-        s->node_ti[i] = info(s, nodes[i]);
-
-    /* One backend: nothing to decide, only whether it runs everything. */
-    if (s->n_backends == 1) {
-        for (int i = 0; i < n; i++) {
-            struct tinfo *ti = s->node_ti[i];
-            if (!is_view_op(nodes[i]) && !supports(s, ti, nodes[i], 0))
-                return unsupported(s, nodes[i], i);
-            ti->backend = 0;
-            ti->why = WHY_FIRST_SUPPORTING;
-        }
-        for (int i = 0; i < nl; i++) {
-            struct tinfo *ti = info(s, leafs[i]);
-            ti->backend = 0;
-            ti->why = WHY_BUFFER;
-        }
-        return BP_OK;
+    for (int i = 0; i < n; i++) {
+        struct tinfo *ti = s->node_ti[i];
+        if (!is_view_op(nodes[i]) && !supports(s, ti, nodes[i], 0))
+            return unsupported(s, nodes[i], i);
+        ti->backend = 0;
+        ti->why = WHY_FIRST_SUPPORTING;
     }
+    for (int i = 0; i < nl; i++) {
+        struct tinfo *ti = info(s, leafs[i]);
+        ti->backend = 0;
+        ti->why = WHY_BUFFER;
+    }
+    return BP_OK;
+}
 
+/* Pins, memory already placed, graph inputs and weights, for leafs and nodes. */
+static void assign_pinned_and_placed(bp_sched *s, bp_graph *g)
+{
+    const int n = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
     for (int i = 0; i < nl; i++)
         assign_from_current(s, leafs[i]);
     for (int i = 0; i < n; i++)
         assign_from_current(s, nodes[i]);
+}
 
-    expand(s, g, false, false);
-    expand(s, g, true, false);
-    expand(s, g, false, true);
-    expand(s, g, true, true);
-
+/* Upgrade: a node moves to a higher-priority backend that runs it and can use its buffers. */
+static void upgrade(bp_sched *s, bp_graph *g)
+{
+    const int n = bp_graph_n_nodes(g);
+    bp_tensor **nodes = bp__graph_nodes(g);
     for (int i = 0; i < n; i++) {
         bp_tensor *node = nodes[i];
         struct tinfo *ti = s->node_ti[i];
@@ -613,24 +588,38 @@ static enum bp_status assign_all(bp_sched *s, bp_graph *g)
             }
         }
     }
+}
 
+/* The backend holding most of node's inputs among those that run it, or -1. */
+static int most_inputs(bp_sched *s, struct tinfo *ti, const bp_tensor *node)
+{
+    int count[BP_SCHED_MAX_BACKENDS] = {0}, best = -1;
+    for (int k = 0; k < BP_MAX_SRC; k++) {
+        if (node->src[k] == NULL)
+            continue;
+        int sb = info(s, node->src[k])->backend;
+        if (sb >= 0 && supports(s, ti, node, sb))
+            count[sb]++;
+    }
+    for (int b = 0; b < s->n_backends; b++) {
+        if (count[b] > 0 && (best < 0 || count[b] > count[best]))
+            best = b;
+    }
+    return best;
+}
+
+/* The rest: every node still unassigned goes where most of its inputs are, else to the first
+ * backend that runs it; a node no backend runs is an error. */
+static enum bp_status assign_rest(bp_sched *s, bp_graph *g)
+{
+    const int n = bp_graph_n_nodes(g);
+    bp_tensor **nodes = bp__graph_nodes(g);
     for (int i = 0; i < n; i++) {
         bp_tensor *node = nodes[i];
         struct tinfo *ti = s->node_ti[i];
         if (is_view_op(node) || ti->backend >= 0)
             continue;
-        int count[BP_SCHED_MAX_BACKENDS] = {0}, best = -1;
-        for (int k = 0; k < BP_MAX_SRC; k++) {
-            if (node->src[k] == NULL)
-                continue;
-            int sb = info(s, node->src[k])->backend;
-            if (sb >= 0 && supports(s, ti, node, sb))
-                count[sb]++;
-        }
-        for (int b = 0; b < s->n_backends; b++) {
-            if (count[b] > 0 && (best < 0 || count[b] > count[best]))
-                best = b;
-        }
+        int best = most_inputs(s, ti, node);
         if (best >= 0) {
             ti->backend = (signed char)best;
             ti->why = WHY_MOST_INPUTS;
@@ -645,9 +634,15 @@ static enum bp_status assign_all(bp_sched *s, bp_graph *g)
         ti->backend = (signed char)best;
         ti->why = WHY_FIRST_SUPPORTING;
     }
+    return BP_OK;
+}
 
-    /* Views run where their source's memory is (they compute nothing); leafs go with their
-     * first consumer unless placed already. */
+/* Views run where their source's memory is (they compute nothing); leafs go with
+ * their first consumer unless placed already, else to the CPU. */
+static void place_views_and_leafs(bp_sched *s, bp_graph *g)
+{
+    const int n = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
     for (int i = 0; i < n; i++) {
         bp_tensor *node = nodes[i];
         struct tinfo *ti = s->node_ti[i];
@@ -669,7 +664,31 @@ static enum bp_status assign_all(bp_sched *s, bp_graph *g)
         if (ti->backend < 0)
             assign(s, leafs[i], s->n_backends - 1, WHY_CONSUMER);
     }
-    return BP_OK;
+}
+
+/* Every node and leaf of g gets a backend and a reason, in the passes of docs/sched.md. */
+static enum bp_status assign_all(bp_sched *s, bp_graph *g)
+{
+    const int n = bp_graph_n_nodes(g);
+    bp_tensor **nodes = bp__graph_nodes(g);
+    if (!bp__grow((void **)&s->node_ti, &s->cap_node_ti, (size_t)n, sizeof(*s->node_ti),
+                  "the scheduler"))
+        return BP_ERR_OUT_OF_MEMORY;
+    for (int i = 0; i < n; i++)
+        s->node_ti[i] = info(s, nodes[i]);
+    if (s->n_backends == 1)
+        return assign_single_backend(s, g);
+
+    assign_pinned_and_placed(s, g);
+    expand(s, g, false, false); /* accelerators spread down, then up */
+    expand(s, g, true, false);
+    expand(s, g, false, true);  /* then every backend */
+    expand(s, g, true, true);
+    upgrade(s, g);
+    enum bp_status st = assign_rest(s, g);
+    if (st == BP_OK)
+        place_views_and_leafs(s, g);
+    return st;
 }
 
 /* ---- Splits ----------------------------------------------------------------------------- */
@@ -685,17 +704,12 @@ static bool readable_by(bp_sched *s, const bp_tensor *t, int b)
 
 static struct split *new_split(bp_sched *s, int backend, int i0)
 {
-    if (s->n_splits == s->cap_splits) {
-        int nc = s->cap_splits ? 2 * s->cap_splits : 8;
-        struct split *grown = bp__realloc(s->splits, (size_t)nc * sizeof(*grown),
-                                          "the scheduler's splits");
-        if (grown == NULL)
-            return NULL;
-        /* New slots own no graph yet. */
-        memset(grown + s->cap_splits, 0, (size_t)(nc - s->cap_splits) * sizeof(*grown));
-        s->splits = grown;
-        s->cap_splits = nc;
-    }
+    const size_t old_cap = s->cap_splits;
+    if (!bp__grow((void **)&s->splits, &s->cap_splits, (size_t)s->n_splits + 1,
+                  sizeof(*s->splits), "the scheduler's splits"))
+        return NULL;
+    /* New slots own no graph yet. */
+    memset(s->splits + old_cap, 0, (s->cap_splits - old_cap) * sizeof(*s->splits));
     struct split *sp = &s->splits[s->n_splits++];
     sp->backend = backend;
     sp->i0 = sp->i1 = i0;
@@ -718,8 +732,8 @@ static bp_tensor *copy_for(bp_sched *s, bp_tensor *src, int b)
     struct tinfo *ti = info(s, src);
     if (ti->copy[b] > 0)
         return s->copies[ti->copy[b] - 1].t[s->cur_copy];
-    if (!grow((void **)&s->copies, &s->cap_copy_sets, s->n_copy_sets + 1, sizeof(*s->copies),
-              "the scheduler's input copies"))
+    if (!bp__grow((void **)&s->copies, &s->cap_copy_sets, (size_t)s->n_copy_sets + 1,
+                  sizeof(*s->copies), "the scheduler's input copies"))
         return NULL;
     struct copy_set *cs = &s->copies[s->n_copy_sets];
     cs->src = src;
@@ -754,15 +768,59 @@ static bp_tensor *copy_for(bp_sched *s, bp_tensor *src, int b)
 
 static enum bp_status substitute(bp_sched *s, bp_tensor *node, int slot, bp_tensor *copy)
 {
-    if (!grow((void **)&s->subst, &s->cap_subst, s->n_subst + 1, sizeof(*s->subst),
-              "the scheduler's source swaps"))
+    if (!bp__grow((void **)&s->subst, &s->cap_subst, (size_t)s->n_subst + 1, sizeof(*s->subst),
+                  "the scheduler's source swaps"))
         return BP_ERR_OUT_OF_MEMORY;
     s->subst[s->n_subst++] = (struct subst){node, slot, node->src[slot]};
     node->src[slot] = copy;
     return BP_OK;
 }
 
-static enum bp_status make_splits(bp_sched *s, bp_graph *g)
+/* Gives node i of the current split copies of the sources its backend cannot read where they
+ * are (one copy per input per split, reused by the split's later nodes), cutting a new split
+ * first when the new inputs would pass BP_SCHED_MAX_SPLIT_INPUTS. The split node i is in. */
+static struct split *add_input_copies(bp_sched *s, struct split *sp, bp_tensor *node, int i,
+                                      enum bp_status *st)
+{
+    /* Count the new inputs first: a split that would exceed the limit is cut before node. */
+    int fresh_inputs = 0;
+    bool foreign[BP_MAX_SRC];
+    for (int k = 0; k < BP_MAX_SRC; k++) {
+        bp_tensor *src = node->src[k];
+        foreign[k] = src != NULL && info(s, src)->backend != sp->backend &&
+                     !readable_by(s, src, sp->backend);
+        if (foreign[k] && !listed(sp, src))
+            fresh_inputs++;
+    }
+    if (sp->n_inputs + fresh_inputs > BP_SCHED_MAX_SPLIT_INPUTS && sp->i0 < i) {
+        sp->i1 = i;
+        sp = new_split(s, sp->backend, i);
+        if (sp == NULL) {
+            *st = BP_ERR_OUT_OF_MEMORY;
+            return NULL;
+        }
+    }
+    for (int k = 0; k < BP_MAX_SRC; k++) {
+        bp_tensor *src = node->src[k];
+        /* A source that was a copy target already reads the copy: compare with the split as
+         * it stands after a possible cut (the backend is the same). */
+        if (!foreign[k])
+            continue;
+        bp_tensor *copy = copy_for(s, src, sp->backend);
+        if (copy == NULL) {
+            *st = bp_last_status() != BP_OK ? bp_last_status() : BP_ERR_OUT_OF_MEMORY;
+            return NULL;
+        }
+        if (!listed(sp, src))
+            sp->inputs[sp->n_inputs++] = src;
+        if ((*st = substitute(s, node, k, copy)) != BP_OK)
+            return NULL;
+    }
+    return sp;
+}
+
+/* Cuts g into splits, runs of consecutive nodes on one backend, with their input copies. */
+static enum bp_status cut_splits(bp_sched *s, bp_graph *g)
 {
     const int n = bp_graph_n_nodes(g);
     bp_tensor **nodes = bp__graph_nodes(g);
@@ -781,39 +839,10 @@ static enum bp_status make_splits(bp_sched *s, bp_graph *g)
         }
         if (is_view_op(node) || s->n_backends == 1)
             continue;
-        /* Sources this split's backend cannot read where they are need a copy. Count the new
-         * ones first: a split that would exceed the limit is cut before this node. */
-        int fresh_inputs = 0;
-        bool foreign[BP_MAX_SRC];
-        for (int k = 0; k < BP_MAX_SRC; k++) {
-            bp_tensor *src = node->src[k];
-            foreign[k] = src != NULL && info(s, src)->backend != sp->backend &&
-                         !readable_by(s, src, sp->backend);
-            if (foreign[k] && !listed(sp, src))
-                fresh_inputs++;
-        }
-        if (sp->n_inputs + fresh_inputs > BP_SCHED_MAX_SPLIT_INPUTS && sp->i0 < i) {
-            sp->i1 = i;
-            sp = new_split(s, b, i);
-            if (sp == NULL)
-                return BP_ERR_OUT_OF_MEMORY;
-        }
-        for (int k = 0; k < BP_MAX_SRC; k++) {
-            bp_tensor *src = node->src[k];
-            /* A source that was a copy target already reads the copy: compare with the split as
-             * it stands after a possible cut (the backend is the same). */
-            if (!foreign[k])
-                continue;
-            bp_tensor *copy = copy_for(s, src, sp->backend);
-            if (copy == NULL)
-                return bp_last_status() != BP_OK ? bp_last_status() : BP_ERR_OUT_OF_MEMORY;
-            /* One copy per input per split: listed once, reused by later nodes of the split. */
-            if (!listed(sp, src))
-                sp->inputs[sp->n_inputs++] = src;
-            enum bp_status st = substitute(s, node, k, copy);
-            if (st != BP_OK)
-                return st;
-        }
+        enum bp_status st = BP_OK;
+        sp = add_input_copies(s, sp, node, i, &st);
+        if (sp == NULL)
+            return st;
     }
     if (sp != NULL)
         sp->i1 = n;
@@ -836,7 +865,7 @@ static enum bp_status split_graph(bp_sched *s, bp_graph *g)
         enum bp_status st = split_graph_once(s, g);
         if (s->overflow) {
             restore_sources(s);
-            if (!resize_infos(s, 4 * s->hash_size))
+            if (!resize_infos(s, 4 * bp__ptrmap_size(&s->map)))
                 return BP_ERR_OUT_OF_MEMORY;
             continue;
         }
@@ -850,10 +879,121 @@ static enum bp_status split_graph(bp_sched *s, bp_graph *g)
     }
 }
 
+/* One backend: nothing to cut and nothing to copy, the graph itself is the one split. */
+static enum bp_status split_direct(bp_sched *s, bp_graph *g)
+{
+    s->n_splits = 0;
+    struct split *sp = new_split(s, 0, 0);
+    if (sp == NULL)
+        return BP_ERR_OUT_OF_MEMORY;
+    sp->i1 = bp_graph_n_nodes(g);
+    s->direct = g;
+    return BP_OK;
+}
+
+/* The nodes the allocator sees, with their backends: before each split, one view per split
+ * input that reads it (so the input stays alive until the split's copies are made, even when
+ * the split's own nodes now read the copy), then the split's nodes. Their number, or -1. */
+static int alloc_nodes(bp_sched *s, bp_graph *g)
+{
+    bp_tensor **gnodes = bp__graph_nodes(g);
+    int k = 0;
+    for (int i = 0; i < s->n_splits; i++) {
+        struct split *sp = &s->splits[i];
+        for (int j = 0; j < sp->n_inputs; j++) {
+            bp_tensor *in = sp->inputs[j];
+            bp_tensor *dep = bp__view_of(s->ctx, in, "scheduler input dependency");
+            if (dep == NULL)
+                return -1;
+            dep->op = BP_OP_VIEW;
+            dep->src[0] = in;
+            s->node_buf[k] = dep;
+            s->node_ids[k++] = info(s, in)->backend;
+        }
+        for (int q = sp->i0; q < sp->i1; q++) {
+            s->node_buf[k] = gnodes[q];
+            s->node_ids[k++] = s->node_ti[q]->backend;
+        }
+    }
+    return k;
+}
+
+/* The leafs the allocator sees, with their backends: the user's leafs and every copy. Their
+ * number. */
+static int alloc_leafs(bp_sched *s, bp_graph *g)
+{
+    bp_tensor **gleafs = bp__graph_leafs(g);
+    int k = 0;
+    for (int i = 0; i < bp_graph_n_leafs(g); i++) {
+        s->leaf_buf[k] = gleafs[i];
+        s->leaf_ids[k++] = info(s, gleafs[i])->backend;
+    }
+    for (int c = 0; c < s->n_copy_sets; c++)
+        for (int j = 0; j < s->n_copies; j++) {
+            s->leaf_buf[k] = s->copies[c].t[j];
+            s->leaf_ids[k++] = s->copies[c].backend;
+        }
+    return k;
+}
+
+/* Builds s->graph, what the allocator sees (alloc_nodes and alloc_leafs), and the ids of the
+ * backend each of its tensors is allocated for. */
+static enum bp_status build_alloc_graph(bp_sched *s, bp_graph *g)
+{
+    int total_inputs = 0;
+    for (int i = 0; i < s->n_splits; i++)
+        total_inputs += s->splits[i].n_inputs;
+    const size_t n_alloc = (size_t)bp_graph_n_nodes(g) + (size_t)total_inputs;
+    const size_t n_leafs =
+        (size_t)bp_graph_n_leafs(g) + (size_t)s->n_copy_sets * (size_t)s->n_copies;
+    const size_t need = n_alloc > n_leafs ? n_alloc : n_leafs;
+    if (!bp__grow((void **)&s->node_ids, &s->cap_node_ids, need, sizeof(int), "scheduler ids") ||
+        !bp__grow((void **)&s->leaf_ids, &s->cap_leaf_ids, need, sizeof(int), "scheduler ids") ||
+        !bp__grow((void **)&s->leaf_buf, &s->cap_leaf_buf, need, sizeof(*s->leaf_buf),
+                  "scheduler leafs") ||
+        !bp__grow((void **)&s->node_buf, &s->cap_node_buf, need, sizeof(*s->node_buf),
+                  "scheduler nodes"))
+        return BP_ERR_OUT_OF_MEMORY;
+    const int n_nodes_alloc = alloc_nodes(s, g);
+    if (n_nodes_alloc < 0)
+        return bp_last_status();
+    const int n_leafs_alloc = alloc_leafs(s, g);
+    if ((size_t)n_nodes_alloc > bp_graph_capacity(s->graph) ||
+        (size_t)n_leafs_alloc > bp_graph_capacity(s->graph)) {
+        bp_graph_free(s->graph);
+        s->graph = bp_graph_new(need);
+        if (s->graph == NULL)
+            return BP_ERR_OUT_OF_MEMORY;
+    }
+    return bp__graph_set(s->graph, s->node_buf, n_nodes_alloc, s->leaf_buf, n_leafs_alloc);
+}
+
+/* Points the graph of each split, for its backend, at the split's nodes. */
+static enum bp_status set_split_graphs(bp_sched *s, bp_graph *g)
+{
+    bp_tensor **gnodes = bp__graph_nodes(g);
+    for (int i = 0; i < s->n_splits; i++) {
+        struct split *sp = &s->splits[i];
+        const int len = sp->i1 - sp->i0;
+        if (sp->graph == NULL || bp_graph_capacity(sp->graph) < (size_t)(len ? len : 1)) {
+            bp_graph_free(sp->graph);
+            sp->graph = bp_graph_new((size_t)(len ? len : 1));
+            if (sp->graph == NULL)
+                return BP_ERR_OUT_OF_MEMORY;
+        }
+        enum bp_status st = bp__graph_set(sp->graph, gnodes + sp->i0, len, NULL, 0);
+        if (st != BP_OK)
+            return st;
+    }
+    return BP_OK;
+}
+
+/* One attempt at splitting g: assign, check, cut and copy, then the graphs for the allocator
+ * and the backends. On failure every source swap is undone. */
 static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
 {
     restore_sources(s);
-    const int n = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    const int n = bp_graph_n_nodes(g);
     if ((size_t)n > s->graph_size)
         return bp__error(BP_ERR_CAPACITY, "scheduler: the graph has %d nodes; the scheduler was "
                          "made for %zu", n, s->graph_size);
@@ -865,107 +1005,14 @@ static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
     enum bp_status st = assign_all(s, g);
     if (st == BP_OK)
         st = check_assignments(s, g);
-    if (st == BP_OK && s->n_backends == 1) {
-        /* Nothing to cut and nothing to copy: hand the graph itself on. */
-        s->n_splits = 0;
-        struct split *sp = new_split(s, 0, 0);
-        if (sp == NULL)
-            return BP_ERR_OUT_OF_MEMORY;
-        sp->i1 = n;
-        s->direct = g;
-        return BP_OK;
-    }
+    if (st == BP_OK && s->n_backends == 1)
+        return split_direct(s, g);
     if (st == BP_OK)
-        st = make_splits(s, g);
-    if (st != BP_OK) {
-        restore_sources(s);
-        return st;
-    }
-
-    /* What the allocator sees: before each split, one view per split input that reads it (so
-     * the input stays alive until the split's copies are made, even when the split's own nodes
-     * now read the copy), then the split's nodes; the user's leafs and every copy as leafs. */
-    int total_inputs = 0;
-    for (int i = 0; i < s->n_splits; i++)
-        total_inputs += s->splits[i].n_inputs;
-    const size_t n_alloc = (size_t)n + (size_t)total_inputs;
-    const size_t n_leafs = (size_t)nl + (size_t)s->n_copy_sets * (size_t)s->n_copies;
-    const size_t need = n_alloc > n_leafs ? n_alloc : n_leafs;
-    if (need > s->cap_ids) {
-        int *ni = bp__realloc(s->node_ids, need * sizeof(int), "scheduler ids");
-        if (ni)
-            s->node_ids = ni;
-        int *li = ni ? bp__realloc(s->leaf_ids, need * sizeof(int), "scheduler ids") : NULL;
-        if (li)
-            s->leaf_ids = li;
-        bp_tensor **lb = li ? bp__realloc(s->leaf_buf, need * sizeof(*lb), "scheduler leafs") : NULL;
-        if (lb)
-            s->leaf_buf = lb;
-        bp_tensor **nb = lb ? bp__realloc(s->node_buf, need * sizeof(*nb), "scheduler nodes") : NULL;
-        if (nb == NULL) {
-            restore_sources(s);
-            return BP_ERR_OUT_OF_MEMORY;
-        }
-        s->node_buf = nb;
-        s->cap_ids = need;
-    }
-    bp_tensor **gnodes = bp__graph_nodes(g), **gleafs = bp__graph_leafs(g);
-    int k = 0;
-    for (int i = 0; i < s->n_splits; i++) {
-        struct split *sp = &s->splits[i];
-        for (int j = 0; j < sp->n_inputs; j++) {
-            bp_tensor *in = sp->inputs[j];
-            bp_tensor *dep = bp__view_of(s->ctx, in, "scheduler input dependency");
-            if (dep == NULL) {
-                restore_sources(s);
-                return bp_last_status();
-            }
-            dep->op = BP_OP_VIEW;
-            dep->src[0] = in;
-            s->node_buf[k] = dep;
-            s->node_ids[k++] = info(s, in)->backend;
-        }
-        for (int q = sp->i0; q < sp->i1; q++) {
-            s->node_buf[k] = gnodes[q];
-            s->node_ids[k++] = s->node_ti[q]->backend;
-        }
-    }
-    const int n_nodes_alloc = k;
-    k = 0;
-    for (int i = 0; i < nl; i++) {
-        s->leaf_buf[k] = gleafs[i];
-        s->leaf_ids[k++] = info(s, gleafs[i])->backend;
-    }
-    for (int c = 0; c < s->n_copy_sets; c++)
-        for (int j = 0; j < s->n_copies; j++) {
-            s->leaf_buf[k] = s->copies[c].t[j];
-            s->leaf_ids[k++] = s->copies[c].backend;
-        }
-    if ((size_t)n_nodes_alloc > bp_graph_capacity(s->graph) ||
-        (size_t)k > bp_graph_capacity(s->graph)) {
-        bp_graph_free(s->graph);
-        s->graph = bp_graph_new(need);
-        if (s->graph == NULL) {
-            restore_sources(s);
-            return BP_ERR_OUT_OF_MEMORY;
-        }
-    }
-    st = bp__graph_set(s->graph, s->node_buf, n_nodes_alloc, s->leaf_buf, k);
-
-    /* The graph of each split, for its backend. */
-    for (int i = 0; st == BP_OK && i < s->n_splits; i++) {
-        struct split *sp = &s->splits[i];
-        const int len = sp->i1 - sp->i0;
-        if (sp->graph == NULL || bp_graph_capacity(sp->graph) < (size_t)(len ? len : 1)) {
-            bp_graph_free(sp->graph);
-            sp->graph = bp_graph_new((size_t)(len ? len : 1));
-            if (sp->graph == NULL) {
-                st = BP_ERR_OUT_OF_MEMORY;
-                break;
-            }
-        }
-        st = bp__graph_set(sp->graph, gnodes + sp->i0, len, NULL, 0);
-    }
+        st = cut_splits(s, g);
+    if (st == BP_OK)
+        st = build_alloc_graph(s, g);
+    if (st == BP_OK)
+        st = set_split_graphs(s, g);
     if (st != BP_OK)
         restore_sources(s);
     return st;
@@ -1203,7 +1250,8 @@ enum bp_status bp_sched_set_tensor_backend(bp_sched *s, bp_tensor *t, bp_backend
             return BP_OK;
         }
     }
-    if (!grow((void **)&s->pins, &s->cap_pins, s->n_pins + 1, sizeof(*s->pins), "pins"))
+    if (!bp__grow((void **)&s->pins, &s->cap_pins, (size_t)s->n_pins + 1, sizeof(*s->pins),
+                  "pins"))
         return BP_ERR_OUT_OF_MEMORY;
     s->pins[s->n_pins++] = (struct pin){t, b};
     s->allocated = NULL;
@@ -1212,7 +1260,7 @@ enum bp_status bp_sched_set_tensor_backend(bp_sched *s, bp_tensor *t, bp_backend
 
 bp_backend *bp_sched_get_tensor_backend(bp_sched *s, const bp_tensor *t)
 {
-    if (s == NULL || t == NULL || lookup(s, t) == NULL)
+    if (s == NULL || t == NULL || !known(s, t))
         return NULL;
     int b = info(s, t)->backend;
     return b >= 0 ? s->backends[b] : NULL;
@@ -1278,7 +1326,7 @@ enum bp_status bp_sched_dump_dot(bp_sched *s, bp_graph *g, FILE *out)
                 bp_backend_name(s->backends[sp->backend]));
         for (int k = sp->i0; k < sp->i1 && k < bp_graph_n_nodes(g); k++) {
             const bp_tensor *n = bp_graph_node(g, k);
-            int b = lookup(s, n) ? info(s, n)->backend : -1;
+            int b = known(s, n) ? info(s, n)->backend : -1;
             fprintf(out, "    n%p [label=\"%d %s\\n%s\", fillcolor=%s];\n", (const void *)n, k,
                     bp_op_name(n->op), n->name, b >= 0 ? colors[b % 8] : "white");
         }
