@@ -46,19 +46,10 @@ static void bf16_row(const uint16_t *x, float *y, int64_t n)
     }
 }
 
-BP_CPU_INLINE float half(uint16_t h)
-{
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    return bp_fp16_to_fp32(h);
-#endif
-}
-
 static void q8_0_row(const struct bp_block_q8_0 *b, float *y, int64_t n)
 {
     for (int64_t i = 0; i < n / 32; i++, y += 32) {
-        const float d = half(b[i].d);
+        const float d = bp_cpu_half_to_float(b[i].d);
 #if defined(__AVX512F__)
         const __m512 vd = _mm512_set1_ps(d);
         for (int j = 0; j < 32; j += 16) {
@@ -81,7 +72,7 @@ static void q8_0_row(const struct bp_block_q8_0 *b, float *y, int64_t n)
 static void q4_0_row(const struct bp_block_q4_0 *b, float *y, int64_t n)
 {
     for (int64_t i = 0; i < n / 32; i++, y += 32) {
-        const float d = half(b[i].d);
+        const float d = bp_cpu_half_to_float(b[i].d);
 #if defined(__AVX512F__)
         const __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
         const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));

@@ -91,6 +91,7 @@ void bp_cpu_from_float(enum bp_type type, const float *src, void *dst, int64_t n
 #include <immintrin.h>
 #endif
 
+/* One f16 value as float: the plugin's one scalar half conversion. */
 BP_CPU_INLINE float bp_cpu_half_to_float(uint16_t h)
 {
 #if defined(__F16C__)
@@ -194,8 +195,6 @@ void bp_cpu_comm_free(bp_comm *comm);
 /* nb blocks of 32 floats to Q8_0 (the runtime's rounding, bit for bit), and the sum of each
  * block's quants (cpu-matmul.c). */
 void bp_cpu_quantize_q8_0(const float *x, struct bp_block_q8_0 *b, int32_t *sums, int64_t nb);
-/* sum_k x[k] * y[k], with the widest vectors this variant may use (cpu-matmul.c). */
-float bp_cpu_dot_f32(const float *x, const float *y, int64_t n);
 /* "x86_64", "avx2", "avx512" or "generic": what this build was compiled for (cpu-plugin.c). */
 const char *bp_cpu_variant_name(void);
 

@@ -425,30 +425,6 @@ BP_CPU_INLINE float hsum256(__m256 v)
 }
 #endif
 
-float bp_cpu_dot_f32(const float *x, const float *y, int64_t n)
-{
-    int64_t i = 0;
-    float sum = 0.0f;
-#if defined(__AVX512F__)
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), s1);
-    }
-    sum = hsum512(_mm512_add_ps(s0, s1));
-#elif defined(__AVX2__) && defined(__FMA__)
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), s1);
-    }
-    sum = hsum256(_mm256_add_ps(s0, s1));
-#endif
-    for (; i < n; i++)
-        sum += x[i] * y[i];
-    return sum;
-}
-
 #define RD 8 /* rows of A per dot-product step (tiles of 8 or 4 rows) */
 #define CD 4 /* most columns of B per dot-product tile */
 
@@ -598,15 +574,6 @@ static void dot_rows_float(const bp_tensor *a, const char *abase, const bp_tenso
     }
 }
 
-BP_CPU_INLINE float half_to_float(uint16_t h)
-{
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    return bp_fp16_to_fp32(h);
-#endif
-}
-
 #if defined(__AVX2__)
 /* 32 signed bytes of x times 32 signed bytes of y, summed in eight int32 lanes. */
 BP_CPU_INLINE __m256i dot_i8x32(__m256i vx, __m256i vy)
@@ -639,7 +606,7 @@ BP_CPU_INLINE __m256i load_a_block(enum bp_type type, const void *xrow, int64_t 
 
 BP_CPU_INLINE float a_scale(enum bp_type type, const void *xrow, int64_t i)
 {
-    return half_to_float(type == BP_TYPE_Q8_0 ? ((const struct bp_block_q8_0 *)xrow)[i].d
+    return bp_cpu_half_to_float(type == BP_TYPE_Q8_0 ? ((const struct bp_block_q8_0 *)xrow)[i].d
                                               : ((const struct bp_block_q4_0 *)xrow)[i].d);
 }
 
@@ -664,9 +631,9 @@ BP_CPU_INLINE void dot_quant_cols_n(enum bp_type type, const void *xrow,
             const __m256i s0 = dot_i8x32(x0, _mm256_loadu_si256((const __m256i *)y[c][i].qs));
             const __m256i s1 = dot_i8x32(x1, _mm256_loadu_si256((const __m256i *)y[c][i + 1].qs));
             acc[c][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0),
-                                        _mm256_set1_ps(d0 * half_to_float(y[c][i].d)), acc[c][0]);
+                                        _mm256_set1_ps(d0 * bp_cpu_half_to_float(y[c][i].d)), acc[c][0]);
             acc[c][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1),
-                                        _mm256_set1_ps(d1 * half_to_float(y[c][i + 1].d)),
+                                        _mm256_set1_ps(d1 * bp_cpu_half_to_float(y[c][i + 1].d)),
                                         acc[c][1]);
         }
     }
@@ -677,7 +644,7 @@ BP_CPU_INLINE void dot_quant_cols_n(enum bp_type type, const void *xrow,
         for (int c = 0; c < nc; c++) {
             const __m256i s0 = dot_i8x32(x0, _mm256_loadu_si256((const __m256i *)y[c][i].qs));
             acc[c][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0),
-                                        _mm256_set1_ps(d0 * half_to_float(y[c][i].d)), acc[c][0]);
+                                        _mm256_set1_ps(d0 * bp_cpu_half_to_float(y[c][i].d)), acc[c][0]);
         }
     }
 #pragma GCC unroll 4
@@ -715,15 +682,15 @@ static void dot_quant_cols(enum bp_type type, const void *xrow, const struct bp_
                 const struct bp_block_q8_0 *x = (const struct bp_block_q8_0 *)xrow + i;
                 for (int j = 0; j < 32; j++)
                     s += x->qs[j] * y[c][i].qs[j];
-                d = half_to_float(x->d);
+                d = bp_cpu_half_to_float(x->d);
             } else {
                 const struct bp_block_q4_0 *x = (const struct bp_block_q4_0 *)xrow + i;
                 for (int j = 0; j < 16; j++)
                     s += ((x->qs[j] & 0x0f) - 8) * y[c][i].qs[j] +
                          ((x->qs[j] >> 4) - 8) * y[c][i].qs[j + 16];
-                d = half_to_float(x->d);
+                d = bp_cpu_half_to_float(x->d);
             }
-            sum += d * half_to_float(y[c][i].d) * (float)s;
+            sum += d * bp_cpu_half_to_float(y[c][i].d) * (float)s;
         }
         out[c] = sum;
     }
