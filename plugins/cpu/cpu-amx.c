@@ -31,7 +31,6 @@
 
 #if defined(BP_CPU_HAVE_AMX)
 
-#include <immintrin.h>
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>

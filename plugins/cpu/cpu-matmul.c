@@ -30,14 +30,10 @@
 
 #include "cpu-impl.h"
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
-#if defined(__AVX512F__)
+#if defined(BP_CPU_HAVE_AVX512)
 #define MR 32
 #define NR 12
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(BP_CPU_HAVE_AVX2)
 #define MR 16
 #define NR 6
 #else
@@ -55,7 +51,7 @@
 static void micro_kernel(int64_t kc, const float *restrict ap, const float *restrict bp,
                          float *restrict c, int64_t ldc, bool accumulate)
 {
-#if defined(__AVX512F__)
+#if defined(BP_CPU_HAVE_AVX512)
     __m512 acc0[NR], acc1[NR];
 #pragma GCC unroll 12
     for (int j = 0; j < NR; j++) {
@@ -76,7 +72,7 @@ static void micro_kernel(int64_t kc, const float *restrict ap, const float *rest
         _mm512_storeu_ps(c + j * ldc, acc0[j]);
         _mm512_storeu_ps(c + j * ldc + 16, acc1[j]);
     }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(BP_CPU_HAVE_AVX2)
     __m256 acc0[NR], acc1[NR];
 #pragma GCC unroll 6
     for (int j = 0; j < NR; j++) {
@@ -114,7 +110,7 @@ static void micro_kernel(int64_t kc, const float *restrict ap, const float *rest
 
 /* ---- Packing ---------------------------------------------------------------------------- */
 
-#if !defined(__AVX512F__)
+#if !defined(BP_CPU_HAVE_AVX512)
 /* A rows [m0, m0 + mc) x k [k0, k0 + kc) into panels of MR rows: panel p holds, for each k, MR
  * consecutive floats (rows past mc are zero). tmp holds one converted row segment. */
 static void pack_a(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc, int64_t k0,
@@ -162,7 +158,7 @@ static void pack_b(const bp_tensor *b, const char *bbase, int64_t n0, int64_t nc
     }
 }
 
-#if defined(__AVX512F__)
+#if defined(BP_CPU_HAVE_AVX512)
 /* pack_a with 16 x 16 register transposes: rows are read as vectors along k and written as
  * vectors along m, instead of one scalar store per element. tmp holds 16 converted rows. */
 static void pack_a_fast(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc, int64_t k0,
@@ -239,7 +235,7 @@ static void gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, cha
 
         for (int64_t mc0 = m_begin; mc0 < m_end; mc0 += MC) {
             const int64_t mc = m_end - mc0 < MC ? m_end - mc0 : MC;
-#if defined(__AVX512F__)
+#if defined(BP_CPU_HAVE_AVX512)
             pack_a_fast(a, abase, mc0, mc, k0, kc, apack, tmp);
 #else
             pack_a(a, abase, mc0, mc, k0, kc, apack, tmp);
@@ -275,8 +271,8 @@ static void gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, cha
  * in its own row-major layout: per k, BM scalars of A (one from each of BM rows) are broadcast
  * against BN/VW vectors of B. A is converted to f32 in KC-long chunks when it is not f32, and
  * is streamed exactly once per column chunk. */
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#if defined(__AVX512F__)
+#if defined(BP_CPU_HAVE_AVX2)
+#if defined(BP_CPU_HAVE_AVX512)
 #define BVW 16
 typedef __m512 bvf;
 #define BV_LOAD(p) _mm512_loadu_ps(p)
@@ -409,13 +405,13 @@ static void bcast_batch(bp_tensor *dst, const char *abase, const char *bbase, ch
 
 /* ---- Dot-product path ------------------------------------------------------------------- */
 
-#if defined(__AVX512F__)
+#if defined(BP_CPU_HAVE_AVX512)
 BP_CPU_INLINE float hsum512(__m512 v)
 {
     return _mm512_reduce_add_ps(v);
 }
 #endif
-#if defined(__AVX2__)
+#if defined(BP_CPU_HAVE_AVX2)
 BP_CPU_INLINE float hsum256(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -429,7 +425,7 @@ BP_CPU_INLINE float hsum256(__m256 v)
 #define CD 4 /* most columns of B per dot-product tile */
 
 /* Loads 16 (AVX-512) or 8 (AVX2) elements of an A row of type T as f32. */
-#if defined(__AVX512F__)
+#if defined(BP_CPU_HAVE_AVX512)
 #define VW 16
 typedef __m512 vf;
 #define VZERO() _mm512_setzero_ps()
@@ -440,7 +436,7 @@ typedef __m512 vf;
 #define LOAD_BF16(p, k)                                                                        \
     _mm512_castsi512_ps(_mm512_slli_epi32(                                                     \
         _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)(p) + (k)))), 16))
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#elif defined(BP_CPU_HAVE_AVX2)
 #define VW 8
 typedef __m256 vf;
 #define VZERO() _mm256_setzero_ps()
@@ -501,7 +497,7 @@ static float scalar_a(enum bp_type t, const void *p, int64_t k)
     }
 /* Rows per tile of two and four columns: the accumulators, B's vectors and one A vector must
  * fit the register file (32 zmm; 16 ymm on AVX2). */
-#if defined(__AVX512F__)
+#if defined(BP_CPU_HAVE_AVX512)
 #define NR2 8
 #define NR4 4
 #else
@@ -574,13 +570,13 @@ static void dot_rows_float(const bp_tensor *a, const char *abase, const bp_tenso
     }
 }
 
-#if defined(__AVX2__)
+#if defined(BP_CPU_HAVE_AVX2)
 /* 32 signed bytes of x times 32 signed bytes of y, summed in eight int32 lanes. */
 BP_CPU_INLINE __m256i dot_i8x32(__m256i vx, __m256i vy)
 {
     /* Both instructions multiply unsigned by signed bytes: move x's sign onto y. */
     const __m256i ax = _mm256_sign_epi8(vx, vx), sy = _mm256_sign_epi8(vy, vx);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(BP_CPU_HAVE_AVX512_VNNI)
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
@@ -596,7 +592,7 @@ BP_CPU_INLINE __m256i load_q4(const struct bp_block_q4_0 *b)
 }
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(BP_CPU_HAVE_AVX2)
 BP_CPU_INLINE __m256i load_a_block(enum bp_type type, const void *xrow, int64_t i)
 {
     if (type == BP_TYPE_Q8_0)
@@ -697,8 +693,7 @@ static void dot_quant_cols(enum bp_type type, const void *xrow, const struct bp_
 }
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512VNNI__) && defined(__F16C__)
+#if defined(BP_CPU_HAVE_AVX512_VNNI)
 #define HAVE_QROWS8 1
 /* Eight rows of quantised A against up to four Q8_0 columns of B, with VNNI (vpdpbusd:
  * unsigned bytes times signed bytes, four at a time into each 32-bit lane). The weights are
@@ -822,7 +817,7 @@ static void qrows8(enum bp_type type, int nc, const char *row0, int64_t lda,
 void bp_cpu_quantize_q8_0(const float *x, struct bp_block_q8_0 *b, int32_t *sums, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 32) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+#if defined(BP_CPU_HAVE_AVX512)
         const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
