@@ -30,7 +30,7 @@ void bp_cpu_pool_run(struct bp_cpu_pool *pool, bp_cpu_job_fn job, void *arg);
 /* Inside a job: waits until every thread of the pool has reached this point. */
 void bp_cpu_pool_barrier(struct bp_cpu_pool *pool);
 
-/* ---- Kernels (cpu-ops.c, cpu-matmul.c) ------------------------------------------------- */
+/* ---- Kernels (cpu-ops.c; MUL_MAT: cpu-matmul.c and the files it names) ------------------ */
 
 /* What a kernel gets: its node, which thread it is, and scratch memory of its own. */
 struct bp_cpu_params {
@@ -165,7 +165,7 @@ void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int rows, void *o
 int32_t bp_cpu_repack_ycorr(enum bp_type type);
 /* Kernels for the repacked layout, where BP_CPU_REPACK_KERNEL (cpu-isa.h) says there are: AVX-512
  * VNNI, and AVX2. The baseline variant unpacks eight rows at a time and uses its ordinary
- * Q4_0/Q8_0 kernels (cpu-matmul.c). */
+ * Q4_0/Q8_0 kernels (cpu-gemv.c). */
 /* Groups of eight rows [g0, g1) of repacked a against N columns quantised to Q8_0 (bq; per
  * block: ycorr = bp_cpu_repack_ycorr(a->type) times the sum of its quants, yd = its scale as
  * float), into c (column n at
@@ -186,7 +186,7 @@ enum bp_status bp_cpu_comm_allreduce(bp_comm *comm, bp_tensor *const *tensors, i
 void bp_cpu_comm_free(bp_comm *comm);
 
 /* nb blocks of 32 floats to Q8_0 (the runtime's rounding, bit for bit), and the sum of each
- * block's quants (cpu-matmul.c). */
+ * block's quants (cpu-gemv.c, cpu-gemv-avx512.c). */
 void bp_cpu_quantize_q8_0(const float *x, struct bp_block_q8_0 *b, int32_t *sums, int64_t nb);
 /* "x86_64", "avx2", "avx512" or "generic": what this build was compiled for (cpu-plugin.c). */
 const char *bp_cpu_variant_name(void);
