@@ -2,9 +2,9 @@
  * thread walks its rows of A exactly once and multiplies each against every column of B (which
  * stays in L1). This streams the weights once, which is what bounds N = 1.
  *
- * F32/F16/BF16 weights: dot-product tiles of up to eight rows by four columns with f32 FMAs,
- * converting halves in registers; one body serves AVX2 and AVX-512 through the V* and LOAD_
- * macros, and the portable build takes the scalar tail for everything.
+ * F32/F16/BF16 weights: dot-product tiles (eight rows by one column, or fewer rows by two or
+ * four) with f32 FMAs, converting halves in registers; one body serves AVX2 and AVX-512 through
+ * the V* and LOAD_ macros, and the portable build takes the scalar tail for everything.
  *
  * Q8_0/Q4_0 weights: B is quantised to Q8_0 by all threads (before a barrier), then 8-bit
  * integer dot products: eight rows at a time with AVX512-VNNI (cpu-gemv-avx512.c), then one row
