@@ -31,7 +31,6 @@
 
 #if defined(BP_CPU_HAVE_AMX)
 
-#include <immintrin.h>
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -499,12 +498,80 @@ static void store_tile(const float *t, float *dst, int64_t ldc, int mrows, int n
         _mm512_mask_storeu_ps(dst + j * ldc, mask, r[j]);
 }
 
+/* Where the packed activations of one block of NB columns live in the shared scratch, in groups
+ * of 16 columns: bf16 hi and lo for float weights, Q8_0 quants q and scales d for int8 ones. */
+struct b_panels {
+    uint16_t *hi, *lo;
+    int8_t *q;
+    float *d;
+};
+
+static struct b_panels b_panels_of(const bp_tensor *dst, void *wshared)
+{
+    const int64_t N = dst->ne[1], K = dst->src[0]->ne[0];
+    const int64_t Np = round_up(N < NB ? N : NB, 32);
+    struct b_panels b;
+    b.hi = wshared;
+    b.lo = b.hi + Np * K;
+    b.q = wshared;
+    b.d = (float *)((int8_t *)wshared + Np * K);
+    return b;
+}
+
+/* Thread p->ith's share of the activations of the NB-column block at n0 (ng groups of 32
+ * columns), packed into bp (int8 weights: quantised through this thread's scratch after its A
+ * panels). The caller waits for the other threads' shares. */
+static void pack_b_block(const bp_tensor *dst, const char *bbase, int64_t n0, int64_t ng,
+                         bool int8, char *apanel, const struct b_panels *bp,
+                         const struct bp_cpu_params *p)
+{
+    const bp_tensor *b = dst->src[1];
+    const int64_t N = dst->ne[1], K = dst->src[0]->ne[0], nb = K / 32;
+    uint16_t *bhi = bp->hi, *blo = bp->lo;
+    int8_t *bq = bp->q;
+    float *bd = bp->d;
+    /* Everyone packs a share of this block's 16-column groups. */
+    int64_t g0, g1;
+    bp_cpu_split(ng * 2, p->ith, p->nth, &g0, &g1);
+    for (int64_t g = g0; g < g1; g++) {
+        if (int8) {
+            struct bp_block_q8_0 *tmp = (struct bp_block_q8_0 *)(
+                ((uintptr_t)apanel + A_PANEL_BYTES + 63) & ~(uintptr_t)63);
+            pack_b_group_q(b, bbase, n0 + g * 16, N, nb, bq + g * 16 * K, bd + g * 16 * nb,
+                           tmp, (int32_t *)(tmp + 16 * nb));
+        } else {
+            pack_b_group(b, bbase, n0 + g * 16, N, K, bhi + g * 16 * K, blo + g * 16 * K);
+        }
+    }
+}
+
+/* The C buffer of one block (rows [mb0, m_end) in ns strips of 32, columns from n0 in ng
+ * groups of 32) to dst, transposed. */
+static void store_block(const float *cbuf, float *cbase, int64_t ldc, int64_t mb0, int64_t m_end,
+                        int64_t ns, int64_t n0, int64_t ng, int64_t N)
+{
+    for (int64_t s = 0; s < ns; s++) {
+        for (int64_t g = 0; g < ng; g++) {
+            const float *c = cbuf + (s * (NB / 32) + g) * 1024;
+            for (int t = 0; t < 4; t++) {
+                const int64_t m = mb0 + s * 32 + (t >> 1) * 16;
+                const int64_t n = n0 + g * 32 + (t & 1) * 16;
+                if (m >= m_end || n >= N)
+                    continue;
+                const int mrows = m_end - m < 16 ? (int)(m_end - m) : 16;
+                const int ncols = N - n < 16 ? (int)(N - n) : 16;
+                store_tile(c + t * 256, cbase + n * ldc + m, ldc, mrows, ncols);
+            }
+        }
+    }
+}
+
 /* ---- Driver ------------------------------------------------------------------------------- */
 
 void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
                         const struct bp_cpu_params *p)
 {
-    const bp_tensor *a = dst->src[0], *b = dst->src[1];
+    const bp_tensor *a = dst->src[0];
     const int64_t M = dst->ne[0], N = dst->ne[1], K = a->ne[0], nb = K / 32;
     const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
     const bool f16 = a->type == BP_TYPE_F16, int8 = quant(a->type);
@@ -518,28 +585,16 @@ void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, ch
     const int64_t m_begin = s0 * 32, m_end = s1 * 32 < M ? s1 * 32 : M;
 
     /* Packed activations of one block of NB columns, in groups of 16 columns. */
-    const int64_t Np = round_up(N < NB ? N : NB, 32);
-    uint16_t *bhi = p->wshared, *blo = bhi + Np * K;   /* bf16 */
-    int8_t *bq = p->wshared;                            /* int8 */
-    float *bd = (float *)((int8_t *)p->wshared + Np * K);
+    const struct b_panels bp = b_panels_of(dst, p->wshared);
+    const uint16_t *bhi = bp.hi, *blo = bp.lo;
+    const int8_t *bq = bp.q;
+    const float *bd = bp.d;
 
     load_config(int8);
     for (int64_t n0 = 0; n0 < N; n0 += NB) {
         const int64_t nw = N - n0 < NB ? N - n0 : NB;
         const int64_t ng = (nw + 31) / 32;
-        /* Everyone packs a share of this block's 16-column groups, then waits for the rest. */
-        int64_t g0, g1;
-        bp_cpu_split(ng * 2, p->ith, p->nth, &g0, &g1);
-        for (int64_t g = g0; g < g1; g++) {
-            if (int8) {
-                struct bp_block_q8_0 *tmp = (struct bp_block_q8_0 *)(
-                    ((uintptr_t)apanel + A_PANEL_BYTES + 63) & ~(uintptr_t)63);
-                pack_b_group_q(b, bbase, n0 + g * 16, N, nb, bq + g * 16 * K, bd + g * 16 * nb,
-                               tmp, (int32_t *)(tmp + 16 * nb));
-            } else {
-                pack_b_group(b, bbase, n0 + g * 16, N, K, bhi + g * 16 * K, blo + g * 16 * K);
-            }
-        }
+        pack_b_block(dst, bbase, n0, ng, int8, apanel, &bp, p);
         bp_cpu_pool_barrier(p->pool);
 
         for (int64_t mb0 = m_begin; mb0 < m_end; mb0 += MB) {
@@ -589,21 +644,7 @@ void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, ch
                     }
                 }
             }
-            /* The block of C to dst, transposed. */
-            for (int64_t s = 0; s < ns; s++) {
-                for (int64_t g = 0; g < ng; g++) {
-                    const float *c = cbuf + (s * (NB / 32) + g) * 1024;
-                    for (int t = 0; t < 4; t++) {
-                        const int64_t m = mb0 + s * 32 + (t >> 1) * 16;
-                        const int64_t n = n0 + g * 32 + (t & 1) * 16;
-                        if (m >= m_end || n >= N)
-                            continue;
-                        const int mrows = m_end - m < 16 ? (int)(m_end - m) : 16;
-                        const int ncols = N - n < 16 ? (int)(N - n) : 16;
-                        store_tile(c + t * 256, (float *)cbase + n * ldc + m, ldc, mrows, ncols);
-                    }
-                }
-            }
+            store_block(cbuf, (float *)cbase, ldc, mb0, m_end, ns, n0, ng, N);
         }
         /* This block's packed activations are rewritten only after everyone is done. */
         bp_cpu_pool_barrier(p->pool);

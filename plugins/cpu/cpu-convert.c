@@ -8,17 +8,13 @@
 
 #include "cpu-impl.h"
 
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 static void f16_row(const uint16_t *x, float *y, int64_t n)
 {
     int64_t i = 0;
-#if defined(__AVX512F__)
+#if defined(BP_CPU_HAVE_AVX512)
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
-#elif defined(__F16C__)
+#elif defined(BP_CPU_HAVE_F16C)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
 #endif
@@ -29,12 +25,12 @@ static void f16_row(const uint16_t *x, float *y, int64_t n)
 static void bf16_row(const uint16_t *x, float *y, int64_t n)
 {
     int64_t i = 0;
-#if defined(__AVX512F__)
+#if defined(BP_CPU_HAVE_AVX512)
     for (; i + 16 <= n; i += 16) {
         __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i)));
         _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
     }
-#elif defined(__AVX2__)
+#elif defined(BP_CPU_HAVE_AVX2)
     for (; i + 8 <= n; i += 8) {
         __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
         _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
@@ -46,26 +42,17 @@ static void bf16_row(const uint16_t *x, float *y, int64_t n)
     }
 }
 
-BP_CPU_INLINE float half(uint16_t h)
-{
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    return bp_fp16_to_fp32(h);
-#endif
-}
-
 static void q8_0_row(const struct bp_block_q8_0 *b, float *y, int64_t n)
 {
     for (int64_t i = 0; i < n / 32; i++, y += 32) {
-        const float d = half(b[i].d);
-#if defined(__AVX512F__)
+        const float d = bp_cpu_half_to_float(b[i].d);
+#if defined(BP_CPU_HAVE_AVX512)
         const __m512 vd = _mm512_set1_ps(d);
         for (int j = 0; j < 32; j += 16) {
             __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b[i].qs + j)));
             _mm512_storeu_ps(y + j, _mm512_mul_ps(_mm512_cvtepi32_ps(v), vd));
         }
-#elif defined(__AVX2__)
+#elif defined(BP_CPU_HAVE_AVX2)
         const __m256 vd = _mm256_set1_ps(d);
         for (int j = 0; j < 32; j += 8) {
             __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b[i].qs + j)));
@@ -81,8 +68,8 @@ static void q8_0_row(const struct bp_block_q8_0 *b, float *y, int64_t n)
 static void q4_0_row(const struct bp_block_q4_0 *b, float *y, int64_t n)
 {
     for (int64_t i = 0; i < n / 32; i++, y += 32) {
-        const float d = half(b[i].d);
-#if defined(__AVX512F__)
+        const float d = bp_cpu_half_to_float(b[i].d);
+#if defined(BP_CPU_HAVE_AVX512)
         const __m128i q = _mm_loadu_si128((const __m128i *)b[i].qs);
         const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
         const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f)),
@@ -135,7 +122,7 @@ void bp_cpu_from_float(enum bp_type type, const float *src, void *dst, int64_t n
     }
     uint16_t *h = dst;
     int64_t i = 0;
-#if defined(__F16C__) && defined(__AVX__)
+#if defined(BP_CPU_HAVE_F16C)
     /* Round to nearest even, like the runtime; a chunk with a NaN goes the runtime's way, so
      * NaN payloads come out the same too. */
     for (; i + 8 <= n; i += 8) {

@@ -6,6 +6,8 @@
 
 #include <stdatomic.h>
 
+#include "cpu-isa.h"
+
 #if defined(__GNUC__)
 #define BP_CPU_INLINE static inline __attribute__((always_inline))
 #else
@@ -28,7 +30,7 @@ void bp_cpu_pool_run(struct bp_cpu_pool *pool, bp_cpu_job_fn job, void *arg);
 /* Inside a job: waits until every thread of the pool has reached this point. */
 void bp_cpu_pool_barrier(struct bp_cpu_pool *pool);
 
-/* ---- Kernels (cpu-ops.c, cpu-matmul.c) ------------------------------------------------- */
+/* ---- Kernels (cpu-ops.c; MUL_MAT: cpu-matmul.c and the files it names) ------------------ */
 
 /* What a kernel gets: its node, which thread it is, and scratch memory of its own. */
 struct bp_cpu_params {
@@ -87,21 +89,17 @@ void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n);
 /* n floats to a row of type (the runtime's conversions, bit for bit; F16 with F16C). */
 void bp_cpu_from_float(enum bp_type type, const float *src, void *dst, int64_t n);
 
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
+/* One f16 value as float: the plugin's one scalar half conversion. */
 BP_CPU_INLINE float bp_cpu_half_to_float(uint16_t h)
 {
-#if defined(__F16C__)
+#if defined(BP_CPU_HAVE_F16C)
     return _cvtsh_ss(h);
 #else
     return bp_fp16_to_fp32(h);
 #endif
 }
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+#if defined(BP_CPU_HAVE_AVX512)
 /* 16 rows x 16 columns of floats transposed: out[c][r] = in[r][c] (in: 16 row vectors). */
 BP_CPU_INLINE void bp_cpu_transpose16(__m512 r[16])
 {
@@ -165,13 +163,9 @@ void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *ou
 void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int rows, void *out);
 /* What the kernels want each activation block's quant sum multiplied by, per lane (ycorr). */
 int32_t bp_cpu_repack_ycorr(enum bp_type type);
-/* Kernels for the repacked layout: AVX-512 VNNI, and AVX2. The baseline variant unpacks eight
- * rows at a time and uses its ordinary Q4_0/Q8_0 kernels (cpu-matmul.c). */
-#if (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) &&                  \
-     defined(__F16C__)) ||                                                                     \
-    (!defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
-#define BP_CPU_REPACK_KERNEL 1
-#endif
+/* Kernels for the repacked layout, where BP_CPU_REPACK_KERNEL (cpu-isa.h) says there are: AVX-512
+ * VNNI, and AVX2. The baseline variant unpacks eight rows at a time and uses its ordinary
+ * Q4_0/Q8_0 kernels (cpu-gemv.c). */
 /* Groups of eight rows [g0, g1) of repacked a against N columns quantised to Q8_0 (bq; per
  * block: ycorr = bp_cpu_repack_ycorr(a->type) times the sum of its quants, yd = its scale as
  * float), into c (column n at
@@ -192,10 +186,8 @@ enum bp_status bp_cpu_comm_allreduce(bp_comm *comm, bp_tensor *const *tensors, i
 void bp_cpu_comm_free(bp_comm *comm);
 
 /* nb blocks of 32 floats to Q8_0 (the runtime's rounding, bit for bit), and the sum of each
- * block's quants (cpu-matmul.c). */
+ * block's quants (cpu-gemv.c, cpu-gemv-avx512.c). */
 void bp_cpu_quantize_q8_0(const float *x, struct bp_block_q8_0 *b, int32_t *sums, int64_t nb);
-/* sum_k x[k] * y[k], with the widest vectors this variant may use (cpu-matmul.c). */
-float bp_cpu_dot_f32(const float *x, const float *y, int64_t n);
 /* "x86_64", "avx2", "avx512" or "generic": what this build was compiled for (cpu-plugin.c). */
 const char *bp_cpu_variant_name(void);
 

@@ -12,10 +12,6 @@
 
 #include "cpu-impl.h"
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
 #define ROWS_OF(t) ((t)->ne[1] * (t)->ne[2] * (t)->ne[3])
 
 /* Splits a flat row index into (i1, i2, i3) for tensor t. */
@@ -86,7 +82,7 @@ COPY_TILE(2, uint16_t)
 COPY_TILE(4, uint32_t)
 #undef COPY_TILE
 
-#if defined(__AVX2__)
+#if defined(BP_CPU_HAVE_AVX2)
 /* 16 x 16 elements of 16 bits: input row i (16 contiguous elements at s + i * sn0) becomes
  * column i of the output, whose row j is stored at d[j] + off. Four rounds of unpacks (16, 32,
  * 64 bits within 128-bit lanes, then the lanes), 64 shuffles for 256 elements. */
@@ -146,7 +142,7 @@ static void copy_strided(bp_tensor *dst, const bp_tensor *src, const struct bp_c
         const char *s = bp_cpu_row(src, i1b, i2, i3);
         for (int64_t i0b = 0; i0b < n0; i0b += T) {
             const int64_t i0e = i0b + T < n0 ? i0b + T : n0;
-#if defined(__AVX2__)
+#if defined(BP_CPU_HAVE_AVX2)
             if (esz == 2 && sn1 == 2) { /* a transpose: 16 x 16 blocks in registers */
                 int64_t i0 = i0b;
                 for (; i0 + 16 <= i0e; i0 += 16)

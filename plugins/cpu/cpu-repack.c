@@ -324,7 +324,7 @@ bp_buffer_type *bp_cpu_repack_buft_new(bp_device *dev)
  * signed products, 0). */
 int32_t bp_cpu_repack_ycorr(enum bp_type type)
 {
-#if defined(__AVX512F__)
+#if defined(BP_CPU_HAVE_AVX512)
     return type == BP_TYPE_Q4_0 ? -4 : -64;
 #else
     return type == BP_TYPE_Q4_0 ? -4 : 0;
@@ -332,9 +332,8 @@ int32_t bp_cpu_repack_ycorr(enum bp_type type)
 }
 
 #ifdef BP_CPU_REPACK_KERNEL
-#include <immintrin.h>
 
-#if defined(__AVX512F__)
+#if defined(BP_CPU_HAVE_AVX512)
 #define NC_MAX 4 /* columns per pass */
 #define BY_COLUMNS(nc, CALL) BP_CPU_BY_COLUMNS(nc, CALL)
 

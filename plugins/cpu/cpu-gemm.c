@@ -1,0 +1,418 @@
+/* cpu-gemm.c - MUL_MAT for 16 or more activation columns: the packed GEMM and the broadcast
+ * kernel (pick_strategy in cpu-matmul.c chooses between them and the rest).
+ *
+ * Packed GEMM: the classic blocked scheme. For each K block, every thread packs the whole B
+ * block into column panels of NR (shared, one copy), then packs its own rows of A into row
+ * panels of MR (converting F16/BF16 and dequantising Q8_0/Q4_0 to f32 on the way, so every
+ * weight type reaches the same micro-kernel), and the micro-kernel keeps an MR x NR tile of C in
+ * registers: per k, MR/16 vector loads of A and NR broadcasts of B feed MR/16 * NR fused
+ * multiply-adds. Panels are contiguous, so the loads stream from L1/L2. The micro-kernel comes
+ * in three widths (AVX-512 32 x 12, AVX2 16 x 6, portable C 8 x 4), kept side by side because
+ * they are one algorithm; the AVX-512 build also packs A with register transposes.
+ *
+ * Broadcast (medium N, AVX2 and AVX-512 builds): B is small, so it is packed (transposed) and
+ * A is read in place; see the comment above bcast_kernel. One body serves both vector widths
+ * through the BV_ macros. */
+#include "config.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu-matmul.h"
+
+#if defined(BP_CPU_HAVE_AVX512)
+#define MR 32
+#define NR 12
+#elif defined(BP_CPU_HAVE_AVX2)
+#define MR 16
+#define NR 6
+#else
+#define MR 8
+#define NR 4
+#endif
+
+#define KC 512   /* K block: B micro-panel (KC x NR, 24 KiB) stays in L1; C is swept K / KC times */
+#define MC 128   /* rows of A packed at a time (MC x KC in L2) */
+
+/* ---- Micro-kernel ----------------------------------------------------------------------- */
+
+/* C[MR x NR] (column stride ldc) = (accumulate ? C : 0) + Apanel[KC x MR] * Bpanel[KC x NR]. */
+static void micro_kernel(int64_t kc, const float *restrict ap, const float *restrict bp,
+                         float *restrict c, int64_t ldc, bool accumulate)
+{
+#if defined(BP_CPU_HAVE_AVX512)
+    __m512 acc0[NR], acc1[NR];
+#pragma GCC unroll 12
+    for (int j = 0; j < NR; j++) {
+        acc0[j] = accumulate ? _mm512_loadu_ps(c + j * ldc) : _mm512_setzero_ps();
+        acc1[j] = accumulate ? _mm512_loadu_ps(c + j * ldc + 16) : _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const __m512 a0 = _mm512_load_ps(ap + k * MR), a1 = _mm512_load_ps(ap + k * MR + 16);
+#pragma GCC unroll 12
+        for (int j = 0; j < NR; j++) {
+            const __m512 b = _mm512_set1_ps(bp[k * NR + j]);
+            acc0[j] = _mm512_fmadd_ps(a0, b, acc0[j]);
+            acc1[j] = _mm512_fmadd_ps(a1, b, acc1[j]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int j = 0; j < NR; j++) {
+        _mm512_storeu_ps(c + j * ldc, acc0[j]);
+        _mm512_storeu_ps(c + j * ldc + 16, acc1[j]);
+    }
+#elif defined(BP_CPU_HAVE_AVX2)
+    __m256 acc0[NR], acc1[NR];
+#pragma GCC unroll 6
+    for (int j = 0; j < NR; j++) {
+        acc0[j] = accumulate ? _mm256_loadu_ps(c + j * ldc) : _mm256_setzero_ps();
+        acc1[j] = accumulate ? _mm256_loadu_ps(c + j * ldc + 8) : _mm256_setzero_ps();
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const __m256 a0 = _mm256_load_ps(ap + k * MR), a1 = _mm256_load_ps(ap + k * MR + 8);
+#pragma GCC unroll 6
+        for (int j = 0; j < NR; j++) {
+            const __m256 b = _mm256_broadcast_ss(bp + k * NR + j);
+            acc0[j] = _mm256_fmadd_ps(a0, b, acc0[j]);
+            acc1[j] = _mm256_fmadd_ps(a1, b, acc1[j]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int j = 0; j < NR; j++) {
+        _mm256_storeu_ps(c + j * ldc, acc0[j]);
+        _mm256_storeu_ps(c + j * ldc + 8, acc1[j]);
+    }
+#else
+    float acc[NR][MR];
+    for (int j = 0; j < NR; j++)
+        for (int i = 0; i < MR; i++)
+            acc[j][i] = accumulate ? c[j * ldc + i] : 0.0f;
+    for (int64_t k = 0; k < kc; k++)
+        for (int j = 0; j < NR; j++)
+            for (int i = 0; i < MR; i++)
+                acc[j][i] += ap[k * MR + i] * bp[k * NR + j];
+    for (int j = 0; j < NR; j++)
+        for (int i = 0; i < MR; i++)
+            c[j * ldc + i] = acc[j][i];
+#endif
+}
+
+/* ---- Packing ---------------------------------------------------------------------------- */
+
+#if !defined(BP_CPU_HAVE_AVX512)
+/* A rows [m0, m0 + mc) x k [k0, k0 + kc) into panels of MR rows: panel p holds, for each k, MR
+ * consecutive floats (rows past mc are zero). tmp holds one converted row segment. */
+static void pack_a(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc, int64_t k0,
+                   int64_t kc, float *restrict out, float *restrict tmp)
+{
+    const size_t row_bytes_per_block = bp_type_size(a->type);
+    const int64_t blck = bp_type_block_size(a->type);
+    for (int64_t p = 0; p < mc; p += MR) {
+        float *panel = out + p * kc;
+        const int64_t rows = mc - p < MR ? mc - p : MR;
+        for (int64_t i = 0; i < rows; i++) {
+            const char *row = abase + (m0 + p + i) * (int64_t)a->nb[1];
+            const float *src;
+            if (a->type == BP_TYPE_F32) {
+                src = (const float *)row + k0;
+            } else {
+                bp_cpu_to_float(a->type, row + k0 / blck * (int64_t)row_bytes_per_block, tmp, kc);
+                src = tmp;
+            }
+            for (int64_t k = 0; k < kc; k++)
+                panel[k * MR + i] = src[k];
+        }
+        for (int64_t i = rows; i < MR; i++)
+            for (int64_t k = 0; k < kc; k++)
+                panel[k * MR + i] = 0.0f;
+    }
+}
+#endif
+
+/* B columns [n0, n0 + nc) x k [k0, k0 + kc) into panels of NR columns (zero past nc). */
+static void pack_b(const bp_tensor *b, const char *bbase, int64_t n0, int64_t nc, int64_t k0,
+                   int64_t kc, float *restrict out)
+{
+    for (int64_t p = 0; p < nc; p += NR) {
+        float *panel = out + p * kc;
+        const int64_t cols = nc - p < NR ? nc - p : NR;
+        for (int64_t j = 0; j < cols; j++) {
+            const float *src = (const float *)(bbase + (n0 + p + j) * (int64_t)b->nb[1]) + k0;
+            for (int64_t k = 0; k < kc; k++)
+                panel[k * NR + j] = src[k];
+        }
+        for (int64_t j = cols; j < NR; j++)
+            for (int64_t k = 0; k < kc; k++)
+                panel[k * NR + j] = 0.0f;
+    }
+}
+
+#if defined(BP_CPU_HAVE_AVX512)
+/* pack_a with 16 x 16 register transposes: rows are read as vectors along k and written as
+ * vectors along m, instead of one scalar store per element. tmp holds 16 converted rows. */
+static void pack_a_fast(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc, int64_t k0,
+                        int64_t kc, float *restrict out, float *restrict tmp)
+{
+    static const float zeros[KC];
+    const size_t bsz = bp_type_size(a->type);
+    const int64_t blck = bp_type_block_size(a->type);
+    for (int64_t p = 0; p < mc; p += MR) {
+        float *panel = out + p * kc;
+        for (int h = 0; h < MR / 16; h++) {
+            const float *rows[16];
+            for (int i = 0; i < 16; i++) {
+                const int64_t m = p + h * 16 + i;
+                if (m >= mc) {
+                    rows[i] = zeros;
+                    continue;
+                }
+                const char *row = abase + (m0 + m) * (int64_t)a->nb[1];
+                if (a->type == BP_TYPE_F32) {
+                    rows[i] = (const float *)row + k0;
+                } else {
+                    bp_cpu_to_float(a->type, row + k0 / blck * (int64_t)bsz, tmp + i * KC, kc);
+                    rows[i] = tmp + i * KC;
+                }
+            }
+            int64_t k = 0;
+            for (; k + 16 <= kc; k += 16) {
+                __m512 v[16];
+                for (int i = 0; i < 16; i++)
+                    v[i] = _mm512_loadu_ps(rows[i] + k);
+                bp_cpu_transpose16(v);
+                for (int c = 0; c < 16; c++)
+                    _mm512_store_ps(panel + (k + c) * MR + h * 16, v[c]);
+            }
+            for (; k < kc; k++)
+                for (int i = 0; i < 16; i++)
+                    panel[k * MR + h * 16 + i] = rows[i][k];
+        }
+    }
+}
+#endif
+
+static int64_t round_up(int64_t x, int64_t m)
+{
+    return (x + m - 1) / m * m;
+}
+
+/* ---- Packed GEMM driver ----------------------------------------------------------------- */
+
+static void gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                       const struct bp_cpu_params *p, float *bpack, float *apack, float *tmp)
+{
+    const bp_tensor *a = dst->src[0], *b = dst->src[1];
+    const int64_t M = dst->ne[0], N = dst->ne[1], K = a->ne[0];
+    const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
+    const int64_t Np = round_up(N, NR);
+
+    /* Rows of this thread: whole MR panels, as even as possible. */
+    int64_t pm0, pm1;
+    bp_cpu_split((M + MR - 1) / MR, p->ith, p->nth, &pm0, &pm1);
+    const int64_t m_begin = pm0 * MR, m_end = pm1 * MR < M ? pm1 * MR : M;
+
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = K - k0 < KC ? K - k0 : KC;
+        /* Everyone packs a share of B's panels, then waits for the rest. */
+        int64_t q0, q1;
+        bp_cpu_split(Np / NR, p->ith, p->nth, &q0, &q1);
+        for (int64_t q = q0; q < q1; q++) {
+            int64_t n0 = q * NR, nc = N - n0 < NR ? N - n0 : NR;
+            pack_b(b, bbase, n0, nc, k0, kc, bpack + n0 * kc);
+        }
+        bp_cpu_pool_barrier(p->pool);
+
+        for (int64_t mc0 = m_begin; mc0 < m_end; mc0 += MC) {
+            const int64_t mc = m_end - mc0 < MC ? m_end - mc0 : MC;
+#if defined(BP_CPU_HAVE_AVX512)
+            pack_a_fast(a, abase, mc0, mc, k0, kc, apack, tmp);
+#else
+            pack_a(a, abase, mc0, mc, k0, kc, apack, tmp);
+#endif
+            for (int64_t n0 = 0; n0 < N; n0 += NR) {
+                const float *bpanel = bpack + n0 * kc;
+                const int64_t nc = N - n0 < NR ? N - n0 : NR;
+                for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+                    const int64_t mr = mc - i0 < MR ? mc - i0 : MR;
+                    float *c = (float *)cbase + (mc0 + i0) + n0 * ldc;
+                    if (mr == MR && nc == NR) {
+                        micro_kernel(kc, apack + i0 * kc, bpanel, c, ldc, k0 > 0);
+                    } else {
+                        /* Edge tile: compute into a full tile, copy back the valid part. */
+                        float edge[NR * MR];
+                        for (int64_t j = 0; j < nc && k0 > 0; j++)
+                            memcpy(edge + j * MR, c + j * ldc, (size_t)mr * sizeof(float));
+                        micro_kernel(kc, apack + i0 * kc, bpanel, edge, MR, k0 > 0);
+                        for (int64_t j = 0; j < nc; j++)
+                            memcpy(c + j * ldc, edge + j * MR, (size_t)mr * sizeof(float));
+                    }
+                }
+            }
+        }
+        /* B's panels are rewritten for the next K block only after everyone is done. */
+        bp_cpu_pool_barrier(p->pool);
+    }
+}
+
+void bp_cpu_gemm_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared)
+{
+    *per_thread = (size_t)(MC * KC + 16 * KC + 64) * sizeof(float);
+    *shared = (size_t)(round_up(dst->ne[1], NR) * KC) * sizeof(float);
+}
+
+void bp_cpu_gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                       const struct bp_cpu_params *p)
+{
+    float *tmp = p->wdata;
+    float *apack = tmp + 16 * KC; /* after 16 converted rows; 64-byte aligned */
+    gemm_batch(dst, abase, bbase, cbase, p, p->wshared, apack, tmp);
+}
+
+/* ---- Broadcast path (medium N) ----------------------------------------------------------
+ * For 16 <= N <= 48 (BCAST_MAX_N in cpu-matmul.c), packing A into MR panels costs about as
+ * much as the product. Here B (small) is packed instead, transposed so each k holds BN
+ * consecutive columns, and A is read in its own row-major layout: per k, BM scalars of A (one
+ * from each of BM rows) are broadcast against BN/VW vectors of B. A is converted to f32 in
+ * KC-long chunks when it is not f32, and is streamed exactly once per column chunk. */
+#if defined(BP_CPU_HAVE_AVX2)
+#if defined(BP_CPU_HAVE_AVX512)
+#define BVW 16
+typedef __m512 bvf;
+#define BV_LOAD(p) _mm512_loadu_ps(p)
+#define BV_STORE(p, v) _mm512_storeu_ps(p, v)
+#define BV_SET1(x) _mm512_set1_ps(x)
+#define BV_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#else
+#define BVW 8
+typedef __m256 bvf;
+#define BV_LOAD(p) _mm256_loadu_ps(p)
+#define BV_STORE(p, v) _mm256_storeu_ps(p, v)
+#define BV_SET1(x) _mm256_set1_ps(x)
+#define BV_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#endif
+#define BM 12          /* rows of A per block */
+#define BN (2 * BVW)   /* columns of B per chunk: two vectors */
+#define BKC 256 /* K chunk: the B panel (BKC x BN floats, 32 KiB) stays in L1 */
+
+/* out[BM][BN] += A rows (chunk of kc, row stride lda floats) x bpanel (kc x BN). */
+static void bcast_kernel(const float *restrict a, int64_t lda, const float *restrict bpanel,
+                         int64_t kc, float *restrict out)
+{
+    bvf acc[BM][2];
+    for (int r = 0; r < BM; r++) {
+        acc[r][0] = BV_LOAD(out + r * BN);
+        acc[r][1] = BV_LOAD(out + r * BN + BVW);
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const bvf b0 = BV_LOAD(bpanel + k * BN), b1 = BV_LOAD(bpanel + k * BN + BVW);
+#pragma GCC unroll 12
+        for (int r = 0; r < BM; r++) {
+            const bvf x = BV_SET1(a[r * lda + k]);
+            acc[r][0] = BV_FMA(x, b0, acc[r][0]);
+            acc[r][1] = BV_FMA(x, b1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < BM; r++) {
+        BV_STORE(out + r * BN, acc[r][0]);
+        BV_STORE(out + r * BN + BVW, acc[r][1]);
+    }
+}
+
+/* The same for a last chunk of at most BVW columns: one vector per row, half the work of the
+ * two-vector kernel on zero padding. */
+static void bcast_kernel1(const float *restrict a, int64_t lda, const float *restrict bpanel,
+                          int64_t kc, float *restrict out)
+{
+    bvf acc[BM];
+    for (int r = 0; r < BM; r++)
+        acc[r] = BV_LOAD(out + r * BN);
+    for (int64_t k = 0; k < kc; k++) {
+        const bvf b0 = BV_LOAD(bpanel + k * BN);
+#pragma GCC unroll 12
+        for (int r = 0; r < BM; r++)
+            acc[r] = BV_FMA(BV_SET1(a[r * lda + k]), b0, acc[r]);
+    }
+    for (int r = 0; r < BM; r++)
+        BV_STORE(out + r * BN, acc[r]);
+}
+
+static void bcast_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                        const struct bp_cpu_params *p, float *bpack, float *tmp)
+{
+    const bp_tensor *a = dst->src[0], *b = dst->src[1];
+    const int64_t M = dst->ne[0], N = dst->ne[1], K = a->ne[0];
+    const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
+    const int64_t nchunks = (N + BN - 1) / BN;
+
+    /* B transposed into column chunks: bpack[chunk][k][BN], zero past N. Split over k. */
+    int64_t k0, k1;
+    bp_cpu_split(K, p->ith, p->nth, &k0, &k1);
+    for (int64_t c = 0; c < nchunks; c++)
+        for (int64_t k = k0; k < k1; k++) {
+            float *dstp = bpack + (c * K + k) * BN;
+            for (int64_t j = 0; j < BN; j++) {
+                const int64_t n = c * BN + j;
+                dstp[j] = n < N ? ((const float *)(bbase + n * (int64_t)b->nb[1]))[k] : 0.0f;
+            }
+        }
+    bp_cpu_pool_barrier(p->pool);
+
+    int64_t bm0, bm1;
+    bp_cpu_split((M + BM - 1) / BM, p->ith, p->nth, &bm0, &bm1);
+    float *out = tmp;                        /* nchunks x BM x BN accumulators */
+    float *achunk = tmp + nchunks * BM * BN; /* BM x BKC converted rows */
+    /* f32 rows are read where they are (when the row stride is whole floats); other types,
+     * and the rows missing from a short last block, go through achunk. */
+    const bool direct = a->type == BP_TYPE_F32 && a->nb[1] % sizeof(float) == 0;
+    for (int64_t blk = bm0; blk < bm1; blk++) {
+        const int64_t m = blk * BM, rows = M - m < BM ? M - m : BM;
+        memset(out, 0, (size_t)(nchunks * BM * BN) * sizeof(float));
+        for (int64_t kk = 0; kk < K; kk += BKC) {
+            const int64_t kc = K - kk < BKC ? K - kk : BKC;
+            const float *arows = achunk;
+            int64_t lda = BKC;
+            if (direct && rows == BM) {
+                arows = (const float *)(abase + m * (int64_t)a->nb[1]) + kk;
+                lda = (int64_t)(a->nb[1] / sizeof(float));
+            } else {
+                /* Rows as f32 (missing rows of a short block are zero). */
+                for (int64_t r = 0; r < BM; r++) {
+                    float *dstr = achunk + r * BKC;
+                    if (r >= rows) {
+                        memset(dstr, 0, (size_t)kc * sizeof(float));
+                        continue;
+                    }
+                    const char *row = abase + (m + r) * (int64_t)a->nb[1];
+                    const int64_t blck = bp_type_block_size(a->type);
+                    bp_cpu_to_float(a->type, row + kk / blck * (int64_t)bp_type_size(a->type),
+                                    dstr, kc);
+                }
+            }
+            for (int64_t c = 0; c < nchunks; c++) {
+                if (N - c * BN <= BVW) /* the columns past N in this chunk are padding */
+                    bcast_kernel1(arows, lda, bpack + (c * K + kk) * BN, kc, out + c * BM * BN);
+                else
+                    bcast_kernel(arows, lda, bpack + (c * K + kk) * BN, kc, out + c * BM * BN);
+            }
+        }
+        for (int64_t c = 0; c < nchunks; c++)
+            for (int64_t j = 0; j < BN && c * BN + j < N; j++)
+                for (int64_t r = 0; r < rows; r++)
+                    ((float *)cbase)[(c * BN + j) * ldc + m + r] = out[c * BM * BN + r * BN + j];
+    }
+    bp_cpu_pool_barrier(p->pool); /* bpack is rewritten for the next batch */
+}
+void bp_cpu_bcast_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared)
+{
+    const int64_t K = dst->src[0]->ne[0], N = dst->ne[1];
+    const int64_t nchunks = (N + BN - 1) / BN;
+    *per_thread = (size_t)(nchunks * BM * BN + BM * BKC + 64) * sizeof(float);
+    *shared = (size_t)(nchunks * K * BN) * sizeof(float);
+}
+
+void bp_cpu_bcast_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                        const struct bp_cpu_params *p)
+{
+    bcast_batch(dst, abase, bbase, cbase, p, p->wshared, p->wdata);
+}
+#endif

@@ -1,0 +1,72 @@
+/* cpu-matmul.h - private to plugins/cpu/: what the MUL_MAT driver (cpu-matmul.c) and its
+ * kernels (cpu-gemm.c, cpu-gemv*.c) share.
+ *
+ * Each strategy has a *_work_size, the scratch it needs per thread and shared by all threads,
+ * and a *_batch that computes one batch (2-D slice) of MUL_MAT node dst: abase, bbase and cbase
+ * are the slice's first bytes in src[0], src[1] and dst. Every thread of the pool calls *_batch
+ * with its own p (p->wdata, p->wshared sized by *_work_size); the kernels meet at barriers of
+ * their own, so all threads must call the same one. */
+#ifndef BP_CPU_MATMUL_H
+#define BP_CPU_MATMUL_H
+
+#include "cpu-impl.h"
+
+/* ---- Packed GEMM and broadcast kernel (cpu-gemm.c) ------------------------------------------ */
+
+void bp_cpu_gemm_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared);
+void bp_cpu_gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                       const struct bp_cpu_params *p);
+
+#if defined(BP_CPU_HAVE_AVX2)
+void bp_cpu_bcast_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared);
+void bp_cpu_bcast_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                        const struct bp_cpu_params *p);
+#endif
+
+/* ---- Matrix-vector products (cpu-gemv.c) ---------------------------------------------------- */
+
+/* One size for all the batches below. */
+void bp_cpu_gemv_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared);
+/* F32, F16 and BF16 weights. */
+void bp_cpu_gemv_float_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                             const struct bp_cpu_params *p);
+/* Q8_0 and Q4_0 weights. */
+void bp_cpu_gemv_quant_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                             const struct bp_cpu_params *p);
+/* Repacked Q8_0 and Q4_0 weights (a 2-D tensor: no abase): cpu-repack.c's kernel where the build
+ * has one, else unpacked eight rows at a time into the ordinary kernels. */
+#if defined(BP_CPU_REPACK_KERNEL)
+void bp_cpu_gemv_repack_batch(bp_tensor *dst, const char *bbase, char *cbase,
+                              const struct bp_cpu_params *p);
+#else
+void bp_cpu_gemv_unpack_batch(bp_tensor *dst, const char *bbase, char *cbase,
+                              const struct bp_cpu_params *p);
+#endif
+
+/* ---- Kernels per instruction set (cpu-gemv-avx2.c, cpu-gemv-avx512.c) ----------------------- */
+
+/* out[c] = row xrow of Q8_0/Q4_0 weights (nb blocks) . column y[c] (Q8_0), for nc (1-4)
+ * columns: cpu-gemv-avx2.c in vector builds, cpu-gemv.c otherwise. */
+void bp_cpu_dot_q8_cols(enum bp_type type, const void *xrow, const struct bp_block_q8_0 *const y[4],
+                        int nc, int64_t nb, float out[4]);
+
+#if defined(BP_CPU_HAVE_AVX512_VNNI)
+/* out[c * 8 + i] = row i of the eight at row0 (lda bytes apart; 7 * lda must fit 32 bits) .
+ * column y[c], for nc (1-4) columns; ysum[c]: the sums of column c's block quants. */
+void bp_cpu_dot_q8_rows8(enum bp_type type, int nc, const char *row0, int64_t lda,
+                         const struct bp_block_q8_0 *const y[4], const int32_t *const ysum[4],
+                         int64_t nb, float *out);
+#endif
+
+#if defined(BP_CPU_HAVE_AVX2)
+/* The sum of v's eight floats. */
+BP_CPU_INLINE float bp_cpu_hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+#endif
