@@ -35,9 +35,7 @@
 #define BP_CPU_HAVE_AVX512_VNNI 1
 #endif
 
-/* configure also passes -DBP_CPU_HAVE_AMX=1 along with the AMX flags; the decision is made here
- * from the flags themselves, like the others. */
-#undef BP_CPU_HAVE_AMX
+/* AMX: when configure found the compiler's AMX flags and added them to the avx512 variant. */
 #if defined(BP_CPU_HAVE_AVX512_VNNI) && defined(__AMX_TILE__) && defined(__AMX_BF16__) &&       \
     defined(__AMX_INT8__)
 #define BP_CPU_HAVE_AMX 1
