@@ -13,8 +13,8 @@
 #include <backplane/backplane.h>
 #include <backplane/bp-meta.h>
 
-#include "bench-util.h"
-#include "transformer.h"
+#include "../common/bench-util.h"
+#include "../common/transformer.h"
 
 #ifndef BP_BENCH_CPU_DIR
 #define BP_BENCH_CPU_DIR ""

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../bench/bench-util.h"
+#include "../common/bench-util.h"
 #include "tool.h"
 
 #define MAX_RUNS 1000

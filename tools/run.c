@@ -25,7 +25,7 @@
 
 #include <backplane/bp-meta.h>
 
-#include "../bench/bench-util.h" /* bench_repack_buft */
+#include "../common/bench-util.h" /* bench_repack_buft */
 
 #include "json.h"
 #include "model.h"
