@@ -178,7 +178,7 @@ int cmd_bench(int argc, char **argv)
     }
     bp_plugin_load_all();
     bp_backend *be[8];
-    const int nb = tool_open_backends(devices, (int)threads, be, 8, false);
+    const int nb = tool_open_backends(devices, (int)threads, be, 8, false, NULL);
     if (nb < 0)
         return 1;
     if (limits) {

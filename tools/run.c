@@ -1,27 +1,23 @@
 /* run.c - `backplane run`: serves the decoder of model.c on any mix of plugins' devices through
  * the scheduler: a batched prompt, then greedy generation one token at a time.
  *
- * The device list (-d) is comma-separated at the outer level, so "Meta(CPU0,CPU1),CPU" names two
- * backends. The weights go to the first device that multiplies by them; the token embedding
- * table and the KV cache stay with them when that device also runs GET_ROWS of the weights and
- * SET_ROWS into the cache, else they go to the first device that does (a destination is never
- * copied to where its op runs). The scheduler runs each op on the first device that can and
- * on the CPU (always last) otherwise. --check runs the same model on the
+ * The devices come from -d (devices.c; "Meta(CPU0,CPU1)" stores the matrices split as
+ * model_meta_split says). The weights go to the first device that multiplies by them; the token
+ * embedding table and the KV cache stay with them when that device also runs GET_ROWS of the
+ * weights and SET_ROWS into the cache, else they go to the first device that does (a
+ * destination is never copied to where its op runs). The scheduler runs each op on the first
+ * device that can and on the CPU (always last) otherwise. --check runs the same model on the
  * CPU alone and compares logits and tokens. */
 #include "config.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 #include <unistd.h>
-
-#include <backplane/bp-plugin.h> /* bp_set_error */
 
 #include <backplane/bp-meta.h>
 
@@ -106,289 +102,6 @@ static char *dup_text(const char *s)
 static const char *or_unknown(const char *s)
 {
     return s != NULL ? s : "?";
-}
-
-/* Device names cut from a -d list or a "Meta(...)" name, each a heap copy of its own, so no
- * length limit cuts one short. */
-struct name_list {
-    char *name[MAX_BACKENDS];
-    int n;
-};
-
-static void names_free(struct name_list *l)
-{
-    for (int i = 0; i < l->n; i++)
-        free(l->name[i]);
-    l->n = 0;
-}
-
-enum split_error {
-    SPLIT_EMPTY = -1,    /* an empty name: ",,", a leading or trailing comma */
-    SPLIT_TOO_MANY = -2, /* more than max names */
-    SPLIT_PARENS = -3,   /* unbalanced parentheses */
-    SPLIT_NO_MEMORY = -4,
-};
-
-/* Splits the len bytes at list at commas outside parentheses, trimming spaces around each
- * name; the number of names, or a split_error (out is then empty). */
-static int split_devices(const char *list, size_t len, struct name_list *out, int max)
-{
-    out->n = 0;
-    int depth = 0, err = 0;
-    const char *start = list, *end = list + len;
-    for (const char *p = list; err == 0; p++) {
-        if (p < end && *p == '(')
-            depth++;
-        else if (p < end && *p == ')' && --depth < 0)
-            err = SPLIT_PARENS;
-        if (err != 0 || (p < end && !(*p == ',' && depth == 0)))
-            continue;
-        const char *a = start, *b = p;
-        while (a < b && isspace((unsigned char)*a))
-            a++;
-        while (b > a && isspace((unsigned char)b[-1]))
-            b--;
-        if (p == end && depth != 0)
-            err = SPLIT_PARENS;
-        else if (a == b)
-            err = SPLIT_EMPTY;
-        else if (out->n == max)
-            err = SPLIT_TOO_MANY;
-        else if ((out->name[out->n] = strndup(a, (size_t)(b - a))) == NULL)
-            err = SPLIT_NO_MEMORY;
-        else
-            out->n++;
-        if (p == end)
-            break;
-        start = p + 1;
-    }
-    if (err != 0)
-        names_free(out);
-    return err != 0 ? err : out->n;
-}
-
-static const char *split_error_text(int err)
-{
-    switch (err) {
-    case SPLIT_EMPTY:
-        return "a name is empty (an extra comma?)";
-    case SPLIT_TOO_MANY:
-        return "too many names";
-    case SPLIT_PARENS:
-        return "its parentheses do not match";
-    default:
-        return "out of memory";
-    }
-}
-
-static bool is_cpu(bp_backend *be)
-{
-    return bp_device_get_type(bp_backend_get_device(be)) == BP_DEVICE_TYPE_CPU;
-}
-
-/* A device by name, or the first device of a registry of that name ("CPU" when the CPU plugin
- * has several devices); NULL with the lookup's error. */
-static bp_device *find_device(const char *name)
-{
-    bp_device *dev = bp_device_by_name(name);
-    if (dev != NULL)
-        return dev;
-    char *err = strdup(bp_last_error());
-    bp_registry *reg = bp_registry_by_name(name);
-    if (reg != NULL && bp_registry_device_count(reg) > 0) {
-        free(err);
-        return bp_registry_get_device(reg, 0);
-    }
-    bp_set_error(BP_ERR_NOT_FOUND, "%s", err ? err : "no such device (and out of memory)");
-    free(err);
-    return NULL;
-}
-
-static bool is_meta_name(const char *name)
-{
-    return strncasecmp(name, "Meta(", 5) == 0;
-}
-
-/* The part names of "Meta(A,B,...)" into parts; their count, or a negative number when name is
- * not of that form (the meta plugin then says what is wrong with it). */
-static int meta_part_names(const char *name, struct name_list *parts)
-{
-    parts->n = 0;
-    const size_t len = strlen(name);
-    if (!is_meta_name(name) || len < 7 || name[len - 1] != ')')
-        return -1;
-    return split_devices(name + 5, len - 6, parts, MAX_BACKENDS);
-}
-
-/* Every part of "Meta(A,B,...)" is a CPU device (so a thread count applies to all of them). */
-static bool meta_all_cpu(const char *name)
-{
-    struct name_list parts;
-    const int n = meta_part_names(name, &parts);
-    bool all = n > 0;
-    for (int i = 0; i < n && all; i++) {
-        bp_device *d = bp_device_by_name(parts.name[i]);
-        all = d != NULL && bp_device_get_type(d) == BP_DEVICE_TYPE_CPU;
-    }
-    names_free(&parts);
-    return all;
-}
-
-/* The split the meta backend stores the model's matrices in (Megatron): attention q/k/v and the
- * MLP's gate/up by output rows, the attention output and the MLP's down by input columns, the
- * output projection by vocabulary rows; whole heads (or blocks of 32) per device. Embeddings
- * and norms stay whole. Each device then holds about 1/n of the model. */
-static bool megatron_split(const bp_tensor *w, int n, struct bp_meta_split *out, void *user)
-{
-    const struct model_config *c = user;
-    const char *name = w->name;
-    const char *dot = strrchr(name, '.');
-    const char *kind = dot ? dot + 1 : name;
-    int axis;
-    int64_t unit;
-    if (strcmp(kind, "attn_q") == 0 || strcmp(kind, "attn_k") == 0 ||
-        strcmp(kind, "attn_v") == 0) {
-        axis = 1;
-        unit = c->n_embd / c->n_head;
-    } else if (strcmp(kind, "attn_output") == 0) {
-        axis = 0;
-        unit = c->n_embd / c->n_head;
-    } else if (strcmp(kind, "ffn_gate") == 0 || strcmp(kind, "ffn_up") == 0 ||
-               strcmp(name, "output") == 0) {
-        axis = 1;
-        unit = 32;
-    } else if (strcmp(kind, "ffn_down") == 0) {
-        axis = 0;
-        unit = 32;
-    } else {
-        return false;
-    }
-    const int64_t ne = w->ne[axis], units = ne / unit;
-    if (unit < 1 || ne % unit != 0 || units < n || (axis == 0 && unit % 32 != 0))
-        return false; /* cannot be cut into whole units for every device: keep it whole */
-    memset(out, 0, sizeof(*out));
-    out->state = BP_META_SPLIT;
-    out->axis = axis;
-    for (int p = 0; p < n; p++)
-        out->sizes[p] = (units / n + (p < units % n ? 1 : 0)) * unit;
-    return true;
-}
-
-static const struct model_config *split_model; /* for megatron_split, set by run_once */
-
-/* "Meta(A,B,...)": a meta device over the named devices that stores the model's matrices split
- * (megatron_split), so that each device holds its share only. */
-static bp_backend *open_meta(const char *name, const char *params)
-{
-    struct name_list names;
-    const int n = meta_part_names(name, &names);
-    if (n < 1 || split_model == NULL) {
-        names_free(&names);
-        return bp_backend_init_by_name(name, params); /* let the meta plugin explain */
-    }
-    bp_device *parts[MAX_BACKENDS];
-    bool found = true;
-    for (int i = 0; i < n && found; i++)
-        found = (parts[i] = find_device(names.name[i])) != NULL;
-    names_free(&names);
-    if (!found)
-        return NULL;
-    bp_device *d = bp_meta_device_new(parts, n, megatron_split, (void *)split_model);
-    return d != NULL ? bp_device_init_backend(d, params) : NULL;
-}
-
-static bp_backend *open_backend(const char *name, int threads)
-{
-    char params[32];
-    snprintf(params, sizeof(params), "threads=%d", threads);
-    if (is_meta_name(name))
-        return open_meta(name, threads > 0 && meta_all_cpu(name) ? params : NULL);
-    bp_device *dev = find_device(name);
-    if (dev == NULL)
-        return NULL;
-    const bool cpu = bp_device_get_type(dev) == BP_DEVICE_TYPE_CPU;
-    return bp_device_init_backend(dev, threads > 0 && cpu ? params : NULL);
-}
-
-int tool_open_backends(const char *list, int threads, bp_backend **out, int max, bool for_run)
-{
-    struct name_list names = {.n = 0};
-    if (max > MAX_BACKENDS)
-        max = MAX_BACKENDS;
-    const int room = for_run ? max - 1 : max; /* run keeps a place for the CPU */
-    if (list != NULL) {
-        int err = split_devices(list, strlen(list), &names, room);
-        if (err < 0) {
-            fprintf(stderr, "backplane: cannot read the device list '%s': %s (at most %d "
-                    "comma-separated names)\n", list, split_error_text(err), room);
-            return -1;
-        }
-    } else {
-        for (size_t i = 0; i < bp_device_count() && names.n < room; i++) {
-            bp_device *d = bp_device_get(i);
-            if (for_run && bp_device_get_type(d) != BP_DEVICE_TYPE_GPU)
-                continue;
-            if ((names.name[names.n] = strdup(bp_device_name(d))) == NULL) {
-                fprintf(stderr, "backplane: out of memory\n");
-                names_free(&names);
-                return -1;
-            }
-            names.n++;
-        }
-    }
-    char **name = names.name;
-    const int n = names.n;
-    int nb = 0;
-    bool have_cpu = false;
-    for (int i = 0; i < n; i++) {
-        bp_backend *be = open_backend(name[i], threads);
-        if (be == NULL) {
-            fprintf(stderr, "backplane: device '%s': %s\n", name[i], bp_last_error());
-            goto fail;
-        }
-        out[nb++] = be;
-        /* Two names of one device ("CPU,CPU", or "CPU" and "CPU0") would give it two backends
-         * that compete for it; say so before any rule about the order of the list. */
-        bp_device *dev = bp_backend_get_device(be);
-        for (int j = 0; j < i; j++) {
-            if (bp_backend_get_device(out[j]) != dev)
-                continue;
-            if (strcmp(name[j], name[i]) == 0)
-                fprintf(stderr, "backplane: -d lists the device '%s' twice\n", name[i]);
-            else
-                fprintf(stderr, "backplane: -d lists the device '%s' twice (as '%s' and '%s')\n",
-                        bp_device_name(dev), name[j], name[i]);
-            goto fail;
-        }
-    }
-    for (int i = 0; for_run && i < nb; i++) {
-        if (!is_cpu(out[i]))
-            continue;
-        have_cpu = true;
-        if (i != nb - 1) {
-            fprintf(stderr, "backplane run: the CPU device '%s' must come last in -d\n",
-                    name[i]);
-            goto fail;
-        }
-    }
-    if (for_run && !have_cpu) {
-        bp_backend *cpu = open_backend("CPU", threads);
-        if (cpu == NULL) {
-            fprintf(stderr, "backplane run: no CPU backend to finish the graph with: %s\n",
-                    bp_last_error());
-            goto fail;
-        }
-        out[nb++] = cpu;
-    }
-    names_free(&names);
-    if (nb == 0)
-        fprintf(stderr, "backplane: no devices (see `backplane list`)\n");
-    return nb > 0 ? nb : -1;
-fail:
-    names_free(&names);
-    for (int i = 0; i < nb; i++)
-        bp_backend_free(out[i]);
-    return -1;
 }
 
 /* The ops the model's long-lived tensors take part in, as each device is asked about them:
@@ -492,9 +205,9 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
 {
     memset(r, 0, sizeof(*r));
     const struct model_config *cfg = o->cfg;
-    split_model = cfg;
+    const struct tool_meta_split split = {model_meta_split, (void *)cfg};
     bp_backend *be[MAX_BACKENDS];
-    int nb = tool_open_backends(devices, o->threads, be, MAX_BACKENDS, true);
+    int nb = tool_open_backends(devices, o->threads, be, MAX_BACKENDS, true, &split);
     if (nb < 0)
         return 1;
     int status = 1;
