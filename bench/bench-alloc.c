@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transformer.h"
+#include "../common/transformer.h"
 
 static int parse(int argc, char **argv, const char *key, int def)
 {

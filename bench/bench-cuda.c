@@ -16,7 +16,7 @@
 #include <backplane/backplane.h>
 
 #include "bench-cuda.h"
-#include "bench-util.h"
+#include "../common/bench-util.h"
 
 #define MAX_RUNS 200
 

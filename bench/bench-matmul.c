@@ -20,7 +20,7 @@
 
 #include <backplane/backplane.h>
 
-#include "bench-util.h"
+#include "../common/bench-util.h"
 
 #ifdef BP_BENCH_CUDA
 #include "bench-cuda.h"
@@ -80,51 +80,95 @@ static double time_openblas(const float *a, const float *b, float *c, long M, lo
 }
 #endif
 
-int main(int argc, char **argv)
-{
+/* The shapes, thread counts and switches of one invocation. */
+struct matmul_opts {
     long Ms[4], Ks[4], Ns[8], Ts[8];
-    int nM = bench_parse_list(bench_arg(argc, argv, "--M", "4096"), Ms, 4);
-    int nK = bench_parse_list(bench_arg(argc, argv, "--K", "4096,14336"), Ks, 4);
-    int nN = bench_parse_list(bench_arg(argc, argv, "--N", "1,8,32,512"), Ns, 8);
-    int nT = bench_parse_list(bench_arg(argc, argv, "--threads", "1,2"), Ts, 8);
-    const double min_time = atof(bench_arg(argc, argv, "--min-time", "1.0"));
-    const char *types = bench_arg(argc, argv, "--types",
-                                   "f32,f16,bf16,q8_0,q4_0,q8_0_repack,q4_0_repack");
-    const bool peer = !bench_flag(argc, argv, "--no-peer");
-    const bool limits = !bench_flag(argc, argv, "--no-limits");
-    const char *device = bench_arg(argc, argv, "--device", "CPU");
+    int nM, nK, nN, nT;
+    double min_time;
+    bool peer;   /* OpenBLAS beside the f32 products (where built with it) */
+    bool limits; /* the FMA peak, triad and read-bandwidth limits */
+};
 
-    if (strncmp(device, "CUDA", 4) == 0) {
-#ifdef BP_BENCH_CUDA
-        if (bp_device_by_name(device) == NULL)
-            bp_plugin_load_all_from(BP_BENCH_CUDA_DIR);
-        return bench_cuda_matmul(device, atol(bench_arg(argc, argv, "--M", "4096")),
-                                 atol(bench_arg(argc, argv, "--N", "4096")),
-                                 atol(bench_arg(argc, argv, "--K", "4096")), min_time);
-#else
-        printf("# %s: this build has no CUDA: skipped\n", device);
-        return 0;
+typedef int (*set_threads_fn)(bp_backend *, int);
+
+/* y = w x for the first N columns of x, at every thread count: throughput, and for N = 1 the
+ * weights' bandwidth with the read-bandwidth limit of a working set of their size. */
+static void bench_product(bp_backend *be, set_threads_fn set_threads, const struct matmul_opts *o,
+                          const char *tn, bp_tensor *w, bp_tensor *x, long N)
+{
+    const long M = w->ne[1], K = w->ne[0];
+    bp_context *ctx = bp_context_new(4);
+    bp_tensor *xn = bp_view_2d(ctx, x, K, N, x->nb[1], 0);
+    bp_tensor *y = bp_mul_mat(ctx, w, xn);
+    bp_buffer *ybuf = bp_alloc_ctx_tensors(ctx, bp_host_buffer_type());
+    bp_graph *g = bp_graph_new(4);
+    bp_graph_build_forward(g, y);
+    char shape[96];
+    snprintf(shape, sizeof(shape), "M=%ld,K=%ld,N=%ld", M, K, N);
+    for (int ti = 0; ti < o->nT; ti++) {
+        const long T = o->Ts[ti];
+        set_threads(be, (int)T);
+        double t = time_graph(be, g, o->min_time);
+        printf("mul_mat_%s %s %ld %.1f GFLOP/s\n", tn, shape, T, 2.0 * M * N * K / t * 1e-9);
+        if (N == 1) {
+            printf("mul_mat_%s_weight_bw %s %ld %.1f GB/s\n", tn, shape, T,
+                   (double)bp_nbytes(w) / t * 1e-9);
+            /* The limit for this working set: the weights read over and over. */
+            if (o->limits)
+                printf("read_bw %zuB %ld %.1f GB/s\n", bp_nbytes(w), T,
+                       bench_read(bp_nbytes(w), (int)T));
+        }
+#ifdef BP_HAVE_OPENBLAS
+        if (o->peer && w->type == BP_TYPE_F32) {
+            openblas_set_num_threads((int)T);
+            double tb = time_openblas(w->data, xn->data, y->data, M, N, K, o->min_time);
+            printf("openblas_%s %s %ld %.1f GFLOP/s\n", N == 1 ? "sgemv" : "sgemm", shape, T,
+                   2.0 * M * N * K / tb * 1e-9);
+            printf("ratio_vs_openblas %s %ld %.2f x\n", shape, T, tb / t);
+        }
 #endif
+        fflush(stdout);
     }
+    bp_graph_free(g);
+    bp_buffer_free(ybuf);
+    bp_context_free(ctx);
+}
 
-    if (bp_device_by_name("CPU") == NULL && BP_BENCH_CPU_DIR[0] != '\0')
-        bp_plugin_load_all_from(BP_BENCH_CPU_DIR);
-    bp_backend *be = bp_backend_init_by_name("CPU", NULL);
-    if (be == NULL) {
+/* M x K weights of type `type` in wbt and an f32 input of the widest N, filled once, then every
+ * N. 0, or 1 after printing why the buffers could not be made. */
+static int bench_shape(bp_backend *be, set_threads_fn set_threads, const struct matmul_opts *o,
+                       const char *tn, enum bp_type type, bp_buffer_type *wbt, long M, long K)
+{
+    long maxN = 0;
+    for (int ni = 0; ni < o->nN; ni++)
+        maxN = o->Ns[ni] > maxN ? o->Ns[ni] : maxN;
+    bp_context *wctx = bp_context_new(2), *xctx = bp_context_new(1);
+    bp_tensor *w = bp_new_tensor_2d(wctx, type, K, M);
+    bp_tensor *x = bp_new_tensor_2d(xctx, BP_TYPE_F32, K, maxN);
+    bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, wbt);
+    bp_buffer *xbuf = bp_alloc_ctx_tensors(xctx, bp_host_buffer_type());
+    const int status = wbuf == NULL || xbuf == NULL;
+    if (status != 0) {
         fprintf(stderr, "bench-matmul: %s\n", bp_last_error());
-        return 1;
+    } else {
+        bench_fill(w, 1);
+        bench_fill(x, 2);
+        for (int ni = 0; ni < o->nN; ni++)
+            bench_product(be, set_threads, o, tn, w, x, o->Ns[ni]);
     }
-    printf("# device: %s\n", bp_device_description(bp_backend_get_device(be)));
-    int (*set_threads)(bp_backend *, int) =
-        (int (*)(bp_backend *, int))bp_registry_get_proc_address(
-            bp_device_get_registry(bp_backend_get_device(be)), "bp_cpu_set_n_threads");
+    bp_buffer_free(xbuf);
+    bp_buffer_free(wbuf);
+    bp_context_free(xctx);
+    bp_context_free(wctx);
+    return status;
+}
 
-    for (int ti = 0; ti < nT && limits; ti++) {
-        printf("fma_peak - %ld %.1f GFLOP/s\n", Ts[ti], bench_fma_peak((int)Ts[ti]));
-        printf("triad 3x256MiB %ld %.1f GB/s\n", Ts[ti], bench_triad((int)Ts[ti]));
-    }
-    fflush(stdout);
-
+/* Every shape for each weight type of the comma-separated list `types`; names that are not
+ * weight types, and repacked types without CPU_REPACK, are skipped with a message. */
+static int bench_types(bp_backend *be, const struct matmul_opts *o, const char *types)
+{
+    set_threads_fn set_threads = (set_threads_fn)bp_registry_get_proc_address(
+        bp_device_get_registry(bp_backend_get_device(be)), "bp_cpu_set_n_threads");
     char tbuf[128];
     snprintf(tbuf, sizeof(tbuf), "%s", types);
     for (char *save = NULL, *tn = strtok_r(tbuf, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
@@ -139,70 +183,55 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench-matmul: %s: no CPU_REPACK buffer type\n", tn);
             continue;
         }
-        for (int mi = 0; mi < nM; mi++)
-            for (int ki = 0; ki < nK; ki++) {
-                const long M = Ms[mi], K = Ks[ki];
-                long maxN = 0;
-                for (int ni = 0; ni < nN; ni++)
-                    maxN = Ns[ni] > maxN ? Ns[ni] : maxN;
-                bp_context *wctx = bp_context_new(2), *xctx = bp_context_new(1);
-                bp_tensor *w = bp_new_tensor_2d(wctx, type, K, M);
-                bp_tensor *x = bp_new_tensor_2d(xctx, BP_TYPE_F32, K, maxN);
-                bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, wbt);
-                bp_buffer *xbuf = bp_alloc_ctx_tensors(xctx, bp_host_buffer_type());
-                if (wbuf == NULL || xbuf == NULL) {
-                    fprintf(stderr, "bench-matmul: %s\n", bp_last_error());
+        for (int mi = 0; mi < o->nM; mi++)
+            for (int ki = 0; ki < o->nK; ki++)
+                if (bench_shape(be, set_threads, o, tn, type, wbt, o->Ms[mi], o->Ks[ki]) != 0)
                     return 1;
-                }
-                bench_fill(w, 1);
-                bench_fill(x, 2);
-                for (int ni = 0; ni < nN; ni++) {
-                    const long N = Ns[ni];
-                    bp_context *ctx = bp_context_new(4);
-                    bp_tensor *xn = bp_view_2d(ctx, x, K, N, x->nb[1], 0);
-                    bp_tensor *y = bp_mul_mat(ctx, w, xn);
-                    bp_buffer *ybuf = bp_alloc_ctx_tensors(ctx, bp_host_buffer_type());
-                    bp_graph *g = bp_graph_new(4);
-                    bp_graph_build_forward(g, y);
-                    char shape[96];
-                    snprintf(shape, sizeof(shape), "M=%ld,K=%ld,N=%ld", M, K, N);
-                    for (int ti = 0; ti < nT; ti++) {
-                        set_threads(be, (int)Ts[ti]);
-                        double t = time_graph(be, g, min_time);
-                        printf("mul_mat_%s %s %ld %.1f GFLOP/s\n", tn, shape, Ts[ti],
-                               2.0 * M * N * K / t * 1e-9);
-                        if (N == 1) {
-                            printf("mul_mat_%s_weight_bw %s %ld %.1f GB/s\n", tn, shape, Ts[ti],
-                                   (double)bp_nbytes(w) / t * 1e-9);
-                            /* The limit for this working set: the weights read over and over. */
-                            if (limits)
-                                printf("read_bw %zuB %ld %.1f GB/s\n", bp_nbytes(w), Ts[ti],
-                                       bench_read(bp_nbytes(w), (int)Ts[ti]));
-                        }
-#ifdef BP_HAVE_OPENBLAS
-                        if (peer && type == BP_TYPE_F32) {
-                            openblas_set_num_threads((int)Ts[ti]);
-                            double tb = time_openblas(w->data, xn->data, y->data, M, N, K,
-                                                      min_time);
-                            printf("openblas_%s %s %ld %.1f GFLOP/s\n", N == 1 ? "sgemv" : "sgemm",
-                                   shape, Ts[ti], 2.0 * M * N * K / tb * 1e-9);
-                            printf("ratio_vs_openblas %s %ld %.2f x\n", shape, Ts[ti], tb / t);
-                        }
-#else
-                        (void)peer;
-#endif
-                        fflush(stdout);
-                    }
-                    bp_graph_free(g);
-                    bp_buffer_free(ybuf);
-                    bp_context_free(ctx);
-                }
-                bp_buffer_free(xbuf);
-                bp_buffer_free(wbuf);
-                bp_context_free(xctx);
-                bp_context_free(wctx);
-            }
     }
-    bp_backend_free(be);
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct matmul_opts o;
+    o.nM = bench_parse_list(bench_arg(argc, argv, "--M", "4096"), o.Ms, 4);
+    o.nK = bench_parse_list(bench_arg(argc, argv, "--K", "4096,14336"), o.Ks, 4);
+    o.nN = bench_parse_list(bench_arg(argc, argv, "--N", "1,8,32,512"), o.Ns, 8);
+    o.nT = bench_parse_list(bench_arg(argc, argv, "--threads", "1,2"), o.Ts, 8);
+    o.min_time = atof(bench_arg(argc, argv, "--min-time", "1.0"));
+    o.peer = !bench_flag(argc, argv, "--no-peer");
+    o.limits = !bench_flag(argc, argv, "--no-limits");
+    const char *types = bench_arg(argc, argv, "--types",
+                                  "f32,f16,bf16,q8_0,q4_0,q8_0_repack,q4_0_repack");
+    const char *device = bench_arg(argc, argv, "--device", "CPU");
+
+    if (strncmp(device, "CUDA", 4) == 0) {
+#ifdef BP_BENCH_CUDA
+        if (bp_device_by_name(device) == NULL)
+            bp_plugin_load_all_from(BP_BENCH_CUDA_DIR);
+        return bench_cuda_matmul(device, atol(bench_arg(argc, argv, "--M", "4096")),
+                                 atol(bench_arg(argc, argv, "--N", "4096")),
+                                 atol(bench_arg(argc, argv, "--K", "4096")), o.min_time);
+#else
+        printf("# %s: this build has no CUDA: skipped\n", device);
+        return 0;
+#endif
+    }
+
+    if (bp_device_by_name("CPU") == NULL && BP_BENCH_CPU_DIR[0] != '\0')
+        bp_plugin_load_all_from(BP_BENCH_CPU_DIR);
+    bp_backend *be = bp_backend_init_by_name("CPU", NULL);
+    if (be == NULL) {
+        fprintf(stderr, "bench-matmul: %s\n", bp_last_error());
+        return 1;
+    }
+    printf("# device: %s\n", bp_device_description(bp_backend_get_device(be)));
+    for (int ti = 0; ti < o.nT && o.limits; ti++) {
+        printf("fma_peak - %ld %.1f GFLOP/s\n", o.Ts[ti], bench_fma_peak((int)o.Ts[ti]));
+        printf("triad 3x256MiB %ld %.1f GB/s\n", o.Ts[ti], bench_triad((int)o.Ts[ti]));
+    }
+    fflush(stdout);
+    const int status = bench_types(be, &o, types);
+    bp_backend_free(be);
+    return status;
 }

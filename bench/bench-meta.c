@@ -1,7 +1,8 @@
 /* bench-meta.c - tensor parallelism on CPU devices: an MLP-heavy transformer layer computed on
  * Meta(CPU0,CPU1) with one thread per device against one CPU device with two threads, in the
  * same run. Reports the median step time of each, their throughput ratio and the share of the
- * meta step spent in all-reduces. Passes alternate between the two. One result per line: name, shape, threads, value, unit.
+ * meta step spent in all-reduces. Passes alternate between the two. One result per line: name,
+ * shape, threads, value, unit.
  *
  *   bench-meta [--shapes 512x2048x8,1024x4096x32,2048x8192x64] [--iters 15] */
 #include "config.h"
@@ -13,8 +14,8 @@
 #include <backplane/backplane.h>
 #include <backplane/bp-meta.h>
 
-#include "bench-util.h"
-#include "transformer.h"
+#include "../common/bench-util.h"
+#include "../common/transformer.h"
 
 #ifndef BP_BENCH_CPU_DIR
 #define BP_BENCH_CPU_DIR ""

@@ -15,7 +15,7 @@
 
 #include <backplane/backplane.h>
 
-#include "bench-util.h"
+#include "../common/bench-util.h"
 
 #ifdef BP_BENCH_CUDA
 #include "bench-cuda.h"

@@ -12,8 +12,8 @@
 
 #include <backplane/backplane.h>
 
-#include "bench-util.h"
-#include "transformer.h"
+#include "../common/bench-util.h"
+#include "../common/transformer.h"
 
 #ifndef BP_BENCH_CPU_DIR
 #define BP_BENCH_CPU_DIR ""

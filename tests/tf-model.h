@@ -1,9 +1,9 @@
-/* tf-model.h - private to tests/: the transformer of bench/transformer.h with weights from a
+/* tf-model.h - private to tests/: the transformer of common/transformer.h with weights from a
  * fixed generator, its inputs, and the NMSE check the multi-backend suites compare logits with. */
 #ifndef BP_TESTS_TF_MODEL_H
 #define BP_TESTS_TF_MODEL_H
 
-#include "../bench/transformer.h"
+#include "../common/transformer.h"
 
 struct model {
     bp_context *wctx;

@@ -1,20 +1,21 @@
-/* bench.c - `backplane bench`: the matmul and element-wise benchmarks of bench/ on the devices
- * the user picks, through the public API only, next to the machine's limits (FMA peak and a
- * STREAM-style triad, measured in the same run). One result per line: name, shape, device,
- * value, unit.
+/* bench.c - `backplane bench`: matmul and element-wise benchmarks like those of bench/ on the
+ * devices the user picks, through the public API only, next to the machine's limits (FMA peak
+ * and a STREAM-style triad, measured in the same run). One result per line: name, shape,
+ * device, value, unit.
  *
  *   backplane bench [-d DEVICES] [--types f32,f16,bf16,q8_0,q4_0] [--M 4096] [--K 4096]
  *                   [--N 1,32] [-t THREADS] [--min-time 0.5] [--no-limits]
  *
- * A type name ending in _repack (q4_0_repack, q8_0_repack) puts the weights in the device's CPU_REPACK buffer
- * type, where the device has one (the CPU's); elsewhere the line says it was skipped. */
+ * A type name ending in _repack (q4_0_repack, q8_0_repack) puts the weights in the device's
+ * CPU_REPACK buffer type, where the device has one (the CPU's); elsewhere the line says it was
+ * skipped. The timing and the limits come from common/bench-util.c. */
 #include "config.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../bench/bench-util.h"
+#include "../common/bench-util.h"
 #include "tool.h"
 
 #define MAX_RUNS 1000
@@ -178,7 +179,7 @@ int cmd_bench(int argc, char **argv)
     }
     bp_plugin_load_all();
     bp_backend *be[8];
-    const int nb = tool_open_backends(devices, (int)threads, be, 8, false);
+    const int nb = tool_open_backends(devices, (int)threads, be, 8, false, NULL);
     if (nb < 0)
         return 1;
     if (limits) {

@@ -1,4 +1,4 @@
-/* model.c - the decoder of model.h. */
+/* model.c - the decoder of model.h, and how a meta device stores its matrices. */
 #include "config.h"
 
 #include <math.h>
@@ -328,4 +328,46 @@ void model_step_free(struct model_step *st)
     bp_graph_free(st->graph);
     bp_context_free(st->ctx);
     memset(st, 0, sizeof(*st));
+}
+
+/* ---- Split over a meta device ---------------------------------------------------------------- */
+
+/* The split the meta backend stores the model's matrices in (Megatron): attention q/k/v and the
+ * MLP's gate/up by output rows, the attention output and the MLP's down by input columns, the
+ * output projection by vocabulary rows; whole heads (or blocks of 32) per device. Embeddings
+ * and norms stay whole. Each device then holds about 1/n of the model. */
+bool model_meta_split(const bp_tensor *w, int n, struct bp_meta_split *out, void *user)
+{
+    const struct model_config *c = user;
+    const char *name = w->name;
+    const char *dot = strrchr(name, '.');
+    const char *kind = dot ? dot + 1 : name;
+    int axis;
+    int64_t unit;
+    if (strcmp(kind, "attn_q") == 0 || strcmp(kind, "attn_k") == 0 ||
+        strcmp(kind, "attn_v") == 0) {
+        axis = 1;
+        unit = c->n_embd / c->n_head;
+    } else if (strcmp(kind, "attn_output") == 0) {
+        axis = 0;
+        unit = c->n_embd / c->n_head;
+    } else if (strcmp(kind, "ffn_gate") == 0 || strcmp(kind, "ffn_up") == 0 ||
+               strcmp(name, "output") == 0) {
+        axis = 1;
+        unit = 32;
+    } else if (strcmp(kind, "ffn_down") == 0) {
+        axis = 0;
+        unit = 32;
+    } else {
+        return false;
+    }
+    const int64_t ne = w->ne[axis], units = ne / unit;
+    if (unit < 1 || ne % unit != 0 || units < n || (axis == 0 && unit % 32 != 0))
+        return false; /* cannot be cut into whole units for every device: keep it whole */
+    memset(out, 0, sizeof(*out));
+    out->state = BP_META_SPLIT;
+    out->axis = axis;
+    for (int p = 0; p < n; p++)
+        out->sizes[p] = (units / n + (p < units % n ? 1 : 0)) * unit;
+    return true;
 }

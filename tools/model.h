@@ -1,5 +1,6 @@
 /* model.h - private to tools/: the llama-style decoder `backplane run` serves, with weights from
- * a seeded generator and a KV cache, built from the public op builders only. */
+ * a seeded generator and a KV cache, built from the public op builders only, and the split a
+ * meta device stores its matrices in. */
 #ifndef BP_TOOLS_MODEL_H
 #define BP_TOOLS_MODEL_H
 
@@ -65,5 +66,9 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
 /* Sets tokens, positions and the causal mask (after the scheduler has allocated the graph). */
 enum bp_status model_step_inputs(const struct model_step *st, const int32_t *tokens);
 void model_step_free(struct model_step *st);
+
+/* A bp_meta_split_fn (user: the model_config) that stores the model's matrices split the
+ * Megatron way, so that each device of a meta device holds about 1/n of the model. */
+bool model_meta_split(const bp_tensor *w, int n, struct bp_meta_split *out, void *user);
 
 #endif

@@ -1,31 +1,30 @@
 /* run.c - `backplane run`: serves the decoder of model.c on any mix of plugins' devices through
  * the scheduler: a batched prompt, then greedy generation one token at a time.
  *
- * The device list (-d) is comma-separated at the outer level, so "Meta(CPU0,CPU1),CPU" names two
- * backends. The weights go to the first device that multiplies by them; the token embedding
- * table and the KV cache stay with them when that device also runs GET_ROWS of the weights and
- * SET_ROWS into the cache, else they go to the first device that does (a destination is never
- * copied to where its op runs). The scheduler runs each op on the first device that can and
- * on the CPU (always last) otherwise. --check runs the same model on the
- * CPU alone and compares logits and tokens. */
+ * The devices come from -d (devices.c; "Meta(CPU0,CPU1)" stores the matrices split as
+ * model_meta_split says). The weights go to the first device that multiplies by them; the token
+ * embedding table and the KV cache stay with them when that device also runs GET_ROWS of the
+ * weights and SET_ROWS into the cache, else they go to the first device that does (a
+ * destination is never copied to where its op runs). The scheduler runs each op on the first
+ * device that can and on the CPU (always last) otherwise. --check runs the same model on the
+ * CPU alone and compares logits and tokens.
+ *
+ * One run (run_once) goes through phases, each a function that prints why it fails: open the
+ * devices, place the weights, the embedding table and the KV cache, load the model, build the
+ * scheduler, run the prompt, generate. */
 #include "config.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <time.h>
 #include <unistd.h>
-
-#include <backplane/bp-plugin.h> /* bp_set_error */
 
 #include <backplane/bp-meta.h>
 
-#include "../bench/bench-util.h" /* bench_repack_buft */
+#include "../common/bench-util.h" /* bench_now, bench_median, bench_repack_buft */
 
 #include "json.h"
 #include "model.h"
@@ -73,18 +72,6 @@ struct run_result {
     float *logits;    /* n_gen x n_vocab: logits that chose each token */
 };
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static void result_free(struct run_result *r)
 {
@@ -106,289 +93,6 @@ static char *dup_text(const char *s)
 static const char *or_unknown(const char *s)
 {
     return s != NULL ? s : "?";
-}
-
-/* Device names cut from a -d list or a "Meta(...)" name, each a heap copy of its own, so no
- * length limit cuts one short. */
-struct name_list {
-    char *name[MAX_BACKENDS];
-    int n;
-};
-
-static void names_free(struct name_list *l)
-{
-    for (int i = 0; i < l->n; i++)
-        free(l->name[i]);
-    l->n = 0;
-}
-
-enum split_error {
-    SPLIT_EMPTY = -1,    /* an empty name: ",,", a leading or trailing comma */
-    SPLIT_TOO_MANY = -2, /* more than max names */
-    SPLIT_PARENS = -3,   /* unbalanced parentheses */
-    SPLIT_NO_MEMORY = -4,
-};
-
-/* Splits the len bytes at list at commas outside parentheses, trimming spaces around each
- * name; the number of names, or a split_error (out is then empty). */
-static int split_devices(const char *list, size_t len, struct name_list *out, int max)
-{
-    out->n = 0;
-    int depth = 0, err = 0;
-    const char *start = list, *end = list + len;
-    for (const char *p = list; err == 0; p++) {
-        if (p < end && *p == '(')
-            depth++;
-        else if (p < end && *p == ')' && --depth < 0)
-            err = SPLIT_PARENS;
-        if (err != 0 || (p < end && !(*p == ',' && depth == 0)))
-            continue;
-        const char *a = start, *b = p;
-        while (a < b && isspace((unsigned char)*a))
-            a++;
-        while (b > a && isspace((unsigned char)b[-1]))
-            b--;
-        if (p == end && depth != 0)
-            err = SPLIT_PARENS;
-        else if (a == b)
-            err = SPLIT_EMPTY;
-        else if (out->n == max)
-            err = SPLIT_TOO_MANY;
-        else if ((out->name[out->n] = strndup(a, (size_t)(b - a))) == NULL)
-            err = SPLIT_NO_MEMORY;
-        else
-            out->n++;
-        if (p == end)
-            break;
-        start = p + 1;
-    }
-    if (err != 0)
-        names_free(out);
-    return err != 0 ? err : out->n;
-}
-
-static const char *split_error_text(int err)
-{
-    switch (err) {
-    case SPLIT_EMPTY:
-        return "a name is empty (an extra comma?)";
-    case SPLIT_TOO_MANY:
-        return "too many names";
-    case SPLIT_PARENS:
-        return "its parentheses do not match";
-    default:
-        return "out of memory";
-    }
-}
-
-static bool is_cpu(bp_backend *be)
-{
-    return bp_device_get_type(bp_backend_get_device(be)) == BP_DEVICE_TYPE_CPU;
-}
-
-/* A device by name, or the first device of a registry of that name ("CPU" when the CPU plugin
- * has several devices); NULL with the lookup's error. */
-static bp_device *find_device(const char *name)
-{
-    bp_device *dev = bp_device_by_name(name);
-    if (dev != NULL)
-        return dev;
-    char *err = strdup(bp_last_error());
-    bp_registry *reg = bp_registry_by_name(name);
-    if (reg != NULL && bp_registry_device_count(reg) > 0) {
-        free(err);
-        return bp_registry_get_device(reg, 0);
-    }
-    bp_set_error(BP_ERR_NOT_FOUND, "%s", err ? err : "no such device (and out of memory)");
-    free(err);
-    return NULL;
-}
-
-static bool is_meta_name(const char *name)
-{
-    return strncasecmp(name, "Meta(", 5) == 0;
-}
-
-/* The part names of "Meta(A,B,...)" into parts; their count, or a negative number when name is
- * not of that form (the meta plugin then says what is wrong with it). */
-static int meta_part_names(const char *name, struct name_list *parts)
-{
-    parts->n = 0;
-    const size_t len = strlen(name);
-    if (!is_meta_name(name) || len < 7 || name[len - 1] != ')')
-        return -1;
-    return split_devices(name + 5, len - 6, parts, MAX_BACKENDS);
-}
-
-/* Every part of "Meta(A,B,...)" is a CPU device (so a thread count applies to all of them). */
-static bool meta_all_cpu(const char *name)
-{
-    struct name_list parts;
-    const int n = meta_part_names(name, &parts);
-    bool all = n > 0;
-    for (int i = 0; i < n && all; i++) {
-        bp_device *d = bp_device_by_name(parts.name[i]);
-        all = d != NULL && bp_device_get_type(d) == BP_DEVICE_TYPE_CPU;
-    }
-    names_free(&parts);
-    return all;
-}
-
-/* The split the meta backend stores the model's matrices in (Megatron): attention q/k/v and the
- * MLP's gate/up by output rows, the attention output and the MLP's down by input columns, the
- * output projection by vocabulary rows; whole heads (or blocks of 32) per device. Embeddings
- * and norms stay whole. Each device then holds about 1/n of the model. */
-static bool megatron_split(const bp_tensor *w, int n, struct bp_meta_split *out, void *user)
-{
-    const struct model_config *c = user;
-    const char *name = w->name;
-    const char *dot = strrchr(name, '.');
-    const char *kind = dot ? dot + 1 : name;
-    int axis;
-    int64_t unit;
-    if (strcmp(kind, "attn_q") == 0 || strcmp(kind, "attn_k") == 0 ||
-        strcmp(kind, "attn_v") == 0) {
-        axis = 1;
-        unit = c->n_embd / c->n_head;
-    } else if (strcmp(kind, "attn_output") == 0) {
-        axis = 0;
-        unit = c->n_embd / c->n_head;
-    } else if (strcmp(kind, "ffn_gate") == 0 || strcmp(kind, "ffn_up") == 0 ||
-               strcmp(name, "output") == 0) {
-        axis = 1;
-        unit = 32;
-    } else if (strcmp(kind, "ffn_down") == 0) {
-        axis = 0;
-        unit = 32;
-    } else {
-        return false;
-    }
-    const int64_t ne = w->ne[axis], units = ne / unit;
-    if (unit < 1 || ne % unit != 0 || units < n || (axis == 0 && unit % 32 != 0))
-        return false; /* cannot be cut into whole units for every device: keep it whole */
-    memset(out, 0, sizeof(*out));
-    out->state = BP_META_SPLIT;
-    out->axis = axis;
-    for (int p = 0; p < n; p++)
-        out->sizes[p] = (units / n + (p < units % n ? 1 : 0)) * unit;
-    return true;
-}
-
-static const struct model_config *split_model; /* for megatron_split, set by run_once */
-
-/* "Meta(A,B,...)": a meta device over the named devices that stores the model's matrices split
- * (megatron_split), so that each device holds its share only. */
-static bp_backend *open_meta(const char *name, const char *params)
-{
-    struct name_list names;
-    const int n = meta_part_names(name, &names);
-    if (n < 1 || split_model == NULL) {
-        names_free(&names);
-        return bp_backend_init_by_name(name, params); /* let the meta plugin explain */
-    }
-    bp_device *parts[MAX_BACKENDS];
-    bool found = true;
-    for (int i = 0; i < n && found; i++)
-        found = (parts[i] = find_device(names.name[i])) != NULL;
-    names_free(&names);
-    if (!found)
-        return NULL;
-    bp_device *d = bp_meta_device_new(parts, n, megatron_split, (void *)split_model);
-    return d != NULL ? bp_device_init_backend(d, params) : NULL;
-}
-
-static bp_backend *open_backend(const char *name, int threads)
-{
-    char params[32];
-    snprintf(params, sizeof(params), "threads=%d", threads);
-    if (is_meta_name(name))
-        return open_meta(name, threads > 0 && meta_all_cpu(name) ? params : NULL);
-    bp_device *dev = find_device(name);
-    if (dev == NULL)
-        return NULL;
-    const bool cpu = bp_device_get_type(dev) == BP_DEVICE_TYPE_CPU;
-    return bp_device_init_backend(dev, threads > 0 && cpu ? params : NULL);
-}
-
-int tool_open_backends(const char *list, int threads, bp_backend **out, int max, bool for_run)
-{
-    struct name_list names = {.n = 0};
-    if (max > MAX_BACKENDS)
-        max = MAX_BACKENDS;
-    const int room = for_run ? max - 1 : max; /* run keeps a place for the CPU */
-    if (list != NULL) {
-        int err = split_devices(list, strlen(list), &names, room);
-        if (err < 0) {
-            fprintf(stderr, "backplane: cannot read the device list '%s': %s (at most %d "
-                    "comma-separated names)\n", list, split_error_text(err), room);
-            return -1;
-        }
-    } else {
-        for (size_t i = 0; i < bp_device_count() && names.n < room; i++) {
-            bp_device *d = bp_device_get(i);
-            if (for_run && bp_device_get_type(d) != BP_DEVICE_TYPE_GPU)
-                continue;
-            if ((names.name[names.n] = strdup(bp_device_name(d))) == NULL) {
-                fprintf(stderr, "backplane: out of memory\n");
-                names_free(&names);
-                return -1;
-            }
-            names.n++;
-        }
-    }
-    char **name = names.name;
-    const int n = names.n;
-    int nb = 0;
-    bool have_cpu = false;
-    for (int i = 0; i < n; i++) {
-        bp_backend *be = open_backend(name[i], threads);
-        if (be == NULL) {
-            fprintf(stderr, "backplane: device '%s': %s\n", name[i], bp_last_error());
-            goto fail;
-        }
-        out[nb++] = be;
-        /* Two names of one device ("CPU,CPU", or "CPU" and "CPU0") would give it two backends
-         * that compete for it; say so before any rule about the order of the list. */
-        bp_device *dev = bp_backend_get_device(be);
-        for (int j = 0; j < i; j++) {
-            if (bp_backend_get_device(out[j]) != dev)
-                continue;
-            if (strcmp(name[j], name[i]) == 0)
-                fprintf(stderr, "backplane: -d lists the device '%s' twice\n", name[i]);
-            else
-                fprintf(stderr, "backplane: -d lists the device '%s' twice (as '%s' and '%s')\n",
-                        bp_device_name(dev), name[j], name[i]);
-            goto fail;
-        }
-    }
-    for (int i = 0; for_run && i < nb; i++) {
-        if (!is_cpu(out[i]))
-            continue;
-        have_cpu = true;
-        if (i != nb - 1) {
-            fprintf(stderr, "backplane run: the CPU device '%s' must come last in -d\n",
-                    name[i]);
-            goto fail;
-        }
-    }
-    if (for_run && !have_cpu) {
-        bp_backend *cpu = open_backend("CPU", threads);
-        if (cpu == NULL) {
-            fprintf(stderr, "backplane run: no CPU backend to finish the graph with: %s\n",
-                    bp_last_error());
-            goto fail;
-        }
-        out[nb++] = cpu;
-    }
-    names_free(&names);
-    if (nb == 0)
-        fprintf(stderr, "backplane: no devices (see `backplane list`)\n");
-    return nb > 0 ? nb : -1;
-fail:
-    names_free(&names);
-    for (int i = 0; i < nb; i++)
-        bp_backend_free(out[i]);
-    return -1;
 }
 
 /* The ops the model's long-lived tensors take part in, as each device is asked about them:
@@ -444,7 +148,7 @@ static int argmax(const float *x, int n)
 /* A progress line on stderr (a terminal) once the run has taken more than a second. */
 static void progress(bool show, double started, const char *what, int done, int total)
 {
-    if (!show || now() - started < 1.0)
+    if (!show || bench_now() - started < 1.0)
         return;
     fprintf(stderr, "\r%s %d/%d", what, done, total);
     if (done == total)
@@ -475,7 +179,6 @@ static enum bp_status step(bp_sched *s, const struct model *m, int n_tok, int po
     return rc;
 }
 
-/* The file of the loaded plugin whose registry is called reg, or "?". */
 /* The file of the loaded plugin whose registry reg is; "?" for an in-process registry. */
 static const char *plugin_of(bp_registry *reg)
 {
@@ -487,183 +190,304 @@ static const char *plugin_of(bp_registry *reg)
     return "?";
 }
 
-static int run_once(const struct run_opts *o, const char *devices, struct run_result *r,
-                    bool quiet)
-{
-    memset(r, 0, sizeof(*r));
-    const struct model_config *cfg = o->cfg;
-    split_model = cfg;
+
+/* ---- One run, phase by phase ----------------------------------------------------------------- */
+
+/* What the phases of one run share. Each phase returns false after printing why it failed;
+ * close_run frees whatever the phases that ran have made. */
+struct run {
+    const struct run_opts *o;
+    const struct model_config *cfg;
+    struct run_result *r;
+    bool quiet; /* the --check run on the CPU alone: no --dot */
+    bool show;  /* progress on stderr, a terminal */
+    double started;
     bp_backend *be[MAX_BACKENDS];
-    int nb = tool_open_backends(devices, o->threads, be, MAX_BACKENDS, true);
-    if (nb < 0)
-        return 1;
-    int status = 1;
-    struct model m = {0};
-    bp_sched *s = NULL;
-    int32_t *prompt = NULL;
-    double *times = NULL;
-    bool show = !quiet && !o->json && isatty(2);
-    const double started = now();
-    r->n_backends = nb;
-    for (int i = 0; i < nb; i++) {
-        bp_device *d = bp_backend_get_device(be[i]);
-        r->names[i] = dup_text(bp_backend_name(be[i]));
+    int nb;
+    bp_buffer_type *wbuft; /* the weights' buffer type */
+    struct model m;
+    bp_sched *s;
+    int32_t *prompt; /* n_prompt token ids */
+    double *times;   /* seconds of each generation step after the first token */
+};
+
+/* Opens the backends of the device list (NULL: the default ones). */
+static bool open_devices(struct run *run, const char *devices)
+{
+    const struct tool_meta_split split = {model_meta_split, (void *)run->cfg};
+    run->nb = tool_open_backends(devices, run->o->threads, run->be, MAX_BACKENDS, true, &split);
+    if (run->nb < 0) {
+        run->nb = 0;
+        return false;
+    }
+    return true;
+}
+
+/* Names, descriptions and plugin files of the open backends, for the report. */
+static void record_devices(struct run *run)
+{
+    struct run_result *r = run->r;
+    r->n_backends = run->nb;
+    for (int i = 0; i < run->nb; i++) {
+        bp_device *d = bp_backend_get_device(run->be[i]);
+        r->names[i] = dup_text(bp_backend_name(run->be[i]));
         r->descriptions[i] = dup_text(bp_device_description(d));
         r->plugins[i] = dup_text(plugin_of(bp_device_get_registry(d)));
     }
+}
 
-    /* The weights go to the first device that multiplies at all (a device without MUL_MAT,
-     * like the example plugin, only takes the other ops); it must run this weight type. */
+/* The weights go to the first device that multiplies at all (a device without MUL_MAT, like
+ * the example plugin, only takes the other ops); it must run this weight type. */
+static bool place_weights(struct run *run)
+{
+    const int64_t n_embd = run->cfg->n_embd;
     int w = 0;
     char can[128] = "";
-    for (; w < nb; w++) {
+    for (; w < run->nb; w++) {
         can[0] = '\0';
         for (size_t t = 0; t < sizeof(weight_types) / sizeof(weight_types[0]); t++)
-            if (runs_op(be[w], OP_MUL_MAT, weight_types[t], cfg->n_embd))
+            if (runs_op(run->be[w], OP_MUL_MAT, weight_types[t], n_embd))
                 snprintf(can + strlen(can), sizeof(can) - strlen(can), "%s%s", can[0] ? ", " : "",
                          bp_type_name(weight_types[t]));
         if (can[0] != '\0')
             break;
     }
-    if (w == nb || !runs_op(be[w], OP_MUL_MAT, o->wtype, cfg->n_embd)) {
+    if (w == run->nb || !runs_op(run->be[w], OP_MUL_MAT, run->o->wtype, n_embd)) {
         fprintf(stderr, "backplane run: %s cannot run %s weights; it can run: %s\n",
-                or_unknown(r->names[w < nb ? w : 0]), bp_type_name(o->wtype),
+                or_unknown(run->r->names[w < run->nb ? w : 0]), bp_type_name(run->o->wtype),
                 can[0] ? can : "none of them");
-        goto out;
+        return false;
     }
-    r->weights_on = w;
-    /* The embedding table and the KV cache stay with the weights when that device also runs
-     * their ops (GET_ROWS of the weight type, SET_ROWS into the f16 cache), else they go to
-     * the first device that does: a node's destination cannot be copied to where it runs. */
-    r->embd_on = first_running(be, nb, w, OP_GET_ROWS, o->wtype, cfg->n_embd);
-    r->kv_on = first_running(be, nb, w, OP_SET_ROWS, BP_TYPE_F16, cfg->n_embd);
+    run->r->weights_on = w;
+    return true;
+}
+
+/* The embedding table and the KV cache stay with the weights when that device also runs their
+ * ops (GET_ROWS of the weight type, SET_ROWS into the f16 cache), else they go to the first
+ * device that does: a node's destination cannot be copied to where it runs. */
+static bool place_embedding_and_kv(struct run *run)
+{
+    struct run_result *r = run->r;
+    const int w = r->weights_on;
+    r->embd_on = first_running(run->be, run->nb, w, OP_GET_ROWS, run->o->wtype, run->cfg->n_embd);
+    r->kv_on = first_running(run->be, run->nb, w, OP_SET_ROWS, BP_TYPE_F16, run->cfg->n_embd);
     if (r->embd_on < 0 || r->kv_on < 0) {
         fprintf(stderr, "backplane run: none of the devices runs %s\n",
                 r->embd_on < 0 ? "GET_ROWS of the weight type (the token embedding)"
                                : "SET_ROWS into an f16 KV cache");
-        goto out;
+        return false;
     }
-    bp_device *wdev = bp_backend_get_device(be[w]);
+    return true;
+}
+
+/* The weights (and the KV cache when it goes there too) fit the weights' device, where the
+ * device reports its memory. */
+static bool check_memory(struct run *run)
+{
+    const struct model_config *cfg = run->cfg;
+    const struct run_result *r = run->r;
+    const int w = r->weights_on;
     size_t mem_free = 0, mem_total = 0;
-    bp_device_memory(wdev, &mem_free, &mem_total);
-    const size_t need = model_weight_bytes(cfg, o->wtype) + (r->kv_on == w ? model_kv_bytes(cfg) : 0);
+    bp_device_memory(bp_backend_get_device(run->be[w]), &mem_free, &mem_total);
+    const size_t need = model_weight_bytes(cfg, run->o->wtype) +
+                        (r->kv_on == w ? model_kv_bytes(cfg) : 0);
     if (mem_total > 0 && need > mem_free) {
         fprintf(stderr, "backplane run: model '%s' with %s weights needs %.2f GiB for weights "
                 "and KV cache; %s has %.2f GiB free of %.2f GiB\n", cfg->name,
-                bp_type_name(o->wtype), need / 1073741824.0, or_unknown(r->names[w]),
+                bp_type_name(run->o->wtype), need / 1073741824.0, or_unknown(r->names[w]),
                 mem_free / 1073741824.0,
                 mem_total / 1073741824.0);
-        goto out;
+        return false;
     }
-    bp_buffer_type *wbuft = bp_backend_get_default_buffer_type(be[w]);
-    if ((o->wtype == BP_TYPE_Q4_0 || o->wtype == BP_TYPE_Q8_0) && !o->no_repack) {
-        /* The CPU multiplies Q4_0 and Q8_0 faster in its row-interleaved layout. */
-        bp_buffer_type *rbt = bench_repack_buft(be[w]);
+    return true;
+}
+
+/* The weights' device's default buffer type, or for Q4_0 and Q8_0 the CPU's CPU_REPACK, where
+ * the CPU multiplies them faster in its row-interleaved layout (unless --no-repack). */
+static bp_buffer_type *weight_buffer_type(const struct run *run)
+{
+    bp_backend *be = run->be[run->r->weights_on];
+    const enum bp_type t = run->o->wtype;
+    if ((t == BP_TYPE_Q4_0 || t == BP_TYPE_Q8_0) && !run->o->no_repack) {
+        bp_buffer_type *rbt = bench_repack_buft(be);
         if (rbt != NULL)
-            wbuft = rbt;
+            return rbt;
     }
-    if (show && model_weight_bytes(cfg, o->wtype) > (64u << 20)) /* takes a while */
-        fprintf(stderr, "loading %s (%s weights) on %s...", cfg->name, bp_type_name(o->wtype),
-                or_unknown(r->names[w]));
-    bp_buffer_type *ebuft = r->embd_on == w ? wbuft : bp_backend_get_default_buffer_type(be[r->embd_on]);
-    const struct model_placement where = {
-        .weights = wbuft,
-        .embedding = ebuft,
-        .kv = bp_backend_get_default_buffer_type(be[r->kv_on]),
-    };
-    if (model_init(&m, cfg, o->wtype, &where, o->seed) != BP_OK) {
-        fprintf(stderr, "%sbackplane run: cannot load model '%s' on %s: %s\n", show ? "\n" : "",
-                cfg->name, or_unknown(r->names[w]), bp_last_error());
-        goto out;
-    }
-    if (show)
-        fprintf(stderr, "\r%*s\r", 60, "");
-    r->weight_bytes = bp_buffer_get_size(m.wbuf) + bp_buffer_get_size(m.ebuf);
-    bp_registry *meta_reg = bp_device_get_registry(wdev);
+    return bp_backend_get_default_buffer_type(be);
+}
+
+/* Sizes of the model's buffers for the report; on a meta device, also what each part holds. */
+static void record_model_buffers(struct run *run)
+{
+    struct run_result *r = run->r;
+    r->weight_bytes = bp_buffer_get_size(run->m.wbuf) + bp_buffer_get_size(run->m.ebuf);
+    bp_registry *reg = bp_device_get_registry(bp_backend_get_device(run->be[r->weights_on]));
     bp_meta_buffer_part_bytes_fn part_bytes = (bp_meta_buffer_part_bytes_fn)
-        bp_registry_get_proc_address(meta_reg, "bp_meta_buffer_part_bytes");
+        bp_registry_get_proc_address(reg, "bp_meta_buffer_part_bytes");
     for (int p = 0; part_bytes != NULL && p < MAX_BACKENDS; p++) {
-        r->weight_part_bytes[p] = part_bytes(m.wbuf, p);
+        r->weight_part_bytes[p] = part_bytes(run->m.wbuf, p);
         if (r->weight_part_bytes[p] > 0)
             r->n_weight_parts = p + 1;
     }
-    r->kv_bytes = bp_buffer_get_size(m.kvbuf);
-    snprintf(r->weight_buft, sizeof(r->weight_buft), "%s", bp_buffer_type_name(wbuft));
+    r->kv_bytes = bp_buffer_get_size(run->m.kvbuf);
+    snprintf(r->weight_buft, sizeof(r->weight_buft), "%s", bp_buffer_type_name(run->wbuft));
+}
 
-    s = bp_sched_new(be, NULL, nb, 128 + 64 * (size_t)cfg->n_layer, false);
-    prompt = malloc((size_t)o->n_prompt * sizeof(int32_t));
-    r->tokens = malloc((size_t)o->n_gen * sizeof(int32_t));
-    r->logits = malloc((size_t)o->n_gen * (size_t)cfg->n_vocab * sizeof(float));
-    times = malloc((size_t)o->n_gen * sizeof(double));
-    if (s == NULL || prompt == NULL || r->tokens == NULL || r->logits == NULL || times == NULL) {
-        fprintf(stderr, "backplane run: %s\n", s == NULL ? bp_last_error() : "out of memory");
-        goto out;
+/* Allocates and fills the model where the placement phases put its parts. */
+static bool load_model(struct run *run)
+{
+    const struct model_config *cfg = run->cfg;
+    const struct run_opts *o = run->o;
+    const struct run_result *r = run->r;
+    const int w = r->weights_on;
+    run->wbuft = weight_buffer_type(run);
+    if (run->show && model_weight_bytes(cfg, o->wtype) > (64u << 20)) /* takes a while */
+        fprintf(stderr, "loading %s (%s weights) on %s...", cfg->name, bp_type_name(o->wtype),
+                or_unknown(r->names[w]));
+    const struct model_placement where = {
+        .weights = run->wbuft,
+        .embedding = r->embd_on == w ? run->wbuft
+                                     : bp_backend_get_default_buffer_type(run->be[r->embd_on]),
+        .kv = bp_backend_get_default_buffer_type(run->be[r->kv_on]),
+    };
+    if (model_init(&run->m, cfg, o->wtype, &where, o->seed) != BP_OK) {
+        fprintf(stderr, "%sbackplane run: cannot load model '%s' on %s: %s\n",
+                run->show ? "\n" : "", cfg->name, or_unknown(r->names[w]), bp_last_error());
+        return false;
     }
+    if (run->show)
+        fprintf(stderr, "\r%*s\r", 60, "");
+    record_model_buffers(run);
+    return true;
+}
+
+/* The scheduler over the open backends, and the arrays the prompt and generation fill. */
+static bool new_scheduler(struct run *run)
+{
+    const struct run_opts *o = run->o;
+    struct run_result *r = run->r;
+    run->s = bp_sched_new(run->be, NULL, run->nb, 128 + 64 * (size_t)run->cfg->n_layer, false);
+    run->prompt = malloc((size_t)o->n_prompt * sizeof(int32_t));
+    r->tokens = malloc((size_t)o->n_gen * sizeof(int32_t));
+    r->logits = malloc((size_t)o->n_gen * (size_t)run->cfg->n_vocab * sizeof(float));
+    run->times = malloc((size_t)o->n_gen * sizeof(double));
+    if (run->s == NULL || run->prompt == NULL || r->tokens == NULL || r->logits == NULL ||
+        run->times == NULL) {
+        fprintf(stderr, "backplane run: %s\n",
+                run->s == NULL ? bp_last_error() : "out of memory");
+        return false;
+    }
+    return true;
+}
+
+/* The prompt: n_prompt token ids from a xorshift generator started from the seed, computed in
+ * one graph; its last logits choose the first token. */
+static bool run_prompt(struct run *run)
+{
+    const struct run_opts *o = run->o;
+    const int n_vocab = run->cfg->n_vocab;
+    struct run_result *r = run->r;
     uint64_t x = o->seed * 0x9E3779B97F4A7C15ull + 12345;
     for (int i = 0; i < o->n_prompt; i++) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        prompt[i] = (int32_t)(x % (uint64_t)cfg->n_vocab);
+        run->prompt[i] = (int32_t)(x % (uint64_t)n_vocab);
     }
-
-    double t0 = now();
-    if (step(s, &m, o->n_prompt, 0, prompt, r->logits, NULL) != BP_OK) {
+    const double t0 = bench_now();
+    if (step(run->s, &run->m, o->n_prompt, 0, run->prompt, r->logits, NULL) != BP_OK) {
         fprintf(stderr, "backplane run: prompt: %s\n", bp_last_error());
-        goto out;
+        return false;
     }
-    r->prompt_seconds = now() - t0;
-    r->prompt_splits = bp_sched_get_n_splits(s);
-    r->tokens[0] = argmax(r->logits, cfg->n_vocab);
+    r->prompt_seconds = bench_now() - t0;
+    r->prompt_splits = bp_sched_get_n_splits(run->s);
+    r->tokens[0] = argmax(r->logits, n_vocab);
+    return true;
+}
+
+/* After the last generation step, whose graph is keep: how the scheduler split it, for the
+ * report, and the graph to the --dot file. Frees keep. */
+static bool record_last_step(struct run *run, struct model_step *keep)
+{
+    struct run_result *r = run->r;
+    r->gen_splits = bp_sched_get_n_splits(run->s);
+    for (int k = 0; k < r->gen_splits && r->n_gen_split_info < 16; k++) {
+        int nodes = 0;
+        bp_backend *sb = bp_sched_get_split_backend(run->s, k, &nodes, NULL);
+        struct split_info *si = &r->gen_split[r->n_gen_split_info++];
+        snprintf(si->backend, sizeof(si->backend), "%s", sb ? bp_backend_name(sb) : "?");
+        si->nodes = nodes;
+    }
+    bool ok = true;
+    if (run->o->dot_file != NULL && !run->quiet &&
+        bp_sched_dump_dot(run->s, keep->graph, run->o->dot_file) != BP_OK) {
+        fprintf(stderr, "backplane run: cannot write the graph to %s: %s\n", run->o->dot,
+                bp_last_error());
+        ok = false;
+    }
+    model_step_free(keep);
+    return ok;
+}
+
+/* Greedy generation, one token per graph, each step timed; the median step time for the
+ * report. */
+static bool generate(struct run *run)
+{
+    const struct run_opts *o = run->o;
+    const int n_vocab = run->cfg->n_vocab;
+    struct run_result *r = run->r;
     for (int i = 1; i < o->n_gen; i++) {
         struct model_step keep;
         const bool last = i == o->n_gen - 1;
-        t0 = now();
-        if (step(s, &m, 1, o->n_prompt + i - 1, &r->tokens[i - 1],
-                 r->logits + (size_t)i * cfg->n_vocab, last ? &keep : NULL) != BP_OK) {
-            fprintf(stderr, "%sbackplane run: generating token %d: %s\n", show ? "\n" : "", i + 1,
-                    bp_last_error());
-            goto out;
+        float *logits = r->logits + (size_t)i * n_vocab;
+        const double t0 = bench_now();
+        if (step(run->s, &run->m, 1, o->n_prompt + i - 1, &r->tokens[i - 1], logits,
+                 last ? &keep : NULL) != BP_OK) {
+            fprintf(stderr, "%sbackplane run: generating token %d: %s\n", run->show ? "\n" : "",
+                    i + 1, bp_last_error());
+            return false;
         }
-        times[i - 1] = now() - t0;
-        r->tokens[i] = argmax(r->logits + (size_t)i * cfg->n_vocab, cfg->n_vocab);
-        progress(show, started, "generating", i + 1, o->n_gen);
-        if (last) {
-            r->gen_splits = bp_sched_get_n_splits(s);
-            for (int k = 0; k < r->gen_splits && r->n_gen_split_info < 16; k++) {
-                int nodes = 0;
-                bp_backend *sb = bp_sched_get_split_backend(s, k, &nodes, NULL);
-                struct split_info *si = &r->gen_split[r->n_gen_split_info++];
-                snprintf(si->backend, sizeof(si->backend), "%s", sb ? bp_backend_name(sb) : "?");
-                si->nodes = nodes;
-            }
-            if (o->dot_file != NULL && !quiet &&
-                bp_sched_dump_dot(s, keep.graph, o->dot_file) != BP_OK) {
-                fprintf(stderr, "backplane run: cannot write the graph to %s: %s\n", o->dot,
-                        bp_last_error());
-                model_step_free(&keep);
-                goto out;
-            }
-            model_step_free(&keep);
-        }
+        run->times[i - 1] = bench_now() - t0;
+        r->tokens[i] = argmax(logits, n_vocab);
+        progress(run->show, run->started, "generating", i + 1, o->n_gen);
+        if (last && !record_last_step(run, &keep))
+            return false;
     }
-    if (o->n_gen > 1) {
-        qsort(times, (size_t)o->n_gen - 1, sizeof(double), cmp_double);
-        const int k = o->n_gen - 1;
-        r->gen_median_seconds = k % 2 ? times[k / 2] : 0.5 * (times[k / 2 - 1] + times[k / 2]);
-    }
-    for (int i = 0; i < nb; i++)
-        r->compute_bytes[i] = bp_sched_get_buffer_size(s, be[i]);
-    status = 0;
-out:
-    free(prompt);
-    free(times);
-    bp_sched_free(s);
-    if (m.wctx != NULL)
-        model_free(&m);
-    for (int i = 0; i < nb; i++)
-        bp_backend_free(be[i]);
-    return status;
+    if (o->n_gen > 1)
+        r->gen_median_seconds = bench_median(run->times, o->n_gen - 1);
+    return true;
+}
+
+static void close_run(struct run *run)
+{
+    free(run->prompt);
+    free(run->times);
+    bp_sched_free(run->s);
+    if (run->m.wctx != NULL)
+        model_free(&run->m);
+    for (int i = 0; i < run->nb; i++)
+        bp_backend_free(run->be[i]);
+}
+
+/* One run of the model on devices (quiet: the --check run, which writes no --dot); r is filled
+ * (and freed by the caller with result_free, also on failure). 0, or 1 after printing why. */
+static int run_once(const struct run_opts *o, const char *devices, struct run_result *r,
+                    bool quiet)
+{
+    memset(r, 0, sizeof(*r));
+    struct run run = {.o = o, .cfg = o->cfg, .r = r, .quiet = quiet};
+    if (!open_devices(&run, devices))
+        return 1;
+    run.show = !quiet && !o->json && isatty(2);
+    run.started = bench_now();
+    record_devices(&run);
+    const bool ok = place_weights(&run) && place_embedding_and_kv(&run) && check_memory(&run) &&
+                    load_model(&run) && new_scheduler(&run) && run_prompt(&run) &&
+                    generate(&run);
+    for (int i = 0; ok && i < run.nb; i++)
+        r->compute_bytes[i] = bp_sched_get_buffer_size(run.s, run.be[i]);
+    close_run(&run);
+    return ok ? 0 : 1;
 }
 
 static double mib(size_t b)
@@ -789,59 +613,59 @@ static void run_usage(FILE *f)
                "              (default: the CPU's CPU_REPACK buffer type, row-interleaved)\n");
 }
 
-int cmd_run(int argc, char **argv)
+static const char run_cmd[] = "backplane run";
+
+/* The options into o. -1 to go on, else the exit status (0 after --help, 2 after a message). */
+static int parse_run_args(int argc, char **argv, struct run_opts *o)
 {
-    static const char cmd[] = "backplane run";
-    struct run_opts o = {.cfg = model_config_by_name("tiny"), .wtype = BP_TYPE_F32,
-                         .n_prompt = 32, .n_gen = 16, .seed = 1};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool takes = true;
         long long num = 0;
         if (strcmp(a, "--model") == 0 && v) {
-            o.cfg = model_config_by_name(v);
-            if (o.cfg == NULL) {
+            o->cfg = model_config_by_name(v);
+            if (o->cfg == NULL) {
                 fprintf(stderr, "backplane run: no model '%s'; models: %s\n", v,
                         model_config_names());
                 return 2;
             }
         } else if (strcmp(a, "--wtype") == 0 && v) {
-            if (bp_type_from_name(v, &o.wtype) != BP_OK || o.wtype == BP_TYPE_I32) {
+            if (bp_type_from_name(v, &o->wtype) != BP_OK || o->wtype == BP_TYPE_I32) {
                 fprintf(stderr, "backplane run: '%s' is not a weight type (f32, f16, bf16, "
                         "q8_0, q4_0)\n", v);
                 return 2;
             }
         } else if ((strcmp(a, "-d") == 0 || strcmp(a, "--devices") == 0) && v) {
-            o.devices = v;
+            o->devices = v;
         } else if ((strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) && v) {
-            /* int: the model's positions are int; the context is checked below, once the
-             * model is known. */
-            if (!tool_parse_int(cmd, a, v, 1, INT_MAX, &num))
+            /* int: the model's positions are int; the context is checked by check_run_opts,
+             * once the model is known. */
+            if (!tool_parse_int(run_cmd, a, v, 1, INT_MAX, &num))
                 return 2;
-            o.n_prompt = (int)num;
+            o->n_prompt = (int)num;
         } else if ((strcmp(a, "-n") == 0 || strcmp(a, "--gen") == 0) && v) {
-            if (!tool_parse_int(cmd, a, v, 1, INT_MAX, &num))
+            if (!tool_parse_int(run_cmd, a, v, 1, INT_MAX, &num))
                 return 2;
-            o.n_gen = (int)num;
+            o->n_gen = (int)num;
         } else if ((strcmp(a, "-t") == 0 || strcmp(a, "--threads") == 0) && v) {
             /* 0: the CPU plugin's default; its upper limit is 1024 */
-            if (!tool_parse_int(cmd, a, v, 0, 1024, &num))
+            if (!tool_parse_int(run_cmd, a, v, 0, 1024, &num))
                 return 2;
-            o.threads = (int)num;
+            o->threads = (int)num;
         } else if (strcmp(a, "--seed") == 0 && v) {
-            if (!tool_parse_u64(cmd, a, v, &o.seed))
+            if (!tool_parse_u64(run_cmd, a, v, &o->seed))
                 return 2;
         } else if (strcmp(a, "--dot") == 0 && v) {
-            o.dot = v;
+            o->dot = v;
         } else {
             takes = false;
             if (strcmp(a, "--check") == 0) {
-                o.check = true;
+                o->check = true;
             } else if (strcmp(a, "--json") == 0) {
-                o.json = true;
+                o->json = true;
             } else if (strcmp(a, "--no-repack") == 0) {
-                o.no_repack = true;
+                o->no_repack = true;
             } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
                 run_usage(stdout);
                 return 0;
@@ -854,76 +678,115 @@ int cmd_run(int argc, char **argv)
         if (takes)
             i++;
     }
+    return -1;
+}
+
+/* The options fit together and the --dot file can be written (it is opened here, before the
+ * model runs, so that a path that cannot be written fails at once). -1 to go on, else the exit
+ * status after a message. */
+static int check_run_opts(struct run_opts *o)
+{
     /* Both are in 1..INT_MAX here, so the test is written without a sum that could overflow:
      * -p + -n - 1 <= n_ctx. */
-    const int n_ctx = o.cfg->n_ctx;
-    if (o.n_prompt > n_ctx || o.n_gen > n_ctx - o.n_prompt + 1) {
+    const int n_ctx = o->cfg->n_ctx;
+    if (o->n_prompt > n_ctx || o->n_gen > n_ctx - o->n_prompt + 1) {
         fprintf(stderr, "%s: -p %d and -n %d do not fit the context of '%s': -p + -n - 1 must be "
-                "at most %d\n", cmd, o.n_prompt, o.n_gen, o.cfg->name, n_ctx);
+                "at most %d\n", run_cmd, o->n_prompt, o->n_gen, o->cfg->name, n_ctx);
         return 2;
     }
-    if (o.dot != NULL && o.n_gen < 2) {
+    if (o->dot != NULL && o->n_gen < 2) {
         fprintf(stderr, "%s: --dot writes the graph of a generation step: it needs -n 2 or more\n",
-                cmd);
+                run_cmd);
         return 2;
     }
-    /* Opened before the model runs, so that a path that cannot be written fails at once. */
-    if (o.dot != NULL && (o.dot_file = fopen(o.dot, "w")) == NULL) {
-        fprintf(stderr, "%s: cannot write --dot file '%s': %s\n", cmd, o.dot, strerror(errno));
+    if (o->dot != NULL && (o->dot_file = fopen(o->dot, "w")) == NULL) {
+        fprintf(stderr, "%s: cannot write --dot file '%s': %s\n", run_cmd, o->dot,
+                strerror(errno));
         return 1;
     }
+    return -1;
+}
+
+/* The run on the devices asked for; the --dot file is closed after it, and a failed write
+ * fails the run. 0, or 1 after printing why. */
+static int run_main(struct run_opts *o, struct run_result *r)
+{
+    int ran = run_once(o, o->devices, r, false);
+    if (o->dot_file != NULL) {
+        const bool bad = ferror(o->dot_file) != 0;
+        if (fclose(o->dot_file) != 0 || bad) {
+            if (ran == 0)
+                fprintf(stderr, "%s: cannot write --dot file '%s'\n", run_cmd, o->dot);
+            ran = 1;
+        }
+        o->dot_file = NULL;
+    }
+    return ran;
+}
+
+/* What --check found against the run on the CPU alone. */
+struct run_check {
+    bool agree;      /* the same tokens */
+    double max_diff; /* the largest logit difference over the steps compared */
+    int compared;
+};
+
+/* Logits are comparable while both runs have seen the same tokens: steps are compared up to
+ * and including the first whose tokens differ. */
+static struct run_check compare_runs(const struct run_opts *o, const struct run_result *r,
+                                     const struct run_result *ref)
+{
+    struct run_check c = {.agree = true};
+    for (int i = 0; i < o->n_gen; i++) {
+        const float *a = r->logits + (size_t)i * o->cfg->n_vocab;
+        const float *b = ref->logits + (size_t)i * o->cfg->n_vocab;
+        for (int k = 0; k < o->cfg->n_vocab; k++)
+            c.max_diff = fmax(c.max_diff, fabs((double)a[k] - (double)b[k]));
+        c.compared++;
+        if (r->tokens[i] != ref->tokens[i]) {
+            c.agree = false;
+            break;
+        }
+    }
+    return c;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    struct run_opts o = {.cfg = model_config_by_name("tiny"), .wtype = BP_TYPE_F32,
+                         .n_prompt = 32, .n_gen = 16, .seed = 1};
+    int status = parse_run_args(argc, argv, &o);
+    if (status < 0)
+        status = check_run_opts(&o);
+    if (status >= 0)
+        return status;
     bp_plugin_load_all();
 
     struct run_result r, ref;
-    int ran = run_once(&o, o.devices, &r, false);
-    if (o.dot_file != NULL) {
-        const bool bad = ferror(o.dot_file) != 0;
-        if (fclose(o.dot_file) != 0 || bad) {
-            if (ran == 0)
-                fprintf(stderr, "%s: cannot write --dot file '%s'\n", cmd, o.dot);
-            ran = 1;
-        }
-        o.dot_file = NULL;
-    }
-    if (ran != 0) {
+    if (run_main(&o, &r) != 0) {
         result_free(&r);
         return 1;
     }
-    int status = 0;
-    bool agree = true;
-    double max_diff = 0.0;
-    int compared = 0;
+    struct run_check c = {.agree = true};
     if (o.check) {
-        if (run_once(&o, "CPU", &ref, true) != 0) {
+        const int ran = run_once(&o, "CPU", &ref, true);
+        if (ran == 0)
+            c = compare_runs(&o, &r, &ref);
+        result_free(&ref);
+        if (ran != 0) {
             result_free(&r);
-            result_free(&ref);
             return 1;
         }
-        /* Logits are comparable while both runs have seen the same tokens. */
-        for (int i = 0; i < o.n_gen; i++) {
-            const float *a = r.logits + (size_t)i * o.cfg->n_vocab;
-            const float *b = ref.logits + (size_t)i * o.cfg->n_vocab;
-            for (int k = 0; k < o.cfg->n_vocab; k++)
-                max_diff = fmax(max_diff, fabs((double)a[k] - (double)b[k]));
-            compared++;
-            if (r.tokens[i] != ref.tokens[i]) {
-                agree = false;
-                break;
-            }
-        }
-        status = agree ? 0 : 1;
     }
     if (o.json) {
-        print_json(&o, &r, o.check, agree, max_diff);
+        print_json(&o, &r, o.check, c.agree, c.max_diff);
     } else {
         print_text(&o, &r);
         if (o.check)
             printf("check:      on CPU alone: tokens %s; largest logit difference %.3g over %d "
-                   "step%s\n", agree ? "agree" : "DIFFER", max_diff, compared,
-                   compared == 1 ? "" : "s");
+                   "step%s\n", c.agree ? "agree" : "DIFFER", c.max_diff, c.compared,
+                   c.compared == 1 ? "" : "s");
     }
     result_free(&r);
-    if (o.check)
-        result_free(&ref);
-    return status;
+    return o.check && !c.agree ? 1 : 0;
 }

@@ -1,5 +1,6 @@
 /* tool.h - private to tools/: the commands of the `backplane` tool that live in their own
- * files. Each takes the arguments after its name and returns the process exit status. */
+ * files, each taking the arguments after its name and returning the process exit status, and
+ * the helpers they share (devices.c, args.c, text.c). */
 #ifndef BP_TOOLS_TOOL_H
 #define BP_TOOLS_TOOL_H
 
@@ -14,15 +15,24 @@ int cmd_run(int argc, char **argv);
 /* backplane bench (bench.c) */
 int cmd_bench(int argc, char **argv);
 
-/* Backends for a device list ("CUDA0,CPU", "Meta(CPU0,CPU1),CPU"; threads > 0 is passed to CPU
- * devices), at most max. for_run: the default is every GPU, the CPU is added last when missing
- * and must be last; otherwise the default is every device. Returns how many, or -1 after
- * printing why (nothing left open). */
 /* Writes s to f with control characters as C escapes ("\n", "\x1b"): for names and paths
- * that come from outside the tool, printed as text. */
+ * that come from outside the tool, printed as text (text.c). */
 void tool_put_text(const char *s, FILE *f);
 
-int tool_open_backends(const char *list, int threads, bp_backend **out, int max, bool for_run);
+/* How a "Meta(A,B,...)" device stores the weights: fn and user go to bp_meta_device_new. */
+struct tool_meta_split {
+    bp_meta_split_fn fn;
+    void *user;
+};
+
+/* Backends for a device list ("CUDA0,CPU", "Meta(CPU0,CPU1),CPU"; threads > 0 is passed to CPU
+ * devices), at most max, into out (devices.c). for_run: the default is every GPU, the CPU is
+ * added last when missing and must be last; otherwise the default is every device. split
+ * (optional): how meta devices store weights; NULL leaves them to the meta plugin's policy.
+ * Returns how many (the caller frees each with bp_backend_free), or -1 after printing why
+ * (nothing left open). */
+int tool_open_backends(const char *list, int threads, bp_backend **out, int max, bool for_run,
+                       const struct tool_meta_split *split);
 
 /* Strict parsing of numeric option values (args.c). The whole of text must be the number and
  * lie in the range; otherwise each prints "<cmd>: <opt> needs ..., not '<text>'" on stderr and

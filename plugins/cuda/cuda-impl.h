@@ -26,7 +26,6 @@ struct cu_t {
 
 /* Ops the launchers take, in the runtime's terms. */
 enum { CU_ADD, CU_SUB, CU_MUL, CU_DIV };
-enum { CU_SUM_ROWS, CU_MEAN, CU_ARGMAX, CU_NORM, CU_RMS_NORM, CU_SOFT_MAX };
 /* Unary codes are enum bp_unary_op; CU_SCALE multiplies by the parameter. */
 enum { CU_NEG, CU_ABS, CU_RELU, CU_GELU, CU_SILU, CU_SIGMOID, CU_TANH, CU_EXP, CU_SQR, CU_SQRT,
        CU_SCALE = 100 };
@@ -38,9 +37,13 @@ int bp_cu_binary(int op, struct cu_t d, struct cu_t a, struct cu_t b, cudaStream
 int bp_cu_unary(int op, float param, struct cu_t d, struct cu_t a, cudaStream_t s);
 /* d and a have the same number of elements, walked in logical order (i0 fastest). */
 int bp_cu_copy(struct cu_t d, struct cu_t a, cudaStream_t s);
-/* One block per row of a; mask (SOFT_MAX only) may be NULL. */
-int bp_cu_rows(int op, float param, struct cu_t d, struct cu_t a, const struct cu_t *mask,
-               cudaStream_t s);
+/* Row-wise ops, one block per row of a (d may be a's memory): SUM_ROWS or, with mean set,
+ * MEAN; ARGMAX; NORM or, with rms set, RMS_NORM; SOFT_MAX, whose mask may be NULL. */
+int bp_cu_sum_rows(int mean, struct cu_t d, struct cu_t a, cudaStream_t s);
+int bp_cu_argmax(struct cu_t d, struct cu_t a, cudaStream_t s);
+int bp_cu_norm(int rms, float eps, struct cu_t d, struct cu_t a, cudaStream_t s);
+int bp_cu_soft_max(float scale, struct cu_t d, struct cu_t a, const struct cu_t *mask,
+                   cudaStream_t s);
 int bp_cu_rope(struct cu_t d, struct cu_t x, struct cu_t pos, int n_dims, int mode,
                float freq_base, float freq_scale, cudaStream_t s);
 int bp_cu_get_rows(struct cu_t d, struct cu_t a, struct cu_t ids, int *err, cudaStream_t s);

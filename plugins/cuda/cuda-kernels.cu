@@ -324,93 +324,126 @@ static __device__ float block_max(float v, float *red)
     return r;
 }
 
-/* One block per row (blockIdx.x = i1 + ne1 (i2 + ne2 i3)). Every element of the row is read
- * before any is written, so dst may be the source's memory (in-place). */
-__global__ void k_rows(int op, float p, cu_t d, cu_t a, cu_t mask, int has_mask)
+/* The row of a this block handles (blockIdx.x = i1 + ne1 (i2 + ne2 i3)); d has the same rows. */
+struct row_pos {
+    int64_t i1, i2, i3;
+};
+
+static __device__ __forceinline__ row_pos block_row(const cu_t &a)
+{
+    int64_t r = blockIdx.x;
+    row_pos p;
+    p.i1 = r % a.ne[1];
+    r /= a.ne[1];
+    p.i2 = r % a.ne[2];
+    p.i3 = r / a.ne[2];
+    return p;
+}
+
+/* The row-wise kernels run one block per row of a. Every element of a row is read before any
+ * is written, so d may be a's memory (in-place). */
+
+/* SUM_ROWS, or MEAN when mean is set: one value per row. */
+__global__ void k_sum_rows(int mean, cu_t d, cu_t a)
 {
     __shared__ float red[THREADS / 32];
+    const row_pos p = block_row(a);
+    const int64_t n = a.ne[0];
+    const char *row = at(a, 0, p.i1, p.i2, p.i3);
+    float s = 0.0f;
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
+        s += ld(row + k * a.nb[0], a.type);
+    s = block_sum(s, red);
+    if (threadIdx.x == 0)
+        st(at(d, 0, p.i1, p.i2, p.i3), d.type, mean && n > 0 ? s / (float)n : s);
+}
+
+/* ARGMAX: the index of the row's largest element, the first of equal ones. */
+__global__ void k_argmax_rows(cu_t d, cu_t a)
+{
     __shared__ int arg_s[THREADS];
     __shared__ float argv_s[THREADS];
-    int64_t r = blockIdx.x;
-    const int64_t i1 = r % a.ne[1];
-    r /= a.ne[1];
-    const int64_t i2 = r % a.ne[2], i3 = r / a.ne[2];
+    const row_pos p = block_row(a);
     const int64_t n = a.ne[0];
-    const char *row = at(a, 0, i1, i2, i3);
+    const char *row = at(a, 0, p.i1, p.i2, p.i3);
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+        const float v = ld(row + k * a.nb[0], a.type);
+        if (bi == 0x7fffffff || v > best) {
+            best = v;
+            bi = (int)k;
+        }
+    }
+    argv_s[threadIdx.x] = best;
+    arg_s[threadIdx.x] = bi;
+    __syncthreads();
+    if (threadIdx.x != 0)
+        return;
+    float bv = -INFINITY;
+    int b = 0;
+    bool any = false;
+    for (int t = 0; t < (int)blockDim.x; t++) {
+        if (arg_s[t] == 0x7fffffff)
+            continue;
+        /* the first maximum wins, as in the reference */
+        if (!any || argv_s[t] > bv || (argv_s[t] == bv && arg_s[t] < b)) {
+            bv = argv_s[t];
+            b = arg_s[t];
+            any = true;
+        }
+    }
+    st(at(d, 0, p.i1, p.i2, p.i3), d.type, (float)b);
+}
 
-    if (op == CU_ARGMAX) {
-        float best = -INFINITY;
-        int bi = 0x7fffffff;
+/* RMS_NORM when rms is set (x / sqrt(mean(x^2) + eps)), else NORM ((x - mean) / sqrt(var +
+ * eps)). */
+__global__ void k_norm_rows(int rms, float eps, cu_t d, cu_t a)
+{
+    __shared__ float red[THREADS / 32];
+    const row_pos p = block_row(a);
+    const int64_t n = a.ne[0];
+    const char *row = at(a, 0, p.i1, p.i2, p.i3);
+    char *out = at(d, 0, p.i1, p.i2, p.i3);
+    float s = 0.0f, sq = 0.0f;
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+        const float v = ld(row + k * a.nb[0], a.type);
+        s += v;
+        sq += v * v;
+    }
+    s = block_sum(s, red);
+    sq = block_sum(sq, red);
+    float mean = 0.0f, scale;
+    if (rms) {
+        scale = rsqrtf(sq / (float)n + eps);
+    } else {
+        mean = s / (float)n;
+        float var = 0.0f;
         for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-            const float v = ld(row + k * a.nb[0], a.type);
-            if (bi == 0x7fffffff || v > best) {
-                best = v;
-                bi = (int)k;
-            }
+            const float v = ld(row + k * a.nb[0], a.type) - mean;
+            var += v * v;
         }
-        argv_s[threadIdx.x] = best;
-        arg_s[threadIdx.x] = bi;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float bv = -INFINITY;
-            int b = 0;
-            bool any = false;
-            for (int t = 0; t < (int)blockDim.x; t++) {
-                if (arg_s[t] == 0x7fffffff)
-                    continue;
-                /* the first maximum wins, as in the reference */
-                if (!any || argv_s[t] > bv || (argv_s[t] == bv && arg_s[t] < b)) {
-                    bv = argv_s[t];
-                    b = arg_s[t];
-                    any = true;
-                }
-            }
-            st(at(d, 0, i1, i2, i3), d.type, (float)b);
-        }
-        return;
+        var = block_sum(var, red);
+        scale = rsqrtf(var / (float)n + eps);
     }
-    if (op == CU_SUM_ROWS || op == CU_MEAN) {
-        float s = 0.0f;
-        for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
-            s += ld(row + k * a.nb[0], a.type);
-        s = block_sum(s, red);
-        if (threadIdx.x == 0)
-            st(at(d, 0, i1, i2, i3), d.type, op == CU_MEAN && n > 0 ? s / (float)n : s);
-        return;
-    }
-    char *out = at(d, 0, i1, i2, i3);
-    if (op == CU_RMS_NORM || op == CU_NORM) {
-        float s = 0.0f, sq = 0.0f;
-        for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-            const float v = ld(row + k * a.nb[0], a.type);
-            s += v;
-            sq += v * v;
-        }
-        s = block_sum(s, red);
-        sq = block_sum(sq, red);
-        float mean = 0.0f, scale;
-        if (op == CU_RMS_NORM) {
-            scale = rsqrtf(sq / (float)n + p);
-        } else {
-            mean = s / (float)n;
-            float var = 0.0f;
-            for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-                const float v = ld(row + k * a.nb[0], a.type) - mean;
-                var += v * v;
-            }
-            var = block_sum(var, red);
-            scale = rsqrtf(var / (float)n + p);
-        }
-        __syncthreads(); /* every thread has read the row before any writes (in-place) */
-        for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
-            st(out + k * d.nb[0], d.type, (ld(row + k * a.nb[0], a.type) - mean) * scale);
-        return;
-    }
-    /* CU_SOFT_MAX: scale, add the mask (broadcast over dimensions 2 and 3), normalise. */
-    const char *mrow = has_mask ? at(mask, 0, i1, i2 % mask.ne[2], i3 % mask.ne[3]) : NULL;
+    __syncthreads(); /* every thread has read the row before any writes (in-place) */
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
+        st(out + k * d.nb[0], d.type, (ld(row + k * a.nb[0], a.type) - mean) * scale);
+}
+
+/* SOFT_MAX: scale, add the mask (when has_mask; broadcast over dimensions 2 and 3), normalise.
+ * A row that is all -inf becomes all 0. */
+__global__ void k_soft_max_rows(float scale, cu_t d, cu_t a, cu_t mask, int has_mask)
+{
+    __shared__ float red[THREADS / 32];
+    const row_pos p = block_row(a);
+    const int64_t n = a.ne[0];
+    const char *row = at(a, 0, p.i1, p.i2, p.i3);
+    char *out = at(d, 0, p.i1, p.i2, p.i3);
+    const char *mrow = has_mask ? at(mask, 0, p.i1, p.i2 % mask.ne[2], p.i3 % mask.ne[3]) : NULL;
     float mx = -INFINITY;
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-        float v = ld(row + k * a.nb[0], a.type) * p;
+        float v = ld(row + k * a.nb[0], a.type) * scale;
         if (mrow)
             v += ld(mrow + k * mask.nb[0], mask.type);
         mx = fmaxf(mx, v);
@@ -418,7 +451,7 @@ __global__ void k_rows(int op, float p, cu_t d, cu_t a, cu_t mask, int has_mask)
     mx = block_max(mx, red);
     float sum = 0.0f;
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-        float v = ld(row + k * a.nb[0], a.type) * p;
+        float v = ld(row + k * a.nb[0], a.type) * scale;
         if (mrow)
             v += ld(mrow + k * mask.nb[0], mask.type);
         sum += mx == -INFINITY ? 0.0f : expf(v - mx);
@@ -427,7 +460,7 @@ __global__ void k_rows(int op, float p, cu_t d, cu_t a, cu_t mask, int has_mask)
     __syncthreads();
     /* Each thread rewrites only elements it read itself above, so in-place is safe. */
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-        float v = ld(row + k * a.nb[0], a.type) * p;
+        float v = ld(row + k * a.nb[0], a.type) * scale;
         if (mrow)
             v += ld(mrow + k * mask.nb[0], mask.type);
         const float e = mx == -INFINITY ? 0.0f : expf(v - mx);
@@ -435,14 +468,55 @@ __global__ void k_rows(int op, float p, cu_t d, cu_t a, cu_t mask, int has_mask)
     }
 }
 
-extern "C" int bp_cu_rows(int op, float p, cu_t d, cu_t a, const cu_t *mask, cudaStream_t s)
+/* The grid of a one-block-per-row launch over a, in *rows (0: nothing to launch); an error when
+ * a has more rows than a grid dimension holds. */
+static int row_grid(const cu_t &a, unsigned *rows)
 {
-    const int64_t rows = nrows(a);
-    if (rows == 0)
-        return 0;
-    if (rows > 0x7fffffffLL)
+    const int64_t n = nrows(a);
+    *rows = 0;
+    if (n > 0x7fffffffLL)
         return (int)cudaErrorInvalidConfiguration;
-    k_rows<<<(unsigned)rows, THREADS, 0, s>>>(op, p, d, a, mask ? *mask : a, mask != NULL);
+    *rows = (unsigned)n;
+    return 0;
+}
+
+extern "C" int bp_cu_sum_rows(int mean, cu_t d, cu_t a, cudaStream_t s)
+{
+    unsigned rows;
+    const int e = row_grid(a, &rows);
+    if (e != 0 || rows == 0)
+        return e;
+    k_sum_rows<<<rows, THREADS, 0, s>>>(mean, d, a);
+    return launched();
+}
+
+extern "C" int bp_cu_argmax(cu_t d, cu_t a, cudaStream_t s)
+{
+    unsigned rows;
+    const int e = row_grid(a, &rows);
+    if (e != 0 || rows == 0)
+        return e;
+    k_argmax_rows<<<rows, THREADS, 0, s>>>(d, a);
+    return launched();
+}
+
+extern "C" int bp_cu_norm(int rms, float eps, cu_t d, cu_t a, cudaStream_t s)
+{
+    unsigned rows;
+    const int e = row_grid(a, &rows);
+    if (e != 0 || rows == 0)
+        return e;
+    k_norm_rows<<<rows, THREADS, 0, s>>>(rms, eps, d, a);
+    return launched();
+}
+
+extern "C" int bp_cu_soft_max(float scale, cu_t d, cu_t a, const cu_t *mask, cudaStream_t s)
+{
+    unsigned rows;
+    const int e = row_grid(a, &rows);
+    if (e != 0 || rows == 0)
+        return e;
+    k_soft_max_rows<<<rows, THREADS, 0, s>>>(scale, d, a, mask ? *mask : a, mask != NULL);
     return launched();
 }
 

@@ -606,23 +606,23 @@ static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)
         e = bp_cu_unary(bp_get_op_param_i32(n, 0), 0.0f, cu(n), cu(a), s);
         break;
     case BP_OP_SUM_ROWS:
-        e = bp_cu_rows(CU_SUM_ROWS, 0.0f, cu(n), cu(a), NULL, s);
+        e = bp_cu_sum_rows(0, cu(n), cu(a), s);
         break;
     case BP_OP_MEAN:
-        e = bp_cu_rows(CU_MEAN, 0.0f, cu(n), cu(a), NULL, s);
+        e = bp_cu_sum_rows(1, cu(n), cu(a), s);
         break;
     case BP_OP_ARGMAX:
-        e = bp_cu_rows(CU_ARGMAX, 0.0f, cu(n), cu(a), NULL, s);
+        e = bp_cu_argmax(cu(n), cu(a), s);
         break;
     case BP_OP_NORM:
-        e = bp_cu_rows(CU_NORM, bp_get_op_param_f32(n, 0), cu(n), cu(a), NULL, s);
+        e = bp_cu_norm(0, bp_get_op_param_f32(n, 0), cu(n), cu(a), s);
         break;
     case BP_OP_RMS_NORM:
-        e = bp_cu_rows(CU_RMS_NORM, bp_get_op_param_f32(n, 0), cu(n), cu(a), NULL, s);
+        e = bp_cu_norm(1, bp_get_op_param_f32(n, 0), cu(n), cu(a), s);
         break;
     case BP_OP_SOFT_MAX: {
         struct cu_t m = b ? cu(b) : cu(a);
-        e = bp_cu_rows(CU_SOFT_MAX, bp_get_op_param_f32(n, 0), cu(n), cu(a), b ? &m : NULL, s);
+        e = bp_cu_soft_max(bp_get_op_param_f32(n, 0), cu(n), cu(a), b ? &m : NULL, s);
         break;
     }
     case BP_OP_ROPE:

@@ -1,7 +1,9 @@
-/* transformer.h - private to bench/ (and shared by the scheduler and meta benchmarks): builds a
- * llama-shaped decoder graph from the public op builders. */
-#ifndef BP_BENCH_TRANSFORMER_H
-#define BP_BENCH_TRANSFORMER_H
+/* transformer.h - private to the source tree: shared by bench/ and tests/ (common/libcommon.a).
+ * Builds a llama-shaped decoder graph from the public op builders: the allocator, scheduler and
+ * meta benchmarks measure it, and the multi-backend suites (through tests/tf-model.h) compare
+ * its logits across backends. */
+#ifndef BP_COMMON_TRANSFORMER_H
+#define BP_COMMON_TRANSFORMER_H
 
 #include <backplane/backplane.h>
 

@@ -1,5 +1,7 @@
-/* bench-util.c - private to bench/: see bench-util.h. */
+/* bench-util.c - see bench-util.h. The hardware limits start the threads asked for on the
+ * ISA-specific loops of bench-peak-*.c (bench-peak.h) and keep the best or median run. */
 #include "bench-util.h"
+#include "bench-peak.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -68,9 +70,6 @@ bool bench_flag(int argc, char **argv, const char *key)
 }
 
 /* ---- FMA peak ---------------------------------------------------------------------------- */
-
-double bench_fma_loop_avx512(long iters); /* bench-peak-avx512.c: flops done */
-double bench_fma_loop_avx2(long iters);   /* bench-peak-avx2.c */
 
 struct peak_arg {
     long iters;
@@ -163,9 +162,6 @@ double bench_triad(int threads)
 }
 
 /* ---- Read bandwidth of a working set ------------------------------------------------------ */
-
-double bench_read_loop_avx512(const void *p, size_t n, int passes); /* bench-peak-avx512.c */
-double bench_read_loop_avx2(const void *p, size_t n, int passes);   /* bench-peak-avx2.c */
 
 struct read_arg {
     const char *p;

@@ -1,7 +1,10 @@
-/* bench-util.h - private to bench/: timing, medians, argument parsing and the hardware limits
- * (FMA peak and a STREAM-style triad) every benchmark reports next to its figures. */
-#ifndef BP_BENCH_UTIL_H
-#define BP_BENCH_UTIL_H
+/* bench-util.h - private to the source tree: shared by tools/ and bench/ (common/libcommon.a).
+ * Timing, medians, argument parsing, weight-type names and the hardware limits (FMA peak, a
+ * STREAM-style triad, cache and memory read bandwidth) that the benchmarks and `backplane
+ * bench` report next to their figures; `backplane run` takes its timing and the CPU's repacked
+ * buffer type from here too. */
+#ifndef BP_COMMON_BENCH_UTIL_H
+#define BP_COMMON_BENCH_UTIL_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,8 +1,8 @@
-/* bench-peak-avx2.c - private to bench/: a loop of independent AVX2 FMAs (compiled with -mavx2
- * -mfma; only called when the CPU has them). Returns the floating-point operations done. */
+/* bench-peak-avx2.c - the AVX2 loops of bench-peak.h: independent FMAs and 256-bit loads
+ * (compiled with -mavx2 -mfma; only called when the CPU has them). */
 #include <immintrin.h>
 
-double bench_fma_loop_avx2(long iters);
+#include "bench-peak.h"
 
 double bench_fma_loop_avx2(long iters)
 {
@@ -24,9 +24,6 @@ double bench_fma_loop_avx2(long iters)
     (void)sink;
     return (double)iters * 12 * 8 * 2;
 }
-
-/* bench_read_loop_avx512 with 256-bit loads. */
-double bench_read_loop_avx2(const void *p, size_t n, int passes);
 
 double bench_read_loop_avx2(const void *p, size_t n, int passes)
 {

@@ -1,8 +1,8 @@
-/* bench-peak-avx512.c - private to bench/: a loop of independent AVX-512 FMAs (compiled with
- * -mavx512f; only called when the CPU has it). Returns the floating-point operations done. */
+/* bench-peak-avx512.c - the AVX-512 loops of bench-peak.h: independent FMAs and wide loads
+ * (compiled with -mavx512f; only called when the CPU has it). */
 #include <immintrin.h>
 
-double bench_fma_loop_avx512(long iters);
+#include "bench-peak.h"
 
 double bench_fma_loop_avx512(long iters)
 {
@@ -22,10 +22,6 @@ double bench_fma_loop_avx512(long iters)
     (void)sink;
     return (double)iters * 12 * 16 * 2;
 }
-
-/* Reads n bytes (a multiple of 256) at p, passes times, with 512-bit loads; returns a value that
- * depends on every byte so that the loads stay. */
-double bench_read_loop_avx512(const void *p, size_t n, int passes);
 
 double bench_read_loop_avx512(const void *p, size_t n, int passes)
 {
