@@ -48,14 +48,14 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    size_t naive = 0, align = bp_buffer_type_alignment(host);
-    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
-        bp_tensor *t = bp_graph_node(g, i);
+    size_t naive = 0, align = bp_buffer_type_get_alignment(host);
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++) {
+        bp_tensor *t = bp_graph_get_node(g, i);
         if (t->view_src == NULL)
             naive += (bp_nbytes(t) + align - 1) / align * align;
     }
-    for (int i = 0; i < bp_graph_n_leafs(g); i++) {
-        bp_tensor *t = bp_graph_leaf(g, i);
+    for (int i = 0; i < bp_graph_get_n_leafs(g); i++) {
+        bp_tensor *t = bp_graph_get_leaf(g, i);
         if (t->buffer != wbuf)
             naive += (bp_nbytes(t) + align - 1) / align * align;
     }
@@ -65,13 +65,13 @@ int main(int argc, char **argv)
     const bp_tensor *at_end[] = {tg.tokens, tg.pos, tg.mask, tg.logits, tg.logits->src[1]};
     for (size_t i = 0; i < sizeof(at_end) / sizeof(at_end[0]); i++)
         floor_bytes += (bp_nbytes(at_end[i]) + align - 1) / align * align;
-    size_t got = bp_gallocr_buffer_size(ga, 0);
+    size_t got = bp_gallocr_get_buffer_size(ga, 0);
     char shape[160];
     snprintf(shape, sizeof(shape), "L=%d,embd=%d,ff=%d,heads=%d,seq=%d,vocab=%d", cfg.n_layer,
              cfg.n_embd, cfg.n_ff, cfg.n_head, cfg.n_tok, cfg.n_vocab);
-    printf("graph_nodes %s 1 %d nodes\n", shape, bp_graph_n_nodes(g));
+    printf("graph_nodes %s 1 %d nodes\n", shape, bp_graph_get_n_nodes(g));
     printf("nodes_per_layer %s 1 %.1f nodes\n", shape,
-           (double)(bp_graph_n_nodes(g) - 4) / cfg.n_layer);
+           (double)(bp_graph_get_n_nodes(g) - 4) / cfg.n_layer);
     printf("compute_buffer %s 1 %zu bytes\n", shape, got);
     printf("compute_buffer %s 1 %.2f MiB\n", shape, (double)got / (1 << 20));
     printf("lower_bound %s 1 %zu bytes\n", shape, floor_bytes);

@@ -87,7 +87,7 @@ static bp_backend *cuda_backend(const char *device)
     if (be == NULL)
         printf("# %s: not available (%s): skipped\n", device, bp_last_error());
     else
-        printf("# device: %s (%s)\n", device, bp_device_description(bp_backend_get_device(be)));
+        printf("# device: %s (%s)\n", device, bp_device_get_description(bp_backend_get_device(be)));
     return be;
 }
 

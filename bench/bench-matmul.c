@@ -89,7 +89,7 @@ struct matmul_opts {
     bool limits; /* the FMA peak, triad and read-bandwidth limits */
 };
 
-typedef int (*set_threads_fn)(bp_backend *, int);
+typedef enum bp_status (*set_threads_fn)(bp_backend *, int);
 
 /* y = w x for the first N columns of x, at every thread count: throughput, and for N = 1 the
  * weights' bandwidth with the read-bandwidth limit of a working set of their size. */
@@ -167,8 +167,7 @@ static int bench_shape(bp_backend *be, set_threads_fn set_threads, const struct 
  * weight types, and repacked types without CPU_REPACK, are skipped with a message. */
 static int bench_types(bp_backend *be, const struct matmul_opts *o, const char *types)
 {
-    set_threads_fn set_threads = (set_threads_fn)bp_registry_get_proc_address(
-        bp_device_get_registry(bp_backend_get_device(be)), "bp_cpu_set_n_threads");
+    set_threads_fn set_threads = bp_backend_set_n_threads;
     char tbuf[128];
     snprintf(tbuf, sizeof(tbuf), "%s", types);
     for (char *save = NULL, *tn = strtok_r(tbuf, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
@@ -225,7 +224,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-matmul: %s\n", bp_last_error());
         return 1;
     }
-    printf("# device: %s\n", bp_device_description(bp_backend_get_device(be)));
+    printf("# device: %s\n", bp_device_get_description(bp_backend_get_device(be)));
     for (int ti = 0; ti < o.nT && o.limits; ti++) {
         printf("fma_peak - %ld %.1f GFLOP/s\n", o.Ts[ti], bench_fma_peak((int)o.Ts[ti]));
         printf("triad 3x256MiB %ld %.1f GB/s\n", o.Ts[ti], bench_triad((int)o.Ts[ti]));

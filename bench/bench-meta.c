@@ -62,7 +62,7 @@ static bool prepare(struct prepared *p, bp_backend *be, const struct tf_config *
         goto fail;
     bp_buffer_set_usage(p->wbuf, BP_BUFFER_USAGE_WEIGHTS);
     /* Small values keep the activations finite; the figures do not depend on them. */
-    for (size_t i = 0; i < bp_context_n_tensors(p->wctx); i++) {
+    for (size_t i = 0; i < bp_context_get_n_tensors(p->wctx); i++) {
         bp_tensor *wt = bp_context_get_tensor(p->wctx, i);
         const size_t n = (size_t)bp_nelements(wt);
         float *v = malloc(n * sizeof(float));
@@ -83,7 +83,7 @@ static bool prepare(struct prepared *p, bp_backend *be, const struct tf_config *
         goto fail;
     return true;
 fail:
-    fprintf(stderr, "bench-meta: %s: %s\n", bp_backend_name(be), bp_last_error());
+    fprintf(stderr, "bench-meta: %s: %s\n", bp_backend_get_name(be), bp_last_error());
     release(p);
     return false;
 }

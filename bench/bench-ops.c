@@ -95,9 +95,9 @@ int main(int argc, char **argv)
             times[r] = bench_now() - t0;
         }
         double med = bench_median(times, reps);
-        printf("dispatch nodes=%d,width=%d %s %.3f us/node\n", bp_graph_n_nodes(g), width, tn,
-               med / bp_graph_n_nodes(g) * 1e6);
-        printf("graph nodes=%d,width=%d %s %.1f us\n", bp_graph_n_nodes(g), width, tn, med * 1e6);
+        printf("dispatch nodes=%d,width=%d %s %.3f us/node\n", bp_graph_get_n_nodes(g), width, tn,
+               med / bp_graph_get_n_nodes(g) * 1e6);
+        printf("graph nodes=%d,width=%d %s %.1f us\n", bp_graph_get_n_nodes(g), width, tn, med * 1e6);
         free(times);
         bp_backend_free(be);
     }

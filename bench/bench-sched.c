@@ -81,7 +81,7 @@ static void bench(bp_backend *const *backends, int nb, int layers, int iters)
         t_build[it] = t1 - t0;
         t_split[it] = t2 - t1;
         t_comp[it] = t4 - t3;
-        n_nodes = bp_graph_n_nodes(g);
+        n_nodes = bp_graph_get_n_nodes(g);
         n_splits = bp_sched_get_n_splits(s);
         bp_graph_free(g);
         bp_context_free(ctx);

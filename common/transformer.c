@@ -40,7 +40,7 @@ bool tf_weights_new(bp_context *wctx, const struct tf_config *cfg, struct tf_wei
         CHECK(l->w_up = bp_new_tensor_2d(wctx, cfg->wtype, E, F));
         CHECK(l->w_down = bp_new_tensor_2d(wctx, cfg->wtype, F, E));
     }
-    for (size_t i = 0; i < bp_context_n_tensors(wctx); i++)
+    for (size_t i = 0; i < bp_context_get_n_tensors(wctx); i++)
         bp_set_param(bp_context_get_tensor(wctx, i));
     return true;
 }

@@ -75,8 +75,8 @@ static const char *be_name(bp_backend *be)
 static enum bp_status be_compute(bp_backend *be, bp_graph *g)
 {
     (void)be;
-    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
-        bp_tensor *node = bp_graph_node(g, i);
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++) {
+        bp_tensor *node = bp_graph_get_node(g, i);
         if (!supported(node)) /* the scheduler never sends these; a direct caller might */
             return bp_set_error(BP_ERR_UNSUPPORTED, "EXAMPLE0: %s ('%s') is not supported",
                                 bp_op_name(node->op), node->name);

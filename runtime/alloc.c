@@ -47,7 +47,7 @@ enum bp_status bp_tallocr_alloc(struct bp_tallocr *ta, bp_tensor *t)
         return bp__error(BP_ERR_INVALID_ARG,
                          "bp_tallocr_alloc: %s is a view and shares its source's memory",
                          bp__describe(t).s);
-    size_t size = bp_buffer_type_alloc_size(ta->buffer->buft, t);
+    size_t size = bp_buffer_type_get_alloc_size(ta->buffer->buft, t);
     size_t offset = ta->offset, end = 0;
     size_t cap = bp_buffer_get_size(ta->buffer);
     if (!align_up(ta->offset, ta->alignment, &offset) || !bp__add_size(offset, size, &end) ||
@@ -68,14 +68,14 @@ bp_buffer *bp_alloc_ctx_tensors(bp_context *ctx, bp_buffer_type *buft)
     if (ctx == NULL || buft == NULL)
         return bp__error_null(BP_ERR_INVALID_ARG, "bp_alloc_ctx_tensors: context and buffer type "
                               "must not be NULL");
-    size_t align = bp_buffer_type_alignment(buft), total = 0;
-    size_t n = bp_context_n_tensors(ctx);
+    size_t align = bp_buffer_type_get_alignment(buft), total = 0;
+    size_t n = bp_context_get_n_tensors(ctx);
     for (size_t i = 0; i < n; i++) {
         bp_tensor *t = bp_context_get_tensor(ctx, i);
         if (t->data != NULL || t->view_src != NULL)
             continue;
         size_t sz, start;
-        if (!align_up(bp_buffer_type_alloc_size(buft, t), align, &sz) ||
+        if (!align_up(bp_buffer_type_get_alloc_size(buft, t), align, &sz) ||
             !align_up(total, align, &start) || !bp__add_size(start, sz, &total))
             return bp__error_null(BP_ERR_OUT_OF_MEMORY, "bp_alloc_ctx_tensors: the tensors of "
                                   "the context need more than SIZE_MAX bytes together");
@@ -92,7 +92,7 @@ bp_buffer *bp_alloc_ctx_tensors(bp_context *ctx, bp_buffer_type *buft)
             char why[512];
             snprintf(why, sizeof(why), "%s", bp_last_error());
             bp__error(bp_last_status(), "bp_alloc_ctx_tensors: placing the tensors in a new %s "
-                      "buffer failed: %s", bp_buffer_type_name(buft), why);
+                      "buffer failed: %s", bp_buffer_type_get_name(buft), why);
             goto fail;
         }
     }
@@ -252,7 +252,7 @@ bp_gallocr *bp_gallocr_new(bp_buffer_type *const *bufts, int n)
     }
     for (int i = 0; i < n; i++) {
         ga->bufts[i] = bufts[i];
-        ga->lists[i].alignment = bp_buffer_type_alignment(bufts[i]);
+        ga->lists[i].alignment = bp_buffer_type_get_alignment(bufts[i]);
     }
     return ga;
 }
@@ -318,12 +318,12 @@ static bool pinned(const bp_tensor *t)
 static enum bp_status plan_alloc(bp_gallocr *ga, struct tinfo *ti, const bp_tensor *t)
 {
     struct free_list *fl = &ga->lists[ti->buft];
-    size_t need = bp_buffer_type_alloc_size(ga->bufts[ti->buft], t);
+    size_t need = bp_buffer_type_get_alloc_size(ga->bufts[ti->buft], t);
     if (!align_up(need, fl->alignment, &ti->size) || !fl_alloc(fl, ti->size, &ti->offset))
         return bp__error(BP_ERR_OUT_OF_MEMORY,
                          "graph allocator: %s needs %zu bytes of %s, and with the tensors live "
                          "beside it the plan would pass %zu bytes",
-                         bp__describe(t).s, need, bp_buffer_type_name(ga->bufts[ti->buft]),
+                         bp__describe(t).s, need, bp_buffer_type_get_name(ga->bufts[ti->buft]),
                          (size_t)TAIL_END);
     ti->planned = ti->live = true;
     ti->may_free = !pinned(t);
@@ -400,20 +400,20 @@ static bool plan_inplace(bp_gallocr *ga, struct tinfo *ti, const bp_tensor *node
 static enum bp_status check_ids(const bp_gallocr *ga, const bp_graph *g, const int *node_ids,
                                 const int *leaf_ids)
 {
-    for (int i = 0; node_ids && i < bp_graph_n_nodes(g); i++) {
+    for (int i = 0; node_ids && i < bp_graph_get_n_nodes(g); i++) {
         if (node_ids[i] < 0 || node_ids[i] >= ga->n_bufts)
             return bp__error(BP_ERR_INVALID_ARG,
                              "graph allocator: node %d %s has buffer type id %d, but the "
                              "allocator has %d buffer type%s",
-                             i, bp__describe(bp_graph_node(g, i)).s, node_ids[i], ga->n_bufts,
+                             i, bp__describe(bp_graph_get_node(g, i)).s, node_ids[i], ga->n_bufts,
                              BP_PLURAL(ga->n_bufts));
     }
-    for (int i = 0; leaf_ids && i < bp_graph_n_leafs(g); i++) {
+    for (int i = 0; leaf_ids && i < bp_graph_get_n_leafs(g); i++) {
         if (leaf_ids[i] < 0 || leaf_ids[i] >= ga->n_bufts)
             return bp__error(BP_ERR_INVALID_ARG,
                              "graph allocator: leaf %d %s has buffer type id %d, but the "
                              "allocator has %d buffer type%s",
-                             i, bp__describe(bp_graph_leaf(g, i)).s, leaf_ids[i], ga->n_bufts,
+                             i, bp__describe(bp_graph_get_leaf(g, i)).s, leaf_ids[i], ga->n_bufts,
                              BP_PLURAL(ga->n_bufts));
     }
     return BP_OK;
@@ -457,7 +457,7 @@ static enum bp_status plan_reset(bp_gallocr *ga, int n_nodes, int n_leafs)
  * views. A source outside the graph must have memory already. */
 static enum bp_status plan_lookups(bp_gallocr *ga, bp_graph *g, const int *node_ids)
 {
-    const int n_nodes = bp_graph_n_nodes(g), n_leafs = bp_graph_n_leafs(g);
+    const int n_nodes = bp_graph_get_n_nodes(g), n_leafs = bp_graph_get_n_leafs(g);
     bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
     for (int i = 0; i < n_leafs; i++) {
         ga->cache[i] = info_of(ga, leafs[i]);
@@ -496,7 +496,7 @@ static enum bp_status plan_lookups(bp_gallocr *ga, bp_graph *g, const int *node_
 /* Leafs and inputs live for the whole graph: they get memory before any node. */
 static enum bp_status plan_inputs(bp_gallocr *ga, bp_graph *g, const int *leaf_ids)
 {
-    const int n_nodes = bp_graph_n_nodes(g), n_leafs = bp_graph_n_leafs(g);
+    const int n_nodes = bp_graph_get_n_nodes(g), n_leafs = bp_graph_get_n_leafs(g);
     bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
     enum bp_status st;
     for (int i = 0; i < n_leafs; i++) {
@@ -535,7 +535,7 @@ static void release_sources(bp_gallocr *ga, const bp_tensor *node, struct tinfo 
  * releases what it was the last to use. */
 static enum bp_status plan_nodes(bp_gallocr *ga, bp_graph *g)
 {
-    const int n_nodes = bp_graph_n_nodes(g), n_leafs = bp_graph_n_leafs(g);
+    const int n_nodes = bp_graph_get_n_nodes(g), n_leafs = bp_graph_get_n_leafs(g);
     bp_tensor **nodes = bp__graph_nodes(g);
     enum bp_status st;
     for (int i = 0; i < n_nodes; i++) {
@@ -557,7 +557,7 @@ static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, con
 {
     enum bp_status st = check_ids(ga, g, node_ids, leaf_ids);
     if (st == BP_OK)
-        st = plan_reset(ga, bp_graph_n_nodes(g), bp_graph_n_leafs(g));
+        st = plan_reset(ga, bp_graph_get_n_nodes(g), bp_graph_get_n_leafs(g));
     if (st == BP_OK)
         st = plan_lookups(ga, g, node_ids);
     if (st == BP_OK)
@@ -585,7 +585,7 @@ static enum bp_status grow(bp_gallocr *ga, int id, size_t size)
     }
     ga->buffers[id] = buf;
     bp_log(BP_LOG_DEBUG, "graph allocator: %s compute buffer is %zu bytes",
-           bp_buffer_type_name(ga->bufts[id]), size);
+           bp_buffer_type_get_name(ga->bufts[id]), size);
     return BP_OK;
 }
 
@@ -631,29 +631,54 @@ enum bp_status bp_gallocr_alloc_graph(bp_gallocr *ga, bp_graph *graph, const int
         if (ga->buffers[i] != NULL) {
             ga->n_reallocs++;
             bp_log(BP_LOG_DEBUG, "graph allocator: graph needs %zu bytes of %s, more than the "
-                   "%zu reserved; reallocating", need, bp_buffer_type_name(ga->bufts[i]),
+                   "%zu reserved; reallocating", need, bp_buffer_type_get_name(ga->bufts[i]),
                    bp_buffer_get_size(ga->buffers[i]));
         }
         st = grow(ga, i, need);
     }
     /* The plan left each tensor's table entry in the cache: leafs, then per node. */
     bp_tensor **leafs = bp__graph_leafs(graph), **nodes = bp__graph_nodes(graph);
-    const int nl = bp_graph_n_leafs(graph);
+    const int nl = bp_graph_get_n_leafs(graph);
     for (int i = 0; st == BP_OK && i < nl; i++)
         st = place(ga, leafs[i], ga->cache[i]);
-    for (int i = 0; st == BP_OK && i < bp_graph_n_nodes(graph); i++)
+    for (int i = 0; st == BP_OK && i < bp_graph_get_n_nodes(graph); i++)
         st = place(ga, nodes[i], node_row(ga, nl, i)[ROW_NODE]);
     return st;
 }
 
-size_t bp_gallocr_buffer_size(bp_gallocr *ga, int id)
+size_t bp_gallocr_get_buffer_size(bp_gallocr *ga, int id)
 {
     if (ga == NULL || id < 0 || id >= ga->n_bufts || ga->buffers[id] == NULL)
         return 0;
     return bp_buffer_get_size(ga->buffers[id]);
 }
 
-int bp_gallocr_n_reallocs(bp_gallocr *ga)
+int bp_gallocr_get_n_reallocs(bp_gallocr *ga)
 {
     return ga ? ga->n_reallocs : 0;
+}
+
+/* ---- Single-buffer-type shortcuts ------------------------------------------------------- */
+
+bp_buffer *bp_alloc_ctx_tensors_for_backend(bp_context *ctx, bp_backend *backend)
+{
+    if (backend == NULL)
+        return bp__error_null(BP_ERR_INVALID_ARG, "%s: backend is NULL", __func__);
+    bp_buffer_type *buft = bp_backend_get_default_buffer_type(backend);
+    return buft != NULL ? bp_alloc_ctx_tensors(ctx, buft) : NULL;
+}
+
+bp_gallocr *bp_gallocr_new_1(bp_buffer_type *buft)
+{
+    return bp_gallocr_new(&buft, 1);
+}
+
+enum bp_status bp_gallocr_reserve_1(bp_gallocr *ga, bp_graph *graph)
+{
+    return bp_gallocr_reserve(ga, graph, NULL, NULL);
+}
+
+enum bp_status bp_gallocr_alloc_graph_1(bp_gallocr *ga, bp_graph *graph)
+{
+    return bp_gallocr_alloc_graph(ga, graph, NULL, NULL);
 }

@@ -28,19 +28,19 @@ static void default_error(enum bp_status status, const char *fmt, const char *na
 
 /* ---- Buffer types ----------------------------------------------------------------------- */
 
-const char *bp_buffer_type_name(bp_buffer_type *buft)
+const char *bp_buffer_type_get_name(bp_buffer_type *buft)
 {
     CHECK_HANDLE(buft, "");
     return buft->iface->get_name(buft);
 }
 
-size_t bp_buffer_type_alignment(bp_buffer_type *buft)
+size_t bp_buffer_type_get_alignment(bp_buffer_type *buft)
 {
     CHECK_HANDLE(buft, 0);
     return buft->iface->get_alignment(buft);
 }
 
-size_t bp_buffer_type_max_size(bp_buffer_type *buft)
+size_t bp_buffer_type_get_max_size(bp_buffer_type *buft)
 {
     CHECK_HANDLE(buft, 0);
     if (BP_HAS(struct bp_buffer_type_iface, buft->iface, get_max_size))
@@ -48,7 +48,7 @@ size_t bp_buffer_type_max_size(bp_buffer_type *buft)
     return SIZE_MAX;
 }
 
-size_t bp_buffer_type_alloc_size(bp_buffer_type *buft, const bp_tensor *t)
+size_t bp_buffer_type_get_alloc_size(bp_buffer_type *buft, const bp_tensor *t)
 {
     CHECK_HANDLE(buft, 0);
     CHECK_HANDLE(t, 0);
@@ -64,7 +64,7 @@ bool bp_buffer_type_is_host(bp_buffer_type *buft)
     return BP_HAS(struct bp_buffer_type_iface, buft->iface, is_host) && buft->iface->is_host(buft);
 }
 
-bp_device *bp_buffer_type_device(bp_buffer_type *buft)
+bp_device *bp_buffer_type_get_device(bp_buffer_type *buft)
 {
     return buft ? buft->device : NULL;
 }
@@ -72,17 +72,17 @@ bp_device *bp_buffer_type_device(bp_buffer_type *buft)
 bp_buffer *bp_buffer_type_alloc(bp_buffer_type *buft, size_t size)
 {
     CHECK_HANDLE(buft, NULL);
-    size_t max = bp_buffer_type_max_size(buft);
+    size_t max = bp_buffer_type_get_max_size(buft);
     if (size > max)
         return bp__error_null(BP_ERR_OUT_OF_MEMORY,
                               "buffer type %s cannot allocate %zu bytes: its largest buffer is %zu "
                               "bytes",
-                              bp_buffer_type_name(buft), size, max);
+                              bp_buffer_type_get_name(buft), size, max);
     bp_clear_error();
     bp_buffer *buf = buft->iface->alloc_buffer(buft, size);
     if (buf == NULL) {
         default_error(BP_ERR_OUT_OF_MEMORY, "buffer type %s failed to allocate a buffer",
-                      bp_buffer_type_name(buft));
+                      bp_buffer_type_get_name(buft));
         return NULL;
     }
     /* A plugin that hands back less than was asked for would have every caller fail later
@@ -92,7 +92,7 @@ bp_buffer *bp_buffer_type_alloc(bp_buffer_type *buft, size_t size)
         bp_buffer_free(buf);
         return bp__error_null(BP_ERR_BACKEND,
                               "buffer type %s returned a buffer of %zu byte%s when asked for %zu",
-                              bp_buffer_type_name(buft), got, BP_PLURAL(got), size);
+                              bp_buffer_type_get_name(buft), got, BP_PLURAL(got), size);
     }
     return buf;
 }
@@ -123,7 +123,7 @@ size_t bp_buffer_get_size(bp_buffer *buf)
 size_t bp_buffer_get_alignment(bp_buffer *buf)
 {
     CHECK_HANDLE(buf, 0);
-    return bp_buffer_type_alignment(buf->buft);
+    return bp_buffer_type_get_alignment(buf->buft);
 }
 
 bp_buffer_type *bp_buffer_get_type(bp_buffer *buf)
@@ -175,13 +175,13 @@ enum bp_status bp_buffer_place_tensor(bp_buffer *buf, bp_tensor *t, void *addr)
                          bp__describe(t).s);
     char *base = bp_buffer_get_base(buf);
     size_t align = bp_buffer_get_alignment(buf);
-    size_t need = bp_buffer_type_alloc_size(buf->buft, t);
+    size_t need = bp_buffer_type_get_alloc_size(buf->buft, t);
     uintptr_t a = (uintptr_t)addr, b = (uintptr_t)base;
     if (a < b || a - b > buf->size || need > buf->size - (a - b))
         return bp__error(BP_ERR_OUT_OF_BOUNDS,
                          "bp_buffer_place_tensor: %s (%zu bytes) does not fit in buffer %s of "
                          "%zu bytes at that address",
-                         bp__describe(t).s, need, bp_buffer_type_name(buf->buft), buf->size);
+                         bp__describe(t).s, need, bp_buffer_type_get_name(buf->buft), buf->size);
     if (align > 1 && (a - b) % align != 0)
         return bp__error(BP_ERR_INVALID_ARG,
                          "bp_buffer_place_tensor: offset %zu for %s is not a multiple of the "
@@ -380,7 +380,7 @@ static void backend_leave(bp_backend *be)
             return (ret);                                                                      \
     } while (0)
 
-const char *bp_backend_name(bp_backend *backend)
+const char *bp_backend_get_name(bp_backend *backend)
 {
     CHECK_HANDLE(backend, "");
     return backend->iface->get_name(backend);
@@ -424,6 +424,28 @@ enum bp_status bp_backend_synchronize(bp_backend *backend)
     return st;
 }
 
+enum bp_status bp_backend_set_n_threads(bp_backend *backend, int n_threads)
+{
+    CHECK_HANDLE(backend, BP_ERR_INVALID_ARG);
+    if (n_threads < 1)
+        return bp__error(BP_ERR_INVALID_ARG, "%s: %d is not a thread count (at least 1)",
+                         __func__, n_threads);
+    void *proc = bp_registry_get_proc_address(backend->device->reg, "bp_set_n_threads");
+    if (proc == NULL)
+        return bp__error(BP_ERR_UNSUPPORTED, "%s: backend %s has no thread count to set",
+                         __func__, bp_backend_get_name(backend));
+    bp_set_n_threads_fn fn;
+    memcpy(&fn, &proc, sizeof(fn));
+    BACKEND_ENTER(backend, BP_ERR_BUSY);
+    bp_clear_error();
+    enum bp_status st = fn(backend, n_threads);
+    if (st != BP_OK && bp_last_status() == BP_OK)
+        bp__error(st, "backend %s could not use %d threads (%s)", bp_backend_get_name(backend),
+                  n_threads, bp_strerror(st));
+    backend_leave(backend);
+    return st;
+}
+
 /* The buffer that holds t's memory: its own, or for a view not yet given one, its source's. */
 static bp_buffer *memory_of(const bp_tensor *t)
 {
@@ -439,8 +461,8 @@ static enum bp_status check_graph_memory(bp_backend *be, bp_graph *g)
 {
     bp_buffer_type *ok[4] = {NULL};
     int n_ok = 0;
-    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
-        const bp_tensor *node = bp_graph_node(g, i);
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++) {
+        const bp_tensor *node = bp_graph_get_node(g, i);
         for (int s = -1; s < BP_MAX_SRC; s++) {
             const bp_tensor *t = s < 0 ? node : node->src[s];
             if (t == NULL)
@@ -451,7 +473,7 @@ static enum bp_status check_graph_memory(bp_backend *be, bp_graph *g)
                     continue; /* placed by hand in memory of the caller's: nothing to check */
                 return bp__error(BP_ERR_INVALID_ARG,
                                  "backend %s: %s %s has no memory; allocate the graph first",
-                                 bp_backend_name(be), t == node ? "node" : "source",
+                                 bp_backend_get_name(be), t == node ? "node" : "source",
                                  bp__describe(t).s);
             }
             bool seen = false;
@@ -464,9 +486,9 @@ static enum bp_status check_graph_memory(bp_backend *be, bp_graph *g)
                                  "backend %s cannot use %s of node %s: it lives in a %s buffer, "
                                  "which device %s does not support; copy it first or let the "
                                  "scheduler do it",
-                                 bp_backend_name(be), t == node ? "the result" : bp__describe(t).s,
-                                 bp__describe(node).s, bp_buffer_type_name(buf->buft),
-                                 bp_device_name(be->device));
+                                 bp_backend_get_name(be), t == node ? "the result" : bp__describe(t).s,
+                                 bp__describe(node).s, bp_buffer_type_get_name(buf->buft),
+                                 bp_device_get_name(be->device));
             if (n_ok < 4)
                 ok[n_ok++] = buf->buft;
         }
@@ -484,7 +506,7 @@ enum bp_status bp_backend_graph_compute_async(bp_backend *backend, bp_graph *gra
         bp_clear_error();
         st = backend->iface->graph_compute(backend, graph);
         if (st != BP_OK && bp_last_status() == BP_OK)
-            bp__error(st, "backend %s failed to compute a graph (%s)", bp_backend_name(backend),
+            bp__error(st, "backend %s failed to compute a graph (%s)", bp_backend_get_name(backend),
                       bp_strerror(st));
     }
     backend_leave(backend);
@@ -583,13 +605,13 @@ enum bp_status bp_backend_tensor_copy_async(bp_backend *src_backend, bp_backend 
 
 /* ---- Devices ---------------------------------------------------------------------------- */
 
-const char *bp_device_name(bp_device *dev)
+const char *bp_device_get_name(bp_device *dev)
 {
     CHECK_HANDLE(dev, "");
     return dev->iface->get_name(dev);
 }
 
-const char *bp_device_description(bp_device *dev)
+const char *bp_device_get_description(bp_device *dev)
 {
     CHECK_HANDLE(dev, "");
     return dev->iface->get_description(dev);
@@ -616,13 +638,13 @@ const char *bp_device_type_name(enum bp_device_type type)
     return "INVALID";
 }
 
-void bp_device_memory(bp_device *dev, size_t *free_bytes, size_t *total_bytes)
+void bp_device_get_memory(bp_device *dev, size_t *free_bytes, size_t *total_bytes)
 {
     size_t f = 0, t = 0;
     if (dev != NULL)
         dev->iface->get_memory(dev, &f, &t);
     else
-        bp__error(BP_ERR_INVALID_ARG, "bp_device_memory: dev is NULL");
+        bp__error(BP_ERR_INVALID_ARG, "bp_device_get_memory: dev is NULL");
     if (free_bytes)
         *free_bytes = f;
     if (total_bytes)
@@ -639,9 +661,9 @@ void bp_device_get_props(bp_device *dev, struct bp_device_props *props)
         props->name = props->description = "";
         return;
     }
-    props->name = bp_device_name(dev);
-    props->description = bp_device_description(dev);
-    bp_device_memory(dev, &props->memory_free, &props->memory_total);
+    props->name = bp_device_get_name(dev);
+    props->description = bp_device_get_description(dev);
+    bp_device_get_memory(dev, &props->memory_free, &props->memory_total);
     props->type = bp_device_get_type(dev);
     if (BP_HAS(struct bp_device_iface, dev->iface, get_caps)) {
         dev->iface->get_caps(dev, &props->caps);
@@ -665,7 +687,7 @@ bp_backend *bp_device_init_backend(bp_device *dev, const char *params)
     bp_backend *be = dev->iface->init_backend(dev, params);
     if (be == NULL)
         default_error(BP_ERR_BACKEND, "device %s could not create a backend (the plugin gave no "
-                      "reason)", bp_device_name(dev));
+                      "reason)", bp_device_get_name(dev));
     return be;
 }
 
@@ -680,7 +702,7 @@ bp_buffer_type *bp_device_get_host_buffer_type(bp_device *dev)
     CHECK_HANDLE(dev, NULL);
     if (!BP_HAS(struct bp_device_iface, dev->iface, get_host_buffer_type))
         return bp__error_null(BP_ERR_UNSUPPORTED, "device %s has no host buffer type",
-                              bp_device_name(dev));
+                              bp_device_get_name(dev));
     return dev->iface->get_host_buffer_type(dev);
 }
 
@@ -691,7 +713,7 @@ bp_buffer *bp_device_buffer_from_host_ptr(bp_device *dev, void *ptr, size_t size
     if (!BP_HAS(struct bp_device_iface, dev->iface, buffer_from_host_ptr))
         return bp__error_null(BP_ERR_UNSUPPORTED,
                               "device %s cannot use host memory as a buffer",
-                              bp_device_name(dev));
+                              bp_device_get_name(dev));
     if (ptr == NULL && size > 0)
         return bp__error_null(BP_ERR_INVALID_ARG, "bp_device_buffer_from_host_ptr: ptr is NULL");
     return dev->iface->buffer_from_host_ptr(dev, ptr, size, max_tensor_size);
@@ -719,14 +741,14 @@ bp_event *bp_event_new(bp_device *dev)
 {
     CHECK_HANDLE(dev, NULL);
     if (!BP_HAS(struct bp_device_iface, dev->iface, event_new))
-        return bp__error_null(BP_ERR_UNSUPPORTED, "device %s has no events", bp_device_name(dev));
+        return bp__error_null(BP_ERR_UNSUPPORTED, "device %s has no events", bp_device_get_name(dev));
     bp_event *ev = bp__calloc(1, sizeof(*ev), "an event");
     if (ev == NULL)
         return NULL;
     bp_clear_error();
     ev->handle = dev->iface->event_new(dev);
     if (ev->handle == NULL) {
-        default_error(BP_ERR_BACKEND, "device %s could not create an event", bp_device_name(dev));
+        default_error(BP_ERR_BACKEND, "device %s could not create an event", bp_device_get_name(dev));
         bp__free(ev);
         return NULL;
     }
@@ -752,17 +774,17 @@ enum bp_status bp_event_record(bp_event *event, bp_backend *backend)
     if (backend->device != event->device)
         return bp__error(BP_ERR_INVALID_ARG,
                          "bp_event_record: the event belongs to device %s, the backend to %s",
-                         bp_device_name(event->device), bp_device_name(backend->device));
+                         bp_device_get_name(event->device), bp_device_get_name(backend->device));
     if (!BP_HAS(struct bp_backend_iface, backend->iface, event_record))
         return bp__error(BP_ERR_UNSUPPORTED, "backend %s cannot record events",
-                         bp_backend_name(backend));
+                         bp_backend_get_name(backend));
     BACKEND_ENTER(backend, BP_ERR_BUSY);
     enum bp_status st = backend->iface->event_record(backend, event->handle);
     backend_leave(backend);
     return st;
 }
 
-enum bp_status bp_event_wait(bp_backend *backend, bp_event *event)
+enum bp_status bp_event_wait(bp_event *event, bp_backend *backend)
 {
     CHECK_HANDLE(event, BP_ERR_INVALID_ARG);
     CHECK_HANDLE(backend, BP_ERR_INVALID_ARG);
@@ -785,13 +807,13 @@ enum bp_status bp_event_synchronize(bp_event *event)
 
 /* ---- Registries ------------------------------------------------------------------------- */
 
-const char *bp_registry_name(bp_registry *reg)
+const char *bp_registry_get_name(bp_registry *reg)
 {
     CHECK_HANDLE(reg, "");
     return reg->iface->get_name(reg);
 }
 
-size_t bp_registry_device_count(bp_registry *reg)
+size_t bp_registry_get_device_count(bp_registry *reg)
 {
     CHECK_HANDLE(reg, 0);
     return reg->iface->get_device_count(reg);
@@ -800,11 +822,11 @@ size_t bp_registry_device_count(bp_registry *reg)
 bp_device *bp_registry_get_device(bp_registry *reg, size_t index)
 {
     CHECK_HANDLE(reg, NULL);
-    size_t n = bp_registry_device_count(reg);
+    size_t n = bp_registry_get_device_count(reg);
     if (index >= n)
         return bp__error_null(BP_ERR_OUT_OF_BOUNDS,
                               "registry %s has %zu device%s; there is no device %zu",
-                              bp_registry_name(reg), n, BP_PLURAL(n), index);
+                              bp_registry_get_name(reg), n, BP_PLURAL(n), index);
     return reg->iface->get_device(reg, index);
 }
 
@@ -817,7 +839,7 @@ void *bp_registry_get_proc_address(bp_registry *reg, const char *name)
     return reg->iface->get_proc_address(reg, name);
 }
 
-void bp_registry_api_version(bp_registry *reg, int *major, int *minor)
+void bp_registry_get_api_version(bp_registry *reg, int *major, int *minor)
 {
     if (major)
         *major = reg ? reg->api_major : 0;

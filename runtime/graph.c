@@ -218,17 +218,17 @@ enum bp_status bp_graph_build_forward(bp_graph *g, bp_tensor *out)
                      g->capacity, g->capacity, bp__describe(culprit).s);
 }
 
-size_t bp_graph_capacity(const bp_graph *g)
+size_t bp_graph_get_capacity(const bp_graph *g)
 {
     return g ? g->capacity : 0;
 }
 
-int bp_graph_n_nodes(const bp_graph *g)
+int bp_graph_get_n_nodes(const bp_graph *g)
 {
     return g ? g->n_nodes : 0;
 }
 
-int bp_graph_n_leafs(const bp_graph *g)
+int bp_graph_get_n_leafs(const bp_graph *g)
 {
     return g ? g->n_leafs : 0;
 }
@@ -240,12 +240,12 @@ static bp_tensor *index_list(bp_tensor **list, int n, int i)
     return i >= 0 && i < n ? list[i] : NULL;
 }
 
-bp_tensor *bp_graph_node(const bp_graph *g, int i)
+bp_tensor *bp_graph_get_node(const bp_graph *g, int i)
 {
     return g ? index_list(g->nodes, g->n_nodes, i) : NULL;
 }
 
-bp_tensor *bp_graph_leaf(const bp_graph *g, int i)
+bp_tensor *bp_graph_get_leaf(const bp_graph *g, int i)
 {
     return g ? index_list(g->leafs, g->n_leafs, i) : NULL;
 }
@@ -255,7 +255,7 @@ bool bp_graph_contains(const bp_graph *g, const bp_tensor *t)
     return g != NULL && t != NULL && hash_has(fresh(g), t);
 }
 
-int bp_graph_use_count(const bp_graph *g, const bp_tensor *t)
+int bp_graph_get_use_count(const bp_graph *g, const bp_tensor *t)
 {
     if (g == NULL || t == NULL)
         return 0;

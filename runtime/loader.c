@@ -464,9 +464,9 @@ static struct bp_plugin *finish_load(struct candidate *c)
         candidate_close(c);
         return NULL;
     }
-    const char *rname = bp_registry_name(reg);
+    const char *rname = bp_registry_get_name(reg);
     for (size_t i = 0; i < n_plugins; i++) {
-        if (strcasecmp(bp_registry_name(plugins[i]->reg), rname) == 0) {
+        if (strcasecmp(bp_registry_get_name(plugins[i]->reg), rname) == 0) {
             add_record(c->path, c->name, c->variant, c->score, BP_PLUGIN_FAILED,
                        "its registry name '%s' is already provided by %s", rname,
                        plugins[i]->path);
@@ -505,7 +505,7 @@ static struct bp_plugin *finish_load(struct candidate *c)
     atomic_init(&p->refs, 0);
     reg->plugin = p;
     plugins[n_plugins++] = p;
-    size_t nd = bp_registry_device_count(reg);
+    size_t nd = bp_registry_get_device_count(reg);
     /* A registry may say why it has no devices (e.g. CUDA without a driver). */
     const char *(*note_fn)(void) =
         (const char *(*)(void))bp_registry_get_proc_address(reg, "bp_registry_note");
@@ -998,17 +998,17 @@ bp_plugin *bp_plugin_by_name(const char *name)
     return p;
 }
 
-const char *bp_plugin_name(bp_plugin *p)
+const char *bp_plugin_get_name(bp_plugin *p)
 {
     return p ? p->name : "";
 }
 
-const char *bp_plugin_variant(bp_plugin *p)
+const char *bp_plugin_get_variant(bp_plugin *p)
 {
     return p ? p->variant : "";
 }
 
-const char *bp_plugin_path(bp_plugin *p)
+const char *bp_plugin_get_path(bp_plugin *p)
 {
     return p ? p->path : "";
 }
@@ -1020,7 +1020,7 @@ bp_registry *bp_plugin_get_registry(bp_plugin *p)
     return p ? p->reg : NULL;
 }
 
-int bp_plugin_refcount(bp_plugin *p)
+int bp_plugin_get_refcount(bp_plugin *p)
 {
     return p ? atomic_load(&p->refs) : 0;
 }

@@ -270,7 +270,7 @@ bp_sched *bp_sched_new(bp_backend *const *backends, bp_buffer_type *const *bufts
         return bp__error_null(BP_ERR_INVALID_ARG,
                               "bp_sched_new: the last backend must be a CPU backend, but it is %s "
                               "(a %s device)",
-                              bp_backend_name(backends[n - 1]),
+                              bp_backend_get_name(backends[n - 1]),
                               bp_device_type_name(bp_device_get_type(
                                   bp_backend_get_device(backends[n - 1]))));
     if (graph_size == 0 || graph_size > (1u << 24))
@@ -289,7 +289,7 @@ bp_sched *bp_sched_new(bp_backend *const *backends, bp_buffer_type *const *bufts
         s->bufts[i] = bufts && bufts[i] ? bufts[i] : bp_backend_get_default_buffer_type(backends[i]);
         if (s->bufts[i] == NULL || !bp_backend_supports_buft(backends[i], s->bufts[i])) {
             bp__error(BP_ERR_INVALID_ARG, "bp_sched_new: backend %s cannot use buffer type %s",
-                      bp_backend_name(backends[i]), bp_buffer_type_name(s->bufts[i]));
+                      bp_backend_get_name(backends[i]), bp_buffer_type_get_name(s->bufts[i]));
             goto fail;
         }
     }
@@ -443,7 +443,7 @@ static void assign_from_current(bp_sched *s, const bp_tensor *t)
  * assigned one when that backend runs it; without include_cpu the CPU does not spread. */
 static void expand(bp_sched *s, bp_graph *g, bool up, bool include_cpu)
 {
-    const int n = bp_graph_n_nodes(g), cpu = s->n_backends - 1;
+    const int n = bp_graph_get_n_nodes(g), cpu = s->n_backends - 1;
     bp_tensor **nodes = bp__graph_nodes(g);
     int cur = -1;
     for (int k = 0; k < n; k++) {
@@ -480,7 +480,7 @@ static enum bp_status unsupported(bp_sched *s, const bp_tensor *node, int i)
     for (int b = 0; b < s->n_backends; b++) {
         size_t used = strlen(names);
         snprintf(names + used, sizeof(names) - used, "%s%s", b ? ", " : "",
-                 bp_backend_name(s->backends[b]));
+                 bp_backend_get_name(s->backends[b]));
     }
     return bp__error(BP_ERR_UNSUPPORTED, "scheduler: no backend (%s) supports %s node %d %s",
                      names, bp_op_name(node->op), i, bp__describe(node).s);
@@ -493,7 +493,7 @@ static enum bp_status unsupported(bp_sched *s, const bp_tensor *node, int i)
  * destination only unsupported backends can use is refused here with the reason. */
 static enum bp_status check_assignments(bp_sched *s, bp_graph *g)
 {
-    const int n = bp_graph_n_nodes(g);
+    const int n = bp_graph_get_n_nodes(g);
     bp_tensor **nodes = bp__graph_nodes(g);
     for (int i = 0; i < n; i++) {
         const bp_tensor *node = nodes[i];
@@ -510,7 +510,7 @@ static enum bp_status check_assignments(bp_sched *s, bp_graph *g)
                              "scheduler: %s node %d %s is pinned to backend %s, which does not "
                              "support it",
                              bp_op_name(node->op), i, bp__describe(node).s,
-                             bp_backend_name(s->backends[b]));
+                             bp_backend_get_name(s->backends[b]));
         if (own == NULL)
             return unsupported(s, node, i);
         /* The node writes into memory it already has: say who can use it and who runs it. */
@@ -522,7 +522,7 @@ static enum bp_status check_assignments(bp_sched *s, bp_graph *g)
             if (list != NULL) {
                 size_t used = strlen(list);
                 snprintf(list + used, 256 - used, "%s%s", used ? ", " : "",
-                         bp_backend_name(s->backends[k]));
+                         bp_backend_get_name(s->backends[k]));
             }
         }
         bool many = strchr(users, ',') != NULL;
@@ -531,7 +531,7 @@ static enum bp_status check_assignments(bp_sched *s, bp_graph *g)
                          "use, and %s not support %s%s%s%s; place that memory where a backend "
                          "that runs the op can use it",
                          bp_op_name(node->op), i, bp__describe(node).s,
-                         bp_buffer_type_name(own->buft), users[0] ? users : "no backend",
+                         bp_buffer_type_get_name(own->buft), users[0] ? users : "no backend",
                          many ? "they do" : "it does", bp_op_name(node->op),
                          runners[0] ? " (" : "", runners,
                          runners[0] ? " can run it but not use that memory)" : "");
@@ -542,7 +542,7 @@ static enum bp_status check_assignments(bp_sched *s, bp_graph *g)
 /* One backend: nothing to decide, only whether it runs every node. */
 static enum bp_status assign_single_backend(bp_sched *s, bp_graph *g)
 {
-    const int n = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    const int n = bp_graph_get_n_nodes(g), nl = bp_graph_get_n_leafs(g);
     bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
     for (int i = 0; i < n; i++) {
         struct tinfo *ti = s->node_ti[i];
@@ -562,7 +562,7 @@ static enum bp_status assign_single_backend(bp_sched *s, bp_graph *g)
 /* Pins, memory already placed, graph inputs and weights, for leafs and nodes. */
 static void assign_pinned_and_placed(bp_sched *s, bp_graph *g)
 {
-    const int n = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    const int n = bp_graph_get_n_nodes(g), nl = bp_graph_get_n_leafs(g);
     bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
     for (int i = 0; i < nl; i++)
         assign_from_current(s, leafs[i]);
@@ -573,7 +573,7 @@ static void assign_pinned_and_placed(bp_sched *s, bp_graph *g)
 /* Upgrade: a node moves to a higher-priority backend that runs it and can use its buffers. */
 static void upgrade(bp_sched *s, bp_graph *g)
 {
-    const int n = bp_graph_n_nodes(g);
+    const int n = bp_graph_get_n_nodes(g);
     bp_tensor **nodes = bp__graph_nodes(g);
     for (int i = 0; i < n; i++) {
         bp_tensor *node = nodes[i];
@@ -612,7 +612,7 @@ static int most_inputs(bp_sched *s, struct tinfo *ti, const bp_tensor *node)
  * backend that runs it; a node no backend runs is an error. */
 static enum bp_status assign_rest(bp_sched *s, bp_graph *g)
 {
-    const int n = bp_graph_n_nodes(g);
+    const int n = bp_graph_get_n_nodes(g);
     bp_tensor **nodes = bp__graph_nodes(g);
     for (int i = 0; i < n; i++) {
         bp_tensor *node = nodes[i];
@@ -641,7 +641,7 @@ static enum bp_status assign_rest(bp_sched *s, bp_graph *g)
  * their first consumer unless placed already, else to the CPU. */
 static void place_views_and_leafs(bp_sched *s, bp_graph *g)
 {
-    const int n = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    const int n = bp_graph_get_n_nodes(g), nl = bp_graph_get_n_leafs(g);
     bp_tensor **nodes = bp__graph_nodes(g), **leafs = bp__graph_leafs(g);
     for (int i = 0; i < n; i++) {
         bp_tensor *node = nodes[i];
@@ -669,7 +669,7 @@ static void place_views_and_leafs(bp_sched *s, bp_graph *g)
 /* Every node and leaf of g gets a backend and a reason, in the passes of docs/sched.md. */
 static enum bp_status assign_all(bp_sched *s, bp_graph *g)
 {
-    const int n = bp_graph_n_nodes(g);
+    const int n = bp_graph_get_n_nodes(g);
     bp_tensor **nodes = bp__graph_nodes(g);
     if (!bp__grow((void **)&s->node_ti, &s->cap_node_ti, (size_t)n, sizeof(*s->node_ti),
                   "the scheduler"))
@@ -822,7 +822,7 @@ static struct split *add_input_copies(bp_sched *s, struct split *sp, bp_tensor *
 /* Cuts g into splits, runs of consecutive nodes on one backend, with their input copies. */
 static enum bp_status cut_splits(bp_sched *s, bp_graph *g)
 {
-    const int n = bp_graph_n_nodes(g);
+    const int n = bp_graph_get_n_nodes(g);
     bp_tensor **nodes = bp__graph_nodes(g);
     s->n_splits = 0;
     struct split *sp = NULL;
@@ -857,11 +857,11 @@ static enum bp_status split_graph_once(bp_sched *s, bp_graph *g);
  * starts again (the context holds only their metadata, so this is cheap and rare). */
 static enum bp_status split_graph(bp_sched *s, bp_graph *g)
 {
-    const size_t tensors = (size_t)bp_graph_n_nodes(g) + (size_t)bp_graph_n_leafs(g);
+    const size_t tensors = (size_t)bp_graph_get_n_nodes(g) + (size_t)bp_graph_get_n_leafs(g);
     if (!resize_infos(s, 4 * tensors))
         return BP_ERR_OUT_OF_MEMORY;
     for (;;) {
-        const size_t cap = bp_context_capacity(s->ctx);
+        const size_t cap = bp_context_get_capacity(s->ctx);
         enum bp_status st = split_graph_once(s, g);
         if (s->overflow) {
             restore_sources(s);
@@ -869,7 +869,7 @@ static enum bp_status split_graph(bp_sched *s, bp_graph *g)
                 return BP_ERR_OUT_OF_MEMORY;
             continue;
         }
-        if (st != BP_ERR_CAPACITY || bp_context_n_tensors(s->ctx) < cap)
+        if (st != BP_ERR_CAPACITY || bp_context_get_n_tensors(s->ctx) < cap)
             return st;
         bp_context *bigger = bp_context_new(2 * cap);
         if (bigger == NULL)
@@ -886,7 +886,7 @@ static enum bp_status split_direct(bp_sched *s, bp_graph *g)
     struct split *sp = new_split(s, 0, 0);
     if (sp == NULL)
         return BP_ERR_OUT_OF_MEMORY;
-    sp->i1 = bp_graph_n_nodes(g);
+    sp->i1 = bp_graph_get_n_nodes(g);
     s->direct = g;
     return BP_OK;
 }
@@ -924,7 +924,7 @@ static int alloc_leafs(bp_sched *s, bp_graph *g)
 {
     bp_tensor **gleafs = bp__graph_leafs(g);
     int k = 0;
-    for (int i = 0; i < bp_graph_n_leafs(g); i++) {
+    for (int i = 0; i < bp_graph_get_n_leafs(g); i++) {
         s->leaf_buf[k] = gleafs[i];
         s->leaf_ids[k++] = info(s, gleafs[i])->backend;
     }
@@ -943,9 +943,9 @@ static enum bp_status build_alloc_graph(bp_sched *s, bp_graph *g)
     int total_inputs = 0;
     for (int i = 0; i < s->n_splits; i++)
         total_inputs += s->splits[i].n_inputs;
-    const size_t n_alloc = (size_t)bp_graph_n_nodes(g) + (size_t)total_inputs;
+    const size_t n_alloc = (size_t)bp_graph_get_n_nodes(g) + (size_t)total_inputs;
     const size_t n_leafs =
-        (size_t)bp_graph_n_leafs(g) + (size_t)s->n_copy_sets * (size_t)s->n_copies;
+        (size_t)bp_graph_get_n_leafs(g) + (size_t)s->n_copy_sets * (size_t)s->n_copies;
     const size_t need = n_alloc > n_leafs ? n_alloc : n_leafs;
     if (!bp__grow((void **)&s->node_ids, &s->cap_node_ids, need, sizeof(int), "scheduler ids") ||
         !bp__grow((void **)&s->leaf_ids, &s->cap_leaf_ids, need, sizeof(int), "scheduler ids") ||
@@ -958,8 +958,8 @@ static enum bp_status build_alloc_graph(bp_sched *s, bp_graph *g)
     if (n_nodes_alloc < 0)
         return bp_last_status();
     const int n_leafs_alloc = alloc_leafs(s, g);
-    if ((size_t)n_nodes_alloc > bp_graph_capacity(s->graph) ||
-        (size_t)n_leafs_alloc > bp_graph_capacity(s->graph)) {
+    if ((size_t)n_nodes_alloc > bp_graph_get_capacity(s->graph) ||
+        (size_t)n_leafs_alloc > bp_graph_get_capacity(s->graph)) {
         bp_graph_free(s->graph);
         s->graph = bp_graph_new(need);
         if (s->graph == NULL)
@@ -975,7 +975,7 @@ static enum bp_status set_split_graphs(bp_sched *s, bp_graph *g)
     for (int i = 0; i < s->n_splits; i++) {
         struct split *sp = &s->splits[i];
         const int len = sp->i1 - sp->i0;
-        if (sp->graph == NULL || bp_graph_capacity(sp->graph) < (size_t)(len ? len : 1)) {
+        if (sp->graph == NULL || bp_graph_get_capacity(sp->graph) < (size_t)(len ? len : 1)) {
             bp_graph_free(sp->graph);
             sp->graph = bp_graph_new((size_t)(len ? len : 1));
             if (sp->graph == NULL)
@@ -993,7 +993,7 @@ static enum bp_status set_split_graphs(bp_sched *s, bp_graph *g)
 static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
 {
     restore_sources(s);
-    const int n = bp_graph_n_nodes(g);
+    const int n = bp_graph_get_n_nodes(g);
     if ((size_t)n > s->graph_size)
         return bp__error(BP_ERR_CAPACITY, "scheduler: the graph has %d nodes; the scheduler was "
                          "made for %zu", n, s->graph_size);
@@ -1022,21 +1022,21 @@ static void debug_print(bp_sched *s, bp_graph *g)
 {
     if (s->debug <= 0)
         return;
-    fprintf(stderr, "bp_sched: %d nodes in %d splits\n", bp_graph_n_nodes(g), s->n_splits);
+    fprintf(stderr, "bp_sched: %d nodes in %d splits\n", bp_graph_get_n_nodes(g), s->n_splits);
     for (int i = 0; i < s->n_splits; i++) {
         struct split *sp = &s->splits[i];
         fprintf(stderr, "  split %d on %s: nodes %d..%d, %d inputs", i,
-                bp_backend_name(s->backends[sp->backend]), sp->i0, sp->i1 - 1, sp->n_inputs);
+                bp_backend_get_name(s->backends[sp->backend]), sp->i0, sp->i1 - 1, sp->n_inputs);
         for (int j = 0; j < sp->n_inputs; j++)
             fprintf(stderr, "%s%s", j ? ", " : ": ", bp__describe(sp->inputs[j]).s);
         fprintf(stderr, "\n");
         if (s->debug < 2)
             continue;
         for (int k = sp->i0; k < sp->i1; k++) {
-            bp_tensor *node = bp_graph_node(g, k);
+            bp_tensor *node = bp_graph_get_node(g, k);
             const struct tinfo *ti = info(s, node);
             fprintf(stderr, "    %4d %-10s %-10s %s (%s)\n", k, bp_op_name(node->op),
-                    bp_backend_name(s->backends[ti->backend]), bp__describe(node).s,
+                    bp_backend_get_name(s->backends[ti->backend]), bp__describe(node).s,
                     why_text[ti->why]);
         }
     }
@@ -1129,13 +1129,13 @@ static enum bp_status compute_observed(bp_sched *s, struct split *sp, bool *stop
 {
     bp_backend *be = s->backends[sp->backend];
     bp_graph *sg = graph_of(s, sp);
-    const int n = bp_graph_n_nodes(sg);
+    const int n = bp_graph_get_n_nodes(sg);
     int j0 = 0;
     while (j0 < n) {
         int j1 = j0;
         /* Run up to and including the first node the user wants to see. */
         bool want = false;
-        while (j1 < n && !(want = s->eval_fn(bp_graph_node(sg, j1), true, s->eval_user)))
+        while (j1 < n && !(want = s->eval_fn(bp_graph_get_node(sg, j1), true, s->eval_user)))
             j1++;
         const int end = want ? j1 + 1 : n;
         bp_graph *part = bp_graph_view(sg, j0, end);
@@ -1147,7 +1147,7 @@ static enum bp_status compute_observed(bp_sched *s, struct split *sp, bool *stop
         bp_graph_free(part);
         if (st != BP_OK)
             return st;
-        if (want && !s->eval_fn(bp_graph_node(sg, j1), false, s->eval_user)) {
+        if (want && !s->eval_fn(bp_graph_get_node(sg, j1), false, s->eval_user)) {
             *stop = true;
             return BP_OK;
         }
@@ -1243,7 +1243,7 @@ enum bp_status bp_sched_set_tensor_backend(bp_sched *s, bp_tensor *t, bp_backend
     int b = backend_index(s, be);
     if (b < 0)
         return bp__error(BP_ERR_INVALID_ARG, "bp_sched_set_tensor_backend: backend %s is not one "
-                         "of the scheduler's", bp_backend_name(be));
+                         "of the scheduler's", bp_backend_get_name(be));
     for (int i = 0; i < s->n_pins; i++) {
         if (s->pins[i].t == t) {
             s->pins[i].backend = b;
@@ -1302,7 +1302,7 @@ int bp_sched_get_n_copies(bp_sched *s)
 size_t bp_sched_get_buffer_size(bp_sched *s, bp_backend *be)
 {
     int b = s ? backend_index(s, be) : -1;
-    return b >= 0 ? bp_gallocr_buffer_size(s->galloc, b) : 0;
+    return b >= 0 ? bp_gallocr_get_buffer_size(s->galloc, b) : 0;
 }
 
 void bp_sched_set_eval_callback(bp_sched *s, bp_sched_eval_fn fn, void *user_data)
@@ -1323,9 +1323,9 @@ enum bp_status bp_sched_dump_dot(bp_sched *s, bp_graph *g, FILE *out)
     for (int i = 0; i < s->n_splits; i++) {
         struct split *sp = &s->splits[i];
         fprintf(out, "  subgraph cluster_%d {\n    label=\"split %d: %s\";\n", i, i,
-                bp_backend_name(s->backends[sp->backend]));
-        for (int k = sp->i0; k < sp->i1 && k < bp_graph_n_nodes(g); k++) {
-            const bp_tensor *n = bp_graph_node(g, k);
+                bp_backend_get_name(s->backends[sp->backend]));
+        for (int k = sp->i0; k < sp->i1 && k < bp_graph_get_n_nodes(g); k++) {
+            const bp_tensor *n = bp_graph_get_node(g, k);
             int b = known(s, n) ? info(s, n)->backend : -1;
             fprintf(out, "    n%p [label=\"%d %s\\n%s\", fillcolor=%s];\n", (const void *)n, k,
                     bp_op_name(n->op), n->name, b >= 0 ? colors[b % 8] : "white");
@@ -1336,8 +1336,8 @@ enum bp_status bp_sched_dump_dot(bp_sched *s, bp_graph *g, FILE *out)
                     colors[sp->backend % 8]);
         fprintf(out, "  }\n");
     }
-    for (int k = 0; k < bp_graph_n_nodes(g); k++) {
-        const bp_tensor *n = bp_graph_node(g, k);
+    for (int k = 0; k < bp_graph_get_n_nodes(g); k++) {
+        const bp_tensor *n = bp_graph_get_node(g, k);
         for (int j = 0; j < BP_MAX_SRC; j++) {
             const bp_tensor *src = n->src[j];
             if (src == NULL)

@@ -57,10 +57,10 @@ static char *list_names(bool devices)
     bp__registry_snapshot(regs, MAX_REGISTRIES);
     char *out = bp__strdup("", "a list of names");
     for (size_t i = 0; i < n && out != NULL; i++) {
-        size_t nd = devices ? bp_registry_device_count(regs[i]) : 1;
+        size_t nd = devices ? bp_registry_get_device_count(regs[i]) : 1;
         for (size_t j = 0; j < nd && out != NULL; j++) {
-            const char *name = devices ? bp_device_name(regs[i]->iface->get_device(regs[i], j))
-                                       : bp_registry_name(regs[i]);
+            const char *name = devices ? bp_device_get_name(regs[i]->iface->get_device(regs[i], j))
+                                       : bp_registry_get_name(regs[i]);
             out = bp__strcat_printf(out, "a list of names", "%s%s", out[0] ? ", " : "", name);
         }
     }
@@ -72,9 +72,9 @@ static char *list_names(bool devices)
                          "a list of names");
     }
     for (size_t i = 0; devices && i < n && out != NULL; i++) {
-        if (bp_registry_device_count(regs[i]) == 0)
+        if (bp_registry_get_device_count(regs[i]) == 0)
             out = bp__strcat_printf(out, "a list of names", "; registry '%s' has no devices: %s",
-                                    bp_registry_name(regs[i]), empty_reason(regs[i]));
+                                    bp_registry_get_name(regs[i]), empty_reason(regs[i]));
     }
     return out;
 }
@@ -93,7 +93,7 @@ bp_registry *bp_registry_by_name(const char *name)
     size_t n = bp_registry_count();
     bp__registry_snapshot(regs, MAX_REGISTRIES);
     for (size_t i = 0; i < n; i++) {
-        if (strcasecmp(bp_registry_name(regs[i]), name) == 0)
+        if (strcasecmp(bp_registry_get_name(regs[i]), name) == 0)
             return regs[i];
     }
     char *names = list_names(false);
@@ -109,7 +109,7 @@ size_t bp_device_count(void)
     size_t n = bp_registry_count(), total = 0;
     bp__registry_snapshot(regs, MAX_REGISTRIES);
     for (size_t i = 0; i < n; i++)
-        total += bp_registry_device_count(regs[i]);
+        total += bp_registry_get_device_count(regs[i]);
     return total;
 }
 
@@ -119,7 +119,7 @@ bp_device *bp_device_get(size_t index)
     size_t n = bp_registry_count(), at = index;
     bp__registry_snapshot(regs, MAX_REGISTRIES);
     for (size_t i = 0; i < n; i++) {
-        size_t nd = bp_registry_device_count(regs[i]);
+        size_t nd = bp_registry_get_device_count(regs[i]);
         if (at < nd)
             return bp_registry_get_device(regs[i], at);
         at -= nd;
@@ -134,7 +134,7 @@ static bp_device *find_device(const char *name)
     size_t n = bp_device_count();
     for (size_t i = 0; i < n; i++) {
         bp_device *d = bp_device_get(i);
-        if (d != NULL && strcasecmp(bp_device_name(d), name) == 0)
+        if (d != NULL && strcasecmp(bp_device_get_name(d), name) == 0)
             return d;
     }
     return NULL;
@@ -206,11 +206,11 @@ bp_backend *bp_backend_init_by_name(const char *name, const char *params)
         size_t n = bp_registry_count();
         bp__registry_snapshot(regs, MAX_REGISTRIES);
         for (size_t i = 0; i < n; i++) {
-            if (strcasecmp(bp_registry_name(regs[i]), name) != 0)
+            if (strcasecmp(bp_registry_get_name(regs[i]), name) != 0)
                 continue;
-            if (bp_registry_device_count(regs[i]) == 0)
+            if (bp_registry_get_device_count(regs[i]) == 0)
                 return bp__error_null(BP_ERR_NOT_FOUND, "registry '%s' exists but has no "
-                                      "devices: %s", bp_registry_name(regs[i]),
+                                      "devices: %s", bp_registry_get_name(regs[i]),
                                       empty_reason(regs[i]));
             d = bp_registry_get_device(regs[i], 0);
             break;

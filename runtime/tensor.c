@@ -47,12 +47,12 @@ void bp_context_reset(bp_context *ctx)
         ctx->n_tensors = 0;
 }
 
-size_t bp_context_n_tensors(const bp_context *ctx)
+size_t bp_context_get_n_tensors(const bp_context *ctx)
 {
     return ctx ? ctx->n_tensors : 0;
 }
 
-size_t bp_context_capacity(const bp_context *ctx)
+size_t bp_context_get_capacity(const bp_context *ctx)
 {
     return ctx ? ctx->capacity : 0;
 }

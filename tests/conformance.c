@@ -50,8 +50,8 @@ static float rng_float(uint64_t *s, float lo, float hi)
 /* The node that consumes leaf as source `slot`, if any. */
 static const bp_tensor *consumer(bp_graph *g, const bp_tensor *leaf, int *slot)
 {
-    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
-        const bp_tensor *n = bp_graph_node(g, i);
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++) {
+        const bp_tensor *n = bp_graph_get_node(g, i);
         for (int s = 0; s < BP_MAX_SRC; s++) {
             if (n->src[s] == leaf) {
                 *slot = s;
@@ -153,11 +153,11 @@ bool conf_run(bp_backend *be, const struct conf_case *c, int v, bool *unsupporte
     }
     bp_graph_build_forward(gr, outr);
     bp_graph_build_forward(gd, outd);
-    for (int i = 0; i < bp_graph_n_nodes(gd); i++) {
-        if (!bp_backend_supports_op(be, bp_graph_node(gd, i))) {
+    for (int i = 0; i < bp_graph_get_n_nodes(gd); i++) {
+        if (!bp_backend_supports_op(be, bp_graph_get_node(gd, i))) {
             *unsupported = true;
             snprintf(why, why_size, "%s[%d]: %s does not support node %d (%s)", c->name, v,
-                     bp_backend_name(be), i, bp_op_name(bp_graph_node(gd, i)->op));
+                     bp_backend_get_name(be), i, bp_op_name(bp_graph_get_node(gd, i)->op));
             goto done;
         }
     }
@@ -167,8 +167,8 @@ bool conf_run(bp_backend *be, const struct conf_case *c, int v, bool *unsupporte
         snprintf(why, why_size, "%s[%d]: allocation failed: %s", c->name, v, bp_last_error());
         goto done;
     }
-    for (int i = 0; i < bp_graph_n_leafs(gr); i++) {
-        bp_tensor *lr = bp_graph_leaf(gr, i), *ld = bp_graph_leaf(gd, i);
+    for (int i = 0; i < bp_graph_get_n_leafs(gr); i++) {
+        bp_tensor *lr = bp_graph_get_leaf(gr, i), *ld = bp_graph_get_leaf(gd, i);
         fill_leaf(gr, lr, 0x5eed0000u + (uint64_t)i * 7919u + (uint64_t)v * 104729u);
         size_t bytes = bp_nbytes(lr);
         void *tmp = malloc(bytes ? bytes : 1);

@@ -418,8 +418,8 @@ bool ref_compute_node(bp_tensor *r)
 
 bool ref_compute_graph(bp_graph *g)
 {
-    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
-        if (!ref_compute_node(bp_graph_node(g, i)))
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++) {
+        if (!ref_compute_node(bp_graph_get_node(g, i)))
             return false;
     }
     return true;

@@ -98,7 +98,7 @@ START_TEST(test_gallocr_reuse_inplace_and_pinning)
 
     bp_buffer_type *h = bp_host_buffer_type();
     bp_gallocr *ga = bp_gallocr_new(&h, 1);
-    ck_assert_uint_eq(bp_gallocr_buffer_size(ga, 0), 0);
+    ck_assert_uint_eq(bp_gallocr_get_buffer_size(ga, 0), 0);
     ck_assert_int_eq(bp_gallocr_alloc_graph(ga, g, NULL, NULL), BP_OK);
     ck_assert_ptr_eq(b->data, a->data);  /* in place */
     ck_assert_ptr_ne(c->data, b->data);  /* b still needed by d */
@@ -107,8 +107,8 @@ START_TEST(test_gallocr_reuse_inplace_and_pinning)
     ck_assert(!overlaps(x, a));          /* the input is never reused */
     ck_assert(!overlaps(c, d));
     /* x, a(=b=d=e) and c: three blocks instead of six. */
-    ck_assert_uint_eq(bp_gallocr_buffer_size(ga, 0), 3 * 1024);
-    ck_assert_int_eq(bp_gallocr_n_reallocs(ga), 0);
+    ck_assert_uint_eq(bp_gallocr_get_buffer_size(ga, 0), 3 * 1024);
+    ck_assert_int_eq(bp_gallocr_get_n_reallocs(ga), 0);
 
     /* Computing through the placement gives the reference values. */
     float xv[256];
@@ -140,7 +140,7 @@ START_TEST(test_gallocr_views_keep_source_alive)
     bp_tensor *c = bp_sqr(ctx, b);
     bp_tensor *w = bp_add(ctx, c, v);
     ck_assert_int_eq(bp_graph_build_forward(g, w), BP_OK);
-    ck_assert_int_eq(bp_graph_n_nodes(g), 5);
+    ck_assert_int_eq(bp_graph_get_n_nodes(g), 5);
     bp_buffer_type *h = bp_host_buffer_type();
     bp_gallocr *ga = bp_gallocr_new(&h, 1);
     ck_assert_int_eq(bp_gallocr_alloc_graph(ga, g, NULL, NULL), BP_OK);
@@ -188,7 +188,7 @@ START_TEST(test_gallocr_reserve_then_smaller_graphs)
     bp_context *wc = bp_context_new(64);
     bp_graph *worst = chain_graph(wc, 128, 6);
     ck_assert_int_eq(bp_gallocr_reserve(ga, worst, NULL, NULL), BP_OK);
-    size_t reserved = bp_gallocr_buffer_size(ga, 0);
+    size_t reserved = bp_gallocr_get_buffer_size(ga, 0);
     ck_assert_uint_gt(reserved, 0);
     /* Far below the naive sum of every intermediate (12 of 16 KiB plus the leafs). */
     ck_assert_uint_lt(reserved, 6 * 2 * 128 * 32 * 4);
@@ -196,8 +196,8 @@ START_TEST(test_gallocr_reserve_then_smaller_graphs)
         bp_context *c = bp_context_new(64);
         bp_graph *g = chain_graph(c, n, 6);
         ck_assert_int_eq(bp_gallocr_alloc_graph(ga, g, NULL, NULL), BP_OK);
-        ck_assert_int_eq(bp_gallocr_n_reallocs(ga), 0);
-        ck_assert_uint_eq(bp_gallocr_buffer_size(ga, 0), reserved);
+        ck_assert_int_eq(bp_gallocr_get_n_reallocs(ga), 0);
+        ck_assert_uint_eq(bp_gallocr_get_buffer_size(ga, 0), reserved);
         bp_graph_free(g);
         bp_context_free(c);
     }
@@ -205,10 +205,21 @@ START_TEST(test_gallocr_reserve_then_smaller_graphs)
     bp_context *c = bp_context_new(64);
     bp_graph *g = chain_graph(c, 512, 6);
     ck_assert_int_eq(bp_gallocr_alloc_graph(ga, g, NULL, NULL), BP_OK);
-    ck_assert_int_eq(bp_gallocr_n_reallocs(ga), 1);
-    ck_assert_uint_gt(bp_gallocr_buffer_size(ga, 0), reserved);
+    ck_assert_int_eq(bp_gallocr_get_n_reallocs(ga), 1);
+    ck_assert_uint_gt(bp_gallocr_get_buffer_size(ga, 0), reserved);
     bp_graph_free(g);
     bp_context_free(c);
+    /* The one-buffer-type shortcuts plan exactly as the general calls do. */
+    bp_gallocr *g1 = bp_gallocr_new_1(h);
+    ck_assert_ptr_nonnull(g1);
+    ck_assert_int_eq(bp_gallocr_reserve_1(g1, worst), BP_OK);
+    ck_assert_uint_eq(bp_gallocr_get_buffer_size(g1, 0), reserved);
+    ck_assert_int_eq(bp_gallocr_alloc_graph_1(g1, worst), BP_OK);
+    ck_assert_int_eq(bp_gallocr_get_n_reallocs(g1), 0);
+    bp_gallocr_free(g1);
+    ck_assert_rejected(bp_gallocr_new_1(NULL), BP_ERR_INVALID_ARG, "buffer type 0 is NULL");
+    ck_assert_rejected(bp_alloc_ctx_tensors_for_backend(wc, NULL), BP_ERR_INVALID_ARG,
+                       "bp_alloc_ctx_tensors_for_backend: backend is NULL");
     bp_graph_free(worst);
     bp_context_free(wc);
     bp_gallocr_free(ga);
@@ -377,8 +388,8 @@ static bp_tensor *random_graph(bp_context *ctx, uint64_t seed)
 static void fill_leafs(bp_graph *g, uint64_t seed)
 {
     struct rng r = {seed ^ 0x9e3779b97f4a7c15ull};
-    for (int i = 0; i < bp_graph_n_leafs(g); i++) {
-        bp_tensor *l = bp_graph_leaf(g, i);
+    for (int i = 0; i < bp_graph_get_n_leafs(g); i++) {
+        bp_tensor *l = bp_graph_get_leaf(g, i);
         int64_t n = bp_nelements(l);
         float *v = malloc((size_t)n * sizeof(float));
         for (int64_t j = 0; j < n; j++)
@@ -402,17 +413,17 @@ static bool reads_memory_of(const bp_tensor *node, const bp_tensor *owner)
  * a source it reads may overlap only as the exact in-place target of an element-wise op. */
 static void check_no_live_overlap(bp_graph *g, int i)
 {
-    bp_tensor *node = bp_graph_node(g, i);
+    bp_tensor *node = bp_graph_get_node(g, i);
     if (node->view_src != NULL)
         return;
-    for (int j = -bp_graph_n_leafs(g); j < i; j++) {
-        bp_tensor *u = j < 0 ? bp_graph_leaf(g, -j - 1) : bp_graph_node(g, j);
+    for (int j = -bp_graph_get_n_leafs(g); j < i; j++) {
+        bp_tensor *u = j < 0 ? bp_graph_get_leaf(g, -j - 1) : bp_graph_get_node(g, j);
         if (u->view_src != NULL || u->buffer != node->buffer || !overlaps(u, node))
             continue;
         bool needed = u->op == BP_OP_NONE ||
                       (u->flags & (BP_TENSOR_FLAG_INPUT | BP_TENSOR_FLAG_OUTPUT));
-        for (int k = i + 1; k < bp_graph_n_nodes(g) && !needed; k++)
-            needed = reads_memory_of(bp_graph_node(g, k), u);
+        for (int k = i + 1; k < bp_graph_get_n_nodes(g) && !needed; k++)
+            needed = reads_memory_of(bp_graph_get_node(g, k), u);
         ck_assert_msg(!needed, "node %d (%s) overwrites %s, which is still needed", i,
                       bp_op_name(node->op), j < 0 ? "a leaf" : bp_op_name(u->op));
         if (reads_memory_of(node, u))
@@ -433,10 +444,10 @@ START_TEST(test_gallocr_random_graphs)
         bp_graph *ga_graph = bp_graph_new(512), *gb = bp_graph_new(512);
         ck_assert_int_eq(bp_graph_build_forward(ga_graph, ta), BP_OK);
         ck_assert_int_eq(bp_graph_build_forward(gb, tb), BP_OK);
-        ck_assert_int_eq(bp_graph_n_nodes(ga_graph), bp_graph_n_nodes(gb));
+        ck_assert_int_eq(bp_graph_get_n_nodes(ga_graph), bp_graph_get_n_nodes(gb));
 
         /* Half the graphs spread their tensors over two buffer types at random. */
-        int nn = bp_graph_n_nodes(ga_graph), nl = bp_graph_n_leafs(ga_graph);
+        int nn = bp_graph_get_n_nodes(ga_graph), nl = bp_graph_get_n_leafs(ga_graph);
         int *node_ids = calloc((size_t)nn + 1, sizeof(int)), *leaf_ids = calloc((size_t)nl + 1, sizeof(int));
         struct rng r = {seed};
         for (int i = 0; seed % 2 == 0 && i < nn; i++)
@@ -452,7 +463,7 @@ START_TEST(test_gallocr_random_graphs)
         fill_leafs(gb, seed);
 
         for (int i = 0; i < nn; i++) {
-            bp_tensor *node = bp_graph_node(ga_graph, i);
+            bp_tensor *node = bp_graph_get_node(ga_graph, i);
             ck_assert_ptr_nonnull(node->data);
             if (node->view_src == NULL)
                 ck_assert_ptr_eq(bp_buffer_get_type(node->buffer), bufts[node_ids[i]]);
@@ -462,18 +473,18 @@ START_TEST(test_gallocr_random_graphs)
                       (char *)node->data + bp_nbytes(node) <= base + bp_buffer_get_size(node->buffer));
             check_no_live_overlap(ga_graph, i);
             ck_assert(ref_compute_node(node));
-            ck_assert(ref_compute_node(bp_graph_node(gb, i)));
+            ck_assert(ref_compute_node(bp_graph_get_node(gb, i)));
         }
         /* Every output matches the unshared computation bit for bit. */
         for (int i = 0; i < nn; i++) {
-            bp_tensor *x = bp_graph_node(ga_graph, i), *y = bp_graph_node(gb, i);
+            bp_tensor *x = bp_graph_get_node(ga_graph, i), *y = bp_graph_get_node(gb, i);
             if (!(x->flags & BP_TENSOR_FLAG_OUTPUT))
                 continue;
             ck_assert_msg(memcmp(x->data, y->data, bp_nbytes(x)) == 0,
                           "seed %llu: output node %d (%s) differs", (unsigned long long)seed, i,
                           bp_op_name(x->op));
         }
-        size_t total = bp_gallocr_buffer_size(ga, 0) + bp_gallocr_buffer_size(ga, 1);
+        size_t total = bp_gallocr_get_buffer_size(ga, 0) + bp_gallocr_get_buffer_size(ga, 1);
         if (total < bp_buffer_get_size(naive))
             shared++;
         graphs++;

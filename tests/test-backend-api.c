@@ -28,11 +28,11 @@ static void teardown(void)
 START_TEST(test_host_buffer_type)
 {
     bp_buffer_type *h = bp_host_buffer_type();
-    ck_assert_str_eq(bp_buffer_type_name(h), "Host");
-    ck_assert_uint_ge(bp_buffer_type_alignment(h), 64);
-    ck_assert_uint_eq(bp_buffer_type_max_size(h), SIZE_MAX);
+    ck_assert_str_eq(bp_buffer_type_get_name(h), "Host");
+    ck_assert_uint_ge(bp_buffer_type_get_alignment(h), 64);
+    ck_assert_uint_eq(bp_buffer_type_get_max_size(h), SIZE_MAX);
     ck_assert(bp_buffer_type_is_host(h));
-    ck_assert_ptr_null(bp_buffer_type_device(h));
+    ck_assert_ptr_null(bp_buffer_type_get_device(h));
 
     bp_buffer *z = bp_buffer_type_alloc(h, 0); /* zero-sized buffers are valid */
     ck_assert_ptr_nonnull(z);
@@ -227,12 +227,12 @@ END_TEST
 
 START_TEST(test_device_and_registry)
 {
-    ck_assert_str_eq(bp_registry_name(reg), "TestAccel");
-    ck_assert_uint_eq(bp_registry_device_count(reg), 1);
+    ck_assert_str_eq(bp_registry_get_name(reg), "TestAccel");
+    ck_assert_uint_eq(bp_registry_get_device_count(reg), 1);
     ck_assert_ptr_eq(bp_device_get_registry(accel), reg);
     ck_assert_rejected(bp_registry_get_device(reg, 1), BP_ERR_OUT_OF_BOUNDS, "no device 1");
     int major, minor;
-    bp_registry_api_version(reg, &major, &minor);
+    bp_registry_get_api_version(reg, &major, &minor);
     ck_assert_int_eq(major, BP_PLUGIN_API_MAJOR);
     ck_assert_int_eq(minor, BP_PLUGIN_API_MINOR);
     int (*answer)(void) = (int (*)(void))bp_registry_get_proc_address(reg, "test_device_answer");
@@ -240,12 +240,12 @@ START_TEST(test_device_and_registry)
     ck_assert_int_eq(answer(), 42);
     ck_assert_ptr_null(bp_registry_get_proc_address(reg, "bp_comm_init"));
 
-    ck_assert_str_eq(bp_device_name(accel), "ACCEL0");
-    ck_assert_str_eq(bp_device_description(accel), "backplane test accelerator");
+    ck_assert_str_eq(bp_device_get_name(accel), "ACCEL0");
+    ck_assert_str_eq(bp_device_get_description(accel), "backplane test accelerator");
     ck_assert_int_eq(bp_device_get_type(accel), BP_DEVICE_TYPE_ACCEL);
     ck_assert_str_eq(bp_device_type_name(BP_DEVICE_TYPE_META), "META");
     size_t f, t;
-    bp_device_memory(accel, &f, &t);
+    bp_device_get_memory(accel, &f, &t);
     ck_assert_uint_eq(f, 3u << 20);
     ck_assert_uint_eq(t, 4u << 20);
     struct bp_device_props p;
@@ -261,12 +261,12 @@ START_TEST(test_device_and_registry)
                        "ACCEL0");
 
     bp_buffer_type *buft = bp_device_get_buffer_type(accel);
-    ck_assert_str_eq(bp_buffer_type_name(buft), "TestAccel");
-    ck_assert_ptr_eq(bp_buffer_type_device(buft), accel);
-    ck_assert_uint_eq(bp_buffer_type_max_size(buft), 1u << 20);
+    ck_assert_str_eq(bp_buffer_type_get_name(buft), "TestAccel");
+    ck_assert_ptr_eq(bp_buffer_type_get_device(buft), accel);
+    ck_assert_uint_eq(bp_buffer_type_get_max_size(buft), 1u << 20);
     bp_tensor *x = bp_new_tensor_1d(ctx, BP_TYPE_F32, 3);
-    ck_assert_uint_eq(bp_buffer_type_alloc_size(buft, x), 256);
-    ck_assert_uint_eq(bp_buffer_type_alloc_size(bp_host_buffer_type(), x), 12);
+    ck_assert_uint_eq(bp_buffer_type_get_alloc_size(buft, x), 256);
+    ck_assert_uint_eq(bp_buffer_type_get_alloc_size(bp_host_buffer_type(), x), 12);
     ck_assert_rejected(bp_buffer_type_alloc(buft, (1u << 20) + 1), BP_ERR_OUT_OF_MEMORY,
                        "largest buffer is 1048576 bytes");
 }
@@ -276,7 +276,7 @@ START_TEST(test_backend_compute_and_async)
 {
     bp_backend *be = bp_device_init_backend(accel, "threads=2");
     ck_assert_ptr_nonnull(be);
-    ck_assert_str_eq(bp_backend_name(be), "ACCEL0");
+    ck_assert_str_eq(bp_backend_get_name(be), "ACCEL0");
     ck_assert_ptr_eq(bp_backend_get_device(be), accel);
     ck_assert_ptr_eq(bp_backend_get_default_buffer_type(be), bp_device_get_buffer_type(accel));
     ck_assert(bp_backend_supports_buft(be, bp_device_get_buffer_type(accel)));
@@ -333,6 +333,19 @@ START_TEST(test_backend_compute_and_async)
 
     ck_assert_rejected(bp_device_init_backend(accel, "fail"), BP_ERR_BACKEND,
                        "could not create a backend");
+
+    /* A backend without threads, and a count that is none. */
+    bp_backend *be2 = bp_device_init_backend(accel, NULL);
+    bp_clear_error();
+    ck_assert_int_eq(bp_backend_set_n_threads(be2, 2), BP_ERR_UNSUPPORTED);
+    ck_assert_error_has(BP_ERR_UNSUPPORTED, "backend ACCEL0 has no thread count to set");
+    ck_assert_int_eq(bp_backend_set_n_threads(be2, 0), BP_ERR_INVALID_ARG);
+    ck_assert_int_eq(bp_backend_set_n_threads(NULL, 2), BP_ERR_INVALID_ARG);
+    bp_buffer *b2 = bp_alloc_ctx_tensors_for_backend(ctx, be2);
+    ck_assert_ptr_nonnull(b2);
+    ck_assert_ptr_eq(bp_buffer_get_type(b2), bp_device_get_buffer_type(accel));
+    bp_buffer_free(b2);
+    bp_backend_free(be2);
 }
 END_TEST
 
@@ -415,7 +428,7 @@ START_TEST(test_events)
     ck_assert_ptr_nonnull(ev);
     ck_assert_int_eq(bp_event_synchronize(ev), BP_ERR_BACKEND); /* never recorded */
     ck_assert_int_eq(bp_event_record(ev, be), BP_OK);
-    ck_assert_int_eq(bp_event_wait(be, ev), BP_OK);
+    ck_assert_int_eq(bp_event_wait(ev, be), BP_OK);
     ck_assert_int_eq(bp_event_synchronize(ev), BP_OK);
     ck_assert_int_eq(test_device_stats.events_recorded, 1);
     ck_assert_int_eq(test_device_stats.events_waited, 1);
@@ -425,7 +438,7 @@ START_TEST(test_events)
     bp_backend *be2 = bp_device_init_backend(bp_registry_get_device(other, 0), NULL);
     ck_assert_int_eq(bp_event_record(ev, be2), BP_ERR_INVALID_ARG);
     /* ...but can wait on it: the runtime blocks on the event instead. */
-    ck_assert_int_eq(bp_event_wait(be2, ev), BP_OK);
+    ck_assert_int_eq(bp_event_wait(ev, be2), BP_OK);
     ck_assert_int_eq(test_device_stats.events_waited, 1);
     bp_backend_free(be2);
     bp_registry_free(other);
@@ -560,26 +573,26 @@ END_TEST
 START_TEST(test_null_handles)
 {
     bp_clear_error();
-    ck_assert_str_eq(bp_buffer_type_name(NULL), "");
+    ck_assert_str_eq(bp_buffer_type_get_name(NULL), "");
     ck_assert_int_eq(bp_last_status(), BP_ERR_INVALID_ARG);
-    ck_assert_uint_eq(bp_buffer_type_alignment(NULL), 0);
+    ck_assert_uint_eq(bp_buffer_type_get_alignment(NULL), 0);
     ck_assert(!bp_buffer_type_is_host(NULL));
     ck_assert_ptr_null(bp_buffer_get_base(NULL));
     ck_assert_uint_eq(bp_buffer_get_size(NULL), 0);
     ck_assert_int_eq(bp_buffer_clear(NULL, 0), BP_ERR_INVALID_ARG);
-    ck_assert_str_eq(bp_backend_name(NULL), "");
+    ck_assert_str_eq(bp_backend_get_name(NULL), "");
     ck_assert_int_eq(bp_backend_synchronize(NULL), BP_ERR_INVALID_ARG);
     ck_assert(!bp_backend_supports_op(NULL, NULL));
-    ck_assert_str_eq(bp_device_name(NULL), "");
+    ck_assert_str_eq(bp_device_get_name(NULL), "");
     ck_assert_ptr_null(bp_device_init_backend(NULL, NULL));
     ck_assert_ptr_nonnull(strstr(bp_last_error(), "dev is NULL"));
     ck_assert_ptr_null(bp_event_new(NULL));
-    ck_assert_str_eq(bp_registry_name(NULL), "");
-    ck_assert_uint_eq(bp_registry_device_count(NULL), 0);
+    ck_assert_str_eq(bp_registry_get_name(NULL), "");
+    ck_assert_uint_eq(bp_registry_get_device_count(NULL), 0);
     ck_assert_ptr_null(bp_registry_get_proc_address(reg, NULL));
     ck_assert_int_eq(bp_tensor_copy(NULL, NULL), BP_ERR_INVALID_ARG);
     size_t f = 1, t = 1;
-    bp_device_memory(NULL, &f, &t);
+    bp_device_get_memory(NULL, &f, &t);
     ck_assert_uint_eq(f + t, 0);
 }
 END_TEST

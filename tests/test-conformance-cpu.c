@@ -64,12 +64,12 @@ static int run_variant(const char *path, bool no_amx)
     }
     bp_device *dev = bp_device_by_name("CPU");
     printf("variant %s%s: %s\n", path, no_amx ? " with BP_CPU_AMX=0" : "",
-           dev ? bp_device_description(dev) : "no CPU device");
+           dev ? bp_device_get_description(dev) : "no CPU device");
     int failed = 0;
     for (int t = 2; t <= 3; t++) {
         n_threads = t;
         char name[64];
-        snprintf(name, sizeof(name), "conformance-cpu-%s%s-%dt", bp_plugin_variant(p),
+        snprintf(name, sizeof(name), "conformance-cpu-%s%s-%dt", bp_plugin_get_variant(p),
                  no_amx ? "-noamx" : "", t);
         Suite *s = suite_create(name);
         TCase *tc = tcase_create("cases");

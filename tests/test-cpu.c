@@ -22,7 +22,7 @@ START_TEST(test_best_variant_loads)
     ck_assert_ptr_nonnull(p);
     const uint64_t f = bp_cpu_features();
     const char *want = "";
-    if (access(bp_plugin_path(p), R_OK) == 0 && strstr(bp_plugin_path(p), "backplane-cpu.so"))
+    if (access(bp_plugin_get_path(p), R_OK) == 0 && strstr(bp_plugin_get_path(p), "backplane-cpu.so"))
         want = ""; /* the generic build of a non-x86 machine */
     else if ((f & (BP_CPU_AVX512F | BP_CPU_AVX512BW | BP_CPU_AVX512VL | BP_CPU_AVX512DQ |
                    BP_CPU_AVX512_VNNI)) ==
@@ -34,8 +34,8 @@ START_TEST(test_best_variant_loads)
         want = "avx2";
     else
         want = "x86_64";
-    ck_assert_str_eq(bp_plugin_variant(p), want);
-    ck_assert_ptr_nonnull(strstr(bp_device_description(bp_device_by_name("cpu")), "kernels"));
+    ck_assert_str_eq(bp_plugin_get_variant(p), want);
+    ck_assert_ptr_nonnull(strstr(bp_device_get_description(bp_device_by_name("cpu")), "kernels"));
 }
 END_TEST
 
@@ -45,8 +45,8 @@ START_TEST(test_variant_masked_by_cpu_disable)
     setenv("BP_CPU_DISABLE", "avx512f,avx2", 1);
     bp_plugin *p = bp_plugin_by_name("cpu");
     ck_assert_ptr_nonnull(p);
-    if (strstr(bp_plugin_path(p), "backplane-cpu.so") == NULL)
-        ck_assert_str_eq(bp_plugin_variant(p), "x86_64");
+    if (strstr(bp_plugin_get_path(p), "backplane-cpu.so") == NULL)
+        ck_assert_str_eq(bp_plugin_get_variant(p), "x86_64");
 }
 END_TEST
 
@@ -142,15 +142,15 @@ END_TEST
 
 typedef enum bp_status (*set_threads_fn)(bp_backend *, int);
 
-/* The same graph gives the same answer with 1, 2, 5 and 7 threads set through the proc
- * address (more threads than rows included). */
+/* The same graph gives the same answer with 1, 2, 5 and 7 threads set through
+ * bp_backend_set_n_threads, which the CPU plugin backs (more threads than rows included). */
 START_TEST(test_set_n_threads)
 {
     use_cpu_plugin();
     bp_backend *be = bp_backend_init_by_name("CPU", "threads=1");
-    set_threads_fn set = (set_threads_fn)bp_registry_get_proc_address(
-        bp_registry_by_name("CPU"), "bp_cpu_set_n_threads");
-    ck_assert_ptr_nonnull(set);
+    set_threads_fn set = bp_backend_set_n_threads;
+    ck_assert_ptr_nonnull(bp_registry_get_proc_address(bp_registry_by_name("CPU"),
+                                                       "bp_set_n_threads"));
     bp_context *ctx = bp_context_new(16);
     bp_tensor *w = bp_new_tensor_2d(ctx, BP_TYPE_F32, 64, 5);
     bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, 64, 3);
@@ -190,7 +190,7 @@ START_TEST(test_events_and_unsupported_graph)
     bp_event *ev = bp_event_new(bp_backend_get_device(be));
     ck_assert_ptr_nonnull(ev);
     ck_assert_int_eq(bp_event_record(ev, be), BP_OK);
-    ck_assert_int_eq(bp_event_wait(be, ev), BP_OK);
+    ck_assert_int_eq(bp_event_wait(ev, be), BP_OK);
     ck_assert_int_eq(bp_event_synchronize(ev), BP_OK);
     bp_event_free(ev);
 
@@ -304,19 +304,19 @@ START_TEST(test_several_devices)
 {
     use_cpu_plugin();
     setenv("BP_CPU_DEVICES", "3", 1);
-    ck_assert_uint_eq(bp_registry_device_count(bp_registry_by_name("CPU")), 3);
+    ck_assert_uint_eq(bp_registry_get_device_count(bp_registry_by_name("CPU")), 3);
     for (int i = 0; i < 3; i++) {
         char name[16];
         snprintf(name, sizeof(name), "CPU%d", i);
         bp_device *d = bp_device_by_name(name);
         ck_assert_ptr_nonnull(d);
-        ck_assert_ptr_nonnull(strstr(bp_device_description(d), "of 3"));
+        ck_assert_ptr_nonnull(strstr(bp_device_get_description(d), "of 3"));
     }
     bp_backend *be = bp_backend_init_by_name("cpu2", NULL);
-    ck_assert_str_eq(bp_backend_name(be), "CPU2");
+    ck_assert_str_eq(bp_backend_get_name(be), "CPU2");
     bp_backend_free(be);
     be = bp_backend_init_by_name("CPU", NULL); /* the registry: its first device */
-    ck_assert_str_eq(bp_backend_name(be), "CPU0");
+    ck_assert_str_eq(bp_backend_get_name(be), "CPU0");
     bp_backend_free(be);
 }
 END_TEST
@@ -461,10 +461,10 @@ START_TEST(test_repack_mul_mat)
     bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
     ck_assert_ptr_nonnull(be);
     printf("repack %s: %s%s%s\n", bp_type_name(type),
-           bp_device_description(bp_backend_get_device(be)), config[0][0] ? " with " : "",
+           bp_device_get_description(bp_backend_get_device(be)), config[0][0] ? " with " : "",
            config[0]);
     bp_buffer_type *bt = repack_buft(be);
-    ck_assert_str_eq(bp_buffer_type_name(bt), "CPU_REPACK");
+    ck_assert_str_eq(bp_buffer_type_get_name(bt), "CPU_REPACK");
     ck_assert(!bp_buffer_type_is_host(bt));
     ck_assert(bp_backend_supports_buft(be, bt));
 
@@ -575,7 +575,7 @@ START_TEST(test_repack_buffer)
     bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, bt);
     ck_assert_ptr_nonnull(wbuf);
     /* Eleven rows take two groups of eight. */
-    ck_assert_uint_eq(bp_buffer_type_alloc_size(bt, a), 16 * 2 * sizeof(struct bp_block_q4_0));
+    ck_assert_uint_eq(bp_buffer_type_get_alloc_size(bt, a), 16 * 2 * sizeof(struct bp_block_q4_0));
 
     struct bp_block_q4_0 w[22], back[22];
     unsigned seed = 3;

@@ -24,7 +24,7 @@ START_TEST(test_loads_and_reports)
     ck_assert_msg(p != NULL, "the CUDA plugin did not load: %s", bp_last_error());
     bp_registry *reg = bp_registry_by_name("cuda");
     ck_assert_ptr_nonnull(reg);
-    const size_t n = bp_registry_device_count(reg);
+    const size_t n = bp_registry_get_device_count(reg);
     const struct bp_plugin_record *rec = NULL;
     for (size_t i = 0; i < bp_plugin_report_count(); i++)
         if (strstr(bp_plugin_report_get(i)->path, "backplane-cuda.so") != NULL)
@@ -40,7 +40,7 @@ START_TEST(test_loads_and_reports)
         ck_assert_int_eq(bp_last_status(), BP_ERR_NOT_FOUND);
     } else {
         bp_device *d = bp_registry_get_device(reg, 0);
-        ck_assert_str_eq(bp_device_name(d), "CUDA0");
+        ck_assert_str_eq(bp_device_get_name(d), "CUDA0");
         ck_assert_int_eq(bp_device_get_type(d), BP_DEVICE_TYPE_GPU);
     }
     /* Collectives are offered (NCCL builds) or not at all: never half. */

@@ -52,7 +52,7 @@ START_TEST(test_buffers_and_copies)
 {
     bp_buffer_type *bt = bp_backend_get_default_buffer_type(gpu);
     ck_assert(!bp_buffer_type_is_host(bt));
-    ck_assert_int_eq(bp_buffer_type_alignment(bt) % 256, 0);
+    ck_assert_int_eq(bp_buffer_type_get_alignment(bt) % 256, 0);
     bp_context *ctx = bp_context_new(8);
     bp_tensor *a = bp_new_tensor_2d(ctx, BP_TYPE_F32, 37, 11);
     bp_tensor *b = bp_new_tensor_2d(ctx, BP_TYPE_F32, 37, 11);
@@ -267,7 +267,7 @@ int main(void)
     setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
     bp_plugin_load_all();
     bp_registry *reg = bp_registry_by_name("CUDA");
-    if (reg == NULL || bp_registry_device_count(reg) == 0) {
+    if (reg == NULL || bp_registry_get_device_count(reg) == 0) {
         const char *why = "the CUDA plugin did not load";
         for (size_t i = 0; i < bp_plugin_report_count(); i++)
             if (strstr(bp_plugin_report_get(i)->path, "backplane-cuda") != NULL)

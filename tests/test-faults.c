@@ -89,7 +89,7 @@ static enum outcome scenario(float *logits)
     }
     bp_buffer_set_usage(wbuf, BP_BUFFER_USAGE_WEIGHTS);
     /* fill the weights deterministically */
-    for (size_t i = 0; i < bp_context_n_tensors(wctx); i++) {
+    for (size_t i = 0; i < bp_context_get_n_tensors(wctx); i++) {
         bp_tensor *t = bp_context_get_tensor(wctx, i);
         const int64_t n0 = t->ne[0];
         float row[256];

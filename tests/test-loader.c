@@ -105,8 +105,8 @@ START_TEST(test_discovery_and_report)
     /* Loaded: good, multi (variant b), isa, and cpufeat only where the CPU has amx_fp16. */
     ck_assert_uint_eq(bp_plugin_count(), 3 + amx_fp16);
     ck_assert_uint_eq(bp_registry_count(), 3 + amx_fp16);
-    ck_assert_str_eq(bp_plugin_variant(bp_plugin_by_name("MULTI")), "b");
-    ck_assert_str_eq(bp_plugin_variant(bp_plugin_by_name("isa")), avx2 ? "avx2" : "base");
+    ck_assert_str_eq(bp_plugin_get_variant(bp_plugin_by_name("MULTI")), "b");
+    ck_assert_str_eq(bp_plugin_get_variant(bp_plugin_by_name("isa")), avx2 ? "avx2" : "base");
     /* Refused and losing files are closed again. */
     ck_assert(is_mapped("backplane-good.so"));
     ck_assert(!is_mapped("backplane-multi-a.so"));
@@ -205,11 +205,11 @@ START_TEST(test_selection_by_name)
     use_test_plugins();
     bp_backend *be = bp_backend_init_by_name("good1", NULL); /* case-insensitive */
     ck_assert_ptr_nonnull(be);
-    ck_assert_str_eq(bp_backend_name(be), "GOOD1");
+    ck_assert_str_eq(bp_backend_get_name(be), "GOOD1");
     bp_backend_free(be);
     be = bp_backend_init_by_name("multi", "threads=1"); /* a registry: its first device */
     ck_assert_ptr_nonnull(be);
-    ck_assert_str_eq(bp_backend_name(be), "MULTI0");
+    ck_assert_str_eq(bp_backend_get_name(be), "MULTI0");
     bp_backend_free(be);
 
     ck_assert_rejected(bp_backend_init_by_name("CUDA7", NULL), BP_ERR_NOT_FOUND, "GOOD0, GOOD1");
@@ -220,16 +220,16 @@ START_TEST(test_selection_by_name)
     ck_assert_rejected(bp_registry_by_name("nope"), BP_ERR_NOT_FOUND, "registries: Good");
     ck_assert_rejected(bp_backend_init_by_name(NULL, NULL), BP_ERR_INVALID_ARG, "NULL");
 
-    ck_assert_str_eq(bp_registry_name(bp_registry_by_name("GOOD")), "Good");
-    ck_assert_str_eq(bp_device_name(bp_device_by_name("Good0")), "GOOD0");
-    ck_assert_str_eq(bp_device_name(bp_device_by_type(BP_DEVICE_TYPE_ACCEL)), "GOOD0");
+    ck_assert_str_eq(bp_registry_get_name(bp_registry_by_name("GOOD")), "Good");
+    ck_assert_str_eq(bp_device_get_name(bp_device_by_name("Good0")), "GOOD0");
+    ck_assert_str_eq(bp_device_get_name(bp_device_by_type(BP_DEVICE_TYPE_ACCEL)), "GOOD0");
     ck_assert_rejected(bp_backend_init_by_type(BP_DEVICE_TYPE_GPU, NULL), BP_ERR_NOT_FOUND,
                        "no device of type GPU");
     be = bp_backend_init_best(); /* no GPU here: the first accelerator */
-    ck_assert_str_eq(bp_backend_name(be), "GOOD0");
+    ck_assert_str_eq(bp_backend_get_name(be), "GOOD0");
     bp_backend_free(be);
     ck_assert_uint_ge(bp_device_count(), 4);
-    ck_assert_str_eq(bp_device_name(bp_device_get(1)), "GOOD1");
+    ck_assert_str_eq(bp_device_get_name(bp_device_get(1)), "GOOD1");
     ck_assert_rejected(bp_device_get(99), BP_ERR_OUT_OF_BOUNDS, "no device 99");
     ck_assert_rejected(bp_registry_get(99), BP_ERR_OUT_OF_BOUNDS, "no registry 99");
 }
@@ -249,20 +249,20 @@ START_TEST(test_unload_waits_for_users)
     use_test_plugins();
     bp_plugin *p = bp_plugin_by_name("good");
     ck_assert_ptr_nonnull(p);
-    ck_assert_str_eq(bp_plugin_name(p), "good");
-    ck_assert_ptr_nonnull(strstr(bp_plugin_path(p), "backplane-good.so"));
+    ck_assert_str_eq(bp_plugin_get_name(p), "good");
+    ck_assert_ptr_nonnull(strstr(bp_plugin_get_path(p), "backplane-good.so"));
     bp_backend *be = bp_backend_init_by_name("GOOD0", NULL);
     bp_buffer *buf = bp_backend_alloc_buffer(be, 1024);
     bp_event *ev = bp_event_new(bp_backend_get_device(be));
-    ck_assert_int_eq(bp_plugin_refcount(p), 3);
+    ck_assert_int_eq(bp_plugin_get_refcount(p), 3);
     ck_assert_int_eq(bp_plugin_unload(p), BP_ERR_BUSY);
     ck_assert_ptr_nonnull(strstr(bp_last_error(), "still in use by 3"));
     bp_buffer_free(buf);
     bp_event_free(ev);
-    ck_assert_int_eq(bp_plugin_refcount(p), 1);
+    ck_assert_int_eq(bp_plugin_get_refcount(p), 1);
     ck_assert_int_eq(bp_plugin_unload(p), BP_ERR_BUSY);
     bp_backend_free(be);
-    ck_assert_int_eq(bp_plugin_refcount(p), 0);
+    ck_assert_int_eq(bp_plugin_get_refcount(p), 0);
     size_t before = bp_registry_count();
     ck_assert_int_eq(bp_plugin_unload(p), BP_OK);
     ck_assert_uint_eq(bp_registry_count(), before - 1);
@@ -276,7 +276,7 @@ START_TEST(test_unload_waits_for_users)
     ck_assert_int_eq(bp_plugin_unload(p), BP_ERR_INVALID_ARG);
     ck_assert_error_has(BP_ERR_INVALID_ARG, "unloaded already");
     ck_assert_ptr_nonnull(strstr(bp_last_error(), "backplane-good.so"));
-    ck_assert_str_eq(bp_plugin_name(p), "good");
+    ck_assert_str_eq(bp_plugin_get_name(p), "good");
     ck_assert_ptr_null(bp_plugin_get_registry(p));
     ck_assert_error_has(BP_ERR_INVALID_ARG, "has been unloaded");
     /* And it can be loaded again. */
@@ -295,7 +295,7 @@ START_TEST(test_explicit_load)
     snprintf(path, sizeof(path), "%s/backplane-good.so", plugin_dir());
     bp_plugin *p = bp_plugin_load(path);
     ck_assert_ptr_nonnull(p);
-    ck_assert_uint_eq(bp_registry_device_count(bp_plugin_get_registry(p)), 2);
+    ck_assert_uint_eq(bp_registry_get_device_count(bp_plugin_get_registry(p)), 2);
     ck_assert_rejected(bp_plugin_load(path), BP_ERR_PLUGIN, "already loaded");
     snprintf(path, sizeof(path), "%s/backplane-badabi.so", plugin_dir());
     ck_assert_rejected(bp_plugin_load(path), BP_ERR_PLUGIN, "plugin API 2.0");
@@ -605,7 +605,7 @@ START_TEST(test_checked_file_is_loaded)
     setenv("BP_PLUGIN_PROBE_CACHE", cache, 1);
     bp_plugin *p = bp_plugin_load(to);
     ck_assert_msg(p != NULL, "%s", bp_last_error());
-    ck_assert_str_eq(bp_registry_name(bp_plugin_get_registry(p)), "Swap");
+    ck_assert_str_eq(bp_registry_get_name(bp_plugin_get_registry(p)), "Swap");
     /* The swap did happen: the impostor now sits at the plugin's path. */
     ck_assert_int_ne(access(from, F_OK), 0);
     unsetenv("BP_PLUGIN_PROBE");
@@ -638,7 +638,7 @@ START_TEST(test_stale_descriptor_name)
     ck_assert_int_eq(fcntl(n, F_GETFD), -1); /* the loader closed it */
     bp_plugin *m = bp_plugin_load(multi);
     ck_assert_msg(m != NULL, "%s", bp_last_error());
-    ck_assert_str_eq(bp_registry_name(bp_plugin_get_registry(m)), "Multi");
+    ck_assert_str_eq(bp_registry_get_name(bp_plugin_get_registry(m)), "Multi");
     dlclose(keep);
 }
 END_TEST
@@ -749,7 +749,7 @@ START_TEST(test_long_paths_and_names)
     bp_plugin *p = bp_plugin_by_name("good");
     ck_assert_ptr_nonnull(p);
     /* (Check cannot carry messages this long: compare, then assert on the outcome.) */
-    ck_assert_msg(strcmp(bp_plugin_path(p), file) == 0, "the plugin's path was cut");
+    ck_assert_msg(strcmp(bp_plugin_get_path(p), file) == 0, "the plugin's path was cut");
     const struct bp_plugin_record *r = record_for(file);
     ck_assert_msg(r != NULL && r->status == BP_PLUGIN_LOADED, "no record of the load");
     /* Report messages carry the whole path too. */
@@ -832,7 +832,7 @@ START_TEST(test_empty_registry_says_why)
     ck_assert_rejected(bp_device_by_type(BP_DEVICE_TYPE_GPU), BP_ERR_NOT_FOUND,
                        "registry 'Empty' has no devices: test accelerator");
     ck_assert_ptr_nonnull(strstr(bp_last_error(), "no device of type GPU"));
-    ck_assert_str_eq(bp_registry_name(bp_registry_by_name("empty")), "Empty");
+    ck_assert_str_eq(bp_registry_get_name(bp_registry_by_name("empty")), "Empty");
 }
 END_TEST
 

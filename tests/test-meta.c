@@ -89,7 +89,7 @@ static bp_backend *meta_by_name(const char *name)
 START_TEST(test_two_devices)
 {
     bp_backend *m = meta_by_name("Meta(CPU0,CPU1)");
-    ck_assert_str_eq(bp_device_name(bp_backend_get_device(m)), "Meta(CPU0,CPU1)");
+    ck_assert_str_eq(bp_device_get_name(bp_backend_get_device(m)), "Meta(CPU0,CPU1)");
     check_against_cpu(m, &tiny, false);
     bp_backend_free(m);
 }
@@ -288,9 +288,9 @@ START_TEST(test_device_identity_and_props)
     ck_assert_ptr_ne(bp_meta_device_new(swapped, 2, NULL, NULL), a);
     /* memory is the sum of the parts */
     size_t f0, t0, f1, t1, fm, tm;
-    bp_device_memory(parts[0], &f0, &t0);
-    bp_device_memory(parts[1], &f1, &t1);
-    bp_device_memory(a, &fm, &tm);
+    bp_device_get_memory(parts[0], &f0, &t0);
+    bp_device_get_memory(parts[1], &f1, &t1);
+    bp_device_get_memory(a, &fm, &tm);
     ck_assert_uint_eq(tm, t0 + t1);
     ck_assert_int_eq(bp_device_get_type(a), BP_DEVICE_TYPE_META);
     /* a meta device is not a part of another */
@@ -494,7 +494,7 @@ START_TEST(test_name_parsing)
     snprintf(name, 1024, "Meta(CPU0,%300sCPU1 )", "");
     bp_backend *m = bp_backend_init_by_name(name, "threads=1");
     ck_assert_msg(m != NULL, "%s", bp_last_error());
-    ck_assert_str_eq(bp_device_name(bp_backend_get_device(m)), "Meta(CPU0,CPU1)");
+    ck_assert_str_eq(bp_device_get_name(bp_backend_get_device(m)), "Meta(CPU0,CPU1)");
     bp_backend_free(m);
     /* 300 commas: empty items (they used to hide the rest of the name) */
     memcpy(name, "Meta(CPU0", 9);
@@ -540,7 +540,7 @@ static size_t devices_named(const char *name)
 {
     size_t n = 0;
     for (size_t i = 0; i < bp_device_count(); i++)
-        n += strcmp(bp_device_name(bp_device_get(i)), name) == 0;
+        n += strcmp(bp_device_get_name(bp_device_get(i)), name) == 0;
     return n;
 }
 
@@ -643,7 +643,7 @@ START_TEST(test_foreign_memory_refused)
         bp_clear_error();
         ck_assert_int_eq(bp_backend_graph_compute(runner, g), BP_ERR_UNSUPPORTED);
         ck_assert_error_has(BP_ERR_UNSUPPORTED, "does not support");
-        ck_assert_ptr_nonnull(strstr(bp_last_error(), bp_backend_name(runner)));
+        ck_assert_ptr_nonnull(strstr(bp_last_error(), bp_backend_get_name(runner)));
         ck_assert_int_eq(bp_backend_graph_compute(holder, g), BP_OK);
         bp_graph_free(g);
         bp_buffer_free(buf);

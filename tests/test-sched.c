@@ -68,7 +68,7 @@ static float *run(bp_backend *const *backends, int n, bool parallel, bp_buffer_t
             ck_assert(nodes > 0 && inputs >= 0);
             covered += nodes;
         }
-        ck_assert_int_le(covered, bp_graph_n_nodes(g));
+        ck_assert_int_le(covered, bp_graph_get_n_nodes(g));
         ck_assert_ptr_null(bp_sched_get_split_backend(s, *n_splits, NULL, NULL));
         ck_assert_int_eq(bp_last_status(), BP_ERR_OUT_OF_BOUNDS);
     }
@@ -153,8 +153,8 @@ START_TEST(test_pins_and_queries)
 
     /* First node after get_rows is the rms_norm the accelerator could run. */
     bp_tensor *norm = NULL, *rope = NULL, *mm = NULL;
-    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
-        bp_tensor *t = bp_graph_node(g, i);
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++) {
+        bp_tensor *t = bp_graph_get_node(g, i);
         if (!norm && t->op == BP_OP_RMS_NORM)
             norm = t;
         if (!rope && t->op == BP_OP_ROPE)
@@ -181,9 +181,9 @@ START_TEST(test_pins_and_queries)
     assert_close(got, ref, N_LOGITS(tiny));
     free(ref);
     /* Sources are the user's again after compute (copies were only swapped in meanwhile). */
-    for (int i = 0; i < bp_graph_n_nodes(g); i++)
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++)
         for (int k = 0; k < BP_MAX_SRC; k++) {
-            const bp_tensor *src = bp_graph_node(g, i)->src[k];
+            const bp_tensor *src = bp_graph_get_node(g, i)->src[k];
             ck_assert(src == NULL || strchr(src->name, '#') == NULL);
         }
 
@@ -257,7 +257,7 @@ START_TEST(test_eval_callback_stops_early)
     struct observer all = {0, 1 << 30, 0};
     bp_sched_set_eval_callback(s, observe, &all);
     ck_assert_int_eq(bp_sched_graph_compute(s, g), BP_OK);
-    ck_assert_int_eq(all.asked, bp_graph_n_nodes(g));
+    ck_assert_int_eq(all.asked, bp_graph_get_n_nodes(g));
     float got[50 * 5];
     bp_tensor_get(tg.logits, got, 0, sizeof(got));
     bp_backend *alone[1] = {cpu};
@@ -335,7 +335,7 @@ static float *many_inputs(bp_backend *const *backends, int n, int *n_splits)
     for (int j = 0; j < 16; j++)
         v[j] = (float)j / 16.0f;
     bp_tensor_set(acc, v, 0, sizeof(v));
-    for (size_t i = 0; i < bp_context_n_tensors(ctx); i++) {
+    for (size_t i = 0; i < bp_context_get_n_tensors(ctx); i++) {
         bp_tensor *l = bp_context_get_tensor(ctx, i);
         if (l->op == BP_OP_NONE && l != acc) {
             for (int j = 0; j < 16; j++)

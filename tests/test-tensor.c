@@ -7,16 +7,16 @@ START_TEST(test_context_capacity)
 {
     bp_context *ctx = bp_context_new(3);
     ck_assert_ptr_nonnull(ctx);
-    ck_assert_uint_eq(bp_context_capacity(ctx), 3);
+    ck_assert_uint_eq(bp_context_get_capacity(ctx), 3);
     for (int i = 0; i < 3; i++)
         ck_assert_ptr_nonnull(bp_new_tensor_1d(ctx, BP_TYPE_F32, 4));
-    ck_assert_uint_eq(bp_context_n_tensors(ctx), 3);
+    ck_assert_uint_eq(bp_context_get_n_tensors(ctx), 3);
     ck_assert_rejected(bp_new_tensor_1d(ctx, BP_TYPE_F32, 4), BP_ERR_CAPACITY, "full (3 tensors)");
     /* A builder that needs a new tensor fails the same way, without touching its sources. */
     bp_tensor *a = bp_context_get_tensor(ctx, 0);
     ck_assert_rejected(bp_add(ctx, a, a), BP_ERR_CAPACITY, "bp_add");
     ck_assert_rejected(bp_transpose(ctx, a), BP_ERR_CAPACITY, "bp_transpose");
-    ck_assert_uint_eq(bp_context_n_tensors(ctx), 3);
+    ck_assert_uint_eq(bp_context_get_n_tensors(ctx), 3);
     ck_assert_ptr_null(bp_context_get_tensor(ctx, 3));
     bp_context_free(ctx);
 
@@ -81,7 +81,7 @@ START_TEST(test_new_tensor_rejects)
     ck_assert_rejected(bp_new_tensor_2d(ctx, BP_TYPE_Q4_0, 16, 2), BP_ERR_SHAPE, "block size");
     ck_assert_rejected(bp_new_tensor_3d(ctx, BP_TYPE_F32, 1, -2, 1), BP_ERR_SHAPE, "dimension 1");
     ck_assert_rejected(bp_new_tensor_4d(ctx, BP_TYPE_F32, 1, 1, 1, -3), BP_ERR_SHAPE, "dimension 3");
-    ck_assert_uint_eq(bp_context_n_tensors(ctx), 0);
+    ck_assert_uint_eq(bp_context_get_n_tensors(ctx), 0);
     bp_context_free(ctx);
 }
 END_TEST
@@ -189,7 +189,7 @@ START_TEST(test_views)
     bp_tensor *v4 = bp_view_4d(ctx, a, 2, 2, 2, 2, 32, 128, 8, 0);
     ck_assert_uint_eq(v4->nb[3], 8);
 
-    size_t before = bp_context_n_tensors(ctx);
+    size_t before = bp_context_get_n_tensors(ctx);
     ck_assert_rejected(bp_view_1d(ctx, a, 1, 384), BP_ERR_OUT_OF_BOUNDS, "past the end");
     ck_assert_rejected(bp_view_2d(ctx, a, 8, 13, a->nb[1], 0), BP_ERR_OUT_OF_BOUNDS, "384 bytes");
     ck_assert_rejected(bp_view_1d(ctx, v3, 8, 3 * 128 - 16), BP_ERR_OUT_OF_BOUNDS, "past the end");
@@ -203,7 +203,7 @@ START_TEST(test_views)
                        "past the end");
     ck_assert_rejected(bp_view_4d(ctx, a, 8, 4, 3, 2, a->nb[1], a->nb[2], 8, 0),
                        BP_ERR_OUT_OF_BOUNDS, "past the end");
-    ck_assert_uint_eq(bp_context_n_tensors(ctx), before); /* refused views use no slot */
+    ck_assert_uint_eq(bp_context_get_n_tensors(ctx), before); /* refused views use no slot */
     bp_context_free(ctx);
 }
 END_TEST
@@ -293,7 +293,7 @@ START_TEST(test_size_limits)
     ck_assert_ptr_nonnull(bp_new_tensor_1d(ctx, BP_TYPE_F32, max_f32));
     ck_assert_rejected(bp_new_tensor_1d(ctx, BP_TYPE_F32, max_f32 + 1), BP_ERR_SHAPE,
                        "BP_MAX_TENSOR_BYTES");
-    ck_assert_uint_eq(bp_context_n_tensors(ctx), 1);
+    ck_assert_uint_eq(bp_context_get_n_tensors(ctx), 1);
     /* Empty rows are fine as long as the row count itself fits. */
     ck_assert_ptr_nonnull(bp_new_tensor_2d(ctx, BP_TYPE_F32, 0, INT64_MAX));
 

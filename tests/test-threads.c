@@ -302,12 +302,12 @@ START_TEST(test_shared_cpu_backend_never_crashes)
     setenv("BP_PLUGIN_PATH", getenv("BP_TEST_CPU_PLUGIN_DIR"), 1);
     bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
     ck_assert_msg(be != NULL, "%s", bp_last_error());
-    /* The thread count is a proc address that goes to the plugin directly: while the two
+    /* The thread count is also a proc address that goes to the plugin directly: while the two
      * threads compute, this one keeps changing it, and each change either happens between
      * graphs or is refused with BP_ERR_BUSY. */
-    bp_cpu_set_n_threads_fn set_threads;
+    bp_set_n_threads_fn set_threads;
     void *fn = bp_registry_get_proc_address(bp_device_get_registry(bp_backend_get_device(be)),
-                                            "bp_cpu_set_n_threads");
+                                            "bp_set_n_threads");
     ck_assert_ptr_nonnull(fn);
     memcpy(&set_threads, &fn, sizeof(set_threads));
     struct hammer hm[2] = {{.be = be}, {.be = be}};

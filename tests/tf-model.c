@@ -13,7 +13,7 @@ void model_init(struct model *m, const struct tf_config *cfg, bp_buffer_type *bu
     ck_assert_ptr_nonnull(m->wbuf);
     bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
     uint32_t seed = 7;
-    for (size_t i = 0; i < bp_context_n_tensors(m->wctx); i++) {
+    for (size_t i = 0; i < bp_context_get_n_tensors(m->wctx); i++) {
         bp_tensor *t = bp_context_get_tensor(m->wctx, i);
         const int64_t n = bp_nelements(t);
         float *v = malloc((size_t)n * sizeof(float));

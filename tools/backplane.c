@@ -119,7 +119,7 @@ static void list_text(void)
         printf("\n");
         printf("  %-10s memory %.1f of %.1f MiB free, caps: %s, registry %s\n", "",
                (double)p.memory_free / (1 << 20), (double)p.memory_total / (1 << 20), caps,
-               bp_registry_name(bp_device_get_registry(bp_device_get(i))));
+               bp_registry_get_name(bp_device_get_registry(bp_device_get(i))));
     }
 }
 
@@ -155,7 +155,7 @@ static void list_json(void)
         json_member_string(&w, "name", p.name);
         json_member_string(&w, "description", p.description);
         json_member_string(&w, "type", bp_device_type_name(p.type));
-        json_member_string(&w, "registry", bp_registry_name(bp_device_get_registry(d)));
+        json_member_string(&w, "registry", bp_registry_get_name(bp_device_get_registry(d)));
         json_member_uint(&w, "memory_free", p.memory_free);
         json_member_uint(&w, "memory_total", p.memory_total);
         json_key(&w, "caps");

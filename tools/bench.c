@@ -40,7 +40,7 @@ static double median_compute(bp_backend *be, bp_graph *g, double min_time)
 static void bench_matmul(bp_backend *be, const char *name, enum bp_type wt, bool repack, long M,
                          long K, long N, double min_time)
 {
-    const char *dev = bp_backend_name(be);
+    const char *dev = bp_backend_get_name(be);
     bp_buffer_type *wbt = repack ? bench_repack_buft(be) : bp_backend_get_default_buffer_type(be);
     if (wbt == NULL) {
         printf("# mul_mat_%s on %s: no CPU_REPACK buffer type, skipped\n", name, dev);
@@ -86,7 +86,7 @@ static void bench_matmul(bp_backend *be, const char *name, enum bp_type wt, bool
 
 static void bench_add(bp_backend *be, long n, double min_time)
 {
-    const char *dev = bp_backend_name(be);
+    const char *dev = bp_backend_get_name(be);
     bp_context *ctx = bp_context_new(4);
     bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, n);
     bp_tensor *b = bp_new_tensor_1d(ctx, BP_TYPE_F32, n);
@@ -190,8 +190,8 @@ int cmd_bench(int argc, char **argv)
                t == 1 ? "" : "s");
     }
     for (int i = 0; i < nb; i++) {
-        printf("# device: %s (%s)\n", bp_backend_name(be[i]),
-               bp_device_description(bp_backend_get_device(be[i])));
+        printf("# device: %s (%s)\n", bp_backend_get_name(be[i]),
+               bp_device_get_description(bp_backend_get_device(be[i])));
         snprintf(tb, sizeof(tb), "%s", types); /* strtok_r above cut it */
         for (char *save = NULL, *tn = strtok_r(tb, ",", &save); tn;
              tn = strtok_r(NULL, ",", &save)) {

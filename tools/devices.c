@@ -106,7 +106,7 @@ static bp_device *find_device(const char *name)
         return dev;
     char *err = strdup(bp_last_error());
     bp_registry *reg = bp_registry_by_name(name);
-    if (reg != NULL && bp_registry_device_count(reg) > 0) {
+    if (reg != NULL && bp_registry_get_device_count(reg) > 0) {
         free(err);
         return bp_registry_get_device(reg, 0);
     }
@@ -189,7 +189,7 @@ static bool default_names(struct name_list *names, int room, bool for_run)
         bp_device *d = bp_device_get(i);
         if (for_run && bp_device_get_type(d) != BP_DEVICE_TYPE_GPU)
             continue;
-        if ((names->name[names->n] = strdup(bp_device_name(d))) == NULL) {
+        if ((names->name[names->n] = strdup(bp_device_get_name(d))) == NULL) {
             fprintf(stderr, "backplane: out of memory\n");
             names_free(names);
             return false;
@@ -225,7 +225,7 @@ static bool named_twice(bp_backend *const *out, char *const *name, int i)
             fprintf(stderr, "backplane: -d lists the device '%s' twice\n", name[i]);
         else
             fprintf(stderr, "backplane: -d lists the device '%s' twice (as '%s' and '%s')\n",
-                    bp_device_name(dev), name[j], name[i]);
+                    bp_device_get_name(dev), name[j], name[i]);
         return true;
     }
     return false;

@@ -167,7 +167,7 @@ enum bp_status model_init(struct model *m, const struct model_config *cfg, enum 
     else if (!describe(m))
         st = bp_last_status();
     if (st == BP_OK) {
-        for (size_t i = 0; i < bp_context_n_tensors(m->wctx); i++)
+        for (size_t i = 0; i < bp_context_get_n_tensors(m->wctx); i++)
             bp_set_param(bp_context_get_tensor(m->wctx, i));
         bp_set_param(m->tok_embd);
         m->wbuf = bp_alloc_ctx_tensors(m->wctx, where->weights);

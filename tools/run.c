@@ -185,7 +185,7 @@ static const char *plugin_of(bp_registry *reg)
     for (size_t i = 0; i < bp_plugin_count(); i++) {
         bp_plugin *p = bp_plugin_get(i);
         if (bp_plugin_get_registry(p) == reg)
-            return bp_plugin_path(p);
+            return bp_plugin_get_path(p);
     }
     return "?";
 }
@@ -230,8 +230,8 @@ static void record_devices(struct run *run)
     r->n_backends = run->nb;
     for (int i = 0; i < run->nb; i++) {
         bp_device *d = bp_backend_get_device(run->be[i]);
-        r->names[i] = dup_text(bp_backend_name(run->be[i]));
-        r->descriptions[i] = dup_text(bp_device_description(d));
+        r->names[i] = dup_text(bp_backend_get_name(run->be[i]));
+        r->descriptions[i] = dup_text(bp_device_get_description(d));
         r->plugins[i] = dup_text(plugin_of(bp_device_get_registry(d)));
     }
 }
@@ -288,7 +288,7 @@ static bool check_memory(struct run *run)
     const struct run_result *r = run->r;
     const int w = r->weights_on;
     size_t mem_free = 0, mem_total = 0;
-    bp_device_memory(bp_backend_get_device(run->be[w]), &mem_free, &mem_total);
+    bp_device_get_memory(bp_backend_get_device(run->be[w]), &mem_free, &mem_total);
     const size_t need = model_weight_bytes(cfg, run->o->wtype) +
                         (r->kv_on == w ? model_kv_bytes(cfg) : 0);
     if (mem_total > 0 && need > mem_free) {
@@ -330,7 +330,7 @@ static void record_model_buffers(struct run *run)
             r->n_weight_parts = p + 1;
     }
     r->kv_bytes = bp_buffer_get_size(run->m.kvbuf);
-    snprintf(r->weight_buft, sizeof(r->weight_buft), "%s", bp_buffer_type_name(run->wbuft));
+    snprintf(r->weight_buft, sizeof(r->weight_buft), "%s", bp_buffer_type_get_name(run->wbuft));
 }
 
 /* Allocates and fills the model where the placement phases put its parts. */
@@ -415,7 +415,7 @@ static bool record_last_step(struct run *run, struct model_step *keep)
         int nodes = 0;
         bp_backend *sb = bp_sched_get_split_backend(run->s, k, &nodes, NULL);
         struct split_info *si = &r->gen_split[r->n_gen_split_info++];
-        snprintf(si->backend, sizeof(si->backend), "%s", sb ? bp_backend_name(sb) : "?");
+        snprintf(si->backend, sizeof(si->backend), "%s", sb ? bp_backend_get_name(sb) : "?");
         si->nodes = nodes;
     }
     bool ok = true;

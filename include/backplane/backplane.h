@@ -10,6 +10,7 @@
 #include <backplane/bp-alloc.h>
 #include <backplane/bp-sched.h>
 #include <backplane/bp-comm.h>
+#include <backplane/bp-cpu.h>
 #include <backplane/bp-meta.h>
 
 #ifdef __cplusplus

@@ -24,6 +24,8 @@ BP_API enum bp_status bp_tallocr_alloc(struct bp_tallocr *ta, bp_tensor *t);
  * them, and points their views at them. Caller frees the buffer with bp_buffer_free (the tensors
  * then dangle). A context with nothing to place gives a zero-sized buffer. */
 BP_API bp_buffer *bp_alloc_ctx_tensors(bp_context *ctx, bp_buffer_type *buft);
+/* The same in the backend's default buffer type. */
+BP_API bp_buffer *bp_alloc_ctx_tensors_for_backend(bp_context *ctx, bp_backend *backend);
 
 /*
  * Graph allocator: gives every node and leaf of a graph that has no memory yet an address in
@@ -36,6 +38,8 @@ typedef struct bp_gallocr bp_gallocr;
 
 /* n buffer types; buffer type i is "buft id" i below. Caller frees with bp_gallocr_free. */
 BP_API bp_gallocr *bp_gallocr_new(bp_buffer_type *const *bufts, int n);
+/* One buffer type (id 0): the common case. */
+BP_API bp_gallocr *bp_gallocr_new_1(bp_buffer_type *buft);
 BP_API void bp_gallocr_free(bp_gallocr *ga); /* frees its buffers too */
 
 /* Sizes the buffers for a worst-case graph, allocating them now, so later graphs no larger than
@@ -43,14 +47,18 @@ BP_API void bp_gallocr_free(bp_gallocr *ga); /* frees its buffers too */
  * all 0). */
 BP_API enum bp_status bp_gallocr_reserve(bp_gallocr *ga, bp_graph *graph, const int *node_ids,
                                          const int *leaf_ids);
+/* bp_gallocr_reserve with every node and leaf in buft id 0. */
+BP_API enum bp_status bp_gallocr_reserve_1(bp_gallocr *ga, bp_graph *graph);
 /* Places the graph's tensors, growing a buffer first if this graph needs more than was
- * reserved (bp_gallocr_n_reallocs counts those). */
+ * reserved (bp_gallocr_get_n_reallocs counts those). */
 BP_API enum bp_status bp_gallocr_alloc_graph(bp_gallocr *ga, bp_graph *graph, const int *node_ids,
                                              const int *leaf_ids);
+/* bp_gallocr_alloc_graph with every node and leaf in buft id 0. */
+BP_API enum bp_status bp_gallocr_alloc_graph_1(bp_gallocr *ga, bp_graph *graph);
 /* Size of the compute buffer of buft id i (0 before the first reserve/alloc). */
-BP_API size_t bp_gallocr_buffer_size(bp_gallocr *ga, int id);
+BP_API size_t bp_gallocr_get_buffer_size(bp_gallocr *ga, int id);
 /* How many times alloc_graph had to grow a buffer beyond what reserve sized. */
-BP_API int bp_gallocr_n_reallocs(bp_gallocr *ga);
+BP_API int bp_gallocr_get_n_reallocs(bp_gallocr *ga);
 
 #ifdef __cplusplus
 }

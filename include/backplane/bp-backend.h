@@ -68,15 +68,15 @@ struct bp_device_props {
 
 /* ---- Buffer types ----------------------------------------------------------------------- */
 
-BP_API const char *bp_buffer_type_name(bp_buffer_type *buft);
-BP_API size_t bp_buffer_type_alignment(bp_buffer_type *buft);
+BP_API const char *bp_buffer_type_get_name(bp_buffer_type *buft);
+BP_API size_t bp_buffer_type_get_alignment(bp_buffer_type *buft);
 /* Largest single buffer; SIZE_MAX when the type sets no limit. */
-BP_API size_t bp_buffer_type_max_size(bp_buffer_type *buft);
+BP_API size_t bp_buffer_type_get_max_size(bp_buffer_type *buft);
 /* Bytes this buffer type needs for t (at least bp_nbytes(t); some types pad). */
-BP_API size_t bp_buffer_type_alloc_size(bp_buffer_type *buft, const bp_tensor *t);
+BP_API size_t bp_buffer_type_get_alloc_size(bp_buffer_type *buft, const bp_tensor *t);
 BP_API bool bp_buffer_type_is_host(bp_buffer_type *buft);
 /* The device this type belongs to; NULL for the runtime's host buffer type. */
-BP_API bp_device *bp_buffer_type_device(bp_buffer_type *buft);
+BP_API bp_device *bp_buffer_type_get_device(bp_buffer_type *buft);
 /* A new buffer of size bytes (0 is valid). Caller frees with bp_buffer_free. */
 BP_API bp_buffer *bp_buffer_type_alloc(bp_buffer_type *buft, size_t size);
 
@@ -131,13 +131,17 @@ BP_API enum bp_status bp_tensor_copy(const bp_tensor *src, bp_tensor *dst);
 
 /* ---- Backends --------------------------------------------------------------------------- */
 
-BP_API const char *bp_backend_name(bp_backend *backend);
+BP_API const char *bp_backend_get_name(bp_backend *backend);
 BP_API void bp_backend_free(bp_backend *backend); /* NULL: no-op */
 BP_API bp_device *bp_backend_get_device(bp_backend *backend);
 BP_API bp_buffer_type *bp_backend_get_default_buffer_type(bp_backend *backend);
 BP_API bp_buffer *bp_backend_alloc_buffer(bp_backend *backend, size_t size);
 /* Waits until every queued operation of the backend has finished. */
 BP_API enum bp_status bp_backend_synchronize(bp_backend *backend);
+/* The number of threads the backend computes with (n >= 1). BP_ERR_UNSUPPORTED, with a
+ * sentence, for a backend without threads (its registry offers no "bp_set_n_threads" proc
+ * address); BP_ERR_BUSY while another thread is inside the backend. */
+BP_API enum bp_status bp_backend_set_n_threads(bp_backend *backend, int n_threads);
 /* Queues the graph (returns before it finishes on asynchronous backends)... */
 BP_API enum bp_status bp_backend_graph_compute_async(bp_backend *backend, bp_graph *graph);
 /* ...or computes it and waits. */
@@ -158,11 +162,11 @@ BP_API enum bp_status bp_backend_tensor_copy_async(bp_backend *src_backend,
 
 /* ---- Devices ---------------------------------------------------------------------------- */
 
-BP_API const char *bp_device_name(bp_device *dev);
-BP_API const char *bp_device_description(bp_device *dev);
+BP_API const char *bp_device_get_name(bp_device *dev);
+BP_API const char *bp_device_get_description(bp_device *dev);
 BP_API enum bp_device_type bp_device_get_type(bp_device *dev);
 BP_API const char *bp_device_type_name(enum bp_device_type type);
-BP_API void bp_device_memory(bp_device *dev, size_t *free_bytes, size_t *total_bytes);
+BP_API void bp_device_get_memory(bp_device *dev, size_t *free_bytes, size_t *total_bytes);
 BP_API void bp_device_get_props(bp_device *dev, struct bp_device_props *props);
 BP_API bp_registry *bp_device_get_registry(bp_device *dev);
 /* A backend on dev; params is "key=value,key=value" or NULL. Caller frees with bp_backend_free. */
@@ -185,34 +189,27 @@ BP_API void bp_event_free(bp_event *event);
 /* Marks the point in backend's queue that event stands for. */
 BP_API enum bp_status bp_event_record(bp_event *event, bp_backend *backend);
 /* Makes backend's later work wait until the event has happened. */
-BP_API enum bp_status bp_event_wait(bp_backend *backend, bp_event *event);
+BP_API enum bp_status bp_event_wait(bp_event *event, bp_backend *backend);
 /* Blocks the caller until the event has happened. */
 BP_API enum bp_status bp_event_synchronize(bp_event *event);
 
 /* ---- Registries ------------------------------------------------------------------------- */
 
-BP_API const char *bp_registry_name(bp_registry *reg);
-BP_API size_t bp_registry_device_count(bp_registry *reg);
+BP_API const char *bp_registry_get_name(bp_registry *reg);
+BP_API size_t bp_registry_get_device_count(bp_registry *reg);
 BP_API bp_device *bp_registry_get_device(bp_registry *reg, size_t index);
-/* A named optional feature ("bp_cpu_set_n_threads", "bp_comm_init", ...); NULL, without an
- * error being recorded, when the registry does not have it. Convert it to the documented
+/* A named optional feature ("bp_comm_init", "bp_cpu_repack_buffer_type", ...); NULL, without
+ * an error being recorded, when the registry does not have it. Convert it to the documented
  * function pointer type; ISO C has no conversion from void * to a function pointer (a
  * -Wpedantic warning), so code that must compile cleanly copies the bytes instead:
- *     bp_cpu_set_n_threads_fn fn;
- *     void *p = bp_registry_get_proc_address(reg, "bp_cpu_set_n_threads");
+ *     bp_comm_init_fn fn;
+ *     void *p = bp_registry_get_proc_address(reg, "bp_comm_init");
  *     if (p != NULL)
  *         memcpy(&fn, &p, sizeof(fn));
- * as bp_meta_device_new in bp-meta.h does (POSIX guarantees the representations agree). */
+ * as bp_meta_device_new in bp-meta.h does (POSIX guarantees the representations agree). Each
+ * plugin's extras are declared in its own header (bp-cpu.h, bp-comm.h, bp-meta.h). */
 BP_API void *bp_registry_get_proc_address(bp_registry *reg, const char *name);
-/* The CPU registry's extras, by name:
- * "bp_cpu_set_n_threads": the thread count of a CPU backend.
- * "bp_cpu_repack_buffer_type": a CPU device's "CPU_REPACK" buffer type, for weights only the
- * CPU multiplies: 2-D Q4_0 and Q8_0 tensors placed there are stored row-interleaved for faster
- * MUL_MAT (other tensors are stored as they are). They are set and read in whole blocks, used
- * directly only by MUL_MAT and GET_ROWS, and copied (unpacked) for anything else. */
-typedef enum bp_status (*bp_cpu_set_n_threads_fn)(bp_backend *backend, int n_threads);
-typedef bp_buffer_type *(*bp_cpu_repack_buffer_type_fn)(bp_device *dev);
-BP_API void bp_registry_api_version(bp_registry *reg, int *major, int *minor);
+BP_API void bp_registry_get_api_version(bp_registry *reg, int *major, int *minor);
 
 /* ---- Plugins ---------------------------------------------------------------------------- *
  * Discovery looks at every file named backplane-<name>[-<variant>].so in each directory of
@@ -264,12 +261,12 @@ BP_API enum bp_status bp_plugin_unload(bp_plugin *plugin);
 BP_API size_t bp_plugin_count(void);
 BP_API bp_plugin *bp_plugin_get(size_t index);
 BP_API bp_plugin *bp_plugin_by_name(const char *name); /* case-insensitive <name> */
-BP_API const char *bp_plugin_name(bp_plugin *plugin);
-BP_API const char *bp_plugin_variant(bp_plugin *plugin);
-BP_API const char *bp_plugin_path(bp_plugin *plugin);
+BP_API const char *bp_plugin_get_name(bp_plugin *plugin);
+BP_API const char *bp_plugin_get_variant(bp_plugin *plugin);
+BP_API const char *bp_plugin_get_path(bp_plugin *plugin);
 BP_API bp_registry *bp_plugin_get_registry(bp_plugin *plugin);
 /* Buffers, backends and events currently holding the plugin. */
-BP_API int bp_plugin_refcount(bp_plugin *plugin);
+BP_API int bp_plugin_get_refcount(bp_plugin *plugin);
 
 /* The load report: one record per file or directory considered, in order. A record stays
  * valid for the life of the process. */

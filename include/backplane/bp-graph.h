@@ -26,16 +26,16 @@ BP_API void bp_graph_reset(bp_graph *g);
  * (or any other error) the graph is left exactly as it was before the call. */
 BP_API enum bp_status bp_graph_build_forward(bp_graph *g, bp_tensor *out);
 
-BP_API size_t bp_graph_capacity(const bp_graph *g);
-BP_API int bp_graph_n_nodes(const bp_graph *g);
-BP_API int bp_graph_n_leafs(const bp_graph *g);
+BP_API size_t bp_graph_get_capacity(const bp_graph *g);
+BP_API int bp_graph_get_n_nodes(const bp_graph *g);
+BP_API int bp_graph_get_n_leafs(const bp_graph *g);
 /* i may be negative to count from the end (-1 is the last node). NULL when out of range. */
-BP_API bp_tensor *bp_graph_node(const bp_graph *g, int i);
-BP_API bp_tensor *bp_graph_leaf(const bp_graph *g, int i);
+BP_API bp_tensor *bp_graph_get_node(const bp_graph *g, int i);
+BP_API bp_tensor *bp_graph_get_leaf(const bp_graph *g, int i);
 /* Whether t is in the graph, as a node or a leaf. */
 BP_API bool bp_graph_contains(const bp_graph *g, const bp_tensor *t);
 /* Number of node sources in g that are t (a node using t twice counts twice); 0 when none. */
-BP_API int bp_graph_use_count(const bp_graph *g, const bp_tensor *t);
+BP_API int bp_graph_get_use_count(const bp_graph *g, const bp_tensor *t);
 /* First node or leaf with this name, NULL (no error) when none. */
 BP_API bp_tensor *bp_graph_find(const bp_graph *g, const char *name);
 

@@ -136,6 +136,12 @@ struct bp_registry_iface {
     void (*free)(bp_registry *reg); /* optional: releases the context */
 };
 
+/* Proc addresses the runtime itself asks a registry for (besides the collectives of
+ * bp-comm.h): "bp_set_n_threads", of this type, backs bp_backend_set_n_threads for a plugin
+ * whose backends compute with threads. The runtime calls it with the backend already entered
+ * (one thread at a time) and n >= 1; the plugin returns BP_OK or a status after bp_set_error. */
+typedef enum bp_status (*bp_set_n_threads_fn)(bp_backend *backend, int n_threads);
+
 /* Constructors. Each checks the interface (struct size, required members) and returns NULL
  * with an error naming what is missing. Objects made for a device or registry are freed with
  * it: the registry frees its devices, a device its buffer types. */

@@ -245,8 +245,8 @@ BP_API bp_context *bp_context_new(size_t max_tensors);
 BP_API void bp_context_free(bp_context *ctx);
 /* Forgets every tensor of ctx (their pointers become invalid), keeping the storage. */
 BP_API void bp_context_reset(bp_context *ctx);
-BP_API size_t bp_context_n_tensors(const bp_context *ctx);
-BP_API size_t bp_context_capacity(const bp_context *ctx);
+BP_API size_t bp_context_get_n_tensors(const bp_context *ctx);
+BP_API size_t bp_context_get_capacity(const bp_context *ctx);
 /* The i-th tensor created in the context, NULL when out of range. Owned by the context. */
 BP_API bp_tensor *bp_context_get_tensor(const bp_context *ctx, size_t i);
 /* First tensor with this name, NULL (no error) when none has it. */

@@ -23,7 +23,7 @@ bp_comm *bp_cpu_comm_init(bp_backend *const *backends, int n)
     for (int i = 0; i < n; i++) {
         if (!bp_cpu_is_own_backend(backends[i])) {
             bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_init (CPU): backend %d (%s) is not a CPU "
-                         "backend", i, backends[i] ? bp_backend_name(backends[i]) : "NULL");
+                         "backend", i, backends[i] ? bp_backend_get_name(backends[i]) : "NULL");
             return NULL;
         }
     }

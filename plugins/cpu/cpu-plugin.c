@@ -27,9 +27,10 @@
 
 struct cpu_backend {
     struct bp_cpu_pool *pool;
-    /* A compute or a thread-count change is in progress. The runtime already refuses a second
-     * thread's compute; bp_cpu_set_n_threads is called directly, so it and compute exclude
-     * each other here (BP_ERR_BUSY) instead of resizing the pool under a running graph. */
+    /* A compute or a thread-count change is in progress. The runtime refuses a second thread
+     * on the backend itself, but the "bp_set_n_threads" proc address can also be called
+     * directly, so it and compute exclude each other here too (BP_ERR_BUSY) instead of
+     * resizing the pool under a running graph. */
     atomic_bool busy;
     int n_threads;
     char *work;            /* 64-byte aligned scratch: per-thread slices, then a shared one */
@@ -122,9 +123,9 @@ static void graph_job_run(void *arg, int ith, int nth)
         .wshared = job->cb->work + (size_t)nth * job->per_thread,
         .pool = job->cb->pool,
     };
-    const int n = bp_graph_n_nodes(job->graph);
+    const int n = bp_graph_get_n_nodes(job->graph);
     for (int i = 0; i < n; i++) {
-        bp_tensor *node = bp_graph_node(job->graph, i);
+        bp_tensor *node = bp_graph_get_node(job->graph, i);
         if (!computes(node) || bp_nelements(node) == 0)
             continue;
         bp_cpu_compute_node(node, &p);
@@ -158,8 +159,8 @@ static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g)
 {
     const int nth = cb->n_threads;
     size_t per_thread = 0, shared = 0;
-    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
-        bp_tensor *node = bp_graph_node(g, i);
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++) {
+        bp_tensor *node = bp_graph_get_node(g, i);
         if (!computes(node))
             continue;
         char desc[BP_TENSOR_DESC_SIZE];
@@ -300,13 +301,13 @@ static bp_backend *cpu_init_backend(bp_device *dev, const char *params)
     return be;
 }
 
-/* Proc address "bp_cpu_set_n_threads": enum bp_status (*)(bp_backend *, int). */
+/* Proc address "bp_set_n_threads" (bp_set_n_threads_fn, behind bp_backend_set_n_threads). */
 static enum bp_status cpu_set_n_threads(bp_backend *be, int n)
 {
     if (!bp_cpu_is_own_backend(be))
-        return bp_set_error(BP_ERR_INVALID_ARG, "bp_cpu_set_n_threads: not a CPU backend");
+        return bp_set_error(BP_ERR_INVALID_ARG, "CPU: bp_set_n_threads: not a CPU backend");
     struct cpu_backend *cb = bp_backend_get_context(be);
-    if (!enter(cb, "bp_cpu_set_n_threads"))
+    if (!enter(cb, "bp_set_n_threads"))
         return BP_ERR_BUSY;
     enum bp_status st = set_threads(cb, n);
     atomic_store(&cb->busy, false);
@@ -439,7 +440,7 @@ static bp_buffer_type *cpu_repack_buffer_type(bp_device *dev)
             return the_cpu->devices[i].repack;
     }
     bp_set_error(BP_ERR_INVALID_ARG, "bp_cpu_repack_buffer_type: %s is not a CPU device",
-                 dev ? bp_device_name(dev) : "NULL");
+                 dev ? bp_device_get_name(dev) : "NULL");
     return NULL;
 }
 
@@ -448,7 +449,7 @@ static void *cpu_reg_proc(bp_registry *reg, const char *name)
     (void)reg;
     if (strcmp(name, "bp_cpu_repack_buffer_type") == 0)
         return (void *)cpu_repack_buffer_type;
-    if (strcmp(name, "bp_cpu_set_n_threads") == 0)
+    if (strcmp(name, "bp_set_n_threads") == 0)
         return (void *)cpu_set_n_threads;
     if (strcmp(name, "bp_comm_init") == 0)
         return (void *)bp_cpu_comm_init;

@@ -656,9 +656,9 @@ static enum bp_status cbe_compute(bp_backend *be, bp_graph *g)
     cudaError_t e = cudaSetDevice(cb->cd->id);
     if (e != cudaSuccess)
         return cuda_fail(e, cb->cd->name, "cudaSetDevice");
-    const int n = bp_graph_n_nodes(g);
+    const int n = bp_graph_get_n_nodes(g);
     for (int i = 0; i < n; i++) {
-        bp_tensor *node = bp_graph_node(g, i);
+        bp_tensor *node = bp_graph_get_node(g, i);
         char desc[BP_TENSOR_DESC_SIZE];
         if (!cuda_supports(node))
             return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s node %s is not supported on this "

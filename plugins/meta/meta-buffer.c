@@ -608,7 +608,7 @@ static size_t mbuft_alignment(bp_buffer_type *buft)
     struct meta_dev *md = bp_buffer_type_get_context(buft);
     size_t a = 1;
     for (int p = 0; p < md->n; p++) {
-        size_t x = bp_buffer_type_alignment(bp_device_get_buffer_type(md->parts[p]));
+        size_t x = bp_buffer_type_get_alignment(bp_device_get_buffer_type(md->parts[p]));
         a = x > a ? x : a;
     }
     return a;
@@ -619,7 +619,7 @@ static size_t mbuft_max_size(bp_buffer_type *buft)
     struct meta_dev *md = bp_buffer_type_get_context(buft);
     size_t m = SIZE_MAX;
     for (int p = 0; p < md->n; p++) {
-        size_t x = bp_buffer_type_max_size(bp_device_get_buffer_type(md->parts[p]));
+        size_t x = bp_buffer_type_get_max_size(bp_device_get_buffer_type(md->parts[p]));
         m = x < m ? x : m;
     }
     return m;
@@ -630,7 +630,7 @@ static size_t mbuft_alloc_size(bp_buffer_type *buft, const bp_tensor *t)
     struct meta_dev *md = bp_buffer_type_get_context(buft);
     size_t m = 0;
     for (int p = 0; p < md->n; p++) {
-        size_t x = bp_buffer_type_alloc_size(bp_device_get_buffer_type(md->parts[p]), t);
+        size_t x = bp_buffer_type_get_alloc_size(bp_device_get_buffer_type(md->parts[p]), t);
         m = x > m ? x : m;
     }
     return m;

@@ -326,7 +326,7 @@ static enum bp_status add_into(struct run *r, int p, bp_tensor *full, bp_tensor 
     char desc[BP_TENSOR_DESC_SIZE];
     if (!bp_device_supports_op(bp_backend_get_device(r->mb->parts[p]), sum))
         return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s cannot add up partial sums of %s",
-                            r->md->name, bp_backend_name(r->mb->parts[p]),
+                            r->md->name, bp_backend_get_name(r->mb->parts[p]),
                             bp_describe_tensor(full, desc, sizeof(desc)));
     bp_graph *g = bp_graph_new(8);
     if (g == NULL)
@@ -537,10 +537,10 @@ static bp_tensor *regroup_target(struct run *r, const bp_tensor *node,
  * storage on the parts (buffers get theirs at first use). */
 static enum bp_status prepare_graph(struct meta_dev *md, bp_graph *g)
 {
-    const int nn = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    const int nn = bp_graph_get_n_nodes(g), nl = bp_graph_get_n_leafs(g);
     enum bp_status st = BP_OK;
     for (int i = 0; i < nn; i++) {
-        const bp_tensor *t = bp_graph_node(g, i);
+        const bp_tensor *t = bp_graph_get_node(g, i);
         char desc[BP_TENSOR_DESC_SIZE];
         if (t->buffer == NULL || bp_buffer_get_type(t->buffer) != md->buft)
             return bp_set_error(BP_ERR_INVALID_ARG, "%s: %s node %s is not in one of its "
@@ -548,7 +548,7 @@ static enum bp_status prepare_graph(struct meta_dev *md, bp_graph *g)
                                 bp_describe_tensor(t, desc, sizeof(desc)));
     }
     for (int i = 0; i < nn + nl && st == BP_OK; i++) {
-        const bp_tensor *t = i < nn ? bp_graph_node(g, i) : bp_graph_leaf(g, i - nn);
+        const bp_tensor *t = i < nn ? bp_graph_get_node(g, i) : bp_graph_get_leaf(g, i - nn);
         for (int k = -1; k < BP_MAX_SRC && st == BP_OK; k++) {
             const bp_tensor *u = k < 0 ? t : t->src[k];
             if (u != NULL && u->buffer != NULL && bp_buffer_get_type(u->buffer) == md->buft)
@@ -611,7 +611,7 @@ static enum bp_status remember_states(struct run *r)
 enum bp_status bp_meta_graph_compute(struct meta_backend *mb, bp_graph *g)
 {
     struct run r = {.mb = mb, .md = mb->md, .n = mb->md->n};
-    const int nn = bp_graph_n_nodes(g), nl = bp_graph_n_leafs(g);
+    const int nn = bp_graph_get_n_nodes(g), nl = bp_graph_get_n_leafs(g);
     enum bp_status st = prepare_graph(mb->md, g);
     if (st != BP_OK)
         return st;
@@ -622,7 +622,7 @@ enum bp_status bp_meta_graph_compute(struct meta_backend *mb, bp_graph *g)
     if (!reserved || r.ctx == NULL)
         st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
     for (int i = 0; i < nn && st == BP_OK; i++)
-        st = compute_node(&r, bp_graph_node(g, i));
+        st = compute_node(&r, bp_graph_get_node(g, i));
     if (st == BP_OK)
         st = flush(&r);
     if (st == BP_OK)

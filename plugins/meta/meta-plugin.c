@@ -97,7 +97,7 @@ static enum bp_status meta_backend_stats(bp_backend *be, int *n_reduces, double 
         return bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_backend_stats: backend is NULL");
     if (meta.reg == NULL || bp_device_get_registry(bp_backend_get_device(be)) != meta.reg)
         return bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_backend_stats: '%s' is not a meta "
-                            "backend", bp_backend_name(be));
+                            "backend", bp_backend_get_name(be));
     struct meta_backend *mb = bp_backend_get_context(be);
     if (n_reduces)
         *n_reduces = mb->n_reduces;
@@ -132,7 +132,7 @@ static void mdev_memory(bp_device *dev, size_t *f, size_t *t)
     *f = *t = 0;
     for (int p = 0; p < md->n; p++) {
         size_t pf, pt;
-        bp_device_memory(md->parts[p], &pf, &pt);
+        bp_device_get_memory(md->parts[p], &pf, &pt);
         *f += pf;
         *t += pt;
     }
@@ -250,14 +250,14 @@ static char *compose_name(bp_device *const *devices, int n)
 {
     size_t len = sizeof("Meta()");
     for (int i = 0; i < n; i++)
-        len += strlen(bp_device_name(devices[i])) + 1;
+        len += strlen(bp_device_get_name(devices[i])) + 1;
     char *name = malloc(len);
     if (name == NULL)
         return NULL;
     size_t used = (size_t)snprintf(name, len, "Meta(");
     for (int i = 0; i < n; i++)
         used += (size_t)snprintf(name + used, len - used, "%s%s", i ? "," : "",
-                                 bp_device_name(devices[i]));
+                                 bp_device_get_name(devices[i]));
     snprintf(name + used, len - used, ")");
     return name;
 }
@@ -274,14 +274,14 @@ static bool parts_valid(bp_device *const *devices, int n, const char *who)
         if (bp_device_get_type(devices[i]) == BP_DEVICE_TYPE_META) {
             bp_set_error(BP_ERR_INVALID_ARG, "%s: device %d ('%.*s%s') is itself a meta device; "
                          "a meta device cannot be a part of another", who, i,
-                         SHOW(bp_device_name(devices[i])));
+                         SHOW(bp_device_get_name(devices[i])));
             return false;
         }
         for (int j = 0; j < i; j++) {
             if (devices[j] == devices[i]) {
                 bp_set_error(BP_ERR_INVALID_ARG, "%s: device '%.*s%s' is listed twice (parts %d "
                              "and %d); each device can be one part only", who,
-                             SHOW(bp_device_name(devices[i])), j, i);
+                             SHOW(bp_device_get_name(devices[i])), j, i);
                 return false;
             }
         }

@@ -58,22 +58,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static void dump(bp_graph *g, bp_sched *s, const float *xd, const float *xr, int64_t n,
                  bp_graph *gr)
 {
-    for (int i = 0; i < bp_graph_n_leafs(gr); i++)
+    for (int i = 0; i < bp_graph_get_n_leafs(gr); i++)
         fprintf(stderr, "  leaf %d: %s, first value %g\n", i,
-                bp_type_name(bp_graph_leaf(gr, i)->type), ref_get(bp_graph_leaf(gr, i), 0, 0, 0, 0));
-    for (int i = 0; i < bp_graph_n_nodes(gr); i++) {
-        const bp_tensor *t = bp_graph_node(gr, i);
+                bp_type_name(bp_graph_get_leaf(gr, i)->type), ref_get(bp_graph_get_leaf(gr, i), 0, 0, 0, 0));
+    for (int i = 0; i < bp_graph_get_n_nodes(gr); i++) {
+        const bp_tensor *t = bp_graph_get_node(gr, i);
         fprintf(stderr, "  reference node %d: %s op_params[0] %d (%g), first value %g\n", i,
                 bp_op_name(t->op), t->op_params[0], bp_get_op_param_f32(t, 0),
                 ref_get(t, 0, 0, 0, 0));
     }
-    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
-        const bp_tensor *t = bp_graph_node(g, i);
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++) {
+        const bp_tensor *t = bp_graph_get_node(g, i);
         bp_backend *be = bp_sched_get_tensor_backend(s, t);
         fprintf(stderr, "  node %d: %s %s [%lld %lld %lld %lld] nb [%zu %zu %zu %zu] on %s, srcs",
                 i, bp_op_name(t->op), bp_type_name(t->type), (long long)t->ne[0],
                 (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3], t->nb[0], t->nb[1],
-                t->nb[2], t->nb[3], be ? bp_backend_name(be) : "?");
+                t->nb[2], t->nb[3], be ? bp_backend_get_name(be) : "?");
         for (int k = 0; k < BP_MAX_SRC && t->src[k]; k++)
             fprintf(stderr, " %s[%lld %lld %lld %lld]", bp_op_name(t->src[k]->op),
                     (long long)t->src[k]->ne[0], (long long)t->src[k]->ne[1],
@@ -196,7 +196,7 @@ static bool ill_conditioned(const uint8_t *data, size_t size, const bp_tensor *o
     if (outp != NULL && bp_graph_build_forward(gp, outp) == BP_OK &&
         (bl = bp_alloc_ctx_tensors(lp, bp_host_buffer_type())) != NULL &&
         (bo = bp_alloc_ctx_tensors(op, bp_host_buffer_type())) != NULL) {
-        for (size_t i = 0; i < bp_context_n_tensors(lp); i++)
+        for (size_t i = 0; i < bp_context_get_n_tensors(lp); i++)
             fill(bp_context_get_tensor(lp, i), 1000 + i, true);
         if (ref_compute_graph(gp)) {
             float *a = read_out(outr), *b = read_out(outp);
@@ -218,8 +218,8 @@ static bool ill_conditioned(const uint8_t *data, size_t size, const bp_tensor *o
 static double graph_scale(bp_graph *g)
 {
     double m = 0;
-    for (int i = 0; i < bp_graph_n_nodes(g); i++) {
-        const bp_tensor *t = bp_graph_node(g, i);
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++) {
+        const bp_tensor *t = bp_graph_get_node(g, i);
         if (t->type != BP_TYPE_F32 && t->type != BP_TYPE_F16)
             continue;
         float *v = read_out(t);
@@ -292,7 +292,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bld = bp_alloc_ctx_tensors(ld, bp_host_buffer_type());
     if (blr == NULL || bor == NULL || bld == NULL)
         abort();
-    for (size_t i = 0; i < bp_context_n_tensors(lr); i++) {
+    for (size_t i = 0; i < bp_context_get_n_tensors(lr); i++) {
         fill(bp_context_get_tensor(lr, i), 1000 + i, false);
         fill(bp_context_get_tensor(ld, i), 1000 + i, false);
     }

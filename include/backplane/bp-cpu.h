@@ -1,0 +1,29 @@
+/* bp-cpu.h - the CPU plugin's extras, as proc addresses of its registry ("CPU").
+ *
+ * Each is converted to its type as bp_registry_get_proc_address (bp-backend.h) describes:
+ *
+ *   "bp_cpu_repack_buffer_type"  bp_cpu_repack_buffer_type_fn
+ *
+ * The thread count of a CPU backend is set with the generic bp_backend_set_n_threads
+ * (bp-backend.h), which the CPU plugin implements. */
+#ifndef BACKPLANE_BP_CPU_H
+#define BACKPLANE_BP_CPU_H
+
+#include <backplane/bp-backend.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A CPU device's "CPU_REPACK" buffer type, for weights only the CPU multiplies: 2-D Q4_0 and
+ * Q8_0 tensors placed there are stored row-interleaved for faster MUL_MAT (other tensors are
+ * stored as they are). They are set and read in whole blocks, used directly only by MUL_MAT and
+ * GET_ROWS, and copied (unpacked) for anything else. NULL for a device that is not a CPU
+ * device of this plugin. */
+typedef bp_buffer_type *(*bp_cpu_repack_buffer_type_fn)(bp_device *dev);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
