@@ -369,6 +369,20 @@ static void sched_leave(bp_sched *s)
     atomic_store(&s->busy, false);
 }
 
+/* The public calls that take a scheduler and a graph: both checked, then body run inside the
+ * one-thread-at-a-time guard. fn is the public name, for messages. */
+static enum bp_status guarded(bp_sched *s, bp_graph *g, const char *fn,
+                              enum bp_status (*body)(bp_sched *s, bp_graph *g))
+{
+    if (s == NULL || g == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "%s: scheduler and graph must not be NULL", fn);
+    if (!sched_enter(s, fn))
+        return BP_ERR_BUSY;
+    enum bp_status st = body(s, g);
+    sched_leave(s);
+    return st;
+}
+
 void bp_sched_reset(bp_sched *s)
 {
     if (s == NULL || !sched_enter(s, __func__))
@@ -1058,33 +1072,25 @@ static enum bp_status alloc_graph(bp_sched *s, bp_graph *g)
     return BP_OK;
 }
 
-enum bp_status bp_sched_reserve(bp_sched *s, bp_graph *g)
+static enum bp_status reserve(bp_sched *s, bp_graph *g)
 {
-    if (s == NULL || g == NULL)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_reserve: scheduler and graph must not be "
-                         "NULL");
-    if (!sched_enter(s, __func__))
-        return BP_ERR_BUSY;
     enum bp_status st = split_graph(s, g);
     if (st == BP_OK)
         st = s->direct ? bp_gallocr_reserve(s->galloc, g, NULL, NULL)
                        : bp_gallocr_reserve(s->galloc, s->graph, s->node_ids, s->leaf_ids);
     restore_sources(s);
     s->allocated = NULL;
-    sched_leave(s);
     return st;
+}
+
+enum bp_status bp_sched_reserve(bp_sched *s, bp_graph *g)
+{
+    return guarded(s, g, __func__, reserve);
 }
 
 enum bp_status bp_sched_alloc_graph(bp_sched *s, bp_graph *g)
 {
-    if (s == NULL || g == NULL)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_alloc_graph: scheduler and graph must not "
-                         "be NULL");
-    if (!sched_enter(s, __func__))
-        return BP_ERR_BUSY;
-    enum bp_status st = alloc_graph(s, g);
-    sched_leave(s);
-    return st;
+    return guarded(s, g, __func__, alloc_graph);
 }
 
 /* ---- Compute ---------------------------------------------------------------------------- */
@@ -1187,14 +1193,7 @@ static enum bp_status graph_compute_async(bp_sched *s, bp_graph *g)
 
 enum bp_status bp_sched_graph_compute_async(bp_sched *s, bp_graph *g)
 {
-    if (s == NULL || g == NULL)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_graph_compute: scheduler and graph must "
-                         "not be NULL");
-    if (!sched_enter(s, __func__))
-        return BP_ERR_BUSY;
-    enum bp_status st = graph_compute_async(s, g);
-    sched_leave(s);
-    return st;
+    return guarded(s, g, __func__, graph_compute_async);
 }
 
 static enum bp_status synchronize(bp_sched *s)
@@ -1220,17 +1219,16 @@ enum bp_status bp_sched_synchronize(bp_sched *s)
     return st;
 }
 
-enum bp_status bp_sched_graph_compute(bp_sched *s, bp_graph *g)
+static enum bp_status graph_compute(bp_sched *s, bp_graph *g)
 {
-    if (s == NULL || g == NULL)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_graph_compute: scheduler and graph must "
-                         "not be NULL");
-    if (!sched_enter(s, __func__))
-        return BP_ERR_BUSY;
     enum bp_status st = graph_compute_async(s, g);
     enum bp_status sy = synchronize(s);
-    sched_leave(s);
     return st != BP_OK ? st : sy;
+}
+
+enum bp_status bp_sched_graph_compute(bp_sched *s, bp_graph *g)
+{
+    return guarded(s, g, __func__, graph_compute);
 }
 
 /* ---- Queries and control ----------------------------------------------------------------- */
