@@ -459,10 +459,14 @@ static bp_buffer *memory_of(const bp_tensor *t)
  * pointer on a GPU, a GPU pointer on the CPU) and crash. Nodes of op NONE are leafs. */
 static enum bp_status check_graph_memory(bp_backend *be, bp_graph *g)
 {
-    bp_buffer_type *ok[4] = {NULL};
+    /* Per compute, so kept cheap: the nodes array directly, and the buffer types already found
+     * usable remembered (a graph touches very few; the last one answers almost every time). */
+    bp_buffer_type *ok[4] = {NULL}, *last = NULL;
     int n_ok = 0;
-    for (int i = 0; i < bp_graph_get_n_nodes(g); i++) {
-        const bp_tensor *node = bp_graph_get_node(g, i);
+    bp_tensor *const *nodes = bp__graph_nodes(g);
+    const int n = bp_graph_get_n_nodes(g);
+    for (int i = 0; i < n; i++) {
+        const bp_tensor *node = nodes[i];
         for (int s = -1; s < BP_MAX_SRC; s++) {
             const bp_tensor *t = s < 0 ? node : node->src[s];
             if (t == NULL)
@@ -476,12 +480,12 @@ static enum bp_status check_graph_memory(bp_backend *be, bp_graph *g)
                                  bp_backend_get_name(be), t == node ? "node" : "source",
                                  bp__describe(t).s);
             }
+            if (buf->buft == last)
+                continue;
             bool seen = false;
             for (int k = 0; k < n_ok && !seen; k++)
                 seen = ok[k] == buf->buft;
-            if (seen)
-                continue;
-            if (!bp_device_supports_buft(be->device, buf->buft))
+            if (!seen && !bp_device_supports_buft(be->device, buf->buft))
                 return bp__error(BP_ERR_UNSUPPORTED,
                                  "backend %s cannot use %s of node %s: it lives in a %s buffer, "
                                  "which device %s does not support; copy it first or let the "
@@ -489,8 +493,9 @@ static enum bp_status check_graph_memory(bp_backend *be, bp_graph *g)
                                  bp_backend_get_name(be), t == node ? "the result" : bp__describe(t).s,
                                  bp__describe(node).s, bp_buffer_type_get_name(buf->buft),
                                  bp_device_get_name(be->device));
-            if (n_ok < 4)
+            if (!seen && n_ok < 4)
                 ok[n_ok++] = buf->buft;
+            last = buf->buft;
         }
     }
     return BP_OK;
