@@ -102,6 +102,31 @@ START_TEST(test_weights_on_accelerator)
 }
 END_TEST
 
+/* Weights of every type (converted from the same floats by their type's conversion) give the
+ * same logits through the accelerator and the CPU as on the CPU alone, within a bound per
+ * type: the CPU multiplies quantised weights by activations it quantises to Q8_0, the test
+ * accelerator by float activations. */
+START_TEST(test_weights_of_every_type)
+{
+    static const struct {
+        enum bp_type type;
+        double max_nmse;
+    } types[] = {{BP_TYPE_F16, 1e-12}, {BP_TYPE_BF16, 1e-12}, {BP_TYPE_Q8_0, 3e-4},
+                 {BP_TYPE_Q4_0, 3e-4}};
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        struct tf_config cfg = tiny;
+        cfg.wtype = types[i].type;
+        cfg.n_ff = 64; /* rows of quantised weights are whole blocks of 32 */
+        float *ref = run(alone, 1, false, bp_host_buffer_type(), &cfg, 0, NULL);
+        float *got = run(both, 2, false, bp_backend_get_default_buffer_type(accel), &cfg, 0, NULL);
+        assert_close_nmse(got, ref, N_LOGITS(cfg), types[i].max_nmse);
+        free(ref);
+        free(got);
+    }
+}
+END_TEST
+
 START_TEST(test_weights_on_cpu)
 {
     bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
@@ -544,6 +569,7 @@ int main(void)
     } tests[] = {
         {test_weights_on_accelerator, "weights_on_accelerator"},
         {test_weights_on_cpu, "weights_on_cpu"},
+        {test_weights_of_every_type, "weights_of_every_type"},
         {test_parallel_evaluations, "parallel"},
         {test_pins_and_queries, "pins_and_queries"},
         {test_eval_callback_stops_early, "eval_callback"},

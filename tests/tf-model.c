@@ -21,7 +21,14 @@ void model_init(struct model *m, const struct tf_config *cfg, bp_buffer_type *bu
             seed = seed * 1664525u + 1013904223u;
             v[j] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 0.4f;
         }
-        ck_assert_int_eq(bp_tensor_set(t, v, 0, (size_t)n * sizeof(float)), BP_OK);
+        /* Weights of any type: the floats are converted to the tensor's own type first. */
+        const struct bp_type_traits *tr = bp_type_get_traits(t->type);
+        const size_t bytes = bp_nbytes(t);
+        void *conv = malloc(bytes);
+        ck_assert(tr != NULL && conv != NULL);
+        tr->from_float(v, conv, n);
+        ck_assert_int_eq(bp_tensor_set(t, conv, 0, bytes), BP_OK);
+        free(conv);
         free(v);
     }
 }
