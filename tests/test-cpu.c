@@ -183,6 +183,37 @@ START_TEST(test_set_n_threads)
 }
 END_TEST
 
+/* ARGMAX follows the reference on rows with NaN (skipped, also at index 0), -inf and ties. */
+START_TEST(test_argmax_nan_and_ties)
+{
+    use_cpu_plugin();
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    bp_context *ctx = bp_context_new(4);
+    bp_tensor *a = bp_new_tensor_2d(ctx, BP_TYPE_F32, 4, 5);
+    bp_tensor *r = bp_argmax(ctx, a);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_host_buffer_type());
+    const float inf = INFINITY, nan = NAN;
+    const float v[20] = {nan, 1, 3, 2,          /* NaN first: 2 */
+                         nan, nan, nan, nan,    /* nothing: 0 */
+                         -inf, -inf, 5, -inf,   /* 2 */
+                         1, 7, 7, 1,            /* first of a tie: 1 */
+                         -inf, -inf, -inf, -inf}; /* nothing above -inf: 0 */
+    const int32_t want[5] = {2, 0, 2, 1, 0};
+    int32_t got[5];
+    ck_assert_int_eq(bp_tensor_set(a, v, 0, sizeof(v)), BP_OK);
+    bp_graph *g = bp_graph_new(4);
+    bp_graph_build_forward(g, r);
+    ck_assert_int_eq(bp_backend_graph_compute(be, g), BP_OK);
+    ck_assert_int_eq(bp_tensor_get(r, got, 0, sizeof(got)), BP_OK);
+    for (int i = 0; i < 5; i++)
+        ck_assert_msg(got[i] == want[i], "row %d: %d, want %d", i, got[i], want[i]);
+    bp_graph_free(g);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+    bp_backend_free(be);
+}
+END_TEST
+
 START_TEST(test_events_and_unsupported_graph)
 {
     use_cpu_plugin();
@@ -693,6 +724,7 @@ int main(void)
     BP_TCASE(s, test_backend_params_parsed_whole, 30);
     BP_TCASE(s, test_set_n_threads, 30);
     BP_TCASE(s, test_events_and_unsupported_graph, 30);
+    BP_TCASE(s, test_argmax_nan_and_ties, 30);
     BP_TCASE(s, test_mul_mat_empty_k, 60);
     BP_TCASE(s, test_graph_allocator_and_threads_agree, 60);
     BP_TCASE(s, test_several_devices, 30);

@@ -431,10 +431,15 @@ static void op_row_reduce(bp_tensor *dst, const struct bp_cpu_params *p)
                 (float)(dst->op == BP_OP_MEAN ? sum / (double)n : sum);
             break;
         case BP_OP_ARGMAX: {
+            /* The first maximum; NaN never compares greater, so it is skipped (even at index
+             * 0), and a row with nothing above -inf gives 0, as the reference does. */
             int32_t best = 0;
-            for (int64_t i = 1; i < n; i++) {
-                if (x[i] > x[best])
+            float best_v = -INFINITY;
+            for (int64_t i = 0; i < n; i++) {
+                if (x[i] > best_v) {
+                    best_v = x[i];
                     best = (int32_t)i;
+                }
             }
             *(int32_t *)bp_cpu_row(dst, i1, i2, i3) = best;
             break;

@@ -366,11 +366,14 @@ __global__ void k_argmax_rows(cu_t d, cu_t a)
     const row_pos p = block_row(a);
     const int64_t n = a.ne[0];
     const char *row = at(a, 0, p.i1, p.i2, p.i3);
+    /* Only values above -inf are candidates: NaN never compares greater, so it is skipped
+     * wherever it is (also at index 0), and a row with no candidate gives 0, as the
+     * reference and the CPU do. */
     float best = -INFINITY;
     int bi = 0x7fffffff;
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
         const float v = ld(row + k * a.nb[0], a.type);
-        if (bi == 0x7fffffff || v > best) {
+        if (v > best) {
             best = v;
             bi = (int)k;
         }
