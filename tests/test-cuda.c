@@ -2,6 +2,7 @@
  * buffers and copies (including device to device and 2-D strided), the pinned host buffer type,
  * events, out-of-range row ids, the scheduler with CUDA0 and the CPU, and Meta(CUDA0) (with
  * NCCL where built). Without a GPU it prints why and exits 77 (SKIP): never a pass. */
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "conformance.h"
@@ -258,6 +259,43 @@ START_TEST(test_nccl_allreduce)
 }
 END_TEST
 
+/* Whether there is a GPU to test on, asked in a throwaway child: CUDA cannot be used in a
+ * process forked after it was initialised, and Check forks every test from this process, so
+ * this one must never load the CUDA plugin itself. Returns true, or false with the reason. */
+static bool gpu_available(char *why, size_t size)
+{
+    int fds[2];
+    snprintf(why, size, "could not ask a child process");
+    if (pipe(fds) != 0)
+        return false;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return false;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        bp_plugin_load_all();
+        bp_registry *reg = bp_registry_by_name("CUDA");
+        const bool have = reg != NULL && bp_registry_get_device_count(reg) > 0;
+        const char *msg = "the CUDA plugin did not load";
+        for (size_t i = 0; i < bp_plugin_report_count(); i++)
+            if (strstr(bp_plugin_report_get(i)->path, "backplane-cuda") != NULL)
+                msg = bp_plugin_report_get(i)->message;
+        if (write(fds[1], msg, strlen(msg)) < 0)
+            _exit(2);
+        _exit(have ? 0 : 1);
+    }
+    close(fds[1]);
+    ssize_t n = read(fds[0], why, size - 1);
+    why[n > 0 ? n : 0] = '\0';
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 int main(void)
 {
     char path[8192];
@@ -265,13 +303,8 @@ int main(void)
              getenv("BP_TEST_CPU_PLUGIN_DIR"), getenv("BP_TEST_META_PLUGIN_DIR"));
     setenv("BP_PLUGIN_PATH", path, 1);
     setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
-    bp_plugin_load_all();
-    bp_registry *reg = bp_registry_by_name("CUDA");
-    if (reg == NULL || bp_registry_get_device_count(reg) == 0) {
-        const char *why = "the CUDA plugin did not load";
-        for (size_t i = 0; i < bp_plugin_report_count(); i++)
-            if (strstr(bp_plugin_report_get(i)->path, "backplane-cuda") != NULL)
-                why = bp_plugin_report_get(i)->message;
+    char why[1024];
+    if (!gpu_available(why, sizeof(why))) {
         printf("SKIP: no GPU to test on (%s)\n", why);
         return 77;
     }
