@@ -68,6 +68,9 @@ struct cuda_backend {
 
 static enum bp_status cuda_fail(cudaError_t e, const char *who, const char *what)
 {
+    /* The error is reported here, at the call that failed: clear CUDA's record of it, or the
+     * next kernel launch's check (cudaGetLastError) would blame itself for it. */
+    (void)cudaGetLastError();
     return bp_set_error(e == cudaErrorMemoryAllocation ? BP_ERR_OUT_OF_MEMORY : BP_ERR_BACKEND,
                         "%s: %s failed: %s", who, what, cudaGetErrorString(e));
 }
@@ -1016,7 +1019,11 @@ static enum bp_status cuda_comm_allreduce(bp_comm *c, bp_tensor *const *tensors,
          : tensors[0]->type == BP_TYPE_BF16 ? ncclBfloat16 : ncclFloat32;
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; i < n && r == ncclSuccess; i++) {
-        cudaSetDevice(c->backends[i]->cd->id);
+        cudaError_t e = cudaSetDevice(c->backends[i]->cd->id);
+        if (e != cudaSuccess) {
+            (void)ncclGroupEnd();
+            return cuda_fail(e, c->backends[i]->cd->name, "cudaSetDevice for the all-reduce");
+        }
         r = ncclAllReduce(tensors[i]->data, tensors[i]->data, (size_t)bp_nelements(tensors[i]),
                           type, ncclSum, c->comms[i], c->backends[i]->stream);
     }
@@ -1032,8 +1039,19 @@ static void cuda_comm_free(bp_comm *c)
 {
     if (c == NULL)
         return;
-    for (int i = 0; i < c->n; i++)
+    /* An all-reduce may still be queued on the backends' streams: let it finish before its
+     * communicators go. Errors cannot be returned from here; they are logged. */
+    for (int i = 0; i < c->n; i++) {
+        cudaError_t e = cudaSetDevice(c->backends[i]->cd->id);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(c->backends[i]->stream);
+        if (e != cudaSuccess) {
+            bp_log(BP_LOG_WARN, "CUDA: %s: waiting for the stream before freeing its "
+                   "communicator failed: %s", c->backends[i]->cd->name, cudaGetErrorString(e));
+            (void)cudaGetLastError();
+        }
         ncclCommDestroy(c->comms[i]);
+    }
     free(c);
 }
 #endif
