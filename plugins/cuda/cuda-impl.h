@@ -58,6 +58,18 @@ int bp_cu_matvec(struct cu_t d, struct cu_t a, struct cu_t b, cudaStream_t s);
  * out_type (CU_F32, CU_F16 or CU_BF16) with ne[0] elements per row: the GEMM inputs. */
 int bp_cu_convert(void *out, int out_type, struct cu_t a, int64_t i2, int64_t i3, cudaStream_t s);
 
+/* A GPU as the driver API describes it (cuda-driver.c). */
+struct bp_cuda_gpu {
+    int ordinal;
+    char name[256];
+    size_t total_memory;
+    int major, minor; /* compute capability */
+};
+
+/* Up to max GPUs, found through the driver API loaded with dlopen, without starting the CUDA
+ * runtime; 0 with the reason in why when there are none (no driver, no GPU, cuInit failed). */
+int bp_cuda_enumerate(struct bp_cuda_gpu *out, int max, char *why, size_t why_size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1124,28 +1124,17 @@ static bp_registry *cuda_plugin_init(void)
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "CUDA: out of memory");
         return NULL;
     }
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess) {
-        /* No driver (cudaErrorInsufficientDriver) or no GPU (cudaErrorNoDevice): zero devices. */
-        snprintf(c->note, sizeof(c->note), "no usable GPU: %s", cudaGetErrorString(e));
-        count = 0;
-        cudaGetLastError(); /* reset the runtime's last-error state */
-    } else if (count == 0) {
-        snprintf(c->note, sizeof(c->note), "no GPU found");
-    }
-    if (count > CUDA_MAX_DEVICES)
-        count = CUDA_MAX_DEVICES;
+    /* The driver API, not cudart: the runtime starts with the first backend or buffer. */
+    struct bp_cuda_gpu gpus[CUDA_MAX_DEVICES];
+    const int count = bp_cuda_enumerate(gpus, CUDA_MAX_DEVICES, c->note, sizeof(c->note));
     for (int i = 0; i < count; i++) {
-        struct cudaDeviceProp prop;
         struct cuda_device *d = &c->devices[c->n];
-        if (cudaGetDeviceProperties(&prop, i) != cudaSuccess)
-            continue;
-        d->id = i;
-        d->total_memory = prop.totalGlobalMem;
-        snprintf(d->name, sizeof(d->name), "CUDA%d", i);
-        snprintf(d->description, sizeof(d->description), "%s (compute capability %d.%d, %.1f GiB)",
-                 prop.name, prop.major, prop.minor, (double)prop.totalGlobalMem / (1 << 30));
+        d->id = gpus[i].ordinal;
+        d->total_memory = gpus[i].total_memory;
+        snprintf(d->name, sizeof(d->name), "CUDA%d", gpus[i].ordinal);
+        snprintf(d->description, sizeof(d->description), "%.255s (compute capability %d.%d, %.1f GiB)",
+                 gpus[i].name, gpus[i].major, gpus[i].minor,
+                 (double)gpus[i].total_memory / (1 << 30));
         c->n++;
     }
     the_cuda = c;
