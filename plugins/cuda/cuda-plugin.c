@@ -171,17 +171,30 @@ static enum bp_status cbuf_get_2d(bp_buffer *buf, const bp_tensor *t, void *d, s
 }
 
 /* Device to device (any of our GPUs, through unified addressing) or host to device. */
+/* A direct copy that failed in CUDA (not one this path does not handle): the interface can
+ * only answer "not done", after which the runtime copies through host memory and reports any
+ * error there; so the CUDA message is logged here, where it happened, and CUDA's record of it
+ * cleared, so that it is not blamed on a later call. */
+static bool copy_failed(cudaError_t e, const char *who, const char *what)
+{
+    bp_log(BP_LOG_WARN, "%s: %s failed: %s; copying through host memory instead", who, what,
+           cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return false;
+}
+
 static bool cbuf_cpy(bp_buffer *buf, const bp_tensor *src, bp_tensor *dst)
 {
     struct cuda_buf *b = bp_buffer_get_context(buf);
     if (!contiguous(src) || !contiguous(dst) || src->buffer == NULL ||
         (!is_cuda_tensor(src) && !bp_buffer_is_host(src->buffer)))
         return false;
-    if (cudaSetDevice(b->cd->id) != cudaSuccess)
-        return false;
-    if (cudaMemcpy(dst->data, src->data, bp_nbytes(src), cudaMemcpyDefault) != cudaSuccess)
-        return false;
-    return cudaStreamSynchronize(0) == cudaSuccess;
+    cudaError_t e = cudaSetDevice(b->cd->id);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(dst->data, src->data, bp_nbytes(src), cudaMemcpyDefault);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(0);
+    return e == cudaSuccess ? true : copy_failed(e, b->cd->name, "a direct copy");
 }
 
 static enum bp_status cbuf_clear(bp_buffer *buf, uint8_t v)
@@ -747,16 +760,20 @@ static bool cbe_cpy_async(bp_backend *src_be, bp_backend *dst_be, const bp_tenso
         return false;
     struct cuda_backend *sb = bp_backend_get_context(src_be), *db = bp_backend_get_context(dst_be);
     cudaEvent_t ev;
-    if (cudaSetDevice(sb->cd->id) != cudaSuccess ||
-        cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
-        return false;
-    bool ok = cudaEventRecord(ev, sb->stream) == cudaSuccess &&
-              cudaSetDevice(db->cd->id) == cudaSuccess &&
-              cudaStreamWaitEvent(db->stream, ev, 0) == cudaSuccess &&
-              cudaMemcpyAsync(dst->data, src->data, bp_nbytes(src), cudaMemcpyDefault,
-                              db->stream) == cudaSuccess;
+    cudaError_t e = cudaSetDevice(sb->cd->id);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e != cudaSuccess)
+        return copy_failed(e, db->cd->name, "a queued copy");
+    e = cudaEventRecord(ev, sb->stream);
+    if (e == cudaSuccess)
+        e = cudaSetDevice(db->cd->id);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(db->stream, ev, 0);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(dst->data, src->data, bp_nbytes(src), cudaMemcpyDefault, db->stream);
     cudaEventDestroy(ev); /* destroyed once the work recorded in it completes */
-    return ok;
+    return e == cudaSuccess ? true : copy_failed(e, db->cd->name, "a queued copy");
 }
 
 static enum bp_status cbe_event_record(bp_backend *be, void *event)
