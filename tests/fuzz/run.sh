@@ -64,10 +64,25 @@ for t in fuzz-graph fuzz-loader; do
     # command finds here (the time limit only cuts the same sequence short on a slow machine).
     runs=120000
     [ "$t" = fuzz-loader ] && runs=40000
-    "$b/$t" -seed="${BP_FUZZ_SEED:-1}" -runs="${BP_FUZZ_RUNS:-$runs}" -max_total_time="$secs" \
-        -print_final_stats=1 -artifact_prefix="$b/crashes-$t/" -max_len=400000 -timeout=30 \
-        "$corpus" > "$b/$t.log" 2>&1
+    run_target() {
+        "$b/$t" -seed="${BP_FUZZ_SEED:-1}" -runs="${BP_FUZZ_RUNS:-$runs}" -max_total_time="$secs" \
+            -print_final_stats=1 -artifact_prefix="$b/crashes-$t/" -max_len=400000 -timeout=30 \
+            "$corpus" > "$b/$t.log" 2>&1
+    }
+    run_target
     rc=$?
+    # fuzz-loader runs mutated plugin code in this process: once in several runs the process
+    # has died of a signal inside the sanitizer's own handler, with no crash input saved, and
+    # the same seed then ran clean (an open problem, docs/reliability.md). Such a death is
+    # reported here in full and the target run once more; a second failure fails the run.
+    if [ "$rc" -ge 128 ] && [ "$(find "$b/crashes-$t" -type f | wc -l)" -eq 0 ]; then
+        echo "fuzz $t: died with exit $rc and saved no crash input; its log:"
+        grep -B2 -A12 -m1 "DEADLYSIGNAL\|==ERROR" "$b/$t.log" | head -20
+        cp "$b/$t.log" "$b/$t.first.log"
+        echo "fuzz $t: running it once more with the same seed"
+        run_target
+        rc=$?
+    fi
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$b/$t.log")
     crashes=$(find "$b/crashes-$t" -type f | wc -l)
     findings=$(find "$b/findings-$t" -type f | wc -l)
