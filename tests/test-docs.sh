@@ -6,21 +6,7 @@ set -u
 srcdir=${srcdir:-.}
 builddir=${top_builddir:-.}
 cc=${BP_TEST_CC:-cc}
-pass=0
-fail=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-check() { # description, command...
-    desc=$1
-    shift
-    if "$@" >"$tmp/out" 2>&1; then
-        pass=$((pass + 1))
-    else
-        fail=$((fail + 1))
-        echo "FAIL: $desc"
-        sed 's/^/    /' "$tmp/out"
-    fi
-}
+. "$(dirname "$0")/check.sh"
 guide="$srcdir/docs/user-guide.md"
 # Paths into the source tree; templates such as tests/test-conformance-<name>.c are left out.
 grep -o '\(docs\|examples\|tests\|tools\|plugins\|include\|bench\|runtime\)/[A-Za-z0-9_./<>-]*' \

@@ -13,21 +13,7 @@ cxx=${BP_TEST_CXX:-}
 inc="-I$srcdir/include -I$builddir/include"
 cflags="-std=c11 -Wall -Wextra -Wpedantic -Werror"
 cxxflags="-std=c++11 -Wall -Wextra -Wpedantic -Werror"
-pass=0
-fail=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-check() { # description, command...
-    desc=$1
-    shift
-    if "$@" >"$tmp/out" 2>&1; then
-        pass=$((pass + 1))
-    else
-        fail=$((fail + 1))
-        echo "FAIL: $desc"
-        sed 's/^/    /' "$tmp/out"
-    fi
-}
+. "$(dirname "$0")/check.sh"
 if [ -z "${BP_TEST_HEADERS:-}" ]; then
     echo "FAIL: BP_TEST_HEADERS (the installed headers, set by make check) is empty"
     exit 1

@@ -8,21 +8,7 @@ tool="${top_builddir:-.}/tools/backplane"
 cpu="$BP_TEST_CPU_PLUGIN_DIR" accel="$BP_TEST_ACCEL_PLUGIN_DIR" meta="$BP_TEST_META_PLUGIN_DIR"
 example="$BP_TEST_EXAMPLE_PLUGIN_DIR"
 export BP_PLUGIN_PATH="$cpu:$accel:$meta:$example" BP_PLUGIN_SYSTEM_PATH= BP_LOG_LEVEL=none
-pass=0
-fail=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-check() { # description, command...
-    desc=$1
-    shift
-    if "$@" >"$tmp/out" 2>&1; then
-        pass=$((pass + 1))
-    else
-        fail=$((fail + 1))
-        echo "FAIL: $desc"
-        sed 's/^/    /' "$tmp/out"
-    fi
-}
+. "$(dirname "$0")/check.sh"
 # agrees DEVICES [extra options]: --check passes, and the largest logit difference is small.
 agrees() {
     d=$1
