@@ -452,11 +452,21 @@ static struct bp_plugin *find_loaded_name(const char *name)
     return NULL;
 }
 
+/* The directory of the plugin whose init is running on this thread (bp_plugin_init_dir). */
+static _Thread_local const char *init_dir;
+
+const char *bp_plugin_init_dir(void)
+{
+    return init_dir;
+}
+
 /* init, duplicate registry check, bookkeeping. Consumes the handle and descriptor either way. */
 static struct bp_plugin *finish_load(struct candidate *c)
 {
     bp_clear_error();
+    init_dir = c->dirpath;
     bp_registry *reg = c->desc->init();
+    init_dir = NULL;
     if (reg == NULL) {
         add_record(c->path, c->name, c->variant, c->score, BP_PLUGIN_FAILED,
                    "its init returned no registry: %s",

@@ -243,6 +243,14 @@ struct bp_plugin_descriptor {
         .score = (score_),                                            \
     }
 
+/* While a plugin's init function runs, on the thread that runs it: the resolved absolute path
+ * of the directory its file was loaded from, a directory the loader has checked as it checks
+ * every plugin directory (owner and permissions of each component). NULL at any other time.
+ * For plugins that load companion files from beside themselves (an implementation library,
+ * kernel binaries): copy what you need during init. The file itself was opened through
+ * /proc/self/fd, so dladdr cannot tell it. */
+BP_API const char *bp_plugin_init_dir(void);
+
 /* Records an error for bp_last_error() from plugin code; returns status. */
 BP_API enum bp_status bp_set_error(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3);
 

@@ -1,5 +1,6 @@
-/* cuda-buffers.c - the CUDA plugin's buffer types: device memory, and pinned host memory for
- * fast copies. */
+/* cuda-buffers.c - the CUDA plugin's buffers (implementation library): device memory, and
+ * pinned host memory for fast copies. The buffer types themselves (names, alignment) are the
+ * plugin's, in cuda-plugin.c. */
 #include "config.h"
 
 #include <stdio.h>
@@ -130,14 +131,8 @@ static const struct bp_buffer_iface cuda_buffer_iface = {
     .get_tensor_2d = cbuf_get_2d,
 };
 
-static const char *cbuft_name(bp_buffer_type *buft)
+bp_buffer *bp_cuda_alloc_buffer(bp_buffer_type *buft, struct cuda_device *cd, size_t size)
 {
-    return ((struct cuda_device *)bp_buffer_type_get_context(buft))->name;
-}
-
-static bp_buffer *cbuft_alloc(bp_buffer_type *buft, size_t size)
-{
-    struct cuda_device *cd = bp_buffer_type_get_context(buft);
     struct cuda_buf *b = calloc(1, sizeof(*b));
     if (b == NULL) {
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", cd->name);
@@ -148,6 +143,7 @@ static bp_buffer *cbuft_alloc(bp_buffer_type *buft, size_t size)
     if (e == cudaSuccess)
         e = cudaMalloc(&b->ptr, size > 0 ? size : 1); /* a real address even for empty buffers */
     if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* reported here, not at the next launch */
         free(b);
         bp_set_error(e == cudaErrorMemoryAllocation ? BP_ERR_OUT_OF_MEMORY : BP_ERR_BACKEND,
                      "%s: cannot allocate %zu bytes of device memory: %s", cd->name, size,
@@ -161,25 +157,6 @@ static bp_buffer *cbuft_alloc(bp_buffer_type *buft, size_t size)
     }
     return buf;
 }
-
-static size_t cbuft_alignment(bp_buffer_type *buft)
-{
-    (void)buft;
-    return CUDA_ALIGNMENT;
-}
-
-static size_t cbuft_max_size(bp_buffer_type *buft)
-{
-    return ((struct cuda_device *)bp_buffer_type_get_context(buft))->total_memory;
-}
-
-const struct bp_buffer_type_iface bp_cuda_buft_iface = {
-    .struct_size = sizeof(struct bp_buffer_type_iface),
-    .get_name = cbuft_name,
-    .alloc_buffer = cbuft_alloc,
-    .get_alignment = cbuft_alignment,
-    .get_max_size = cbuft_max_size,
-};
 
 /* ---- Pinned host buffers ------------------------------------------------------------------- */
 
@@ -238,13 +215,7 @@ static const struct bp_buffer_iface host_buffer_iface = {
     .clear = hbuf_clear,
 };
 
-static const char *hbuft_name(bp_buffer_type *buft)
-{
-    (void)buft;
-    return "CUDA_Host";
-}
-
-static bp_buffer *hbuft_alloc(bp_buffer_type *buft, size_t size)
+bp_buffer *bp_cuda_alloc_host_buffer(bp_buffer_type *buft, size_t size)
 {
     struct host_buf *h = calloc(1, sizeof(*h));
     if (h == NULL) {
@@ -254,6 +225,7 @@ static bp_buffer *hbuft_alloc(bp_buffer_type *buft, size_t size)
     h->size = size;
     cudaError_t e = cudaMallocHost(&h->ptr, size > 0 ? size : 1);
     if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* reported here, not at the next launch */
         free(h);
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "CUDA_Host: cannot allocate %zu bytes of pinned "
                      "host memory: %s", size, cudaGetErrorString(e));
@@ -266,23 +238,3 @@ static bp_buffer *hbuft_alloc(bp_buffer_type *buft, size_t size)
     }
     return buf;
 }
-
-static size_t hbuft_alignment(bp_buffer_type *buft)
-{
-    (void)buft;
-    return 64;
-}
-
-static bool hbuft_is_host(bp_buffer_type *buft)
-{
-    (void)buft;
-    return true;
-}
-
-const struct bp_buffer_type_iface bp_cuda_host_buft_iface = {
-    .struct_size = sizeof(struct bp_buffer_type_iface),
-    .get_name = hbuft_name,
-    .alloc_buffer = hbuft_alloc,
-    .get_alignment = hbuft_alignment,
-    .is_host = hbuft_is_host,
-};

@@ -1,5 +1,5 @@
-/* cuda-compute.c - which ops the CUDA plugin runs, and running a graph on a backend's stream:
- * cuBLAS (or the matrix-vector kernel) for MUL_MAT, the kernels of cuda-kernels.cu for the rest. */
+/* cuda-compute.c - running a graph on a backend's stream: cuBLAS (or the matrix-vector kernel)
+ * for MUL_MAT, the kernels of cuda-kernels.cu for the rest. */
 #include "config.h"
 
 #include <stdio.h>
@@ -7,92 +7,6 @@
 #include <string.h>
 
 #include "cuda-internal.h"
-
-/* ---- Op support ------------------------------------------------------------------------------ */
-
-bool bp_cuda_float_type(enum bp_type t)
-{
-    return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16;
-}
-
-static bool quant_type(enum bp_type t)
-{
-    return t == BP_TYPE_Q8_0 || t == BP_TYPE_Q4_0;
-}
-
-/* Rows stored as whole contiguous blocks (how the quantised kernels address them). */
-static bool rows_of_blocks(const bp_tensor *t)
-{
-    return t->nb[0] == bp_type_size(t->type);
-}
-
-/* DUP, CONT and CPY (the node is the destination): between float types in any layout, I32 to
- * I32, from a quantised source with whole-block rows, and into a quantised destination with
- * whole-block rows. */
-static bool copy_supported(const bp_tensor *dst, const bp_tensor *src)
-{
-    if (dst->type == BP_TYPE_I32 || src->type == BP_TYPE_I32)
-        return dst->type == src->type;
-    const bool src_ok = bp_cuda_float_type(src->type) || (quant_type(src->type) && rows_of_blocks(src));
-    const bool dst_ok = bp_cuda_float_type(dst->type) || (quant_type(dst->type) && rows_of_blocks(dst));
-    return src_ok && dst_ok;
-}
-
-/* Exactly what graph_compute below implements. */
-bool bp_cuda_supports(const bp_tensor *op)
-{
-    const bp_tensor *a = op->src[0], *b = op->src[1];
-    switch (op->op) {
-    case BP_OP_NONE:
-    case BP_OP_RESHAPE:
-    case BP_OP_VIEW:
-    case BP_OP_PERMUTE:
-    case BP_OP_TRANSPOSE:
-        return true;
-    case BP_OP_DUP:
-    case BP_OP_CONT:
-    case BP_OP_CPY:
-        return copy_supported(op, a);
-    case BP_OP_GET_ROWS:
-        return bp_cuda_float_type(op->type) && b->type == BP_TYPE_I32 &&
-               (bp_cuda_float_type(a->type) ||
-                (quant_type(a->type) && a->nb[0] == bp_type_size(a->type)));
-    case BP_OP_SET_ROWS:
-        return (bp_cuda_float_type(op->type) || (quant_type(op->type) && rows_of_blocks(op))) &&
-               bp_cuda_float_type(b->type) && op->src[2]->type == BP_TYPE_I32;
-    case BP_OP_ADD:
-    case BP_OP_SUB:
-    case BP_OP_MUL:
-    case BP_OP_DIV:
-    case BP_OP_CONCAT:
-        return bp_cuda_float_type(op->type) && bp_cuda_float_type(a->type) && bp_cuda_float_type(b->type);
-    case BP_OP_SCALE:
-    case BP_OP_UNARY:
-    case BP_OP_SUM_ROWS:
-    case BP_OP_MEAN:
-    case BP_OP_NORM:
-    case BP_OP_RMS_NORM:
-        return bp_cuda_float_type(op->type) && bp_cuda_float_type(a->type);
-    case BP_OP_ARGMAX:
-        return bp_cuda_float_type(a->type);
-    case BP_OP_SOFT_MAX:
-        return bp_cuda_float_type(op->type) && bp_cuda_float_type(a->type) && (b == NULL || bp_cuda_float_type(b->type));
-    case BP_OP_GLU:
-        return bp_cuda_float_type(op->type) && bp_cuda_float_type(a->type) && (b == NULL || bp_cuda_float_type(b->type));
-    case BP_OP_ROPE: {
-        const int n_dims = bp_get_op_param_i32(op, 0), mode = bp_get_op_param_i32(op, 1);
-        return bp_cuda_float_type(op->type) && bp_cuda_float_type(a->type) && b->type == BP_TYPE_I32 &&
-               n_dims > 0 && n_dims % 2 == 0 && n_dims <= a->ne[0] &&
-               (mode == BP_ROPE_NORMAL || mode == BP_ROPE_NEOX);
-    }
-    case BP_OP_MUL_MAT:
-        return op->type == BP_TYPE_F32 && b->type == BP_TYPE_F32 &&
-               (bp_cuda_float_type(a->type) || quant_type(a->type)) &&
-               a->nb[0] == bp_type_size(a->type);
-    default:
-        return false;
-    }
-}
 
 /* ---- Backend: graph compute ------------------------------------------------------------------ */
 

@@ -1,6 +1,14 @@
 /* cuda-internal.h - private to plugins/cuda/: what the C files of the CUDA plugin share (the
  * objects behind its handles, error helpers, and the entry points of each file). The interface
- * to the nvcc-compiled kernels is cuda-impl.h. */
+ * to the nvcc-compiled kernels is cuda-impl.h.
+ *
+ * The plugin is two shared objects. backplane-cuda.so (cuda-plugin.c, cuda-ops.c,
+ * cuda-driver.c) is what the loader loads: registry, devices, buffer types and op support,
+ * found through the driver API, linking no CUDA library. libbackplane-cuda-impl.so (cuda-backend.c,
+ * cuda-buffers.c, cuda-compute.c, cuda-comm.c, the kernels) links cudart, cuBLAS and NCCL and is
+ * loaded from beside the plugin the first time a backend, buffer, event or communicator is made
+ * (struct bp_cuda_impl below). So a process that only discovers devices never maps the CUDA
+ * libraries, which cost about 220 MB and 0.1 s to load. */
 #ifndef BP_CUDA_INTERNAL_H
 #define BP_CUDA_INTERNAL_H
 
@@ -41,14 +49,21 @@ struct cuda_device {
     bp_buffer_type *host_buft; /* pinned host memory */
 };
 
+struct bp_cuda_impl;
+
 struct cuda_registry {
     bp_registry *reg;
     int n;
     struct cuda_device devices[CUDA_MAX_DEVICES];
-    char note[256]; /* why there are no devices, for the load report */
+    char note[256];   /* why there are no devices, for the load report */
+    char *dir;        /* the plugin's directory, where the implementation library lies */
+    void *impl_lib;   /* the implementation library's handle, once loaded */
+    const struct bp_cuda_impl *impl;
 };
 
-extern struct cuda_registry *bp_cuda_registry; /* one per process: the plugin is loaded once */
+/* One per process (the plugin is loaded once), in each of the two objects: the plugin's, and the
+ * implementation library's copy of the same pointer, set by its open function. */
+extern struct cuda_registry *bp_cuda_registry;
 
 struct cuda_backend {
     struct cuda_device *cd;
@@ -59,6 +74,40 @@ struct cuda_backend {
     void *scratch; /* GEMM inputs converted to F16/BF16 */
     size_t scratch_size;
 };
+
+/* ---- Between the plugin and its implementation library ---------------------------------- */
+
+#define BP_CUDA_IMPL_FILE "libbackplane-cuda-impl.so"
+#define BP_CUDA_IMPL_OPEN "bp_cuda_impl_open"
+/* Raised whenever struct bp_cuda_impl or struct cuda_registry/cuda_device change. */
+#define BP_CUDA_IMPL_ABI 1
+
+/* What the implementation library does for the plugin. Every member is set; the comm members
+ * only in builds with NCCL. */
+struct bp_cuda_impl {
+    bp_backend *(*init_backend)(bp_device *dev, struct cuda_device *cd);
+    /* Free and total bytes; BP_OK or the CUDA error. */
+    enum bp_status (*get_memory)(struct cuda_device *cd, size_t *free, size_t *total);
+    bp_buffer *(*alloc_buffer)(bp_buffer_type *buft, struct cuda_device *cd, size_t size);
+    bp_buffer *(*alloc_host_buffer)(bp_buffer_type *buft, size_t size);
+    void *(*event_new)(struct cuda_device *cd);
+    void (*event_free)(void *event);
+    enum bp_status (*event_synchronize)(struct cuda_device *cd, void *event);
+#ifdef BP_HAVE_NCCL
+    bp_comm *(*comm_init)(bp_backend *const *backends, int n);
+    enum bp_status (*comm_allreduce)(bp_comm *c, bp_tensor *const *tensors, int n);
+    void (*comm_free)(bp_comm *c);
+#endif
+};
+
+/* The one symbol the implementation library exports: its table for this registry, or NULL
+ * after bp_set_error when abi is not its own (a stale file beside a newer plugin). */
+typedef const struct bp_cuda_impl *(*bp_cuda_impl_open_fn)(int abi, struct cuda_registry *reg);
+
+/* cuda-plugin.c: the implementation, loaded on first use; NULL after bp_set_error naming who. */
+const struct bp_cuda_impl *bp_cuda_impl_get(const char *who);
+
+/* ---- Implementation library --------------------------------------------------------------- */
 
 enum bp_status bp_cuda_fail(cudaError_t e, const char *who, const char *what);
 enum bp_status bp_cuda_blas_fail(cublasStatus_t e, const char *who, const char *what);
@@ -82,17 +131,19 @@ static inline bool contiguous(const bp_tensor *t)
 }
 
 /* cuda-buffers.c: device memory and pinned host memory. */
-extern const struct bp_buffer_type_iface bp_cuda_buft_iface;
-extern const struct bp_buffer_type_iface bp_cuda_host_buft_iface;
+bp_buffer *bp_cuda_alloc_buffer(bp_buffer_type *buft, struct cuda_device *cd, size_t size);
+bp_buffer *bp_cuda_alloc_host_buffer(bp_buffer_type *buft, size_t size);
 /* A direct copy that failed in CUDA: logs why and clears CUDA's record; returns false. */
 bool bp_cuda_copy_failed(cudaError_t e, const char *who, const char *what);
 
-/* cuda-compute.c: which ops run here, and running a graph on a backend's stream. */
+/* cuda-ops.c (in both objects): which ops run here. */
 bool bp_cuda_float_type(enum bp_type t);
 bool bp_cuda_supports(const bp_tensor *op);
+
+/* cuda-compute.c: running a graph on a backend's stream. */
 enum bp_status bp_cuda_graph_compute(bp_backend *be, bp_graph *g);
 
-/* cuda-plugin.c */
+/* cuda-backend.c */
 bool bp_cuda_is_backend(bp_backend *be);
 
 #ifdef BP_HAVE_NCCL

@@ -1,157 +1,116 @@
-/* cuda-plugin.c - the CUDA plugin: registry "CUDA", one device per GPU ("CUDA0", ...), device
- * and pinned host buffer types, backends with a stream and a cuBLAS handle each, events, and
- * NCCL collectives (bp_comm_*) when built with NCCL.
+/* cuda-plugin.c - the CUDA plugin: registry "CUDA", one device per GPU ("CUDA0", ...) found
+ * through the driver API, device and pinned host buffer types, op support, and NCCL collectives
+ * (bp_comm_*) when built with NCCL.
  *
- * Nothing here exits or aborts: every CUDA, cuBLAS and NCCL failure becomes a bp_status with the
- * library's own error string in bp_last_error(). A machine without a GPU or driver gives a
- * registry with no devices, and the reason is in the load report (bp_registry_note).
- *
- * Ordering: backend streams are ordinary (blocking) streams, so the synchronous buffer
- * functions, which use the legacy default stream, are ordered with every backend's work. */
+ * This object links no CUDA library. Backends, buffers, events and communicators are made by
+ * the implementation library (libbackplane-cuda-impl.so, beside the plugin), loaded here the first
+ * time one is asked for; see cuda-internal.h. A machine without a GPU or driver gives a registry
+ * with no devices, the reason in the load report (bp_registry_note), and never loads it. */
 #include "config.h"
 
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cuda-internal.h"
 
 struct cuda_registry *bp_cuda_registry;
 
-enum bp_status bp_cuda_fail(cudaError_t e, const char *who, const char *what)
+/* ---- The implementation library ------------------------------------------------------------ */
+
+static pthread_mutex_t impl_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* dlsym into a function pointer without a cast ISO C lacks. */
+static bp_cuda_impl_open_fn impl_open_symbol(void *lib)
 {
-    /* The error is reported here, at the call that failed: clear CUDA's record of it, or the
-     * next kernel launch's check (cudaGetLastError) would blame itself for it. */
-    (void)cudaGetLastError();
-    return bp_set_error(e == cudaErrorMemoryAllocation ? BP_ERR_OUT_OF_MEMORY : BP_ERR_BACKEND,
-                        "%s: %s failed: %s", who, what, cudaGetErrorString(e));
+    bp_cuda_impl_open_fn fn;
+    void *p = dlsym(lib, BP_CUDA_IMPL_OPEN);
+    memcpy(&fn, &p, sizeof(fn));
+    return p != NULL ? fn : NULL;
 }
 
-enum bp_status bp_cuda_blas_fail(cublasStatus_t e, const char *who, const char *what)
+/* Opens the library beside the plugin, checked as the loader checks plugins: a regular file,
+ * not a link, owned by root or by us, writable by nobody else; then loaded through the
+ * descriptor that was checked. NODELETE: cudart and cuBLAS register exit handlers and are not
+ * made to be unloaded. */
+static void *impl_dlopen(const char *who, const char *path)
 {
-    return bp_set_error(e == CUBLAS_STATUS_ALLOC_FAILED ? BP_ERR_OUT_OF_MEMORY : BP_ERR_BACKEND,
-                        "%s: %s failed: %s", who, what, cublasGetStatusString(e));
-}
-
-/* ---- Backend: the rest ----------------------------------------------------------------------- */
-
-static const char *cbe_name(bp_backend *be)
-{
-    return ((struct cuda_backend *)bp_backend_get_context(be))->cd->name;
-}
-
-static enum bp_status cbe_sync(bp_backend *be)
-{
-    struct cuda_backend *cb = bp_backend_get_context(be);
-    cudaError_t e = cudaSetDevice(cb->cd->id);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(cb->stream);
-    if (e != cudaSuccess)
-        return bp_cuda_fail(e, cb->cd->name, "synchronising the stream");
-    const int flag = *(volatile int *)cb->err_host;
-    if (flag != CU_ERR_NONE) {
-        *(volatile int *)cb->err_host = CU_ERR_NONE;
-        return bp_set_error(BP_ERR_OUT_OF_BOUNDS, "%s: a GET_ROWS or SET_ROWS row id was out of "
-                            "range (those rows were left as zero or not written)", cb->cd->name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        bp_set_error(BP_ERR_PLUGIN, "%s: cannot open the CUDA implementation library %s: %s "
+                     "(it is installed beside the plugin)", who, path, strerror(errno));
+        return NULL;
     }
-    return BP_OK;
+    struct stat st;
+    const char *bad = NULL;
+    if (fstat(fd, &st) != 0)
+        bad = "it cannot be examined";
+    else if (!S_ISREG(st.st_mode))
+        bad = "it is not a regular file";
+    else if (st.st_uid != 0 && st.st_uid != geteuid())
+        bad = "it is owned by another user";
+    else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+        bad = "it is writable by group or others";
+    void *lib = NULL;
+    if (bad == NULL) {
+        char fdpath[32];
+        snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", fd);
+        lib = dlopen(fdpath, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+        if (lib == NULL) {
+            const char *why = dlerror();
+            bp_set_error(BP_ERR_PLUGIN, "%s: cannot load the CUDA implementation library %s: %s",
+                         who, path, why != NULL ? why : "unknown error");
+        }
+    } else {
+        bp_set_error(BP_ERR_PLUGIN, "%s: refusing the CUDA implementation library %s: %s", who,
+                     path, bad);
+    }
+    close(fd);
+    return lib;
 }
 
-static void cbe_free(bp_backend *be)
+const struct bp_cuda_impl *bp_cuda_impl_get(const char *who)
 {
-    struct cuda_backend *cb = bp_backend_get_context(be);
-    cudaSetDevice(cb->cd->id);
-    cudaStreamSynchronize(cb->stream);
-    cublasDestroy(cb->blas);
-    cudaStreamDestroy(cb->stream);
-    cudaFree(cb->scratch);
-    cudaFreeHost(cb->err_host);
-    free(cb);
+    struct cuda_registry *c = bp_cuda_registry;
+    if (c == NULL) {
+        bp_set_error(BP_ERR_PLUGIN, "%s: the CUDA plugin is not initialised", who);
+        return NULL;
+    }
+    pthread_mutex_lock(&impl_lock);
+    const struct bp_cuda_impl *impl = c->impl;
+    if (impl == NULL) {
+        char *path = NULL;
+        size_t len = strlen(c->dir) + sizeof("/" BP_CUDA_IMPL_FILE);
+        if ((path = malloc(len)) == NULL) {
+            bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", who);
+        } else {
+            snprintf(path, len, "%s/" BP_CUDA_IMPL_FILE, c->dir);
+            void *lib = impl_dlopen(who, path);
+            bp_cuda_impl_open_fn open_fn = lib != NULL ? impl_open_symbol(lib) : NULL;
+            if (lib != NULL && open_fn == NULL)
+                bp_set_error(BP_ERR_PLUGIN, "%s: %s has no %s: it is not the CUDA plugin's "
+                             "implementation library", who, path, BP_CUDA_IMPL_OPEN);
+            if (open_fn != NULL)
+                impl = open_fn(BP_CUDA_IMPL_ABI, c);
+            if (impl != NULL) {
+                c->impl_lib = lib;
+                c->impl = impl;
+                bp_log(BP_LOG_INFO, "CUDA plugin: loaded %s", path);
+            } else if (lib != NULL) {
+                dlclose(lib);
+            }
+            free(path);
+        }
+    }
+    pthread_mutex_unlock(&impl_lock);
+    return impl;
 }
-
-static enum bp_status cbe_set_async(bp_backend *be, bp_tensor *t, const void *d, size_t off,
-                                    size_t n)
-{
-    struct cuda_backend *cb = bp_backend_get_context(be);
-    cudaError_t e = cudaSetDevice(cb->cd->id);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync((char *)t->data + off, d, n, cudaMemcpyHostToDevice, cb->stream);
-    return e == cudaSuccess ? BP_OK : bp_cuda_fail(e, cb->cd->name, "asynchronous copy to the device");
-}
-
-static enum bp_status cbe_get_async(bp_backend *be, const bp_tensor *t, void *d, size_t off,
-                                    size_t n)
-{
-    struct cuda_backend *cb = bp_backend_get_context(be);
-    cudaError_t e = cudaSetDevice(cb->cd->id);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(d, (const char *)t->data + off, n, cudaMemcpyDeviceToHost, cb->stream);
-    return e == cudaSuccess ? BP_OK
-                            : bp_cuda_fail(e, cb->cd->name, "asynchronous copy from the device");
-}
-
-static const struct bp_backend_iface cuda_backend_iface;
-
-bool bp_cuda_is_backend(bp_backend *be)
-{
-    return bp_cuda_registry != NULL && bp_device_get_registry(bp_backend_get_device(be)) == bp_cuda_registry->reg;
-}
-
-/* Device to device between two of our backends: dst's stream waits for src's, then copies. */
-static bool cbe_cpy_async(bp_backend *src_be, bp_backend *dst_be, const bp_tensor *src,
-                          bp_tensor *dst)
-{
-    if (!bp_cuda_is_backend(src_be) || !bp_cuda_is_backend(dst_be) || !bp_cuda_is_tensor(src) ||
-        !bp_cuda_is_tensor(dst) || !contiguous(src) || !contiguous(dst))
-        return false;
-    struct cuda_backend *sb = bp_backend_get_context(src_be), *db = bp_backend_get_context(dst_be);
-    cudaEvent_t ev;
-    cudaError_t e = cudaSetDevice(sb->cd->id);
-    if (e == cudaSuccess)
-        e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (e != cudaSuccess)
-        return bp_cuda_copy_failed(e, db->cd->name, "a queued copy");
-    e = cudaEventRecord(ev, sb->stream);
-    if (e == cudaSuccess)
-        e = cudaSetDevice(db->cd->id);
-    if (e == cudaSuccess)
-        e = cudaStreamWaitEvent(db->stream, ev, 0);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(dst->data, src->data, bp_nbytes(src), cudaMemcpyDefault, db->stream);
-    cudaEventDestroy(ev); /* destroyed once the work recorded in it completes */
-    return e == cudaSuccess ? true : bp_cuda_copy_failed(e, db->cd->name, "a queued copy");
-}
-
-static enum bp_status cbe_event_record(bp_backend *be, void *event)
-{
-    struct cuda_backend *cb = bp_backend_get_context(be);
-    cudaError_t e = cudaSetDevice(cb->cd->id);
-    if (e == cudaSuccess)
-        e = cudaEventRecord((cudaEvent_t)event, cb->stream);
-    return e == cudaSuccess ? BP_OK : bp_cuda_fail(e, cb->cd->name, "cudaEventRecord");
-}
-
-static enum bp_status cbe_event_wait(bp_backend *be, void *event)
-{
-    struct cuda_backend *cb = bp_backend_get_context(be);
-    cudaError_t e = cudaSetDevice(cb->cd->id);
-    if (e == cudaSuccess)
-        e = cudaStreamWaitEvent(cb->stream, (cudaEvent_t)event, 0);
-    return e == cudaSuccess ? BP_OK : bp_cuda_fail(e, cb->cd->name, "cudaStreamWaitEvent");
-}
-
-static const struct bp_backend_iface cuda_backend_iface = {
-    .struct_size = sizeof(struct bp_backend_iface),
-    .get_name = cbe_name,
-    .free = cbe_free,
-    .set_tensor_async = cbe_set_async,
-    .get_tensor_async = cbe_get_async,
-    .cpy_tensor_async = cbe_cpy_async,
-    .synchronize = cbe_sync,
-    .graph_compute = bp_cuda_graph_compute,
-    .event_record = cbe_event_record,
-    .event_wait = cbe_event_wait,
-};
 
 /* ---- Device ------------------------------------------------------------------------------------ */
 
@@ -167,14 +126,25 @@ static const char *cdev_desc(bp_device *dev)
 
 static void cdev_memory(bp_device *dev, size_t *f, size_t *t)
 {
+    /* Free memory needs the runtime; without it, or if it fails, the total from discovery. */
     struct cuda_device *cd = bp_device_get_context(dev);
-    size_t fr = 0, tot = cd->total_memory;
-    if (cudaSetDevice(cd->id) != cudaSuccess || cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
-        fr = 0;
-        tot = cd->total_memory;
+    const struct bp_cuda_impl *impl = bp_cuda_impl_get(cd->name);
+    if (impl == NULL || impl->get_memory(cd, f, t) != BP_OK) {
+        *f = 0;
+        *t = cd->total_memory;
     }
-    *f = fr;
-    *t = tot;
+}
+
+static bp_backend *cdev_init_backend(bp_device *dev, const char *params)
+{
+    struct cuda_device *cd = bp_device_get_context(dev);
+    if (params != NULL && params[0] != '\0') {
+        bp_set_error(BP_ERR_INVALID_ARG, "%s: unknown backend parameters '%s' (the CUDA backend "
+                     "takes none)", cd->name, params);
+        return NULL;
+    }
+    const struct bp_cuda_impl *impl = bp_cuda_impl_get(cd->name);
+    return impl != NULL ? impl->init_backend(dev, cd) : NULL;
 }
 
 static enum bp_device_type cdev_type(bp_device *dev)
@@ -190,62 +160,6 @@ static void cdev_caps(bp_device *dev, struct bp_device_caps *caps)
     caps->host_buffer = true;
     caps->buffer_from_host_ptr = false;
     caps->events = true;
-}
-
-static bp_backend *cdev_init_backend(bp_device *dev, const char *params)
-{
-    struct cuda_device *cd = bp_device_get_context(dev);
-    if (params != NULL && params[0] != '\0') {
-        bp_set_error(BP_ERR_INVALID_ARG, "%s: unknown backend parameters '%s' (the CUDA backend "
-                     "takes none)", cd->name, params);
-        return NULL;
-    }
-    struct cuda_backend *cb = calloc(1, sizeof(*cb));
-    if (cb == NULL) {
-        bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", cd->name);
-        return NULL;
-    }
-    cb->cd = cd;
-    cudaError_t e = cudaSetDevice(cd->id);
-    if (e == cudaSuccess)
-        e = cudaStreamCreate(&cb->stream);
-    if (e != cudaSuccess) {
-        bp_cuda_fail(e, cd->name, "creating a stream");
-        free(cb);
-        return NULL;
-    }
-    e = cudaHostAlloc((void **)&cb->err_host, sizeof(int), cudaHostAllocMapped);
-    if (e == cudaSuccess)
-        e = cudaHostGetDevicePointer((void **)&cb->err_dev, cb->err_host, 0);
-    if (e != cudaSuccess) {
-        bp_cuda_fail(e, cd->name, "allocating the error flag");
-        if (cb->err_host != NULL)
-            cudaFreeHost(cb->err_host);
-        cudaStreamDestroy(cb->stream);
-        free(cb);
-        return NULL;
-    }
-    *cb->err_host = CU_ERR_NONE;
-    cublasStatus_t bs = cublasCreate(&cb->blas);
-    if (bs == CUBLAS_STATUS_SUCCESS)
-        bs = cublasSetStream(cb->blas, cb->stream);
-    if (bs != CUBLAS_STATUS_SUCCESS) {
-        bp_cuda_blas_fail(bs, cd->name, "creating the cuBLAS handle");
-        if (cb->blas != NULL)
-            cublasDestroy(cb->blas);
-        cudaFreeHost(cb->err_host);
-        cudaStreamDestroy(cb->stream);
-        free(cb);
-        return NULL;
-    }
-    bp_backend *be = bp_backend_new(dev, &cuda_backend_iface, cb);
-    if (be == NULL) {
-        cublasDestroy(cb->blas);
-        cudaFreeHost(cb->err_host);
-        cudaStreamDestroy(cb->stream);
-        free(cb);
-    }
-    return be;
 }
 
 static bp_buffer_type *cdev_buft(bp_device *dev)
@@ -272,28 +186,20 @@ static bool cdev_supports_buft(bp_device *dev, bp_buffer_type *buft)
 static void *cdev_event_new(bp_device *dev)
 {
     struct cuda_device *cd = bp_device_get_context(dev);
-    cudaEvent_t ev;
-    cudaError_t e = cudaSetDevice(cd->id);
-    if (e == cudaSuccess)
-        e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (e != cudaSuccess) {
-        bp_cuda_fail(e, cd->name, "cudaEventCreate");
-        return NULL;
-    }
-    return ev;
+    const struct bp_cuda_impl *impl = bp_cuda_impl_get(cd->name);
+    return impl != NULL ? impl->event_new(cd) : NULL;
 }
 
+/* An event exists only once the implementation is loaded. */
 static void cdev_event_free(bp_device *dev, void *event)
 {
     (void)dev;
-    cudaEventDestroy((cudaEvent_t)event);
+    bp_cuda_registry->impl->event_free(event);
 }
 
 static enum bp_status cdev_event_sync(bp_device *dev, void *event)
 {
-    struct cuda_device *cd = bp_device_get_context(dev);
-    cudaError_t e = cudaEventSynchronize((cudaEvent_t)event);
-    return e == cudaSuccess ? BP_OK : bp_cuda_fail(e, cd->name, "cudaEventSynchronize");
+    return bp_cuda_registry->impl->event_synchronize(bp_device_get_context(dev), event);
 }
 
 static const struct bp_device_iface cuda_device_iface = {
@@ -311,6 +217,71 @@ static const struct bp_device_iface cuda_device_iface = {
     .event_new = cdev_event_new,
     .event_free = cdev_event_free,
     .event_synchronize = cdev_event_sync,
+};
+
+/* ---- Buffer types --------------------------------------------------------------------------- */
+
+static const char *cbuft_name(bp_buffer_type *buft)
+{
+    return ((struct cuda_device *)bp_buffer_type_get_context(buft))->name;
+}
+
+static bp_buffer *cbuft_alloc(bp_buffer_type *buft, size_t size)
+{
+    struct cuda_device *cd = bp_buffer_type_get_context(buft);
+    const struct bp_cuda_impl *impl = bp_cuda_impl_get(cd->name);
+    return impl != NULL ? impl->alloc_buffer(buft, cd, size) : NULL;
+}
+
+static size_t cbuft_alignment(bp_buffer_type *buft)
+{
+    (void)buft;
+    return CUDA_ALIGNMENT;
+}
+
+static size_t cbuft_max_size(bp_buffer_type *buft)
+{
+    return ((struct cuda_device *)bp_buffer_type_get_context(buft))->total_memory;
+}
+
+static const struct bp_buffer_type_iface cuda_buft_iface = {
+    .struct_size = sizeof(struct bp_buffer_type_iface),
+    .get_name = cbuft_name,
+    .alloc_buffer = cbuft_alloc,
+    .get_alignment = cbuft_alignment,
+    .get_max_size = cbuft_max_size,
+};
+
+static const char *hbuft_name(bp_buffer_type *buft)
+{
+    (void)buft;
+    return "CUDA_Host";
+}
+
+static bp_buffer *hbuft_alloc(bp_buffer_type *buft, size_t size)
+{
+    const struct bp_cuda_impl *impl = bp_cuda_impl_get("CUDA_Host");
+    return impl != NULL ? impl->alloc_host_buffer(buft, size) : NULL;
+}
+
+static size_t hbuft_alignment(bp_buffer_type *buft)
+{
+    (void)buft;
+    return 64;
+}
+
+static bool hbuft_is_host(bp_buffer_type *buft)
+{
+    (void)buft;
+    return true;
+}
+
+static const struct bp_buffer_type_iface cuda_host_buft_iface = {
+    .struct_size = sizeof(struct bp_buffer_type_iface),
+    .get_name = hbuft_name,
+    .alloc_buffer = hbuft_alloc,
+    .get_alignment = hbuft_alignment,
+    .is_host = hbuft_is_host,
 };
 
 /* ---- Registry ---------------------------------------------------------------------------------- */
@@ -338,18 +309,47 @@ static const char *cuda_note(void)
     return bp_cuda_registry != NULL ? bp_cuda_registry->note : "";
 }
 
+#ifdef BP_HAVE_NCCL
+static bp_comm *comm_init(bp_backend *const *backends, int n)
+{
+    const struct bp_cuda_impl *impl = bp_cuda_impl_get("CUDA");
+    return impl != NULL ? impl->comm_init(backends, n) : NULL;
+}
+
+/* A communicator exists only once the implementation is loaded. */
+static enum bp_status comm_allreduce(bp_comm *c, bp_tensor *const *tensors, int n)
+{
+    return bp_cuda_registry->impl->comm_allreduce(c, tensors, n);
+}
+
+static void comm_free(bp_comm *c)
+{
+    if (c != NULL)
+        bp_cuda_registry->impl->comm_free(c);
+}
+#endif
+
+/* Proc address "bp_cuda_load_runtime": loads the implementation library (and with it cudart,
+ * cuBLAS and NCCL) now rather than at the first backend or buffer, without touching a GPU. */
+static enum bp_status load_runtime(void)
+{
+    return bp_cuda_impl_get("CUDA") != NULL ? BP_OK : bp_last_status();
+}
+
 static void *creg_proc(bp_registry *reg, const char *name)
 {
     (void)reg;
+    if (strcmp(name, "bp_cuda_load_runtime") == 0)
+        return (void *)load_runtime;
     if (strcmp(name, "bp_registry_note") == 0)
         return (void *)cuda_note;
 #ifdef BP_HAVE_NCCL
     if (strcmp(name, "bp_comm_init") == 0)
-        return (void *)bp_cuda_comm_init;
+        return (void *)comm_init;
     if (strcmp(name, "bp_comm_allreduce") == 0)
-        return (void *)bp_cuda_comm_allreduce;
+        return (void *)comm_allreduce;
     if (strcmp(name, "bp_comm_free") == 0)
-        return (void *)bp_cuda_comm_free;
+        return (void *)comm_free;
 #endif
     return NULL;
 }
@@ -357,6 +357,9 @@ static void *creg_proc(bp_registry *reg, const char *name)
 static void creg_free(bp_registry *reg)
 {
     (void)reg;
+    if (bp_cuda_registry->impl_lib != NULL)
+        dlclose(bp_cuda_registry->impl_lib); /* stays mapped: opened NODELETE */
+    free(bp_cuda_registry->dir);
     free(bp_cuda_registry);
     bp_cuda_registry = NULL;
 }
@@ -381,6 +384,13 @@ static bp_registry *cuda_plugin_init(void)
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "CUDA: out of memory");
         return NULL;
     }
+    const char *dir = bp_plugin_init_dir();
+    c->dir = strdup(dir != NULL ? dir : ".");
+    if (c->dir == NULL) {
+        free(c);
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "CUDA: out of memory");
+        return NULL;
+    }
     /* The driver API, not cudart: the runtime starts with the first backend or buffer. */
     struct bp_cuda_gpu gpus[CUDA_MAX_DEVICES];
     const int count = bp_cuda_enumerate(gpus, CUDA_MAX_DEVICES, c->note, sizeof(c->note));
@@ -397,6 +407,7 @@ static bp_registry *cuda_plugin_init(void)
     bp_cuda_registry = c;
     c->reg = bp_registry_new(&cuda_registry_iface, c);
     if (c->reg == NULL) {
+        free(c->dir);
         free(c);
         bp_cuda_registry = NULL;
         return NULL;
@@ -405,9 +416,9 @@ static bp_registry *cuda_plugin_init(void)
         struct cuda_device *d = &c->devices[i];
         d->dev = bp_device_new(c->reg, &cuda_device_iface, d);
         if (d->dev != NULL)
-            d->buft = bp_buffer_type_new(d->dev, &bp_cuda_buft_iface, d);
+            d->buft = bp_buffer_type_new(d->dev, &cuda_buft_iface, d);
         if (d->buft != NULL)
-            d->host_buft = bp_buffer_type_new(d->dev, &bp_cuda_host_buft_iface, d);
+            d->host_buft = bp_buffer_type_new(d->dev, &cuda_host_buft_iface, d);
         if (d->host_buft == NULL) {
             bp_registry_free(c->reg); /* frees c through creg_free */
             return NULL;
