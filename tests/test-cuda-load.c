@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <backplane/bp-plugin.h>
+
 #include "test-util.h"
 
 static char cuda_so[4096], impl_so[4096];
