@@ -1,6 +1,7 @@
 /* bench-cuda.c - the CUDA device in bench-matmul and bench-ops (`--device CUDA0`), each figure
  * beside the same work done by calling CUDA directly in the same run: cuBLAS GEMM on the same
- * device pointers for MUL_MAT, cudaMemcpy for the bandwidth of element-wise ops. Built only
+ * device pointers for MUL_MAT (the same GEMMs the precision contract asks of the plugin, and
+ * the single rounded GEMM for comparison), cudaMemcpy for the bandwidth of element-wise ops. Built only
  * where configure found CUDA; the peers are linked into the benchmarks, never into the plugin's
  * users. Times are host wall-clock around a computation that ends with a synchronisation, the
  * same for the plugin and the peer. */
@@ -48,10 +49,15 @@ static int run_graph(void *p)
     return bp_backend_graph_compute(j->be, j->g) == BP_OK ? 0 : -1;
 }
 
+/* The peer: the same GEMMs the plugin's precision contract asks for, called directly on operands
+ * prepared outside the timing (one f32 GEMM for F32 weights; W.xhi + W.xlo for BF16; Whi.xhi +
+ * Whi.xlo + Wlo.xhi for F16, all BF16 tensor-core GEMMs), or, as a second figure, the one GEMM
+ * on activations rounded to the weights' type (what a library without that contract does). */
 struct gemm_job {
     cublasHandle_t h;
     int M, N, K;
-    const void *a, *b;
+    int n; /* GEMMs, accumulated into c */
+    const void *a[3], *b[3];
     void *c;
     cudaDataType_t ta, tb;
 };
@@ -60,10 +66,12 @@ static int run_gemm(void *p)
 {
     struct gemm_job *j = p;
     const float one = 1.0f, zero = 0.0f;
-    if (cublasGemmEx(j->h, CUBLAS_OP_T, CUBLAS_OP_N, j->M, j->N, j->K, &one, j->a, j->ta, j->K,
-                     j->b, j->tb, j->K, &zero, j->c, CUDA_R_32F, j->M, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
-        return -1;
+    for (int i = 0; i < j->n; i++) {
+        if (cublasGemmEx(j->h, CUBLAS_OP_T, CUBLAS_OP_N, j->M, j->N, j->K, &one, j->a[i], j->ta,
+                         j->K, j->b[i], j->tb, j->K, i == 0 ? &zero : &one, j->c, CUDA_R_32F, j->M,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+            return -1;
+    }
     return cudaDeviceSynchronize() == cudaSuccess ? 0 : -1;
 }
 
@@ -105,10 +113,14 @@ int bench_cuda_matmul(const char *device, long M, long N, long K, double min_tim
     static const enum bp_type types[] = {BP_TYPE_F32, BP_TYPE_F16, BP_TYPE_BF16};
     for (int ti = 0; ti < 3; ti++) {
         const enum bp_type wt = types[ti];
-        bp_context *ctx = bp_context_new(8);
+        const bool f32 = wt == BP_TYPE_F32;
+        const enum bp_type pt = f32 ? BP_TYPE_F32 : BP_TYPE_BF16; /* the peer's GEMM operands */
+        bp_context *ctx = bp_context_new(16);
         bp_tensor *w = bp_new_tensor_2d(ctx, wt, K, M);
         bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, K, N);
-        bp_tensor *xw = bp_new_tensor_2d(ctx, wt, K, N); /* x in the weights' type, for the peer */
+        bp_tensor *w_hi = bp_new_tensor_2d(ctx, pt, K, M), *w_lo = bp_new_tensor_2d(ctx, pt, K, M);
+        bp_tensor *x_hi = bp_new_tensor_2d(ctx, pt, K, N), *x_lo = bp_new_tensor_2d(ctx, pt, K, N);
+        bp_tensor *xw = bp_new_tensor_2d(ctx, wt, K, N); /* x rounded to the weights' type */
         bp_tensor *y = bp_mul_mat(ctx, w, x);
         bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
         if (buf == NULL) {
@@ -118,15 +130,28 @@ int bench_cuda_matmul(const char *device, long M, long N, long K, double min_tim
         }
         bench_fill(w, 1);
         bench_fill(x, 2);
+        bench_fill(w_hi, 1);
+        bench_fill(w_lo, 3);
+        bench_fill(x_hi, 2);
+        bench_fill(x_lo, 4);
         bench_fill(xw, 2);
         bp_graph *g = bp_graph_new(4);
         bp_graph_build_forward(g, y);
         struct graph_job gj = {be, g};
         const double t = time_median(run_graph, &gj, min_time);
-        const cudaDataType_t ct = wt == BP_TYPE_F32 ? CUDA_R_32F
-                                : wt == BP_TYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
-        struct gemm_job pj = {h, (int)M, (int)N, (int)K, w->data, xw->data, y->data, ct, ct};
+        const cudaDataType_t ct = f32 ? CUDA_R_32F : CUDA_R_16BF;
+        struct gemm_job pj = {h, (int)M, (int)N, (int)K, 1, {w->data}, {x->data}, y->data, ct, ct};
+        if (wt == BP_TYPE_BF16)
+            pj = (struct gemm_job){h, (int)M, (int)N, (int)K, 2, {w->data, w->data},
+                                   {x_hi->data, x_lo->data}, y->data, ct, ct};
+        else if (wt == BP_TYPE_F16)
+            pj = (struct gemm_job){h, (int)M, (int)N, (int)K, 3,
+                                   {w_hi->data, w_hi->data, w_lo->data},
+                                   {x_hi->data, x_lo->data, x_hi->data}, y->data, ct, ct};
         const double tp = time_median(run_gemm, &pj, min_time);
+        const cudaDataType_t rt = f32 ? CUDA_R_32F : wt == BP_TYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        struct gemm_job rj = {h, (int)M, (int)N, (int)K, 1, {w->data}, {xw->data}, y->data, rt, rt};
+        const double tr = f32 ? -1.0 : time_median(run_gemm, &rj, min_time);
         char shape[96];
         snprintf(shape, sizeof(shape), "M=%ld,K=%ld,N=%ld", M, K, N);
         const double flops = 2.0 * M * N * K;
@@ -134,10 +159,16 @@ int bench_cuda_matmul(const char *device, long M, long N, long K, double min_tim
             printf("mul_mat_%s_%s %s - %.1f GFLOP/s\n", bp_type_name(wt), device, shape,
                    flops / t * 1e-9);
         if (tp > 0) {
-            printf("cublas_gemm_%s %s - %.1f GFLOP/s\n", bp_type_name(wt), shape,
-                   flops / tp * 1e-9);
+            printf("cublas_same_work_%s %s - %.1f GFLOP/s (%d GEMM%s)\n", bp_type_name(wt), shape,
+                   flops / tp * 1e-9, pj.n, pj.n > 1 ? "s" : "");
             if (t > 0)
                 printf("ratio_vs_cublas_%s %s - %.2f x\n", bp_type_name(wt), shape, tp / t);
+        }
+        if (tr > 0) {
+            printf("cublas_rounded_%s %s - %.1f GFLOP/s (one GEMM, activations rounded to %s)\n",
+                   bp_type_name(wt), shape, flops / tr * 1e-9, bp_type_name(wt));
+            if (t > 0)
+                printf("ratio_vs_rounded_%s %s - %.2f x\n", bp_type_name(wt), shape, tr / t);
         }
         fflush(stdout);
         bp_graph_free(g);

@@ -37,10 +37,95 @@ static enum bp_status scratch_reserve(struct cuda_backend *cb, size_t size)
     return BP_OK;
 }
 
-/* Rows contiguous and the row stride a whole number of elements: what cuBLAS can read. */
-static bool gemm_layout(const bp_tensor *t, size_t elsize)
+/* ---- MUL_MAT through cuBLAS ----------------------------------------------------------------
+ * The precision contract (docs/decisions.md, "Precision of MUL_MAT"), the same on every device:
+ * products with F32, F16 and BF16 weights keep single precision in the activations; they are
+ * never rounded to 16 bits. So:
+ *  - F32 weights: one f32 GEMM (no TF32).
+ *  - BF16 weights: the activations are split into two BF16 matrices, hi = bf16(x) and
+ *    lo = bf16(x - hi), and two tensor-core GEMMs accumulate W hi + W lo in f32 (16 significant
+ *    bits of x instead of 8: NMSE about 1e-11 against a double reference).
+ *  - F16, Q8_0 and Q4_0 weights: the weights are split the same way (exact for F16; 16 bits of
+ *    the dequantised value for Q8_0/Q4_0), and three GEMMs accumulate Whi xhi + Whi xlo + Wlo xhi.
+ * Batches are strided-batched GEMMs, weights broadcast over batches with a zero stride, and every
+ * converted operand is made once per node, each at a 256-byte aligned offset of the scratch. */
+
+/* One operand of the GEMMs: base address, element type, leading dimension and the element
+ * strides between its dimension-2 and dimension-3 slices. */
+struct operand {
+    const char *data;
+    cudaDataType_t type;
+    int64_t elsize;
+    int64_t ld, s2, s3;
+};
+
+/* The tensor itself, when cuBLAS can read it in place: rows contiguous and every stride a whole
+ * number of elements. */
+static bool in_place(const bp_tensor *t, int64_t elsize)
 {
-    return t->nb[0] == elsize && t->nb[1] % elsize == 0;
+    return (int64_t)t->nb[0] == elsize && t->nb[1] % elsize == 0 && t->nb[2] % elsize == 0 &&
+           t->nb[3] % elsize == 0;
+}
+
+static struct operand operand_of(const bp_tensor *t, cudaDataType_t type, int64_t elsize)
+{
+    return (struct operand){(const char *)t->data, type, elsize, (int64_t)t->nb[1] / elsize,
+                            (int64_t)t->nb[2] / elsize, (int64_t)t->nb[3] / elsize};
+}
+
+/* A dense copy in scratch: rows of ne[0] elements, slices one after another. */
+static struct operand dense_operand(const bp_tensor *t, void *mem, cudaDataType_t type,
+                                    int64_t elsize)
+{
+    const int64_t slice = t->ne[0] * t->ne[1];
+    return (struct operand){mem, type, elsize, t->ne[0], slice, slice * t->ne[2]};
+}
+
+static size_t align_up(size_t n)
+{
+    return (n + CUDA_ALIGNMENT - 1) / CUDA_ALIGNMENT * CUDA_ALIGNMENT;
+}
+
+/* C (+)= A^T B over every batch of d, broadcasting A like MUL_MAT: strided-batched GEMMs, one
+ * per dimension-3 index and, where A is broadcast over groups of dimension-2 slices, one per
+ * group. */
+static enum bp_status gemm_batches(struct cuda_backend *cb, bp_tensor *d, const bp_tensor *a,
+                                   const struct operand *A, const struct operand *B, float beta)
+{
+    const int64_t M = d->ne[0], N = d->ne[1], K = a->ne[0];
+    const int64_t na2 = a->ne[2], nd2 = d->ne[2];
+    const int64_t r2 = nd2 / na2, r3 = d->ne[3] / a->ne[3];
+    const int64_t ldc = (int64_t)d->nb[1] / 4, c2 = (int64_t)d->nb[2] / 4, c3 = (int64_t)d->nb[3] / 4;
+    const float one = 1.0f;
+    /* One call over all of dimension 2 when A steps with it or is shared by all of it;
+     * otherwise one call per slice of A, over the r2 slices of B and C it serves. */
+    const bool whole = r2 == 1 || na2 == 1;
+    const int64_t calls = whole ? 1 : na2, batch = whole ? nd2 : r2;
+    const int64_t sa = r2 == 1 ? A->s2 : 0;
+    for (int64_t i3 = 0; i3 < d->ne[3]; i3++) {
+        for (int64_t j = 0; j < calls; j++) {
+            const char *pa = A->data + ((i3 / r3) * A->s3 + (whole ? 0 : j * A->s2)) * A->elsize;
+            const int64_t i2 = whole ? 0 : j * r2;
+            const char *pb = B->data + (i3 * B->s3 + i2 * B->s2) * B->elsize;
+            char *pc = (char *)d->data + (i3 * c3 + i2 * c2) * 4;
+            cublasStatus_t st = cublasGemmStridedBatchedEx(
+                cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)M, (int)N, (int)K, &one, pa, A->type,
+                (int)A->ld, sa, pb, B->type, (int)B->ld, B->s2, &beta, pc, CUDA_R_32F, (int)ldc,
+                c2, (int)batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            if (st != CUBLAS_STATUS_SUCCESS)
+                return bp_cuda_blas_fail(st, cb->cd->name, "cublasGemmStridedBatchedEx");
+        }
+    }
+    return BP_OK;
+}
+
+/* cuBLAS takes int sizes and leading dimensions. */
+static bool fits_int(const bp_tensor *d, const bp_tensor *a, const bp_tensor *b)
+{
+    const int64_t lim = 0x7fffffff;
+    return d->ne[0] <= lim && d->ne[1] <= lim && a->ne[0] <= lim && d->ne[2] <= lim &&
+           (int64_t)(a->nb[1] / 2) <= lim && (int64_t)(b->nb[1] / 2) <= lim &&
+           (int64_t)(d->nb[1] / 4) <= lim;
 }
 
 static enum bp_status mul_mat(struct cuda_backend *cb, bp_tensor *d)
@@ -51,74 +136,58 @@ static enum bp_status mul_mat(struct cuda_backend *cb, bp_tensor *d)
     const char *who = cb->cd->name;
     if (M == 0 || N == 0)
         return BP_OK;
-    const bool dense_out = gemm_layout(d, 4) && gemm_layout(b, 4);
-    if (N <= CUDA_MATVEC_MAX_N || K == 0 || !dense_out) {
+    if (N <= CUDA_MATVEC_MAX_N || K == 0 || !in_place(d, 4) || !fits_int(d, a, b)) {
         int e = bp_cu_matvec(cu(d), cu(a), cu(b), s);
         return e == 0 ? BP_OK : bp_cuda_fail((cudaError_t)e, who, "the MUL_MAT kernel");
     }
-    /* cuBLAS (column-major): C[M x N] = A^T B with A stored as K x M (ld = row stride of the
-     * weights), B as K x N, C as M x N. F32 weights multiply as they are; F16/BF16 weights
-     * meet B converted to their type (tensor cores, f32 accumulation); Q8_0/Q4_0 weights are
-     * dequantised to F16 first. */
-    cudaDataType_t ta = CUDA_R_32F;
-    int conv_a = -1, conv_b = -1;
-    size_t need = 0;
-    if (a->type == BP_TYPE_F32 && gemm_layout(a, 4)) {
-        ta = CUDA_R_32F;
-    } else if (a->type == BP_TYPE_F16 && gemm_layout(a, 2)) {
-        ta = CUDA_R_16F;
-        conv_b = CU_F16;
-    } else if (a->type == BP_TYPE_BF16 && gemm_layout(a, 2)) {
-        ta = CUDA_R_16BF;
-        conv_b = CU_BF16;
-    } else {
-        ta = a->type == BP_TYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-        conv_a = a->type == BP_TYPE_BF16 ? CU_BF16 : CU_F16;
-        conv_b = conv_a;
-        need += (size_t)(M * K) * 2;
-    }
-    const size_t a_bytes = need;
-    if (conv_b >= 0)
-        need += (size_t)(K * N) * 2;
+    const bool f32 = a->type == BP_TYPE_F32, bf16 = a->type == BP_TYPE_BF16;
+    const bool split_a = !f32 && !bf16;
+    const bool a_here = f32 ? in_place(a, 4) : bf16 ? in_place(a, 2) : false;
+    const bool b_here = f32 && in_place(b, 4);
+    const int64_t ea = f32 ? 4 : 2, eb = f32 ? 4 : 2;
+    const size_t a_bytes = a_here ? 0 : align_up((size_t)bp_nelements(a) * (size_t)ea);
+    const size_t b_bytes = b_here ? 0 : align_up((size_t)bp_nelements(b) * (size_t)eb);
+    /* scratch: [A (hi)] [A lo] [B (hi)] [B lo] */
+    const size_t need = a_bytes * (split_a ? 2 : 1) + b_bytes * (f32 ? 1 : 2);
     enum bp_status st = scratch_reserve(cb, need);
     if (st != BP_OK)
         return st;
-    const float one = 1.0f, zero = 0.0f;
-    const int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
-    for (int64_t i3 = 0; i3 < d->ne[3]; i3++) {
-        for (int64_t i2 = 0; i2 < d->ne[2]; i2++) {
-            const void *pa = (const char *)a->data + (i2 / r2) * (int64_t)a->nb[2] +
-                             (i3 / r3) * (int64_t)a->nb[3];
-            const void *pb = (const char *)b->data + i2 * (int64_t)b->nb[2] + i3 * (int64_t)b->nb[3];
-            void *pc = (char *)d->data + i2 * (int64_t)d->nb[2] + i3 * (int64_t)d->nb[3];
-            int64_t lda = (int64_t)(a->nb[1] / bp_type_size(a->type));
-            int64_t ldb = (int64_t)(b->nb[1] / 4);
-            cudaDataType_t tb = CUDA_R_32F;
-            if (conv_a >= 0) {
-                int e = bp_cu_convert(cb->scratch, conv_a, cu(a), i2 / r2, i3 / r3, s);
-                if (e != 0)
-                    return bp_cuda_fail((cudaError_t)e, who, "dequantising MUL_MAT weights");
-                pa = cb->scratch;
-                lda = K;
-            }
-            if (conv_b >= 0) {
-                void *out = (char *)cb->scratch + a_bytes;
-                int e = bp_cu_convert(out, conv_b, cu(b), i2, i3, s);
-                if (e != 0)
-                    return bp_cuda_fail((cudaError_t)e, who, "converting MUL_MAT activations");
-                pb = out;
-                ldb = K;
-                tb = conv_b == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-            }
-            cublasStatus_t bs = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)M, (int)N,
-                                             (int)K, &one, pa, ta, (int)lda, pb, tb, (int)ldb,
-                                             &zero, pc, CUDA_R_32F, (int)(d->nb[1] / 4),
-                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-            if (bs != CUBLAS_STATUS_SUCCESS)
-                return bp_cuda_blas_fail(bs, who, "cublasGemmEx");
-        }
+    char *mem = cb->scratch;
+    char *a_hi = mem, *a_lo = a_hi + a_bytes;
+    char *b_hi = a_lo + (split_a ? a_bytes : 0), *b_lo = b_hi + b_bytes;
+    const cudaDataType_t t16 = CUDA_R_16BF, t32 = CUDA_R_32F;
+    struct operand A = {0}, Alo = {0}, B = {0}, Blo = {0};
+    int e = 0;
+    if (a_here) {
+        A = operand_of(a, f32 ? t32 : t16, ea);
+    } else if (split_a) {
+        A = dense_operand(a, a_hi, t16, 2);
+        Alo = dense_operand(a, a_lo, t16, 2);
+        e = bp_cu_split_bf16(a_hi, a_lo, cu(a), s);
+    } else {
+        A = dense_operand(a, a_hi, f32 ? t32 : t16, ea);
+        e = bp_cu_convert(a_hi, f32 ? CU_F32 : CU_BF16, cu(a), s);
     }
-    return BP_OK;
+    if (e != 0)
+        return bp_cuda_fail((cudaError_t)e, who, "converting MUL_MAT weights");
+    if (b_here) {
+        B = operand_of(b, t32, 4);
+    } else if (f32) {
+        B = dense_operand(b, b_hi, t32, 4);
+        e = bp_cu_convert(b_hi, CU_F32, cu(b), s);
+    } else {
+        B = dense_operand(b, b_hi, t16, 2);
+        Blo = dense_operand(b, b_lo, t16, 2);
+        e = bp_cu_split_bf16(b_hi, b_lo, cu(b), s);
+    }
+    if (e != 0)
+        return bp_cuda_fail((cudaError_t)e, who, "converting MUL_MAT activations");
+    st = gemm_batches(cb, d, a, &A, &B, 0.0f);
+    if (st == BP_OK && !f32)
+        st = gemm_batches(cb, d, a, &A, &Blo, 1.0f);
+    if (st == BP_OK && split_a)
+        st = gemm_batches(cb, d, a, &Alo, &B, 1.0f);
+    return st;
 }
 
 static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)

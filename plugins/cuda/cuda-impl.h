@@ -54,9 +54,14 @@ int bp_cu_glu(int swiglu, struct cu_t d, struct cu_t a, const struct cu_t *b, cu
 /* dst = a^T b for few columns of b: one warp per row of a, any weight type (F32, F16, BF16,
  * Q8_0, Q4_0), batches broadcast like MUL_MAT. */
 int bp_cu_matvec(struct cu_t d, struct cu_t a, struct cu_t b, cudaStream_t s);
-/* Rows of the 2-D slice (i2, i3) of a, converted to a dense row-major matrix of type
- * out_type (CU_F32, CU_F16 or CU_BF16) with ne[0] elements per row: the GEMM inputs. */
-int bp_cu_convert(void *out, int out_type, struct cu_t a, int64_t i2, int64_t i3, cudaStream_t s);
+/* Every row of a (any type; all ne[1] * ne[2] * ne[3] rows in order) converted to a dense
+ * row-major matrix of type out_type (CU_F32, CU_F16 or CU_BF16) with ne[0] elements per row:
+ * the GEMM inputs. */
+int bp_cu_convert(void *out, int out_type, struct cu_t a, cudaStream_t s);
+/* The same rows split into two dense BF16 matrices, hi = bf16(x) and lo = bf16(x - hi): 16
+ * significant bits for tensor-core GEMMs that must not round the values to 8 (lo is 0 where hi
+ * is not finite). */
+int bp_cu_split_bf16(void *hi, void *lo, struct cu_t a, cudaStream_t s);
 
 /* A GPU as the driver API describes it (cuda-driver.c). */
 struct bp_cuda_gpu {

@@ -251,17 +251,116 @@ __global__ void k_concat(cu_t d, cu_t a, cu_t b, int dim, int64_t n)
     }
 }
 
+/* ---- Element-wise fast paths ----------------------------------------------------------------
+ * The general kernels above unravel every index (4-7 64-bit divisions per element). Most
+ * element-wise nodes are contiguous: the same shape throughout (no index arithmetic at all), or a
+ * second operand broadcast by rows (a bias, a norm weight: one unravel per row). */
+
+static __device__ __forceinline__ float binary(int op, float u, float v)
+{
+    return op == CU_ADD ? u + v : op == CU_SUB ? u - v : op == CU_MUL ? u * v : u / v;
+}
+
+static __host__ __device__ __forceinline__ int64_t elsize(int type)
+{
+    return type == CU_F16 || type == CU_BF16 ? 2 : 4;
+}
+
+/* d, a and b contiguous with the same number of elements. All-F32 nodes skip the type switch. */
+template <int OP>
+__global__ void k_binary_f32_flat(float *d, const float *a, const float *b, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        d[i] = binary(OP, a[i], b[i]);
+}
+
+__global__ void k_binary_flat(int op, cu_t d, cu_t a, cu_t b, int64_t n)
+{
+    const int64_t ds = elsize(d.type), as = elsize(a.type), bs = elsize(b.type);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        st(d.data + i * ds, d.type, binary(op, ld(a.data + i * as, a.type), ld(b.data + i * bs, b.type)));
+}
+
+/* d and a contiguous; b's rows contiguous, ne[0] equal to d's, broadcast over rows: one block
+ * per row (grid-stride), one unravel per row. */
+__global__ void k_binary_rows(int op, cu_t d, cu_t a, cu_t b, int64_t rows)
+{
+    const int64_t ne0 = d.ne[0], ds = elsize(d.type), as = elsize(a.type), bs = elsize(b.type);
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int64_t i1 = r % d.ne[1], i23 = r / d.ne[1];
+        const int64_t i2 = i23 % d.ne[2], i3 = i23 / d.ne[2];
+        const char *brow = at(b, 0, i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
+        const char *arow = a.data + r * ne0 * as;
+        char *drow = d.data + r * ne0 * ds;
+        for (int64_t i0 = threadIdx.x; i0 < ne0; i0 += blockDim.x)
+            st(drow + i0 * ds, d.type, binary(op, ld(arow + i0 * as, a.type), ld(brow + i0 * bs, b.type)));
+    }
+}
+
+__global__ void k_unary_flat(int op, float p, cu_t d, cu_t a, int64_t n)
+{
+    const int64_t ds = elsize(d.type), as = elsize(a.type);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        st(d.data + i * ds, d.type, unary(op, ld(a.data + i * as, a.type), p));
+}
+
+/* Dense in the logical order, elements of the tensor's type (float types only here). */
+static bool dense(const cu_t &t)
+{
+    int64_t expect = elsize(t.type);
+    for (int i = 0; i < 4; i++) {
+        if (t.ne[i] != 1 && t.nb[i] != expect)
+            return false;
+        expect *= t.ne[i];
+    }
+    return true;
+}
+
+static int row_blocks(int64_t rows)
+{
+    return (int)(rows < 65535 * 32 ? (rows > 0 ? rows : 1) : 65535 * 32);
+}
+
 extern "C" int bp_cu_binary(int op, cu_t d, cu_t a, cu_t b, cudaStream_t s)
 {
     const int64_t n = nelements(d);
-    k_binary<<<blocks_for(n), THREADS, 0, s>>>(op, d, a, b, n);
+    if (n == 0)
+        return 0;
+    const bool flat = dense(d) && dense(a);
+    if (flat && dense(b) && nelements(b) == n) {
+        if (d.type == CU_F32 && a.type == CU_F32 && b.type == CU_F32) {
+            float *dp = (float *)d.data;
+            const float *ap = (const float *)a.data, *bp = (const float *)b.data;
+            switch (op) {
+            case CU_ADD: k_binary_f32_flat<CU_ADD><<<blocks_for(n), THREADS, 0, s>>>(dp, ap, bp, n); break;
+            case CU_SUB: k_binary_f32_flat<CU_SUB><<<blocks_for(n), THREADS, 0, s>>>(dp, ap, bp, n); break;
+            case CU_MUL: k_binary_f32_flat<CU_MUL><<<blocks_for(n), THREADS, 0, s>>>(dp, ap, bp, n); break;
+            default: k_binary_f32_flat<CU_DIV><<<blocks_for(n), THREADS, 0, s>>>(dp, ap, bp, n); break;
+            }
+        } else {
+            k_binary_flat<<<blocks_for(n), THREADS, 0, s>>>(op, d, a, b, n);
+        }
+    } else if (flat && b.ne[0] == d.ne[0] && (b.ne[0] == 1 || b.nb[0] == elsize(b.type))) {
+        const int64_t rows = nrows(d);
+        k_binary_rows<<<row_blocks(rows), THREADS, 0, s>>>(op, d, a, b, rows);
+    } else {
+        k_binary<<<blocks_for(n), THREADS, 0, s>>>(op, d, a, b, n);
+    }
     return launched();
 }
 
 extern "C" int bp_cu_unary(int op, float p, cu_t d, cu_t a, cudaStream_t s)
 {
     const int64_t n = nelements(d);
-    k_unary<<<blocks_for(n), THREADS, 0, s>>>(op, p, d, a, n);
+    if (n == 0)
+        return 0;
+    if (dense(d) && dense(a))
+        k_unary_flat<<<blocks_for(n), THREADS, 0, s>>>(op, p, d, a, n);
+    else
+        k_unary<<<blocks_for(n), THREADS, 0, s>>>(op, p, d, a, n);
     return launched();
 }
 
@@ -711,24 +810,46 @@ extern "C" int bp_cu_matvec(cu_t d, cu_t a, cu_t b, cudaStream_t s)
     return launched();
 }
 
-__global__ void k_convert(char *out, int out_type, cu_t a, int64_t i2, int64_t i3, int64_t n)
+/* Every row of a (all ne[1] * ne[2] * ne[3] of them, in order) to a dense row-major matrix of
+ * ne[0] elements per row: one block per row (grid-stride), one unravel per row. With lo NULL,
+ * out (hi) receives the values in out_type; with lo set, out_type is CU_BF16 and each value x is
+ * split into hi = bf16(x) and lo = bf16(x - hi), so hi + lo carries 16 significant bits (lo is 0
+ * where hi is not finite, so infinities stay infinities). */
+__global__ void k_convert_rows(char *hi, char *lo, int out_type, cu_t a, int64_t rows)
 {
-    const int64_t K = a.ne[0];
-    const int osz = out_type == CU_F32 ? 4 : 2;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t k = i % K, m = i / K;
-        const char *row = a.data + m * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3];
-        st(out + i * osz, out_type, ld_row(row, a.type, a.nb[0], k));
+    const int64_t K = a.ne[0], osz = elsize(out_type);
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int64_t i1 = r % a.ne[1], i23 = r / a.ne[1];
+        const char *row = at(a, 0, i1, i23 % a.ne[2], i23 / a.ne[2]);
+        char *oh = hi + r * K * osz;
+        for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+            const float x = ld_row(row, a.type, a.nb[0], k);
+            if (lo == NULL) {
+                st(oh + k * osz, out_type, x);
+                continue;
+            }
+            const __nv_bfloat16 h = __float2bfloat16_rn(x);
+            const float hf = __bfloat162float(h);
+            ((__nv_bfloat16 *)oh)[k] = h;
+            ((__nv_bfloat16 *)(lo + r * K * 2))[k] = __float2bfloat16_rn(isfinite(hf) ? x - hf : 0.0f);
+        }
     }
 }
 
-extern "C" int bp_cu_convert(void *out, int out_type, cu_t a, int64_t i2, int64_t i3,
-                             cudaStream_t s)
+extern "C" int bp_cu_convert(void *out, int out_type, cu_t a, cudaStream_t s)
 {
-    const int64_t n = a.ne[0] * a.ne[1];
-    if (n == 0)
+    const int64_t rows = nrows(a);
+    if (rows == 0 || a.ne[0] == 0)
         return 0;
-    k_convert<<<blocks_for(n), THREADS, 0, s>>>((char *)out, out_type, a, i2, i3, n);
+    k_convert_rows<<<row_blocks(rows), THREADS, 0, s>>>((char *)out, NULL, out_type, a, rows);
+    return launched();
+}
+
+extern "C" int bp_cu_split_bf16(void *hi, void *lo, cu_t a, cudaStream_t s)
+{
+    const int64_t rows = nrows(a);
+    if (rows == 0 || a.ne[0] == 0)
+        return 0;
+    k_convert_rows<<<row_blocks(rows), THREADS, 0, s>>>((char *)hi, (char *)lo, CU_BF16, a, rows);
     return launched();
 }
