@@ -254,6 +254,31 @@ static void restore_sources(bp_sched *s)
     s->n_subst = 0;
 }
 
+/* A backend's compute buffer type when the caller names none: its default, except that a CPU
+ * backend computes in the host buffer type of the first other device that offers one it can use
+ * (pinned memory for a GPU). Split inputs copied between the two then move by asynchronous DMA
+ * from page-locked memory instead of staged, synchronous copies from pageable memory. */
+static bp_buffer_type *default_buft(bp_backend *const *backends, int n, int i)
+{
+    bp_device *dev = bp_backend_get_device(backends[i]);
+    if (bp_device_get_type(dev) == BP_DEVICE_TYPE_CPU) {
+        for (int j = 0; j < n; j++) {
+            bp_device *other = bp_backend_get_device(backends[j]);
+            struct bp_device_props props;
+            if (j == i || bp_device_get_type(other) == BP_DEVICE_TYPE_CPU)
+                continue;
+            bp_device_get_props(other, &props);
+            if (!props.caps.host_buffer)
+                continue;
+            bp_buffer_type *host = bp_device_get_host_buffer_type(other);
+            if (host != NULL && bp_buffer_type_is_host(host) &&
+                bp_backend_supports_buft(backends[i], host))
+                return host;
+        }
+    }
+    return bp_backend_get_default_buffer_type(backends[i]);
+}
+
 bp_sched *bp_sched_new(bp_backend *const *backends, bp_buffer_type *const *bufts, int n,
                        size_t graph_size, bool parallel)
 {
@@ -286,7 +311,7 @@ bp_sched *bp_sched_new(bp_backend *const *backends, bp_buffer_type *const *bufts
     s->n_copies = parallel ? BP_SCHED_MAX_COPIES : 1;
     for (int i = 0; i < n; i++) {
         s->backends[i] = backends[i];
-        s->bufts[i] = bufts && bufts[i] ? bufts[i] : bp_backend_get_default_buffer_type(backends[i]);
+        s->bufts[i] = bufts && bufts[i] ? bufts[i] : default_buft(backends, n, i);
         if (s->bufts[i] == NULL || !bp_backend_supports_buft(backends[i], s->bufts[i])) {
             bp__error(BP_ERR_INVALID_ARG, "bp_sched_new: backend %s cannot use buffer type %s",
                       bp_backend_get_name(backends[i]), bp_buffer_type_get_name(s->bufts[i]));
@@ -1301,6 +1326,17 @@ size_t bp_sched_get_buffer_size(bp_sched *s, bp_backend *be)
 {
     int b = s ? backend_index(s, be) : -1;
     return b >= 0 ? bp_gallocr_get_buffer_size(s->galloc, b) : 0;
+}
+
+bp_buffer_type *bp_sched_get_buffer_type(bp_sched *s, bp_backend *be)
+{
+    if (s == NULL)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_sched_get_buffer_type: scheduler is NULL");
+    int b = backend_index(s, be);
+    if (b < 0)
+        return bp__error_null(BP_ERR_NOT_FOUND, "bp_sched_get_buffer_type: %s is not one of the "
+                              "scheduler's backends", be ? bp_backend_get_name(be) : "NULL");
+    return s->bufts[b];
 }
 
 void bp_sched_set_eval_callback(bp_sched *s, bp_sched_eval_fn fn, void *user_data)

@@ -9,6 +9,12 @@
 
 struct test_device_stats test_device_stats;
 static bool op_subset;
+static bool host_buffer;
+
+void test_device_set_host_buffer(bool on)
+{
+    host_buffer = on;
+}
 
 void test_device_set_op_subset(bool on)
 {
@@ -25,6 +31,7 @@ struct accel_dev {
     char name[32];
     bp_device *dev;
     bp_buffer_type *buft;
+    bp_buffer_type *host_buft; /* "pinned" host memory, as a GPU offers */
 };
 
 struct accel {
@@ -145,6 +152,97 @@ static const struct bp_buffer_type_iface accel_buft_iface = {
     .get_alignment = buft_alignment,
     .get_max_size = buft_max_size,
     .get_alloc_size = buft_alloc_size,
+};
+
+/* ---- Host buffers ("pinned" memory: plain host memory that says it is host memory) ------- */
+
+static void *hbuf_base(bp_buffer *buf)
+{
+    return bp_buffer_get_context(buf);
+}
+
+static void hbuf_free(bp_buffer *buf)
+{
+    free(bp_buffer_get_context(buf));
+    test_device_stats.host_buffers_freed++;
+}
+
+static enum bp_status hbuf_memset(bp_buffer *buf, bp_tensor *t, uint8_t v, size_t off, size_t n)
+{
+    (void)buf;
+    memset((char *)t->data + off, v, n);
+    return BP_OK;
+}
+
+static enum bp_status hbuf_set(bp_buffer *buf, bp_tensor *t, const void *d, size_t off, size_t n)
+{
+    (void)buf;
+    memmove((char *)t->data + off, d, n);
+    return BP_OK;
+}
+
+static enum bp_status hbuf_get(bp_buffer *buf, const bp_tensor *t, void *d, size_t off, size_t n)
+{
+    (void)buf;
+    memmove(d, (const char *)t->data + off, n);
+    return BP_OK;
+}
+
+static enum bp_status hbuf_clear(bp_buffer *buf, uint8_t v)
+{
+    memset(bp_buffer_get_context(buf), v, bp_buffer_get_size(buf));
+    return BP_OK;
+}
+
+static const struct bp_buffer_iface host_buffer_iface = {
+    .struct_size = sizeof(struct bp_buffer_iface),
+    .free_buffer = hbuf_free,
+    .get_base = hbuf_base,
+    .memset_tensor = hbuf_memset,
+    .set_tensor = hbuf_set,
+    .get_tensor = hbuf_get,
+    .clear = hbuf_clear,
+};
+
+static const char *hbuft_name(bp_buffer_type *buft)
+{
+    (void)buft;
+    return "TestAccel_Host";
+}
+
+static bp_buffer *hbuft_alloc(bp_buffer_type *buft, size_t size)
+{
+    void *mem = aligned_alloc(64, size ? (size + 63) / 64 * 64 : 64);
+    if (mem == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "TestAccel_Host: out of memory");
+        return NULL;
+    }
+    bp_buffer *buf = bp_buffer_new(buft, &host_buffer_iface, mem, size);
+    if (buf == NULL)
+        free(mem);
+    else
+        test_device_stats.host_buffers_allocated++;
+    return buf;
+}
+
+static size_t hbuft_alignment(bp_buffer_type *buft)
+{
+    (void)buft;
+    return 64;
+}
+
+static bool hbuft_is_host(bp_buffer_type *buft)
+{
+    (void)buft;
+    return true;
+}
+
+static const struct bp_buffer_type_iface accel_host_buft_iface = {
+    .struct_size = sizeof(struct bp_buffer_type_iface),
+    .get_name = hbuft_name,
+    .alloc_buffer = hbuft_alloc,
+    .get_alignment = hbuft_alignment,
+    .is_host = hbuft_is_host,
 };
 
 /* ---- Backend ---------------------------------------------------------------------------- */
@@ -295,6 +393,12 @@ static bp_buffer_type *dev_buft(bp_device *dev)
     return d->buft;
 }
 
+static bp_buffer_type *dev_host_buft(bp_device *dev)
+{
+    struct accel_dev *d = bp_device_get_context(dev);
+    return d->host_buft;
+}
+
 static bool dev_supports_op(bp_device *dev, const bp_tensor *op)
 {
     (void)dev;
@@ -352,6 +456,23 @@ static const struct bp_device_iface accel_device_iface = {
     .get_type = dev_type,
     .init_backend = dev_init_backend,
     .get_buffer_type = dev_buft,
+    .supports_op = dev_supports_op,
+    .supports_buft = dev_supports_buft,
+    .event_new = dev_event_new,
+    .event_free = dev_event_free,
+    .event_synchronize = dev_event_sync,
+};
+
+/* The same, offering the host buffer type. */
+static const struct bp_device_iface accel_device_host_iface = {
+    .struct_size = sizeof(struct bp_device_iface),
+    .get_name = dev_name,
+    .get_description = dev_desc,
+    .get_memory = dev_memory,
+    .get_type = dev_type,
+    .init_backend = dev_init_backend,
+    .get_buffer_type = dev_buft,
+    .get_host_buffer_type = dev_host_buft,
     .supports_op = dev_supports_op,
     .supports_buft = dev_supports_buft,
     .event_new = dev_event_new,
@@ -432,9 +553,11 @@ bp_registry *test_device_registry_new_named(const char *reg_name, const char *de
         struct accel_dev *d = &a->devs[i];
         d->a = a;
         snprintf(d->name, sizeof(d->name), "%s%d", dev_prefix, i);
-        d->dev = bp_device_new(a->reg, &accel_device_iface, d);
+        d->dev = bp_device_new(a->reg, host_buffer ? &accel_device_host_iface : &accel_device_iface, d);
         d->buft = d->dev ? bp_buffer_type_new(d->dev, &accel_buft_iface, d) : NULL;
-        if (d->buft == NULL) {
+        if (d->buft != NULL && host_buffer)
+            d->host_buft = bp_buffer_type_new(d->dev, &accel_host_buft_iface, d);
+        if (d->buft == NULL || (host_buffer && d->host_buft == NULL)) {
             bp_registry_free(a->reg); /* frees a through reg_free */
             return NULL;
         }

@@ -1,8 +1,9 @@
 /* test-device.h - private to tests/: an in-process "accelerator" registry for exercising the
  * backend API and allocators without a real plugin. Its memory is ordinary host memory, but its
  * buffer type says it is not host memory, so the runtime must go through the buffer interface
- * (and stage copies through the host) exactly as it would for a GPU. Compute uses the reference
- * kernels. */
+ * (and stage copies through the host) exactly as it would for a GPU. Like a GPU it can also offer
+ * a host buffer type ("TestAccel_Host", host memory that says so), standing for pinned memory.
+ * Compute uses the reference kernels. */
 #ifndef BP_TEST_DEVICE_H
 #define BP_TEST_DEVICE_H
 
@@ -12,6 +13,7 @@ struct test_device_stats {
     int set_calls, get_calls, memset_calls, clear_calls, cpy_calls;
     int computes, syncs, events_recorded, events_waited;
     int backends_freed, buffers_freed;
+    int host_buffers_allocated, host_buffers_freed; /* of the host buffer type */
 };
 
 extern struct test_device_stats test_device_stats;
@@ -26,6 +28,9 @@ bp_registry *test_device_registry_new_named(const char *reg_name, const char *de
  * MUL, SCALE, RMS_NORM, SOFT_MAX and CONT (not ROPE, GET_ROWS, GLU, ...), like an accelerator
  * with a partial op set, so the scheduler has to split graphs around it. */
 void test_device_set_op_subset(bool on);
+
+/* Makes the devices created afterwards in this process offer the host buffer type. */
+void test_device_set_host_buffer(bool on);
 
 /* Calls hook(arg) at the start of every graph compute of this process's test backends (NULL:
  * none), so a test can hold a backend inside a call while another thread tries to enter it. */

@@ -127,6 +127,42 @@ START_TEST(test_weights_of_every_type)
 }
 END_TEST
 
+/* With no buffer types given, the CPU computes in the accelerator's host buffer type (pinned
+ * memory on a GPU); one given explicitly is kept; results are the same either way. */
+START_TEST(test_cpu_computes_in_host_buffer)
+{
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    bp_sched *s = bp_sched_new(both, NULL, 2, 64, false);
+    ck_assert_msg(s != NULL, "%s", bp_last_error());
+    ck_assert_str_eq(bp_buffer_type_get_name(bp_sched_get_buffer_type(s, cpu)), "TestAccel_Host");
+    ck_assert_ptr_eq(bp_sched_get_buffer_type(s, accel), bp_backend_get_default_buffer_type(accel));
+    ck_assert_ptr_eq(bp_sched_get_buffer_type(s, cpu),
+                     bp_device_get_host_buffer_type(bp_backend_get_device(accel)));
+    bp_sched_free(s);
+
+    bp_buffer_type *explicit_bufts[2] = {NULL, bp_backend_get_default_buffer_type(cpu)};
+    s = bp_sched_new(both, explicit_bufts, 2, 64, false);
+    ck_assert_ptr_eq(bp_sched_get_buffer_type(s, cpu), bp_backend_get_default_buffer_type(cpu));
+    bp_sched_free(s);
+
+    s = bp_sched_new(alone, NULL, 1, 64, false);
+    ck_assert_ptr_eq(bp_sched_get_buffer_type(s, cpu), bp_backend_get_default_buffer_type(cpu));
+    ck_assert_ptr_null(bp_sched_get_buffer_type(s, accel));
+    ck_assert_int_eq(bp_last_status(), BP_ERR_NOT_FOUND);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "ACCEL0"));
+    bp_sched_free(s);
+    ck_assert_ptr_null(bp_sched_get_buffer_type(NULL, cpu));
+    ck_assert_int_eq(bp_last_status(), BP_ERR_INVALID_ARG);
+
+    /* The whole model through the host buffer type, in both directions of copies. */
+    float *ref = run(alone, 1, false, bp_host_buffer_type(), &tiny, 2, NULL);
+    float *got = run(both, 2, true, bp_backend_get_default_buffer_type(accel), &tiny, 2, NULL);
+    assert_close(got, ref, N_LOGITS(tiny));
+    free(ref);
+    free(got);
+}
+END_TEST
+
 START_TEST(test_weights_on_cpu)
 {
     bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
@@ -569,6 +605,7 @@ int main(void)
     } tests[] = {
         {test_weights_on_accelerator, "weights_on_accelerator"},
         {test_weights_on_cpu, "weights_on_cpu"},
+        {test_cpu_computes_in_host_buffer, "cpu_in_host_buffer"},
         {test_weights_of_every_type, "weights_of_every_type"},
         {test_parallel_evaluations, "parallel"},
         {test_pins_and_queries, "pins_and_queries"},

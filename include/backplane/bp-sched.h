@@ -25,10 +25,12 @@ typedef struct bp_sched bp_sched;
  */
 typedef bool (*bp_sched_eval_fn)(bp_tensor *t, bool ask, void *user_data);
 
-/* backends in priority order; the last must be a CPU device. bufts: one buffer type per backend
- * or NULL for each backend's default. graph_size: most nodes of a graph it will see. parallel:
- * pipeline graph evaluations (several copies of split inputs, ordered by events). Caller frees
- * with bp_sched_free (the backends stay the caller's). */
+/* backends in priority order; the last must be a CPU device. bufts: one buffer type per
+ * backend, or NULL (the array or an entry) for the default: each backend's default buffer type,
+ * except that a CPU backend uses the host buffer type of the first other device offering one it
+ * can use (a GPU's pinned memory), so copies between them are asynchronous. graph_size: most
+ * nodes of a graph it will see. parallel: pipeline graph evaluations (several copies of split
+ * inputs, ordered by events). Caller frees with bp_sched_free (the backends stay the caller's). */
 BP_API bp_sched *bp_sched_new(bp_backend *const *backends, bp_buffer_type *const *bufts, int n,
                               size_t graph_size, bool parallel);
 BP_API void bp_sched_free(bp_sched *sched);
@@ -61,6 +63,9 @@ BP_API bp_backend *bp_sched_get_split_backend(bp_sched *sched, int i, int *n_nod
 BP_API int bp_sched_get_n_copies(bp_sched *sched);
 /* Bytes of backend's compute buffer (0 when it has none yet). */
 BP_API size_t bp_sched_get_buffer_size(bp_sched *sched, bp_backend *backend);
+/* The buffer type of backend's compute buffer (as bufts in bp_sched_new chose it); NULL when
+ * backend is not one of the scheduler's. */
+BP_API bp_buffer_type *bp_sched_get_buffer_type(bp_sched *sched, bp_backend *backend);
 BP_API void bp_sched_set_eval_callback(bp_sched *sched, bp_sched_eval_fn fn, void *user_data);
 
 /* Writes the last split graph as Graphviz DOT: one cluster per split, nodes coloured by backend,

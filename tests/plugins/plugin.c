@@ -9,7 +9,8 @@
  *   MODE_INIT_NULL                init fails (with a reason)
  *   MODE_MUST_NOT_INIT            init aborts: the loader must refuse the plugin before it
  *   MODE_NEEDS_LIB                init calls into libbpmissing.so, which is never installed
- *   MODE_OP_SUBSET                an accelerator with a partial op set (scheduler tests)
+ *   MODE_OP_SUBSET                an accelerator with a partial op set and a host buffer
+ *                                 type, like a GPU (scheduler tests)
  *   MODE_INIT_CRASH               init dereferences a null pointer (probing tests)
  *   MODE_SWAP_ON_INIT             init renames $BP_TEST_SWAP_FROM over $BP_TEST_SWAP_TO (its own
  *                                 file, in the test that the file checked is the file loaded) */
@@ -50,6 +51,7 @@ static bp_registry *plugin_init(void)
 #endif
 #ifdef MODE_OP_SUBSET
     test_device_set_op_subset(true);
+    test_device_set_host_buffer(true);
 #endif
 #ifdef MODE_SWAP_ON_INIT
     const char *from = getenv("BP_TEST_SWAP_FROM"), *to = getenv("BP_TEST_SWAP_TO");
