@@ -33,6 +33,9 @@
 #ifndef BP_BENCH_CPU_DIR
 #define BP_BENCH_CPU_DIR ""
 #endif
+#ifndef BP_BENCH_CUDA_DIR
+#define BP_BENCH_CUDA_DIR ""
+#endif
 
 /* Median seconds of one compute, repeated for at least min_time (3 to BENCH_MAX_RUNS runs). */
 #define BENCH_MAX_RUNS 2000
@@ -207,7 +210,7 @@ int main(int argc, char **argv)
     if (strncmp(device, "CUDA", 4) == 0) {
 #ifdef BP_BENCH_CUDA
         if (bp_device_by_name(device) == NULL)
-            bp_plugin_load_all_from(BP_BENCH_CUDA_DIR);
+            bench_load_plugins(BP_BENCH_CUDA_DIR);
         return bench_cuda_matmul(device, atol(bench_arg(argc, argv, "--M", "4096")),
                                  atol(bench_arg(argc, argv, "--N", "4096")),
                                  atol(bench_arg(argc, argv, "--K", "4096")), o.min_time);
@@ -217,8 +220,8 @@ int main(int argc, char **argv)
 #endif
     }
 
-    if (bp_device_by_name("CPU") == NULL && BP_BENCH_CPU_DIR[0] != '\0')
-        bp_plugin_load_all_from(BP_BENCH_CPU_DIR);
+    if (bp_device_by_name("CPU") == NULL)
+        bench_load_plugins(BP_BENCH_CPU_DIR);
     bp_backend *be = bp_backend_init_by_name("CPU", NULL);
     if (be == NULL) {
         fprintf(stderr, "bench-matmul: %s\n", bp_last_error());

@@ -24,6 +24,9 @@
 #ifndef BP_BENCH_CPU_DIR
 #define BP_BENCH_CPU_DIR ""
 #endif
+#ifndef BP_BENCH_CUDA_DIR
+#define BP_BENCH_CUDA_DIR ""
+#endif
 
 int main(int argc, char **argv)
 {
@@ -36,7 +39,7 @@ int main(int argc, char **argv)
     if (strncmp(device, "CUDA", 4) == 0) {
 #ifdef BP_BENCH_CUDA
         if (bp_device_by_name(device) == NULL)
-            bp_plugin_load_all_from(BP_BENCH_CUDA_DIR);
+            bench_load_plugins(BP_BENCH_CUDA_DIR);
         return bench_cuda_ops(device, atol(bench_arg(argc, argv, "--n", "67108864")),
                               atof(bench_arg(argc, argv, "--min-time", "1.0")));
 #else
@@ -45,8 +48,8 @@ int main(int argc, char **argv)
 #endif
     }
 
-    if (bp_device_by_name("CPU") == NULL && BP_BENCH_CPU_DIR[0] != '\0')
-        bp_plugin_load_all_from(BP_BENCH_CPU_DIR);
+    if (bp_device_by_name("CPU") == NULL)
+        bench_load_plugins(BP_BENCH_CPU_DIR);
     bp_context *ctx = bp_context_new((size_t)n_nodes + 8);
     bp_tensor *x = bp_new_tensor_1d(ctx, BP_TYPE_F32, width);
     bp_tensor *y = bp_new_tensor_1d(ctx, BP_TYPE_F32, width);

@@ -219,6 +219,14 @@ bool bench_weight_type(const char *name, enum bp_type *type, bool *repack)
     return bp_type_from_name(base, type) == BP_OK && *type != BP_TYPE_I32;
 }
 
+void bench_load_plugins(const char *dir)
+{
+    if (dir[0] != '\0')
+        bp_plugin_load_all_from(dir);
+    else
+        bp_plugin_load_all();
+}
+
 bp_buffer_type *bench_repack_buft(bp_backend *be)
 {
     bp_device *dev = bp_backend_get_device(be);

@@ -25,6 +25,10 @@ bool bench_weight_type(const char *name, enum bp_type *type, bool *repack);
 /* The CPU_REPACK buffer type of be's device (proc address "bp_cpu_repack_buffer_type"), or NULL
  * when the device has none. */
 bp_buffer_type *bench_repack_buft(bp_backend *be);
+/* Loads the plugins of dir, the build tree's directory built into a benchmark; an empty dir
+ * (benchmarks built with `make BENCH_PLUGIN_DIRS=`) means the runtime's search path instead
+ * (BP_PLUGIN_PATH, then the installed plugins). */
+void bench_load_plugins(const char *dir);
 /* A comma-separated list of integers ("1,8,32") into out (at most max); returns the count. */
 int bench_parse_list(const char *s, long *out, int max);
 /* Measured peak f32 FMA rate of `threads` cores (GFLOP/s), with the widest vectors available

@@ -140,6 +140,23 @@ check)
         summarize
         exit 1
     fi
+    # The GPU run's folder (tests/gpu): prepared, moved elsewhere, and run.sh's preflight and
+    # tests executed from there. Without a GPU it must end in its no-GPU skip (77) with
+    # test-cuda-load passed; on a GPU machine everything must pass (0).
+    if grep -q '^CUDA_LIBS = .*-lcudart' Makefile; then
+        gdir=$(mktemp -d)
+        gstatus=0
+        { sh "$top/tests/gpu/prepare.sh" "$gdir/pack" && mv "$gdir/pack" "$gdir/moved" &&
+            (cd / && OUT="$gdir/out" sh "$top/tests/gpu/run.sh" "$gdir/moved"); } \
+            > tests/gpu-pack.log 2>&1 || gstatus=$?
+        if [ "$gstatus" -ne 0 ] && [ "$gstatus" -ne 77 ]; then
+            cat tests/gpu-pack.log
+            rm -rf "$gdir"
+            exit 1
+        fi
+        echo "gpu pack: prepared ($(sed -n 's/^size: //p' "$gdir/moved/BUILD-INFO")), relocated, run.sh exit $gstatus: $(grep -c '^PASS' "$gdir/out/summary.txt") passed, $(grep -c '^SKIP' "$gdir/out/summary.txt") skipped"
+        rm -rf "$gdir"
+    fi
     summarize
     ;;
 *)

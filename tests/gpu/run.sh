@@ -1,54 +1,136 @@
 #!/bin/sh
-# tests/gpu/run.sh - everything that needs a GPU, in one run, for machines that have one (an
-# H200 when a session is lent one): builds the tree with the CUDA plugin for sm_90 in
-# ./build-gpu, runs the CUDA suites (they must PASS here: a SKIP is reported as a failure,
-# since this script only makes sense on a GPU) and the CUDA benchmarks. Sized to finish in
-# well under 8 minutes on one H200 with 16 cores.
+# tests/gpu/run.sh [FOLDER] - everything that needs a GPU, in one run, on a machine with the
+# NVIDIA driver and CUDA but nothing else of ours: no compiler, autotools, Check or network.
+# FOLDER (default ./gpu-pack) is what tests/gpu/prepare.sh built on a development machine;
+# docs/cuda.md says how to carry it to the GPU machine and launch this.
 #
-#   tests/gpu/run.sh [OUTDIR]     logs and benchmark output go to OUTDIR (default: $OUT, else
-#                                 ./build-gpu/gpu-results)
+#   1. preflight: nvidia-smi, every program and plugin resolves its libraries (ldd), cuBLAS and
+#      NCCL found; without NCCL the plugin built --without-nccl is used, and the summary says so
+#   2. test-cuda-load, then test-cuda (the whole conformance suite on CUDA0, buffers, events,
+#      the scheduler, Meta(CUDA0), NCCL on one GPU); on a GPU a skip counts as a failure
+#   3. backplane run --model small --check -d CUDA0,CPU for every weight type
+#   4. bench-matmul --device CUDA0 (against cuBLAS doing the same GEMMs) and bench-ops --device
+#      CUDA0 (against cudaMemcpy)
 #
-# Needs what tools/build-deps.txt lists and the CUDA toolkit in /usr/local/cuda (or CUDA_HOME);
-# it installs nothing (the GPU machine may have no network).
+# Everything goes under $OUT (else FOLDER/results): run.log with every command's output, and
+# summary.txt. Sized to finish in under 6 minutes on one H200, so a rerun fits a 15-minute
+# lease. Exit status: 0 all passed, 1 something failed, 77 no GPU here (steps 2-4 skipped).
 set -u
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
-out=${1:-${OUT:-$top/build-gpu/gpu-results}}
+pack=${1:-$top/gpu-pack}
+case "$pack" in /*) ;; *) pack=$(pwd)/$pack ;; esac
+out=${OUT:-$pack/results}
 mkdir -p "$out"
-jobs=$(nproc 2>/dev/null || echo 4)
-log() { echo "gpu/run.sh: $*" | tee -a "$out/summary.txt"; }
+summary=$out/summary.txt
+log=$out/run.log
+: > "$summary"
+: > "$log"
 start=$(date +%s)
-
-command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi > "$out/nvidia-smi.txt" 2>&1
-cd "$top"
-if [ ! -x configure ]; then
-    ./bootstrap > "$out/bootstrap.log" 2>&1 || { log "bootstrap failed (autoconf, automake, libtool installed?)"; exit 1; }
-fi
-mkdir -p build-gpu
-cd build-gpu
-if [ ! -f Makefile ]; then
-    ../configure --with-cuda --with-cuda-arch=sm_90 > "$out/configure.log" 2>&1 ||
-        { tail -20 "$out/configure.log"; log "configure failed"; exit 1; }
-fi
-grep -A12 "^  backplane" "$out/configure.log" 2>/dev/null | tee -a "$out/summary.txt"
-make -j"$jobs" > "$out/make.log" 2>&1 || { tail -30 "$out/make.log"; log "build failed"; exit 1; }
-log "built in $(( $(date +%s) - start )) s"
-
 status=0
-make -j"$jobs" check TESTS="tests/test-cuda-load tests/test-cuda" > "$out/check.log" 2>&1 || status=1
-cp tests/test-cuda.log tests/test-cuda-load.log "$out/" 2>/dev/null
-for t in test-cuda-load test-cuda; do
-    r=$(sed -n 's/^:test-result: //p' "tests/$t.trs" 2>/dev/null)
-    log "$t: ${r:-not run}"
-    [ "$r" = PASS ] || status=1
-done
-grep -h "Checks:" tests/test-cuda.log tests/test-cuda-load.log 2>/dev/null | tee -a "$out/summary.txt"
 
-export BP_LOG_LEVEL=error
-timeout 120 ./bench/bench-matmul --device CUDA0 --min-time 1 > "$out/bench-matmul-cuda.txt" 2>&1 ||
-    log "bench-matmul --device CUDA0 failed or timed out"
-timeout 60 ./bench/bench-ops --device CUDA0 --min-time 1 > "$out/bench-ops-cuda.txt" 2>&1 ||
-    log "bench-ops --device CUDA0 failed or timed out"
-cat "$out/bench-matmul-cuda.txt" "$out/bench-ops-cuda.txt" | tee -a "$out/summary.txt"
-log "finished in $(( $(date +%s) - start )) s, status $status"
-exit $status
+say() { echo "$*" | tee -a "$summary"; }
+fail() { say "FAIL: $*"; status=1; }
+# step NAME SECONDS COMMAND...: runs it with a time limit, its output in the log.
+step() {
+    name=$1
+    limit=$2
+    shift 2
+    echo "=== $name: $*" >> "$log"
+    t0=$(date +%s)
+    timeout "$limit" "$@" >> "$log" 2>&1
+    rc=$?
+    echo "=== $name: exit $rc after $(($(date +%s) - t0)) s" >> "$log"
+    return $rc
+}
+
+if [ ! -x "$pack/bin/test-cuda" ]; then
+    say "FAIL: no prepared folder at $pack (run tests/gpu/prepare.sh there, carry the folder)"
+    exit 1
+fi
+say "gpu/run.sh: $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname 2>/dev/null || echo '?'), $(nproc 2>/dev/null || echo '?') cores"
+sed 's/^/  /' "$pack/BUILD-INFO" | tee -a "$summary"
+
+# ---- 1. preflight ----------------------------------------------------------------------------
+export LD_LIBRARY_PATH="$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+plugins=$pack/plugins
+gpu=yes
+if ! command -v nvidia-smi > /dev/null 2>&1; then
+    say "preflight: no nvidia-smi: no NVIDIA driver on this machine"
+    gpu=no
+elif ! nvidia-smi > "$out/nvidia-smi.txt" 2>&1; then
+    say "preflight: nvidia-smi failed: $(head -n 1 "$out/nvidia-smi.txt")"
+    gpu=no
+else
+    say "preflight: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)"
+fi
+missing() { ldd "$1" 2>&1 | sed -n 's/^[[:space:]]*\([^ ]*\) => not found$/\1/p' | sort -u | tr '\n' ' '; }
+for f in "$pack"/bin/*; do
+    m=$(missing "$f")
+    [ -z "$m" ] || fail "preflight: $(basename "$f") cannot find $m"
+done
+m=$(missing "$plugins/libbackplane-cuda-impl.so")
+case "$m" in
+"") say "preflight: cudart, cuBLAS and NCCL found" ;;
+*libcudart* | *libcublas*)
+    fail "preflight: the CUDA plugin cannot find $m(this folder was built with the toolkit in BUILD-INFO; install that CUDA major version)" ;;
+*libnccl*)
+    if [ -z "$(missing "$pack/plugins-nonccl/libbackplane-cuda-impl.so")" ]; then
+        say "preflight: NCCL not found ($m): using the plugin built --without-nccl; the collectives are NOT tested in this run"
+        mkdir -p "$out/plugins"
+        cp "$pack"/plugins/backplane-cpu-*.so "$pack"/plugins/backplane-meta.so \
+            "$pack"/plugins-nonccl/*.so "$out/plugins/"
+        plugins=$out/plugins
+    else
+        fail "preflight: neither CUDA plugin resolves its libraries: $m"
+    fi ;;
+*) fail "preflight: the CUDA plugin cannot find $m" ;;
+esac
+
+export BP_LOG_LEVEL=error CK_DEFAULT_TIMEOUT=120
+export BP_TEST_CUDA_PLUGIN_DIR="$plugins" BP_TEST_CPU_PLUGIN_DIR="$plugins"
+export BP_TEST_META_PLUGIN_DIR="$plugins" BP_PLUGIN_PATH="$plugins" BP_PLUGIN_SYSTEM_PATH=
+unset BP_PLUGINS_ONLY BP_PLUGINS_DISABLE BP_CPU_DISABLE BP_PLUGIN_PROBE BP_PLUGIN_PROBE_CACHE
+
+# ---- 2. test suites ----------------------------------------------------------------------------
+# test-cuda-load runs on any machine; test-cuda exits 77 without a GPU.
+for t in test-cuda-load test-cuda; do
+    step "$t" 240 "$pack/bin/$t"
+    rc=$?
+    checks=$(sed -n "/^=== $t: /,/^=== $t: exit/p" "$log" | grep -E '^[0-9]+%: Checks' | tail -n 1)
+    case "$rc" in
+    0) say "PASS: $t ${checks:+($checks)}" ;;
+    77) if [ "$gpu" = yes ]; then fail "$t skipped on a machine with a GPU"; else say "SKIP: $t (no GPU)"; fi ;;
+    124) fail "$t timed out after 240 s" ;;
+    *) fail "$t exit $rc ${checks:+($checks)}"
+       sed -n "/^=== $t: /,/^=== $t: exit/p" "$log" | grep -E ':[FE]:' | head -n 20 | sed 's/^/  /' | tee -a "$summary" ;;
+    esac
+done
+
+if [ "$gpu" = no ]; then
+    say "no GPU: the model runs and benchmarks are skipped ($(($(date +%s) - start)) s)"
+    [ "$status" = 0 ] && exit 77
+    exit "$status"
+fi
+
+# ---- 3. whole models, CUDA0 and the CPU against the CPU alone -----------------------------------
+for w in f32 f16 bf16 q8_0 q4_0; do
+    if step "run-$w" 120 "$pack/bin/backplane" run --model small --wtype "$w" -d CUDA0,CPU --check; then
+        say "PASS: run --model small --wtype $w -d CUDA0,CPU --check: $(sed -n "/^=== run-$w: /,/^=== run-$w: exit/p" "$log" | grep -i 'check' | tail -n 1)"
+    else
+        fail "run --model small --wtype $w -d CUDA0,CPU --check"
+        sed -n "/^=== run-$w: /,/^=== run-$w: exit/p" "$log" | tail -n 5 | sed 's/^/  /' | tee -a "$summary"
+    fi
+done
+
+# ---- 4. benchmarks -------------------------------------------------------------------------------
+step bench-matmul 150 "$pack/bin/bench-matmul" --device CUDA0 --min-time 0.5 ||
+    fail "bench-matmul --device CUDA0"
+step bench-ops 90 "$pack/bin/bench-ops" --device CUDA0 --min-time 0.5 ||
+    fail "bench-ops --device CUDA0"
+for b in bench-matmul bench-ops; do
+    sed -n "/^=== $b: /,/^=== $b: exit/p" "$log" | grep -v '^===' | sed 's/^/  /' | tee -a "$summary"
+done
+
+say "finished in $(($(date +%s) - start)) s, status $status"
+exit "$status"
