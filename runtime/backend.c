@@ -326,9 +326,13 @@ enum bp_status bp_tensor_copy(const bp_tensor *src, bp_tensor *dst)
         return bp_tensor_set(dst, src->data, 0, n);
     if (bp_buffer_is_host(dst->buffer))
         return bp_tensor_get(src, dst->data, 0, n);
-    if (BP_HAS(struct bp_buffer_iface, dst->buffer->iface, cpy_tensor) &&
-        dst->buffer->iface->cpy_tensor(dst->buffer, src, dst))
-        return BP_OK;
+    if (BP_HAS(struct bp_buffer_iface, dst->buffer->iface, cpy_tensor)) {
+        bp_clear_error();
+        if (dst->buffer->iface->cpy_tensor(dst->buffer, src, dst))
+            return BP_OK;
+        if (bp_last_status() != BP_OK) /* it failed, rather than declined */
+            return bp_last_status();
+    }
     /* Neither side is host memory and there is no direct path: stage through the host. */
 staged:;
     void *tmp = bp__malloc(n, "a host staging copy");
@@ -594,8 +598,18 @@ enum bp_status bp_backend_tensor_copy_async(bp_backend *src_backend, bp_backend 
         backend_leave(src_backend);
         return BP_ERR_BUSY;
     }
-    if (!BP_HAS(struct bp_backend_iface, dst_backend->iface, cpy_tensor_async) ||
-        !dst_backend->iface->cpy_tensor_async(src_backend, dst_backend, src, dst)) {
+    bool queued = false;
+    if (BP_HAS(struct bp_backend_iface, dst_backend->iface, cpy_tensor_async)) {
+        bp_clear_error();
+        queued = dst_backend->iface->cpy_tensor_async(src_backend, dst_backend, src, dst);
+        if (!queued && bp_last_status() != BP_OK) { /* it failed, rather than declined */
+            st = bp_last_status();
+            backend_leave(dst_backend);
+            backend_leave(src_backend);
+            return st;
+        }
+    }
+    if (!queued) {
         /* No queued path: finish what both backends have queued, then copy synchronously. */
         st = bp_backend_synchronize(src_backend);
         if (st == BP_OK)

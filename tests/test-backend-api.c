@@ -200,6 +200,14 @@ START_TEST(test_copies_between_buffers)
     ck_assert_int_eq(bp_tensor_get(h2, back, 0, sizeof(back)), BP_OK);
     ck_assert_mem_eq(v, back, sizeof(v));
     ck_assert_int_eq(bp_tensor_copy(h1, h1), BP_OK);
+    /* A direct copy that fails (rather than declines) is an error, with the plugin's words, and
+     * no copy through the host hides it. */
+    int gets0 = test_device_stats.get_calls;
+    test_device_fail_copies(1);
+    ck_assert_int_eq(bp_tensor_copy(a1, a2), BP_ERR_BACKEND);
+    ck_assert_str_eq(bp_last_error(), "TestAccel: the direct copy failed (injected)");
+    ck_assert_int_eq(test_device_stats.get_calls, gets0);
+    ck_assert_int_eq(bp_tensor_copy(a1, a2), BP_OK);
     ck_assert_int_eq(bp_tensor_copy(a1, odd), BP_ERR_SHAPE);
     ck_assert_ptr_nonnull(strstr(bp_last_error(), "differ in size"));
     ck_assert_int_eq(bp_tensor_copy(NULL, a1), BP_ERR_INVALID_ARG);
@@ -316,6 +324,15 @@ START_TEST(test_backend_compute_and_async)
     ck_assert_int_eq(bp_backend_tensor_copy_async(be, be, a, y), BP_OK);
     ck_assert_int_eq(bp_backend_tensor_get_async(be, y, out, 0, sizeof(out)), BP_OK);
     ck_assert_mem_eq(out, av, sizeof(av));
+    /* One that fails is reported as it failed, not retried synchronously. */
+    int copies = test_device_stats.cpy_calls, gets = test_device_stats.get_calls;
+    test_device_fail_copies(1);
+    ck_assert_int_eq(bp_backend_tensor_copy_async(be, be, a, y), BP_ERR_BACKEND);
+    ck_assert_str_eq(bp_last_error(), "TestAccel: the queued copy failed (injected)");
+    ck_assert_int_eq(test_device_stats.cpy_calls, copies);
+    ck_assert_int_eq(test_device_stats.get_calls, gets);
+    /* and the backends are usable afterwards */
+    ck_assert_int_eq(bp_backend_tensor_copy_async(be, be, a, y), BP_OK);
 
     /* A graph the backend fails on reports the plugin's own error. */
     int32_t bad_id = 99;

@@ -79,11 +79,23 @@ static enum bp_status buf_get(bp_buffer *buf, const bp_tensor *t, void *d, size_
     return BP_OK;
 }
 
+static int copies_to_fail;
+
+void test_device_fail_copies(int n)
+{
+    copies_to_fail = n;
+}
+
 /* Direct copies only between buffers of this device, as a GPU's device-to-device copy. */
 static bool buf_cpy(bp_buffer *buf, const bp_tensor *src, bp_tensor *dst)
 {
     if (bp_buffer_get_type(src->buffer) != bp_buffer_get_type(buf))
         return false;
+    if (copies_to_fail > 0) {
+        copies_to_fail--;
+        bp_set_error(BP_ERR_BACKEND, "TestAccel: the direct copy failed (injected)");
+        return false;
+    }
     test_device_stats.cpy_calls++;
     memcpy(dst->data, src->data, bp_nbytes(src));
     return true;
@@ -330,6 +342,11 @@ static bool be_cpy_async(bp_backend *from, bp_backend *to, const bp_tensor *src,
     if (!bp_buffer_is_host(src->buffer) &&
         bp_buffer_get_type(src->buffer) != bp_buffer_get_type(dst->buffer))
         return false;
+    if (copies_to_fail > 0) {
+        copies_to_fail--;
+        bp_set_error(BP_ERR_BACKEND, "TestAccel: the queued copy failed (injected)");
+        return false;
+    }
     test_device_stats.cpy_calls++;
     memcpy(dst->data, src->data, bp_nbytes(src));
     return true;

@@ -29,6 +29,10 @@ bp_registry *test_device_registry_new_named(const char *reg_name, const char *de
  * with a partial op set, so the scheduler has to split graphs around it. */
 void test_device_set_op_subset(bool on);
 
+/* Makes the next n direct or queued copies of this process's test devices fail with an error
+ * (BP_ERR_BACKEND, "... failed (injected)") instead of copying. */
+void test_device_fail_copies(int n);
+
 /* Makes the devices created afterwards in this process offer the host buffer type. */
 void test_device_set_host_buffer(bool on);
 

@@ -63,8 +63,9 @@ struct bp_buffer_iface {
                                  size_t size);
     enum bp_status (*get_tensor)(bp_buffer *buf, const bp_tensor *t, void *data, size_t offset,
                                  size_t size);
-    /* optional: copy src (in any buffer) into dst (in buf) directly; false when it cannot, and
-     * the runtime then copies through host memory. */
+    /* optional: copy src (in any buffer) into dst (in buf) directly. false without recording
+     * an error: this path cannot, and the runtime copies through host memory; false after
+     * bp_set_error: the copy failed, and the runtime returns that error. */
     bool (*cpy_tensor)(bp_buffer *buf, const bp_tensor *src, bp_tensor *dst);
     enum bp_status (*clear)(bp_buffer *buf, uint8_t value);
     /* optional: strided copies; the runtime loops over rows otherwise. */
@@ -91,7 +92,9 @@ struct bp_backend_iface {
                                        size_t offset, size_t size);
     enum bp_status (*get_tensor_async)(bp_backend *backend, const bp_tensor *t, void *data,
                                        size_t offset, size_t size);
-    /* optional: queue a copy from src to dst (dst on this backend); false when it cannot */
+    /* optional: queue a copy from src to dst (dst on this backend). false without recording an
+     * error: it cannot, and the runtime copies synchronously; false after bp_set_error: the copy
+     * failed, and the runtime returns that error. */
     bool (*cpy_tensor_async)(bp_backend *src_backend, bp_backend *dst_backend,
                              const bp_tensor *src, bp_tensor *dst);
     enum bp_status (*synchronize)(bp_backend *backend); /* optional: nothing to wait for */

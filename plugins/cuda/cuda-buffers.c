@@ -81,15 +81,12 @@ static enum bp_status cbuf_get_2d(bp_buffer *buf, const bp_tensor *t, void *d, s
 }
 
 /* Device to device (any of our GPUs, through unified addressing) or host to device. */
-/* A direct copy that failed in CUDA (not one this path does not handle): the interface can
- * only answer "not done", after which the runtime copies through host memory and reports any
- * error there; so the CUDA message is logged here, where it happened, and CUDA's record of it
- * cleared, so that it is not blamed on a later call. */
+/* A direct copy that failed in CUDA (not one this path does not handle): the error is
+ * recorded here, where it happened, with CUDA's message (and CUDA's record of it cleared), and
+ * false after an error tells the runtime the copy failed rather than was declined. */
 bool bp_cuda_copy_failed(cudaError_t e, const char *who, const char *what)
 {
-    bp_log(BP_LOG_WARN, "%s: %s failed: %s; copying through host memory instead", who, what,
-           cudaGetErrorString(e));
-    (void)cudaGetLastError();
+    bp_cuda_fail(e, who, what);
     return false;
 }
 

@@ -133,7 +133,8 @@ static inline bool contiguous(const bp_tensor *t)
 /* cuda-buffers.c: device memory and pinned host memory. */
 bp_buffer *bp_cuda_alloc_buffer(bp_buffer_type *buft, struct cuda_device *cd, size_t size);
 bp_buffer *bp_cuda_alloc_host_buffer(bp_buffer_type *buft, size_t size);
-/* A direct copy that failed in CUDA: logs why and clears CUDA's record; returns false. */
+/* A direct copy that failed in CUDA: records the error (bp_cuda_fail); returns false, which
+ * after an error means "failed" to the runtime, not "cannot". */
 bool bp_cuda_copy_failed(cudaError_t e, const char *who, const char *what);
 
 /* cuda-ops.c (in both objects): which ops run here. */
