@@ -12,6 +12,7 @@
 #include <backplane/bp-comm.h>
 #include <backplane/bp-cpu.h>
 #include <backplane/bp-meta.h>
+#include <backplane/bp-gguf.h>
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,0 +1,576 @@
+/* test-gguf.c - the GGUF reader and writer: a file written by the GGUF project's own Python
+ * package (tests/gguf/reference.gguf, made by tests/gguf/make-reference.py) read exactly as that
+ * package reads it; our writer's files read back exactly; and every kind of hostile file refused
+ * with a sentence (every truncation of a valid file, bad magic and versions, absurd counts and
+ * lengths, offsets past the end, overlapping or misaligned tensors, bad keys, duplicates). */
+#include <math.h>
+#include <unistd.h>
+
+#include "test-util.h"
+
+/* ---- The package's file ------------------------------------------------------------------ */
+
+static char *path_in_srcdir(const char *name)
+{
+    const char *dir = getenv("srcdir");
+    static char path[4096];
+    snprintf(path, sizeof(path), "%s/tests/gguf/%s", dir != NULL ? dir : "..", name);
+    return path;
+}
+
+/* One tensor of tests/gguf/reference.txt: what the package read. */
+struct expect {
+    char name[64], type[16];
+    int n_dims;
+    long long ne[4], offset, bytes;
+    double *values;
+    long long n_values;
+};
+
+static char *next_token(char **p)
+{
+    while (**p == ' ')
+        (*p)++;
+    if (**p == '\0' || **p == '\n')
+        return NULL;
+    char *t = *p;
+    while (**p != ' ' && **p != '\0' && **p != '\n')
+        (*p)++;
+    if (**p != '\0')
+        *(*p)++ = '\0';
+    return t;
+}
+
+START_TEST(test_reads_what_the_gguf_package_wrote)
+{
+    bp_gguf *g = bp_gguf_open(path_in_srcdir("reference.gguf"));
+    ck_assert_msg(g != NULL, "%s", bp_last_error());
+    ck_assert_uint_eq(bp_gguf_get_version(g), 3);
+    ck_assert_uint_eq(bp_gguf_get_alignment(g), 32);
+    FILE *f = fopen(path_in_srcdir("reference.txt"), "r");
+    ck_assert_ptr_nonnull(f);
+    static char line[1 << 16];
+    struct expect e = {0};
+    int tensors = 0, kvs = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        char *p = line;
+        if (strncmp(line, "tensor ", 7) == 0) {
+            ck_assert_int_ge(sscanf(line, "tensor %63s %15s %d", e.name, e.type, &e.n_dims), 3);
+            p = line + 7;
+            for (int k = 0; k < 3; k++)
+                next_token(&p);
+            for (int d = 0; d < 4; d++)
+                e.ne[d] = d < e.n_dims ? atoll(next_token(&p)) : 1;
+            e.offset = atoll(next_token(&p));
+            e.bytes = atoll(next_token(&p));
+        } else if (strncmp(line, "values ", 7) == 0) {
+            p = line + 7;
+            int64_t i = bp_gguf_find_tensor(g, e.name);
+            ck_assert_msg(i >= 0, "tensor %s not found", e.name);
+            struct bp_gguf_tensor t;
+            ck_assert_int_eq(bp_gguf_get_tensor(g, i, &t), BP_OK);
+            ck_assert_str_eq(t.type_name, e.type);
+            ck_assert_int_eq(t.n_dims, e.n_dims);
+            for (int d = 0; d < 4; d++)
+                ck_assert_int_eq(t.ne[d], e.ne[d]);
+            ck_assert_int_eq((long long)t.offset, e.offset);
+            ck_assert_int_eq((long long)t.size, e.bytes);
+            const int64_t n = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
+            float *got = malloc((size_t)n * sizeof(float));
+            bp_type_get_traits(t.type)->to_float(t.data, got, n);
+            for (int64_t k = 0; k < n; k++) {
+                char *tok = next_token(&p);
+                ck_assert_msg(tok != NULL, "%s: the package read fewer values", e.name);
+                /* both dequantise in f32 and print exactly: equal to the bit */
+                ck_assert_msg((float)strtod(tok, NULL) == got[k], "%s[%lld]: ours %.9g, the "
+                              "package's %s", e.name, (long long)k, got[k], tok);
+            }
+            ck_assert_ptr_null(next_token(&p));
+            free(got);
+            tensors++;
+        } else if (strncmp(line, "kv ", 3) == 0) {
+            p = line + 3;
+            char *key = next_token(&p);
+            char *val = p;
+            val[strcspn(val, "\n")] = '\0';
+            int64_t i = bp_gguf_find_key(g, key);
+            ck_assert_msg(i >= 0, "key %s not found", key);
+            const int type = bp_gguf_get_kv_type(g, i);
+            char mine[512] = "";
+            size_t used = 0;
+            const uint64_t n = type == BP_GGUF_TYPE_ARRAY ? bp_gguf_get_arr_n(g, i) : 1;
+            const int et = type == BP_GGUF_TYPE_ARRAY ? bp_gguf_get_arr_type(g, i) : type;
+            for (uint64_t j = 0; j < n; j++) {
+                const bool arr = type == BP_GGUF_TYPE_ARRAY;
+                int64_t iv;
+                double fv;
+                const char *sv;
+                bool bv;
+                const char *sep = j ? "\t" : "";
+                if (et == BP_GGUF_TYPE_STRING) {
+                    ck_assert_int_eq(arr ? bp_gguf_get_arr_str(g, i, j, &sv, NULL)
+                                         : bp_gguf_get_str(g, i, &sv, NULL), BP_OK);
+                    used += (size_t)snprintf(mine + used, sizeof(mine) - used, "%s'%s'", sep, sv);
+                } else if (et == BP_GGUF_TYPE_FLOAT32 || et == BP_GGUF_TYPE_FLOAT64) {
+                    ck_assert_int_eq(arr ? bp_gguf_get_arr_float(g, i, j, &fv)
+                                         : bp_gguf_get_float(g, i, &fv), BP_OK);
+                    used += (size_t)snprintf(mine + used, sizeof(mine) - used, "%s%.17g", sep, fv);
+                } else if (et == BP_GGUF_TYPE_BOOL) {
+                    ck_assert_int_eq(bp_gguf_get_bool(g, i, &bv), BP_OK);
+                    used += (size_t)snprintf(mine + used, sizeof(mine) - used, "%s%s", sep,
+                                             bv ? "True" : "False");
+                } else {
+                    ck_assert_int_eq(arr ? bp_gguf_get_arr_int(g, i, j, &iv)
+                                         : bp_gguf_get_int(g, i, &iv), BP_OK);
+                    used += (size_t)snprintf(mine + used, sizeof(mine) - used, "%s%lld", sep,
+                                             (long long)iv);
+                }
+            }
+            if (et == BP_GGUF_TYPE_FLOAT32 || et == BP_GGUF_TYPE_FLOAT64) {
+                /* compare numerically: Python prints the shortest repr */
+                char *a = mine, *b = val;
+                for (uint64_t j = 0; j < n; j++) {
+                    double x = strtod(a, &a), y = strtod(b, &b);
+                    ck_assert_msg(x == y, "%s: ours %.17g, the package's %.17g", key, x, y);
+                }
+            } else {
+                ck_assert_msg(strcmp(mine, val) == 0, "%s: ours %s, the package's %s", key, mine,
+                              val);
+            }
+            kvs++;
+        }
+    }
+    fclose(f);
+    ck_assert_int_eq(tensors, 6);
+    ck_assert_int_eq(kvs, 15);
+    ck_assert_int_eq(bp_gguf_get_n_tensors(g), 6);
+    /* the package's own keys are there too */
+    int64_t arch = bp_gguf_find_key(g, "general.architecture");
+    const char *s;
+    ck_assert_int_eq(bp_gguf_get_str(g, arch, &s, NULL), BP_OK);
+    ck_assert_str_eq(s, "llama");
+    int64_t ctx = bp_gguf_find_key(g, "llama.context_length"), v;
+    ck_assert_int_eq(bp_gguf_get_int(g, ctx, &v), BP_OK);
+    ck_assert_int_eq(v, 256);
+    bp_gguf_close(g);
+}
+END_TEST
+
+/* ---- Getters ---------------------------------------------------------------------------------- */
+
+START_TEST(test_getters_check_types)
+{
+    bp_gguf *g = bp_gguf_open(path_in_srcdir("reference.gguf"));
+    ck_assert_ptr_nonnull(g);
+    int64_t i = bp_gguf_find_key(g, "test.str"), iv;
+    double fv;
+    const char *sv;
+    ck_assert_int_eq(bp_gguf_get_int(g, i, &iv), BP_ERR_TYPE);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "'test.str' holds string, not an integer"));
+    ck_assert_int_eq(bp_gguf_get_float(g, bp_gguf_find_key(g, "test.i32"), &fv), BP_ERR_TYPE);
+    ck_assert_int_eq(bp_gguf_get_str(g, bp_gguf_find_key(g, "test.arr_str"), &sv, NULL),
+                     BP_ERR_TYPE);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "is an array"));
+    ck_assert_int_eq(bp_gguf_get_arr_str(g, bp_gguf_find_key(g, "test.arr_str"), 3, &sv, NULL),
+                     BP_ERR_OUT_OF_BOUNDS);
+    ck_assert_int_eq(bp_gguf_get_arr_int(g, bp_gguf_find_key(g, "test.u32"), 0, &iv), BP_ERR_TYPE);
+    ck_assert_int_eq(bp_gguf_get_int(g, -1, &iv), BP_ERR_OUT_OF_BOUNDS);
+    ck_assert_int_eq(bp_gguf_get_int(g, bp_gguf_get_n_kv(g), &iv), BP_ERR_OUT_OF_BOUNDS);
+    ck_assert_int_eq(bp_gguf_find_key(g, "no.such.key"), -1);
+    ck_assert_int_eq(bp_gguf_find_key(g, NULL), -1);
+    ck_assert_ptr_null(bp_gguf_get_key(g, -1));
+    ck_assert_int_eq(bp_gguf_get_kv_type(g, 1 << 20), -1);
+    struct bp_gguf_tensor t;
+    ck_assert_int_eq(bp_gguf_get_tensor(g, 6, &t), BP_ERR_OUT_OF_BOUNDS);
+    ck_assert_int_eq(bp_gguf_get_tensor(g, 0, NULL), BP_ERR_INVALID_ARG);
+    ck_assert_int_eq(bp_gguf_find_tensor(g, "nope"), -1);
+    bp_gguf_close(g);
+    bp_gguf_close(NULL);
+    ck_assert_rejected(bp_gguf_open("/nonexistent/x.gguf"), BP_ERR_IO, "No such file");
+    ck_assert_rejected(bp_gguf_open("/"), BP_ERR_IO, "not a regular file");
+    ck_assert_rejected(bp_gguf_open(NULL), BP_ERR_INVALID_ARG, "path is NULL");
+}
+END_TEST
+
+/* ---- Our writer ------------------------------------------------------------------------------ */
+
+START_TEST(test_writer_round_trip)
+{
+    static const enum bp_type types[] = {BP_TYPE_F32, BP_TYPE_F16, BP_TYPE_BF16, BP_TYPE_I32,
+                                         BP_TYPE_Q8_0, BP_TYPE_Q4_0};
+    bp_context *ctx = bp_context_new(16);
+    bp_tensor *ts[6];
+    for (int k = 0; k < 6; k++) {
+        ts[k] = k == 2 ? bp_new_tensor_3d(ctx, types[k], 64, 3, 2)
+                       : bp_new_tensor_2d(ctx, types[k], 64, 1 + k);
+        char name[16];
+        snprintf(name, sizeof(name), "w.%s", bp_type_name(types[k]));
+        bp_set_name(ts[k], name);
+    }
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_host_buffer_type());
+    ck_assert_ptr_nonnull(buf);
+    for (int k = 0; k < 6; k++) {
+        unsigned char *p = ts[k]->data;
+        for (size_t b = 0; b < bp_nbytes(ts[k]); b++)
+            p[b] = (unsigned char)(b * 7 + (size_t)k * 13 + 1);
+        if (types[k] == BP_TYPE_Q8_0 || types[k] == BP_TYPE_Q4_0 || types[k] == BP_TYPE_F16 ||
+            types[k] == BP_TYPE_BF16) { /* finite values: scales and halves of 0x3c00 */
+            for (size_t b = 1; b < bp_nbytes(ts[k]); b += 2)
+                p[b] &= 0x3f;
+        }
+    }
+    bp_gguf_writer *w = bp_gguf_writer_new();
+    ck_assert_int_eq(bp_gguf_writer_set_str(w, "general.architecture", "llama"), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_u32(w, "a.u32", 7), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_u32(w, "a.u32", 4000000000u), BP_OK); /* replaced */
+    ck_assert_int_eq(bp_gguf_writer_set_i32(w, "a.i32", -5), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_f32(w, "a.f32", 1e-5f), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_bool(w, "a.bool", false), BP_OK);
+    const int32_t ints[3] = {3, -1, 4};
+    const float floats[2] = {0.5f, -8.0f};
+    const char *const strs[3] = {"x", "", "üñï"};
+    ck_assert_int_eq(bp_gguf_writer_set_arr_i32(w, "a.ints", ints, 3), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_arr_f32(w, "a.floats", floats, 2), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_arr_str(w, "a.strs", strs, 3), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_arr_str(w, "a.none", NULL, 0), BP_OK);
+    for (int k = 0; k < 6; k++)
+        ck_assert_int_eq(bp_gguf_writer_add_tensor(w, NULL, ts[k]), BP_OK);
+    /* refusals */
+    ck_assert_int_eq(bp_gguf_writer_add_tensor(w, NULL, ts[0]), BP_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "already added"));
+    ck_assert_int_eq(bp_gguf_writer_set_u32(w, "", 1), BP_ERR_INVALID_ARG);
+    ck_assert_int_eq(bp_gguf_writer_set_u32(w, "bad\xff", 1), BP_ERR_INVALID_ARG);
+    bp_tensor *loose = bp_new_tensor_1d(ctx, BP_TYPE_F32, 4);
+    bp_set_name(loose, "loose");
+    ck_assert_int_eq(bp_gguf_writer_add_tensor(w, NULL, loose), BP_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "allocated"));
+
+    char path[] = "/tmp/bp-gguf-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_int_eq(bp_gguf_writer_write(w, path), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_write(w, "/nonexistent/dir/x.gguf"), BP_ERR_IO);
+    bp_gguf_writer_free(w);
+
+    bp_gguf *g = bp_gguf_open(path);
+    ck_assert_msg(g != NULL, "%s", bp_last_error());
+    int64_t v;
+    double d;
+    bool b;
+    const char *s;
+    ck_assert_int_eq(bp_gguf_get_n_kv(g), 9);
+    ck_assert_int_eq(bp_gguf_get_int(g, bp_gguf_find_key(g, "a.u32"), &v), BP_OK);
+    ck_assert_int_eq(v, 4000000000LL);
+    ck_assert_int_eq(bp_gguf_get_kv_type(g, bp_gguf_find_key(g, "a.u32")), BP_GGUF_TYPE_UINT32);
+    ck_assert_int_eq(bp_gguf_get_int(g, bp_gguf_find_key(g, "a.i32"), &v), BP_OK);
+    ck_assert_int_eq(v, -5);
+    ck_assert_int_eq(bp_gguf_get_float(g, bp_gguf_find_key(g, "a.f32"), &d), BP_OK);
+    ck_assert(d == (double)1e-5f);
+    ck_assert_int_eq(bp_gguf_get_bool(g, bp_gguf_find_key(g, "a.bool"), &b), BP_OK);
+    ck_assert(!b);
+    ck_assert_int_eq(bp_gguf_get_arr_n(g, bp_gguf_find_key(g, "a.ints")), 3);
+    ck_assert_int_eq(bp_gguf_get_arr_int(g, bp_gguf_find_key(g, "a.ints"), 2, &v), BP_OK);
+    ck_assert_int_eq(v, 4);
+    ck_assert_int_eq(bp_gguf_get_arr_float(g, bp_gguf_find_key(g, "a.floats"), 1, &d), BP_OK);
+    ck_assert(d == -8.0);
+    ck_assert_int_eq(bp_gguf_get_arr_str(g, bp_gguf_find_key(g, "a.strs"), 2, &s, NULL), BP_OK);
+    ck_assert_str_eq(s, "üñï");
+    ck_assert_int_eq(bp_gguf_get_arr_n(g, bp_gguf_find_key(g, "a.none")), 0);
+    ck_assert_int_eq(bp_gguf_get_n_tensors(g), 6);
+    for (int k = 0; k < 6; k++) {
+        struct bp_gguf_tensor t;
+        ck_assert_int_eq(bp_gguf_get_tensor(g, bp_gguf_find_tensor(g, bp_get_name(ts[k])), &t),
+                         BP_OK);
+        ck_assert_int_eq(t.type, types[k]);
+        for (int dd = 0; dd < 4; dd++)
+            ck_assert_int_eq(t.ne[dd], ts[k]->ne[dd]);
+        ck_assert_int_eq(t.n_dims, k == 2 ? 3 : (k == 0 ? 1 : 2));
+        ck_assert_uint_eq(t.size, bp_nbytes(ts[k]));
+        ck_assert_uint_eq(t.offset % 32, 0);
+        ck_assert_mem_eq(t.data, ts[k]->data, t.size);
+    }
+    bp_gguf_close(g);
+    unlink(path);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+}
+END_TEST
+
+/* ---- Hostile files ---------------------------------------------------------------------------- */
+
+struct bytes {
+    unsigned char p[4096];
+    size_t n;
+};
+
+static void put(struct bytes *b, const void *v, size_t n)
+{
+    ck_assert_uint_le(b->n + n, sizeof(b->p));
+    memcpy(b->p + b->n, v, n);
+    b->n += n;
+}
+
+static void u32(struct bytes *b, uint32_t v)
+{
+    put(b, &v, 4);
+}
+
+static void u64(struct bytes *b, uint64_t v)
+{
+    put(b, &v, 8);
+}
+
+static void str(struct bytes *b, const char *s)
+{
+    u64(b, strlen(s));
+    put(b, s, strlen(s));
+}
+
+static void header(struct bytes *b, uint32_t version, uint64_t n_tensors, uint64_t n_kv)
+{
+    b->n = 0;
+    put(b, "GGUF", 4);
+    u32(b, version);
+    u64(b, n_tensors);
+    u64(b, n_kv);
+}
+
+static void tensor_info(struct bytes *b, const char *name, uint32_t nd, const uint64_t *ne,
+                        uint32_t type, uint64_t offset)
+{
+    str(b, name);
+    u32(b, nd);
+    for (uint32_t d = 0; d < nd; d++)
+        u64(b, ne[d]);
+    u32(b, type);
+    u64(b, offset);
+}
+
+static void pad_to(struct bytes *b, size_t align)
+{
+    while (b->n % align != 0)
+        b->p[b->n++] = 0;
+}
+
+static void zeros(struct bytes *b, size_t n)
+{
+    ck_assert_uint_le(b->n + n, sizeof(b->p));
+    memset(b->p + b->n, 0, n);
+    b->n += n;
+}
+
+/* A well-formed file: one key, two f32 tensors of 8 elements. */
+static void valid(struct bytes *b)
+{
+    header(b, 3, 2, 1);
+    str(b, "general.name");
+    u32(b, BP_GGUF_TYPE_STRING);
+    str(b, "ok");
+    const uint64_t ne[1] = {8};
+    tensor_info(b, "a", 1, ne, 0, 0);
+    tensor_info(b, "b", 1, ne, 0, 32);
+    pad_to(b, 32);
+    zeros(b, 64);
+}
+
+#define REFUSED(b, needle)                                                                     \
+    do {                                                                                       \
+        bp_clear_error();                                                                      \
+        bp_gguf *g_ = bp_gguf_open_memory((b).p, (b).n, "hostile.gguf");                        \
+        ck_assert_msg(g_ == NULL, "a hostile file was accepted (expected: %s)", (needle));     \
+        ck_assert_msg(strstr(bp_last_error(), (needle)) != NULL, "'%s' does not say '%s'",    \
+                      bp_last_error(), (needle));                                              \
+        ck_assert_ptr_nonnull(strstr(bp_last_error(), "hostile.gguf"));                         \
+    } while (0)
+
+START_TEST(test_every_truncation_is_refused)
+{
+    struct bytes b;
+    valid(&b);
+    bp_gguf *g = bp_gguf_open_memory(b.p, b.n, "valid.gguf");
+    ck_assert_msg(g != NULL, "%s", bp_last_error());
+    bp_gguf_close(g);
+    for (size_t n = 0; n < b.n; n++) {
+        bp_clear_error();
+        g = bp_gguf_open_memory(b.p, n, "cut.gguf");
+        ck_assert_msg(g == NULL, "a file cut to %zu of %zu bytes was accepted", n, b.n);
+        ck_assert_msg(bp_last_error()[0] != '\0', "no reason for a cut at %zu", n);
+    }
+}
+END_TEST
+
+START_TEST(test_hostile_headers)
+{
+    struct bytes b;
+    valid(&b);
+    memcpy(b.p, "GGUG", 4);
+    REFUSED(b, "not a GGUF file");
+    for (uint32_t v = 0; v < 6; v++) {
+        if (v == 2 || v == 3)
+            continue;
+        valid(&b);
+        memcpy(b.p + 4, &v, 4);
+        REFUSED(b, "versions 2 and 3 are supported");
+    }
+    header(&b, 3, 0, UINT64_MAX);
+    REFUSED(b, "absurd counts");
+    header(&b, 3, 0, 1u << 30);
+    REFUSED(b, "number of metadata keys");
+    header(&b, 3, 1u << 30, 0);
+    REFUSED(b, "number of tensors");
+    /* version 2 is read like 3 */
+    valid(&b);
+    b.p[4] = 2;
+    bp_gguf *g = bp_gguf_open_memory(b.p, b.n, "v2.gguf");
+    ck_assert_msg(g != NULL, "%s", bp_last_error());
+    ck_assert_uint_eq(bp_gguf_get_version(g), 2);
+    bp_gguf_close(g);
+}
+END_TEST
+
+START_TEST(test_hostile_metadata)
+{
+    struct bytes b;
+    header(&b, 3, 0, 1);
+    u64(&b, 1ull << 60); /* key length */
+    zeros(&b, 16);
+    REFUSED(b, "claims");
+    header(&b, 3, 0, 1);
+    str(&b, "bad\xc3\x28key");
+    u32(&b, BP_GGUF_TYPE_UINT8);
+    put(&b, "x", 1);
+    REFUSED(b, "not valid UTF-8");
+    header(&b, 3, 0, 1);
+    str(&b, "");
+    u32(&b, BP_GGUF_TYPE_UINT8);
+    put(&b, "x", 1);
+    REFUSED(b, "empty");
+    header(&b, 3, 0, 2);
+    str(&b, "k");
+    u32(&b, BP_GGUF_TYPE_UINT8);
+    put(&b, "x", 1);
+    str(&b, "k");
+    u32(&b, BP_GGUF_TYPE_UINT8);
+    put(&b, "x", 1);
+    REFUSED(b, "appears twice");
+    header(&b, 3, 0, 1);
+    str(&b, "k");
+    u32(&b, 13);
+    REFUSED(b, "not a GGUF type");
+    header(&b, 3, 0, 1);
+    str(&b, "k");
+    u32(&b, BP_GGUF_TYPE_ARRAY);
+    u32(&b, BP_GGUF_TYPE_ARRAY);
+    u64(&b, 1);
+    REFUSED(b, "array of arrays");
+    header(&b, 3, 0, 1);
+    str(&b, "k");
+    u32(&b, BP_GGUF_TYPE_ARRAY);
+    u32(&b, BP_GGUF_TYPE_UINT64);
+    u64(&b, 1ull << 61);
+    REFUSED(b, "length of an array");
+    header(&b, 3, 0, 1);
+    str(&b, "k");
+    u32(&b, BP_GGUF_TYPE_ARRAY);
+    u32(&b, BP_GGUF_TYPE_STRING);
+    u64(&b, 1ull << 40);
+    REFUSED(b, "length of a string array");
+    header(&b, 3, 0, 1);
+    str(&b, "k");
+    u32(&b, BP_GGUF_TYPE_STRING);
+    u64(&b, 100);
+    REFUSED(b, "claims 100 bytes");
+    /* alignment: must be a power of two, of an integer type */
+    const uint32_t aligns[] = {0, 3, 1u << 21};
+    for (int k = 0; k < 3; k++) {
+        header(&b, 3, 0, 1);
+        str(&b, "general.alignment");
+        u32(&b, BP_GGUF_TYPE_UINT32);
+        u32(&b, aligns[k]);
+        REFUSED(b, "power of two");
+    }
+    header(&b, 3, 0, 1);
+    str(&b, "general.alignment");
+    u32(&b, BP_GGUF_TYPE_FLOAT32);
+    u32(&b, 0);
+    REFUSED(b, "not an integer");
+}
+END_TEST
+
+START_TEST(test_hostile_tensors)
+{
+    struct bytes b;
+    const uint64_t ne8[1] = {8}, ne_big[2] = {1ull << 62, 16}, ne_odd[1] = {33};
+    /* dimensions */
+    for (uint32_t nd = 0; nd <= 5; nd += 5) {
+        header(&b, 3, 1, 0);
+        const uint64_t ne[5] = {1, 1, 1, 1, 1};
+        tensor_info(&b, "t", nd, ne, 0, 0);
+        pad_to(&b, 32);
+        zeros(&b, 32);
+        REFUSED(b, "dimensions (1 to 4");
+    }
+    header(&b, 3, 1, 0);
+    tensor_info(&b, "t", 2, ne_big, 0, 0);
+    REFUSED(b, "absurd size");
+    header(&b, 3, 1, 0);
+    tensor_info(&b, "t", 1, ne8, 77, 0);
+    REFUSED(b, "not a ggml type");
+    header(&b, 3, 1, 0);
+    tensor_info(&b, "t", 1, ne_odd, 8, 0); /* q8_0 rows of 33 */
+    REFUSED(b, "whole number of 32-element blocks");
+    header(&b, 3, 1, 0);
+    tensor_info(&b, "t", 1, ne8, 0, 16);
+    REFUSED(b, "not a multiple of the alignment");
+    header(&b, 3, 1, 0);
+    tensor_info(&b, "t", 1, ne8, 0, 64);
+    pad_to(&b, 32);
+    zeros(&b, 64);
+    REFUSED(b, "ends past the end of the file");
+    header(&b, 3, 2, 0);
+    tensor_info(&b, "t", 1, ne8, 0, 0);
+    tensor_info(&b, "t", 1, ne8, 0, 32);
+    pad_to(&b, 32);
+    zeros(&b, 64);
+    REFUSED(b, "appears twice");
+    const uint64_t ne16[1] = {16};
+    header(&b, 3, 2, 0);
+    tensor_info(&b, "a", 1, ne16, 0, 0); /* 64 bytes at 0 */
+    tensor_info(&b, "b", 1, ne8, 0, 32);  /* 32 bytes at 32: inside a */
+    pad_to(&b, 32);
+    zeros(&b, 96);
+    REFUSED(b, "overlap");
+    header(&b, 3, 1, 0);
+    tensor_info(&b, "", 1, ne8, 0, 0);
+    REFUSED(b, "name is empty");
+    /* a type we do not compute with opens, and is named when asked for */
+    const uint64_t ne256[1] = {256};
+    header(&b, 3, 1, 0);
+    tensor_info(&b, "blk.0.ffn_down.weight", 1, ne256, 12, 0);
+    pad_to(&b, 32);
+    zeros(&b, 144);
+    bp_gguf *g = bp_gguf_open_memory(b.p, b.n, "k-quant.gguf");
+    ck_assert_msg(g != NULL, "%s", bp_last_error());
+    struct bp_gguf_tensor t;
+    ck_assert_int_eq(bp_gguf_get_tensor(g, 0, &t), BP_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "'blk.0.ffn_down.weight' has type q4_K"));
+    ck_assert_str_eq(t.type_name, "q4_K");
+    ck_assert(!t.supported);
+    ck_assert_uint_eq(t.size, 144);
+    bp_gguf_close(g);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("gguf");
+    BP_TCASE(s, test_reads_what_the_gguf_package_wrote, 60);
+    BP_TCASE(s, test_getters_check_types, 60);
+    BP_TCASE(s, test_writer_round_trip, 60);
+    BP_TCASE(s, test_every_truncation_is_refused, 60);
+    BP_TCASE(s, test_hostile_headers, 60);
+    BP_TCASE(s, test_hostile_metadata, 60);
+    BP_TCASE(s, test_hostile_tensors, 60);
+    return bp_test_run(s);
+}
