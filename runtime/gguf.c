@@ -616,8 +616,11 @@ static enum bp_status get_int(const bp_gguf *g, int64_t i, bool array, uint64_t 
         return st;
     if (v == NULL)
         return bp__error(BP_ERR_INVALID_ARG, "%s: value is NULL", fn);
-    const size_t es = scalar_size(t);
-    const unsigned char *p = kv->raw + (size_t)j * es;
+    if (t == BP_GGUF_TYPE_FLOAT32 || t == BP_GGUF_TYPE_FLOAT64 || t == BP_GGUF_TYPE_BOOL ||
+        t == BP_GGUF_TYPE_STRING)
+        return bp__error(BP_ERR_TYPE, "%s: '%s' holds %s, not an integer", fn, kv->key,
+                         bp_gguf_type_name((enum bp_gguf_type)t));
+    const unsigned char *p = kv->raw + (size_t)j * scalar_size(t);
     switch (t) {
     case BP_GGUF_TYPE_UINT8: *v = p[0]; return BP_OK;
     case BP_GGUF_TYPE_INT8: *v = (int8_t)p[0]; return BP_OK;

@@ -6,8 +6,8 @@
 #
 #   tests/fuzz/run.sh [SECONDS]    seconds per target at most (default 60)
 #
-# BP_FUZZ_SEED (default 1) and BP_FUZZ_RUNS (default 120,000 graphs, 40,000 loader inputs) fix
-# the inputs tried, so a run is repeatable; set another seed for a fresh campaign.
+# BP_FUZZ_SEED (default 1) and BP_FUZZ_RUNS (default 120,000 graphs, 40,000 loader inputs,
+# 300,000 GGUF files) fix the inputs tried, so a run is repeatable; set another seed for a fresh campaign.
 #
 # Exits 77 when clang or its libFuzzer runtime (Debian: clang, libclang-rt-14-dev) is missing.
 set -u
@@ -31,7 +31,7 @@ fi
 make -j"$(nproc)" > make.log 2>&1 || { tail -30 make.log; exit 1; }
 make -j"$(nproc)" tests/accel/backplane-accel.la > /dev/null 2>&1 || exit 1
 inc="-I$top/include -I$b/include -I$b"
-for t in fuzz-graph fuzz-loader; do
+for t in fuzz-graph fuzz-loader fuzz-gguf; do
     extra=""
     [ "$t" = fuzz-graph ] && extra="$top/tests/ref.c"
     clang -g -O1 -fsanitize=fuzzer $san $inc "$top/tests/fuzz/$t.c" $extra -L"$b/.libs" \
@@ -42,7 +42,7 @@ export BP_FUZZ_CPU_DIR="$b/plugins/cpu/.libs" BP_FUZZ_ACCEL_DIR="$b/tests/accel/
 export BP_PLUGIN_PATH= BP_PLUGIN_SYSTEM_PATH=
 export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1"
 status=0
-for t in fuzz-graph fuzz-loader; do
+for t in fuzz-graph fuzz-loader fuzz-gguf; do
     corpus="$b/corpus-$t"
     rm -rf "$corpus"
     mkdir -p "$corpus"
@@ -57,6 +57,7 @@ for t in fuzz-graph fuzz-loader; do
             [ -f "$so" ] && { printf '\000'; cat "$so"; } > "$corpus/plugin-$(basename "$so")"
         done
     fi
+    [ "$t" = fuzz-gguf ] && cp "$top/tests/gguf/reference.gguf" "$corpus/"
     mkdir -p "$b/crashes-$t" "$b/findings-$t"
     rm -f "$b/findings-$t"/*
     export BP_FUZZ_FINDINGS="$b/findings-$t"
@@ -64,6 +65,7 @@ for t in fuzz-graph fuzz-loader; do
     # command finds here (the time limit only cuts the same sequence short on a slow machine).
     runs=120000
     [ "$t" = fuzz-loader ] && runs=40000
+    [ "$t" = fuzz-gguf ] && runs=300000
     run_target() {
         "$b/$t" -seed="${BP_FUZZ_SEED:-1}" -runs="${BP_FUZZ_RUNS:-$runs}" -max_total_time="$secs" \
             -print_final_stats=1 -artifact_prefix="$b/crashes-$t/" -max_len=400000 -timeout=30 \
