@@ -684,13 +684,24 @@ void bp_device_get_props(bp_device *dev, struct bp_device_props *props)
     props->description = bp_device_get_description(dev);
     bp_device_get_memory(dev, &props->memory_free, &props->memory_total);
     props->type = bp_device_get_type(dev);
+    bp_device_get_caps(dev, &props->caps);
+}
+
+void bp_device_get_caps(bp_device *dev, struct bp_device_caps *caps)
+{
+    if (caps == NULL)
+        return;
+    memset(caps, 0, sizeof(*caps));
+    if (dev == NULL) {
+        bp__error(BP_ERR_INVALID_ARG, "bp_device_get_caps: dev is NULL");
+        return;
+    }
     if (BP_HAS(struct bp_device_iface, dev->iface, get_caps)) {
-        dev->iface->get_caps(dev, &props->caps);
+        dev->iface->get_caps(dev, caps);
     } else {
-        props->caps.host_buffer = BP_HAS(struct bp_device_iface, dev->iface, get_host_buffer_type);
-        props->caps.buffer_from_host_ptr =
-            BP_HAS(struct bp_device_iface, dev->iface, buffer_from_host_ptr);
-        props->caps.events = BP_HAS(struct bp_device_iface, dev->iface, event_new);
+        caps->host_buffer = BP_HAS(struct bp_device_iface, dev->iface, get_host_buffer_type);
+        caps->buffer_from_host_ptr = BP_HAS(struct bp_device_iface, dev->iface, buffer_from_host_ptr);
+        caps->events = BP_HAS(struct bp_device_iface, dev->iface, event_new);
     }
 }
 

@@ -102,6 +102,8 @@ struct bp_sched {
     int n_backends;
     bp_backend *backends[BP_SCHED_MAX_BACKENDS];
     bp_buffer_type *bufts[BP_SCHED_MAX_BACKENDS];
+    bool pinned[BP_SCHED_MAX_BACKENDS]; /* bufts[i] is another device's host type default_buft
+                                         * chose, given up when it cannot be allocated */
     bp_gallocr *galloc;
     bool parallel;
     int n_copies;
@@ -256,19 +258,20 @@ static void restore_sources(bp_sched *s)
 
 /* A backend's compute buffer type when the caller names none: its default, except that a CPU
  * backend computes in the host buffer type of the first other device that offers one it can use
- * (pinned memory for a GPU). Split inputs copied between the two then move by asynchronous DMA
- * from page-locked memory instead of staged, synchronous copies from pageable memory. */
+ * (pinned memory for a GPU). Split inputs copied between the two then move by DMA straight from
+ * page-locked memory instead of being staged through pageable memory. When that memory cannot be
+ * had (pinned memory is scarce), the backend falls back to its default (drop_pinned). */
 static bp_buffer_type *default_buft(bp_backend *const *backends, int n, int i)
 {
     bp_device *dev = bp_backend_get_device(backends[i]);
     if (bp_device_get_type(dev) == BP_DEVICE_TYPE_CPU) {
         for (int j = 0; j < n; j++) {
             bp_device *other = bp_backend_get_device(backends[j]);
-            struct bp_device_props props;
+            struct bp_device_caps caps;
             if (j == i || bp_device_get_type(other) == BP_DEVICE_TYPE_CPU)
                 continue;
-            bp_device_get_props(other, &props);
-            if (!props.caps.host_buffer)
+            bp_device_get_caps(other, &caps);
+            if (!caps.host_buffer)
                 continue;
             bp_buffer_type *host = bp_device_get_host_buffer_type(other);
             if (host != NULL && bp_buffer_type_is_host(host) &&
@@ -312,6 +315,8 @@ bp_sched *bp_sched_new(bp_backend *const *backends, bp_buffer_type *const *bufts
     for (int i = 0; i < n; i++) {
         s->backends[i] = backends[i];
         s->bufts[i] = bufts && bufts[i] ? bufts[i] : default_buft(backends, n, i);
+        s->pinned[i] = !(bufts && bufts[i]) &&
+                       s->bufts[i] != bp_backend_get_default_buffer_type(backends[i]);
         if (s->bufts[i] == NULL || !bp_backend_supports_buft(backends[i], s->bufts[i])) {
             bp__error(BP_ERR_INVALID_ARG, "bp_sched_new: backend %s cannot use buffer type %s",
                       bp_backend_get_name(backends[i]), bp_buffer_type_get_name(s->bufts[i]));
@@ -332,9 +337,9 @@ bp_sched *bp_sched_new(bp_backend *const *backends, bp_buffer_type *const *bufts
         goto fail;
     if (parallel) {
         for (int b = 0; b < n; b++) {
-            struct bp_device_props p;
-            bp_device_get_props(bp_backend_get_device(backends[b]), &p);
-            for (int c = 0; c < s->n_copies && p.caps.events; c++) {
+            struct bp_device_caps caps;
+            bp_device_get_caps(bp_backend_get_device(backends[b]), &caps);
+            for (int c = 0; c < s->n_copies && caps.events; c++) {
                 s->events[b][c] = bp_event_new(bp_backend_get_device(backends[b]));
                 if (s->events[b][c] == NULL)
                     goto fail;
@@ -1081,6 +1086,38 @@ static void debug_print(bp_sched *s, bp_graph *g)
     }
 }
 
+/* After an allocation failed for want of memory: the backends computing in another device's
+ * pinned host memory that default_buft chose go back to their default buffer types, with a new
+ * allocator. True when something changed, so that the allocation is worth another try. */
+static bool drop_pinned(bp_sched *s)
+{
+    bp_buffer_type *bufts[BP_SCHED_MAX_BACKENDS];
+    bool any = false;
+    for (int i = 0; i < s->n_backends; i++) {
+        bufts[i] = s->bufts[i];
+        if (s->pinned[i]) {
+            bufts[i] = bp_backend_get_default_buffer_type(s->backends[i]);
+            any = any || bufts[i] != NULL;
+        }
+    }
+    if (!any)
+        return false;
+    bp_gallocr *galloc = bp_gallocr_new(bufts, s->n_backends);
+    if (galloc == NULL)
+        return false;
+    for (int i = 0; i < s->n_backends; i++) {
+        if (s->pinned[i])
+            bp_log(BP_LOG_INFO, "scheduler: %s buffer unavailable (%s); %s computes in %s instead",
+                   bp_buffer_type_get_name(s->bufts[i]), bp_last_error(),
+                   bp_backend_get_name(s->backends[i]), bp_buffer_type_get_name(bufts[i]));
+        s->bufts[i] = bufts[i];
+        s->pinned[i] = false;
+    }
+    bp_gallocr_free(s->galloc);
+    s->galloc = galloc;
+    return true;
+}
+
 static enum bp_status alloc_graph(bp_sched *s, bp_graph *g)
 {
     enum bp_status st = split_graph(s, g);
@@ -1091,6 +1128,8 @@ static enum bp_status alloc_graph(bp_sched *s, bp_graph *g)
                    : bp_gallocr_alloc_graph(s->galloc, s->graph, s->node_ids, s->leaf_ids);
     if (st != BP_OK) {
         restore_sources(s);
+        if (st == BP_ERR_OUT_OF_MEMORY && drop_pinned(s))
+            return alloc_graph(s, g);
         return st;
     }
     s->allocated = g;
@@ -1105,6 +1144,8 @@ static enum bp_status reserve(bp_sched *s, bp_graph *g)
                        : bp_gallocr_reserve(s->galloc, s->graph, s->node_ids, s->leaf_ids);
     restore_sources(s);
     s->allocated = NULL;
+    if (st == BP_ERR_OUT_OF_MEMORY && drop_pinned(s))
+        return reserve(s, g);
     return st;
 }
 

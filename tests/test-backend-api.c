@@ -264,6 +264,13 @@ START_TEST(test_device_and_registry)
     ck_assert(!p.caps.host_buffer);
     ck_assert(!p.caps.buffer_from_host_ptr);
     ck_assert(!p.caps.async);
+    struct bp_device_caps caps = {.async = true};
+    bp_device_get_caps(accel, &caps);
+    ck_assert_mem_eq(&caps, &p.caps, sizeof(caps));
+    bp_device_get_caps(NULL, &caps);
+    ck_assert_int_eq(bp_last_status(), BP_ERR_INVALID_ARG);
+    ck_assert(!caps.events && !caps.host_buffer && !caps.async && !caps.buffer_from_host_ptr);
+    bp_device_get_caps(accel, NULL); /* nothing to fill */
     ck_assert_rejected(bp_device_get_host_buffer_type(accel), BP_ERR_UNSUPPORTED, "ACCEL0");
     ck_assert_rejected(bp_device_buffer_from_host_ptr(accel, &f, 8, 8), BP_ERR_UNSUPPORTED,
                        "ACCEL0");

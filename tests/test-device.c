@@ -222,8 +222,23 @@ static const char *hbuft_name(bp_buffer_type *buft)
     return "TestAccel_Host";
 }
 
+static int host_buffers_to_fail;
+
+int test_device_fail_host_buffers(int n)
+{
+    const int left = host_buffers_to_fail;
+    host_buffers_to_fail = n;
+    return left;
+}
+
 static bp_buffer *hbuft_alloc(bp_buffer_type *buft, size_t size)
 {
+    if (host_buffers_to_fail > 0) {
+        host_buffers_to_fail--;
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "TestAccel_Host: cannot pin %zu bytes (injected)",
+                     size);
+        return NULL;
+    }
     void *mem = aligned_alloc(64, size ? (size + 63) / 64 * 64 : 64);
     if (mem == NULL) {
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "TestAccel_Host: out of memory");
@@ -533,6 +548,8 @@ static void *reg_proc(bp_registry *reg, const char *name)
     const struct accel *a = bp_registry_get_context(reg);
     if (strcmp(name, "bp_registry_note") == 0)
         return a->n_devices == 0 ? (void *)empty_note : NULL;
+    if (strcmp(name, "test_device_fail_host_buffers") == 0)
+        return (void *)test_device_fail_host_buffers;
     return strcmp(name, "test_device_answer") == 0 ? (void *)test_device_answer : NULL;
 }
 

@@ -35,6 +35,10 @@ void test_device_fail_copies(int n);
 
 /* Makes the devices created afterwards in this process offer the host buffer type. */
 void test_device_set_host_buffer(bool on);
+/* Makes the next n allocations of the host buffer type fail (BP_ERR_OUT_OF_MEMORY), as pinning
+ * does when page-locked memory runs out; returns how many of the previous count were left. Also
+ * the registry's proc address "test_device_fail_host_buffers", for tests that load the plugin. */
+int test_device_fail_host_buffers(int n);
 
 /* Calls hook(arg) at the start of every graph compute of this process's test backends (NULL:
  * none), so a test can hold a backend inside a call while another thread tries to enter it. */

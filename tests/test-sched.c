@@ -158,6 +158,17 @@ START_TEST(test_cpu_computes_in_host_buffer)
     float *ref = run(alone, 1, false, bp_host_buffer_type(), &tiny, 2, NULL);
     float *got = run(both, 2, true, bp_backend_get_default_buffer_type(accel), &tiny, 2, NULL);
     assert_close(got, ref, N_LOGITS(tiny));
+    free(got);
+
+    /* Pinned memory that cannot be had: the CPU goes back to its default buffer type and the
+     * results are the same. */
+    int (*fail_host_buffers)(int) = (int (*)(int))bp_registry_get_proc_address(
+        bp_device_get_registry(bp_backend_get_device(accel)), "test_device_fail_host_buffers");
+    ck_assert_ptr_nonnull(fail_host_buffers);
+    fail_host_buffers(1000);
+    got = run(both, 2, true, bp_backend_get_default_buffer_type(accel), &tiny, 2, NULL);
+    ck_assert_int_lt(fail_host_buffers(0), 1000); /* pinning was tried, and given up */
+    assert_close(got, ref, N_LOGITS(tiny));
     free(ref);
     free(got);
 }

@@ -167,7 +167,12 @@ BP_API const char *bp_device_get_description(bp_device *dev);
 BP_API enum bp_device_type bp_device_get_type(bp_device *dev);
 BP_API const char *bp_device_type_name(enum bp_device_type type);
 BP_API void bp_device_get_memory(bp_device *dev, size_t *free_bytes, size_t *total_bytes);
+/* Everything about the device; the memory figures may cost a query of the device (for a GPU,
+ * starting its runtime). */
 BP_API void bp_device_get_props(bp_device *dev, struct bp_device_props *props);
+/* Only what the device can do (props.caps), without touching the device: cheap enough for a
+ * scheduler deciding where buffers go. All false for a NULL dev (and bp_last_error() says so). */
+BP_API void bp_device_get_caps(bp_device *dev, struct bp_device_caps *caps);
 BP_API bp_registry *bp_device_get_registry(bp_device *dev);
 /* A backend on dev; params is "key=value,key=value" or NULL. Caller frees with bp_backend_free. */
 BP_API bp_backend *bp_device_init_backend(bp_device *dev, const char *params);

@@ -104,20 +104,35 @@ static bool cbe_cpy_async(bp_backend *src_be, bp_backend *dst_be, const bp_tenso
         !bp_cuda_is_tensor(dst) || !contiguous(src) || !contiguous(dst))
         return false;
     struct cuda_backend *sb = bp_backend_get_context(src_be), *db = bp_backend_get_context(dst_be);
-    cudaEvent_t ev;
-    cudaError_t e = cudaSetDevice(sb->cd->id);
+    /* The copy runs on the source's stream, after the work queued there that writes src and
+     * before any later work there that overwrites it; the destination's stream first lets it
+     * wait for the work already queued on the destination (which may still read dst), and then
+     * waits for the copy before its own next work. */
+    cudaEvent_t dst_done = NULL, copied = NULL;
+    cudaError_t e = cudaSetDevice(db->cd->id);
     if (e == cudaSuccess)
-        e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (e != cudaSuccess)
-        return bp_cuda_copy_failed(e, db->cd->name, "a queued copy");
-    e = cudaEventRecord(ev, sb->stream);
+        e = cudaEventCreateWithFlags(&dst_done, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(dst_done, db->stream);
+    if (e == cudaSuccess)
+        e = cudaSetDevice(sb->cd->id);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&copied, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(sb->stream, dst_done, 0);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(dst->data, src->data, bp_nbytes(src), cudaMemcpyDefault, sb->stream);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(copied, sb->stream);
     if (e == cudaSuccess)
         e = cudaSetDevice(db->cd->id);
     if (e == cudaSuccess)
-        e = cudaStreamWaitEvent(db->stream, ev, 0);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(dst->data, src->data, bp_nbytes(src), cudaMemcpyDefault, db->stream);
-    cudaEventDestroy(ev); /* destroyed once the work recorded in it completes */
+        e = cudaStreamWaitEvent(db->stream, copied, 0);
+    /* Events are destroyed once the work recorded in them completes. */
+    if (dst_done != NULL)
+        cudaEventDestroy(dst_done);
+    if (copied != NULL)
+        cudaEventDestroy(copied);
     return e == cudaSuccess ? true : bp_cuda_copy_failed(e, db->cd->name, "a queued copy");
 }
 

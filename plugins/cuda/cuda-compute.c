@@ -30,9 +30,12 @@ static enum bp_status scratch_reserve(struct cuda_backend *cb, size_t size)
     cb->scratch = NULL;
     cb->scratch_size = 0;
     cudaError_t e = cudaMalloc(&cb->scratch, size);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* reported here, not blamed on the next launch */
+        cb->scratch = NULL;
         return bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of scratch "
                             "memory for MUL_MAT: %s", cb->cd->name, size, cudaGetErrorString(e));
+    }
     cb->scratch_size = size;
     return BP_OK;
 }
@@ -47,6 +50,8 @@ static enum bp_status scratch_reserve(struct cuda_backend *cb, size_t size)
  *    bits of x instead of 8: NMSE about 1e-11 against a double reference).
  *  - F16, Q8_0 and Q4_0 weights: the weights are split the same way (exact for F16; 16 bits of
  *    the dequantised value for Q8_0/Q4_0), and three GEMMs accumulate Whi xhi + Whi xlo + Wlo xhi.
+ *    The last term takes xhi with non-finite values set to 0: Wlo is 0 for most weights, and
+ *    0 * inf would make the product of an infinite activation NaN instead of infinite.
  * Batches are strided-batched GEMMs, weights broadcast over batches with a zero stride, and every
  * converted operand is made once per node, each at a 256-byte aligned offset of the scratch. */
 
@@ -147,23 +152,23 @@ static enum bp_status mul_mat(struct cuda_backend *cb, bp_tensor *d)
     const int64_t ea = f32 ? 4 : 2, eb = f32 ? 4 : 2;
     const size_t a_bytes = a_here ? 0 : align_up((size_t)bp_nelements(a) * (size_t)ea);
     const size_t b_bytes = b_here ? 0 : align_up((size_t)bp_nelements(b) * (size_t)eb);
-    /* scratch: [A (hi)] [A lo] [B (hi)] [B lo] */
-    const size_t need = a_bytes * (split_a ? 2 : 1) + b_bytes * (f32 ? 1 : 2);
+    /* scratch: [A (hi)] [A lo] [B (hi)] [B lo] [B hi, finite values only] */
+    const size_t need = a_bytes * (split_a ? 2 : 1) + b_bytes * (f32 ? 1 : split_a ? 3 : 2);
     enum bp_status st = scratch_reserve(cb, need);
     if (st != BP_OK)
         return st;
     char *mem = cb->scratch;
     char *a_hi = mem, *a_lo = a_hi + a_bytes;
-    char *b_hi = a_lo + (split_a ? a_bytes : 0), *b_lo = b_hi + b_bytes;
+    char *b_hi = a_lo + (split_a ? a_bytes : 0), *b_lo = b_hi + b_bytes, *b_fin = b_lo + b_bytes;
     const cudaDataType_t t16 = CUDA_R_16BF, t32 = CUDA_R_32F;
-    struct operand A = {0}, Alo = {0}, B = {0}, Blo = {0};
+    struct operand A = {0}, Alo = {0}, B = {0}, Blo = {0}, Bfin = {0};
     int e = 0;
     if (a_here) {
         A = operand_of(a, f32 ? t32 : t16, ea);
     } else if (split_a) {
         A = dense_operand(a, a_hi, t16, 2);
         Alo = dense_operand(a, a_lo, t16, 2);
-        e = bp_cu_split_bf16(a_hi, a_lo, cu(a), s);
+        e = bp_cu_split_bf16(a_hi, a_lo, NULL, cu(a), s);
     } else {
         A = dense_operand(a, a_hi, f32 ? t32 : t16, ea);
         e = bp_cu_convert(a_hi, f32 ? CU_F32 : CU_BF16, cu(a), s);
@@ -178,7 +183,8 @@ static enum bp_status mul_mat(struct cuda_backend *cb, bp_tensor *d)
     } else {
         B = dense_operand(b, b_hi, t16, 2);
         Blo = dense_operand(b, b_lo, t16, 2);
-        e = bp_cu_split_bf16(b_hi, b_lo, cu(b), s);
+        Bfin = dense_operand(b, b_fin, t16, 2);
+        e = bp_cu_split_bf16(b_hi, b_lo, split_a ? b_fin : NULL, cu(b), s);
     }
     if (e != 0)
         return bp_cuda_fail((cudaError_t)e, who, "converting MUL_MAT activations");
@@ -186,7 +192,7 @@ static enum bp_status mul_mat(struct cuda_backend *cb, bp_tensor *d)
     if (st == BP_OK && !f32)
         st = gemm_batches(cb, d, a, &A, &Blo, 1.0f);
     if (st == BP_OK && split_a)
-        st = gemm_batches(cb, d, a, &Alo, &B, 1.0f);
+        st = gemm_batches(cb, d, a, &Alo, &Bfin, 1.0f);
     return st;
 }
 

@@ -60,8 +60,10 @@ int bp_cu_matvec(struct cu_t d, struct cu_t a, struct cu_t b, cudaStream_t s);
 int bp_cu_convert(void *out, int out_type, struct cu_t a, cudaStream_t s);
 /* The same rows split into two dense BF16 matrices, hi = bf16(x) and lo = bf16(x - hi): 16
  * significant bits for tensor-core GEMMs that must not round the values to 8 (lo is 0 where hi
- * is not finite). */
-int bp_cu_split_bf16(void *hi, void *lo, struct cu_t a, cudaStream_t s);
+ * is not finite). fin, unless NULL, receives hi with every non-finite value replaced by 0: the
+ * partner of the other operand's lo in a cross term, so that lo = 0 never meets an infinity
+ * (0 * inf would turn an infinite product into NaN). */
+int bp_cu_split_bf16(void *hi, void *lo, void *fin, struct cu_t a, cudaStream_t s);
 
 /* A GPU as the driver API describes it (cuda-driver.c). */
 struct bp_cuda_gpu {

@@ -814,8 +814,9 @@ extern "C" int bp_cu_matvec(cu_t d, cu_t a, cu_t b, cudaStream_t s)
  * ne[0] elements per row: one block per row (grid-stride), one unravel per row. With lo NULL,
  * out (hi) receives the values in out_type; with lo set, out_type is CU_BF16 and each value x is
  * split into hi = bf16(x) and lo = bf16(x - hi), so hi + lo carries 16 significant bits (lo is 0
- * where hi is not finite, so infinities stay infinities). */
-__global__ void k_convert_rows(char *hi, char *lo, int out_type, cu_t a, int64_t rows)
+ * where hi is not finite: x - hi would be NaN); fin, unless NULL, receives hi with non-finite
+ * values replaced by 0, for the cross term whose other operand is a lo. */
+__global__ void k_convert_rows(char *hi, char *lo, char *fin, int out_type, cu_t a, int64_t rows)
 {
     const int64_t K = a.ne[0], osz = elsize(out_type);
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -832,6 +833,8 @@ __global__ void k_convert_rows(char *hi, char *lo, int out_type, cu_t a, int64_t
             const float hf = __bfloat162float(h);
             ((__nv_bfloat16 *)oh)[k] = h;
             ((__nv_bfloat16 *)(lo + r * K * 2))[k] = __float2bfloat16_rn(isfinite(hf) ? x - hf : 0.0f);
+            if (fin != NULL)
+                ((__nv_bfloat16 *)(fin + r * K * 2))[k] = isfinite(hf) ? h : __float2bfloat16_rn(0.0f);
         }
     }
 }
@@ -841,15 +844,17 @@ extern "C" int bp_cu_convert(void *out, int out_type, cu_t a, cudaStream_t s)
     const int64_t rows = nrows(a);
     if (rows == 0 || a.ne[0] == 0)
         return 0;
-    k_convert_rows<<<row_blocks(rows), THREADS, 0, s>>>((char *)out, NULL, out_type, a, rows);
+    k_convert_rows<<<row_blocks(rows), THREADS, 0, s>>>((char *)out, NULL, NULL, out_type, a,
+                                                         rows);
     return launched();
 }
 
-extern "C" int bp_cu_split_bf16(void *hi, void *lo, cu_t a, cudaStream_t s)
+extern "C" int bp_cu_split_bf16(void *hi, void *lo, void *fin, cu_t a, cudaStream_t s)
 {
     const int64_t rows = nrows(a);
     if (rows == 0 || a.ne[0] == 0)
         return 0;
-    k_convert_rows<<<row_blocks(rows), THREADS, 0, s>>>((char *)hi, (char *)lo, CU_BF16, a, rows);
+    k_convert_rows<<<row_blocks(rows), THREADS, 0, s>>>((char *)hi, (char *)lo, (char *)fin, CU_BF16,
+                                                         a, rows);
     return launched();
 }
