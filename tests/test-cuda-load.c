@@ -38,6 +38,20 @@ static bool mapped(const char *prefix)
     return found;
 }
 
+/* How many of this process's descriptors are open on the file at path. */
+static int open_descriptors_of(const char *path)
+{
+    struct stat want;
+    ck_assert_int_eq(stat(path, &want), 0);
+    int n = 0;
+    for (int fd = 0; fd < 4096; fd++) {
+        struct stat st;
+        if (fstat(fd, &st) == 0 && st.st_dev == want.st_dev && st.st_ino == want.st_ino)
+            n++;
+    }
+    return n;
+}
+
 typedef enum bp_status (*load_runtime_fn)(void);
 
 static load_runtime_fn load_runtime_of(bp_registry *reg)
@@ -157,6 +171,16 @@ START_TEST(test_runtime_loaded_on_demand)
     ck_assert(mapped("libcudart.so"));
     ck_assert(mapped("libcublas"));
     ck_assert_int_eq(load_runtime_of(reg)(), BP_OK); /* once is enough; again is a no-op */
+    ck_assert_int_eq(open_descriptors_of(impl_so), 1); /* held for the mapping */
+
+    /* The plugin unloaded and loaded again finds the library still mapped (it is never
+     * unloaded) and uses it, without holding a second descriptor. */
+    ck_assert_int_eq(bp_plugin_unload(bp_plugin_by_name("cuda")), BP_OK);
+    ck_assert_msg(bp_plugin_load(cuda_so) != NULL, "%s", bp_last_error());
+    reg = bp_registry_by_name("CUDA");
+    ck_assert_ptr_nonnull(reg);
+    ck_assert_msg(load_runtime_of(reg)() == BP_OK, "%s", bp_last_error());
+    ck_assert_int_eq(open_descriptors_of(impl_so), 1);
 }
 END_TEST
 

@@ -253,7 +253,13 @@ static enum bp_status impl_event_sync(struct cuda_device *cd, void *event)
 
 /* ---- The table ----------------------------------------------------------------------------- */
 
+static void impl_close(void)
+{
+    bp_cuda_registry = NULL;
+}
+
 static const struct bp_cuda_impl impl = {
+    .close = impl_close,
     .init_backend = impl_init_backend,
     .get_memory = impl_get_memory,
     .alloc_buffer = bp_cuda_alloc_buffer,

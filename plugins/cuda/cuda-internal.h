@@ -80,11 +80,14 @@ struct cuda_backend {
 #define BP_CUDA_IMPL_FILE "libbackplane-cuda-impl.so"
 #define BP_CUDA_IMPL_OPEN "bp_cuda_impl_open"
 /* Raised whenever struct bp_cuda_impl or struct cuda_registry/cuda_device change. */
-#define BP_CUDA_IMPL_ABI 1
+#define BP_CUDA_IMPL_ABI 2
 
-/* What the implementation library does for the plugin. Every member is set; the comm members
- * only in builds with NCCL. */
+/* What the implementation library does for the plugin. The layout is the same in every build
+ * (a plugin built with NCCL may meet a library built without it, or the other way round); every
+ * member is set except the comm members, which are NULL in a library built without NCCL. */
 struct bp_cuda_impl {
+    /* The plugin's registry is going away: the library forgets it. */
+    void (*close)(void);
     bp_backend *(*init_backend)(bp_device *dev, struct cuda_device *cd);
     /* Free and total bytes; BP_OK or the CUDA error. */
     enum bp_status (*get_memory)(struct cuda_device *cd, size_t *free, size_t *total);
@@ -93,11 +96,9 @@ struct bp_cuda_impl {
     void *(*event_new)(struct cuda_device *cd);
     void (*event_free)(void *event);
     enum bp_status (*event_synchronize)(struct cuda_device *cd, void *event);
-#ifdef BP_HAVE_NCCL
     bp_comm *(*comm_init)(bp_backend *const *backends, int n);
     enum bp_status (*comm_allreduce)(bp_comm *c, bp_tensor *const *tensors, int n);
     void (*comm_free)(bp_comm *c);
-#endif
 };
 
 /* The one symbol the implementation library exports: its table for this registry, or NULL

@@ -10,6 +10,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -35,10 +36,28 @@ static bp_cuda_impl_open_fn impl_open_symbol(void *lib)
     return p != NULL ? fn : NULL;
 }
 
+/* Whether an object is already loaded under the name fdpath (one opened through a descriptor
+ * whose number has since been reused): dlopen would return it instead of reading our file. */
+static bool fd_name_taken(const char *fdpath)
+{
+    void *h = dlopen(fdpath, RTLD_LAZY | RTLD_NOLOAD);
+    if (h == NULL)
+        return false;
+    struct link_map *lm = NULL;
+    const bool taken = dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm != NULL && lm->l_name != NULL &&
+                       strcmp(lm->l_name, fdpath) == 0;
+    dlclose(h);
+    return taken;
+}
+
 /* Opens the library beside the plugin, checked as the loader checks plugins: a regular file,
  * not a link, owned by root or by us, writable by nobody else; then loaded through the
- * descriptor that was checked. NODELETE: cudart and cuBLAS register exit handlers and are not
- * made to be unloaded. */
+ * descriptor that was checked (/proc/self/fd/N), as the runtime's loader does. NODELETE: cudart
+ * and cuBLAS register exit handlers and are not made to be unloaded. So the library stays mapped
+ * for the life of the process, known by the name /proc/self/fd/N, and the descriptor stays open
+ * as long: were N reused, a later dlopen of /proc/self/fd/N (ours after a reload of the plugin,
+ * or the loader's) would be handed this library instead of the file it checked. For the same
+ * reason a number that already names a loaded object is not used. */
 static void *impl_dlopen(const char *who, const char *path)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -57,10 +76,25 @@ static void *impl_dlopen(const char *who, const char *path)
         bad = "it is owned by another user";
     else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
         bad = "it is writable by group or others";
+    char fdpath[32];
+    enum { MAX_TRIES = 8 };
+    int set_aside[MAX_TRIES], n_aside = 0;
+    while (bad == NULL) {
+        snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", fd);
+        if (!fd_name_taken(fdpath))
+            break;
+        const int fresh = n_aside < MAX_TRIES ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+        if (fresh < 0)
+            bad = "no descriptor name for it is free of already loaded objects";
+        else {
+            set_aside[n_aside++] = fd; /* kept open so that the next number differs */
+            fd = fresh;
+        }
+    }
+    for (int i = 0; i < n_aside; i++)
+        close(set_aside[i]);
     void *lib = NULL;
     if (bad == NULL) {
-        char fdpath[32];
-        snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", fd);
         lib = dlopen(fdpath, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
         if (lib == NULL) {
             const char *why = dlerror();
@@ -71,7 +105,12 @@ static void *impl_dlopen(const char *who, const char *path)
         bp_set_error(BP_ERR_PLUGIN, "%s: refusing the CUDA implementation library %s: %s", who,
                      path, bad);
     }
-    close(fd);
+    /* Loaded as fdpath: the descriptor now belongs to the mapping. Loaded before (the same file
+     * under an earlier name, after a reload of the plugin) or not at all: it is not needed. */
+    struct link_map *lm = NULL;
+    if (lib == NULL || dlinfo(lib, RTLD_DI_LINKMAP, &lm) != 0 || lm == NULL ||
+        lm->l_name == NULL || strcmp(lm->l_name, fdpath) != 0)
+        close(fd);
     return lib;
 }
 
@@ -313,6 +352,11 @@ static const char *cuda_note(void)
 static bp_comm *comm_init(bp_backend *const *backends, int n)
 {
     const struct bp_cuda_impl *impl = bp_cuda_impl_get("CUDA");
+    if (impl != NULL && impl->comm_init == NULL) {
+        bp_set_error(BP_ERR_UNSUPPORTED, "CUDA: the implementation library was built without "
+                     "NCCL: no collectives (install the one built with this plugin)");
+        return NULL;
+    }
     return impl != NULL ? impl->comm_init(backends, n) : NULL;
 }
 
@@ -357,6 +401,8 @@ static void *creg_proc(bp_registry *reg, const char *name)
 static void creg_free(bp_registry *reg)
 {
     (void)reg;
+    if (bp_cuda_registry->impl != NULL)
+        bp_cuda_registry->impl->close();
     if (bp_cuda_registry->impl_lib != NULL)
         dlclose(bp_cuda_registry->impl_lib); /* stays mapped: opened NODELETE */
     free(bp_cuda_registry->dir);
