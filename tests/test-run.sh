@@ -29,6 +29,8 @@ fi
 check "tiny on the CPU equals itself, exactly" sh -c "'$tool' run --model tiny -p 12 -n 10 --check | grep -q 'tokens agree; largest logit difference 0 over 10 steps'"
 check "two runs give the same tokens" sh -c "test \"\$('$tool' run -n 6 | grep tokens:)\" = \"\$('$tool' run -n 6 -t 1 | grep tokens:)\""
 check "accelerator + CPU agrees with the CPU" agrees "ACCEL0,CPU"
+check "q8_0 on the accelerator: logits within the q8_0 bound, NMSE reported" sh -c "'$tool' run --model tiny -n 8 --wtype q8_0 -d ACCEL0,CPU --check | grep -q 'NMSE [0-9.e-]* (bound 2e-03): pass'"
+check "--json reports the check's NMSE and verdict" sh -c "'$tool' run --model tiny -n 3 --wtype bf16 -d ACCEL0,CPU --check --json | grep -q '\"nmse_bound\": 1e-06, \"pass\": true'"
 check "the KV cache and embedding go where SET_ROWS and GET_ROWS run" sh -c "'$tool' run -d ACCEL0 -n 2 | grep -q 'weights [0-9.]* MiB on ACCEL0 (TestAccel), token embedding on CPU, KV cache [0-9.]* MiB on CPU'"
 long_name=$(printf 'CPU%0300d' 0)
 check "a device name longer than any buffer is named whole in the error" sh -c "'$tool' run -d '$long_name' -n 2 2>&1 | grep -q \"device '$long_name': \""

@@ -546,8 +546,19 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
     printf("\n");
 }
 
-static void print_json(const struct run_opts *o, const struct run_result *r, int check_done,
-                       bool agree, double max_diff)
+/* What --check found against the run on the CPU alone. */
+struct run_check {
+    bool agree;      /* the same tokens */
+    int first_diff;  /* the first step whose tokens differ (when !agree) */
+    double max_diff; /* the largest logit difference over the steps compared */
+    double nmse;     /* normalised mean squared error of the logits compared */
+    double bound;    /* what nmse may be for the check to pass */
+    bool pass;
+    int compared;
+};
+
+static void print_json(const struct run_opts *o, const struct run_result *r,
+                       const struct run_check *check)
 {
     const struct model_config *c = o->cfg;
     struct json_writer w;
@@ -585,11 +596,16 @@ static void print_json(const struct run_opts *o, const struct run_result *r, int
     for (int i = 0; i < o->n_gen; i++)
         json_int(&w, r->tokens[i]);
     json_end_array(&w);
-    if (check_done) {
+    if (check != NULL) {
         json_key(&w, "check");
         json_begin_object(&w);
-        json_member_bool(&w, "tokens_agree", agree);
-        json_member_double(&w, "max_logit_diff", max_diff, 6);
+        json_member_bool(&w, "tokens_agree", check->agree);
+        json_member_int(&w, "first_differing_step", check->first_diff);
+        json_member_int(&w, "steps_compared", check->compared);
+        json_member_double(&w, "max_logit_diff", check->max_diff, 6);
+        json_member_double(&w, "logit_nmse", check->nmse, 6);
+        json_member_double(&w, "nmse_bound", check->bound, 6);
+        json_member_bool(&w, "pass", check->pass);
         json_end_object(&w);
     }
     json_end_object(&w);
@@ -724,30 +740,44 @@ static int run_main(struct run_opts *o, struct run_result *r)
     return ran;
 }
 
-/* What --check found against the run on the CPU alone. */
-struct run_check {
-    bool agree;      /* the same tokens */
-    double max_diff; /* the largest logit difference over the steps compared */
-    int compared;
-};
+/* How far the logits of a run may be from the CPU's, by weight type (docs/user-guide.md). A whole
+ * model's logits, not one product: measured against the test accelerator (reference kernels),
+ * NMSE 1e-9 for f16/bf16 and 2e-4 for q8_0 on the tiny model, where the CPU quantises the
+ * activations to Q8_0 and other devices need not. The bounds leave a factor of ten or more for
+ * other devices' order of summation and are far below what a wrong result gives (NMSE near 1);
+ * the precision of each op is the conformance suite's to check, against tighter bounds. */
+static double check_bound(enum bp_type wtype)
+{
+    return wtype == BP_TYPE_Q8_0 || wtype == BP_TYPE_Q4_0 ? 2e-3 : 1e-6;
+}
 
 /* Logits are comparable while both runs have seen the same tokens: steps are compared up to
- * and including the first whose tokens differ. */
+ * and including the first whose tokens differ. The check passes when the logits compared are
+ * within the bound: the tokens then agree, or first differ where the CPU's two best logits are
+ * closer than the runs' difference (a near tie), after which the runs see different inputs. */
 static struct run_check compare_runs(const struct run_opts *o, const struct run_result *r,
                                      const struct run_result *ref)
 {
-    struct run_check c = {.agree = true};
+    struct run_check c = {.agree = true, .first_diff = -1, .bound = check_bound(o->wtype)};
+    double err = 0.0, norm = 0.0;
     for (int i = 0; i < o->n_gen; i++) {
         const float *a = r->logits + (size_t)i * o->cfg->n_vocab;
         const float *b = ref->logits + (size_t)i * o->cfg->n_vocab;
-        for (int k = 0; k < o->cfg->n_vocab; k++)
-            c.max_diff = fmax(c.max_diff, fabs((double)a[k] - (double)b[k]));
+        for (int k = 0; k < o->cfg->n_vocab; k++) {
+            const double d = (double)a[k] - (double)b[k];
+            c.max_diff = fmax(c.max_diff, fabs(d));
+            err += d * d;
+            norm += (double)b[k] * b[k];
+        }
         c.compared++;
         if (r->tokens[i] != ref->tokens[i]) {
             c.agree = false;
+            c.first_diff = i;
             break;
         }
     }
+    c.nmse = norm > 0.0 ? err / norm : err;
+    c.pass = c.nmse <= c.bound; /* false for NaN */
     return c;
 }
 
@@ -767,7 +797,7 @@ int cmd_run(int argc, char **argv)
         result_free(&r);
         return 1;
     }
-    struct run_check c = {.agree = true};
+    struct run_check c = {.agree = true, .pass = true};
     if (o.check) {
         const int ran = run_once(&o, "CPU", &ref, true);
         if (ran == 0)
@@ -779,14 +809,21 @@ int cmd_run(int argc, char **argv)
         }
     }
     if (o.json) {
-        print_json(&o, &r, o.check, c.agree, c.max_diff);
+        print_json(&o, &r, o.check ? &c : NULL);
     } else {
         print_text(&o, &r);
-        if (o.check)
-            printf("check:      on CPU alone: tokens %s; largest logit difference %.3g over %d "
-                   "step%s\n", c.agree ? "agree" : "DIFFER", c.max_diff, c.compared,
-                   c.compared == 1 ? "" : "s");
+        if (o.check) {
+            char tokens[64];
+            if (c.agree)
+                snprintf(tokens, sizeof(tokens), "tokens agree");
+            else
+                snprintf(tokens, sizeof(tokens), "tokens differ from step %d%s", c.first_diff,
+                         c.pass ? " (a near tie)" : "");
+            printf("check:      on CPU alone: %s; largest logit difference %.3g over %d step%s; "
+                   "NMSE %.3g (bound %.0e): %s\n", tokens, c.max_diff, c.compared,
+                   c.compared == 1 ? "" : "s", c.nmse, c.bound, c.pass ? "pass" : "FAIL");
+        }
     }
     result_free(&r);
-    return o.check && !c.agree ? 1 : 0;
+    return c.pass ? 0 : 1;
 }
