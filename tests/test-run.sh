@@ -106,5 +106,30 @@ check "bench measures matmul and add on the CPU" sh -c "'$tool' bench -d CPU --M
 check "bench measures repacked q4_0 on the CPU and skips it elsewhere" sh -c "'$tool' bench -d ACCEL0,CPU --M 64 --K 64 --N 1 --types q4_0_repack --min-time 0.01 --no-limits > '$tmp/b' && grep -q '^mul_mat_q4_0_repack M=64,K=64,N=1 CPU [0-9.]* GFLOP/s' '$tmp/b' && grep -q 'mul_mat_q4_0_repack on ACCEL0: no CPU_REPACK buffer type, skipped' '$tmp/b'"
 check "bench skips what a device cannot do" sh -c "'$tool' bench -d ACCEL0 --M 64 --K 64 --N 1 --types q4_0 --min-time 0.01 --no-limits | grep -q 'mul_mat_q4_0 on ACCEL0: not supported, skipped'"
 check "bench refuses a K that is not a multiple of 32" sh -c "'$tool' bench --K 33 2>&1 | grep -q 'multiple of 32'"
+# GGUF files: --save-gguf writes the seeded models as llama files (q and k rows reordered for
+# llama's rope), and --gguf serves them with the same tokens and logits
+for w in f32 q8_0; do
+    check "--save-gguf then --gguf: the same tokens as the seeded tiny model ($w)" sh -c "'$tool' run --model tiny --wtype $w --save-gguf '$tmp/tiny-$w.gguf' > /dev/null && test \"\$('$tool' run --model tiny --wtype $w -n 8 -t 1 | grep '^tokens:')\" = \"\$('$tool' run --gguf '$tmp/tiny-$w.gguf' -n 8 -t 1 | grep '^tokens:')\""
+done
+check "a saved GGUF on the accelerator agrees with the CPU" sh -c "'$tool' run --gguf '$tmp/tiny-f32.gguf' -n 6 -d ACCEL0,CPU --check | grep -q 'check: .*tokens agree.*pass'"
+check "--save-gguf to a missing directory fails with the reason" sh -c "'$tool' run --model tiny --save-gguf /nonexistent/x.gguf 2>&1 >/dev/null | grep -q \"cannot write '/nonexistent/x.gguf'\""
+# Files written by the GGUF project's Python package (tests/gguf/make-models.py): the tokens of
+# an independent numpy forward pass, from token ids given with --tokens
+gguf_dir="$(dirname "$0")/gguf"
+while read -r file prompt want; do
+    case "$file" in "#"*) continue ;; esac
+    check "--gguf $file generates what the numpy reference does" sh -c "test \"\$('$tool' run --gguf '$gguf_dir/$file' --tokens $prompt -n 8 -t 1 | sed -n 's/^tokens: *//p')\" = '$want'"
+    check "--gguf $file agrees with the CPU on the accelerator and on Meta(CPU0,CPU1)" sh -c "'$tool' run --gguf '$gguf_dir/$file' --tokens $prompt -n 8 -d ACCEL0,CPU --check | grep -q 'pass\$' && BP_CPU_DEVICES=2 '$tool' run --gguf '$gguf_dir/$file' --tokens $prompt -n 8 -d 'Meta(CPU0,CPU1)' --check | grep -q 'pass\$'"
+done < "$gguf_dir/models.txt"
+while read -r file says; do
+    case "$file" in "#"*) continue ;; esac
+    check "--gguf refuses $file: $says" sh -c "'$tool' run --gguf '$gguf_dir/$file' -p 4 -n 2 > '$tmp/o' 2> '$tmp/e'; test \$? -eq 1 && grep -qF \"$says\" '$tmp/e' && test ! -s '$tmp/o'"
+done < "$gguf_dir/bad-models.txt"
+check "--gguf of a file that is not GGUF names the file" sh -c "'$tool' run --gguf '$0' 2>&1 | grep -q 'test-run.sh'"
+check "--gguf of a GGUF file without a model says what it lacks" sh -c "'$tool' run --gguf '$gguf_dir/reference.gguf' 2>&1 | grep -q 'no llama.block_count'"
+check "--gguf with --wtype is refused" usage "does not apply" "$tool" run --gguf "$gguf_dir/llama-gqa.gguf" --wtype f16
+check "--tokens outside the vocabulary is refused" usage "token 2 ('96') is not an id in \[0, 96)" "$tool" run --gguf "$gguf_dir/llama-gqa.gguf" --tokens 1,96
+check "--tokens that are not numbers are refused" usage "token 1 ('x') is not an id" "$tool" run --tokens x,1
+check "--tokens longer than the context is refused" usage "do not fit the context" "$tool" run --gguf "$gguf_dir/llama-gqa.gguf" --ctx 4 --tokens 1,2,3,4,5
 echo "$pass passed, $fail failed"
 test "$fail" -eq 0

@@ -9,11 +9,16 @@
 
 #include "model.h"
 
+#define SEEDED(name_, layers, embd, ff, heads, vocab, ctx)                                    \
+    {.name = (name_), .n_layer = (layers), .n_embd = (embd), .n_ff = (ff), .n_head = (heads),   \
+     .n_vocab = (vocab), .n_ctx = (ctx), .n_head_kv = (heads), .rope_mode = BP_ROPE_NEOX,       \
+     .rope_base = 10000.0f, .rope_scale = 1.0f, .norm_eps = 1e-5f}
+
 static const struct model_config configs[] = {
     /* n_ff and n_embd are multiples of 32, so every weight type (Q8_0, Q4_0 blocks) fits. */
-    {"tiny", 2, 128, 352, 4, 1024, 256},
-    {"small", 8, 512, 1408, 8, 8192, 512},
-    {"base", 16, 2048, 5632, 16, 32000, 512},
+    SEEDED("tiny", 2, 128, 352, 4, 1024, 256),
+    SEEDED("small", 8, 512, 1408, 8, 8192, 512),
+    SEEDED("base", 16, 2048, 5632, 16, 32000, 512),
 };
 
 const struct model_config *model_config_by_name(const char *name)
@@ -29,17 +34,24 @@ const char *model_config_names(void)
     return "tiny, small, base";
 }
 
+/* Width of the keys and values: n_head_kv heads of n_embd / n_head. */
+static int64_t kv_width(const struct model_config *c)
+{
+    return (int64_t)c->n_embd / c->n_head * c->n_head_kv;
+}
+
 int64_t model_n_params(const struct model_config *c)
 {
-    const int64_t E = c->n_embd, F = c->n_ff;
-    return 2 * (int64_t)c->n_vocab * E + E + (int64_t)c->n_layer * (4 * E * E + 3 * E * F + 2 * E);
+    const int64_t E = c->n_embd, F = c->n_ff, EK = kv_width(c);
+    return 2 * (int64_t)c->n_vocab * E + E +
+           (int64_t)c->n_layer * (2 * E * E + 2 * E * EK + 3 * E * F + 2 * E);
 }
 
 size_t model_weight_bytes(const struct model_config *c, enum bp_type wtype)
 {
-    const int64_t E = c->n_embd, F = c->n_ff;
+    const int64_t E = c->n_embd, F = c->n_ff, EK = kv_width(c);
     const size_t mat = 2 * (size_t)c->n_vocab * bp_row_size(wtype, E) +
-                       (size_t)c->n_layer * (4 * (size_t)E * bp_row_size(wtype, E) +
+                       (size_t)c->n_layer * ((2 * (size_t)E + 2 * (size_t)EK) * bp_row_size(wtype, E) +
                                              2 * (size_t)F * bp_row_size(wtype, E) +
                                              (size_t)E * bp_row_size(wtype, F));
     return mat + (size_t)(1 + 2 * c->n_layer) * (size_t)E * sizeof(float);
@@ -47,7 +59,7 @@ size_t model_weight_bytes(const struct model_config *c, enum bp_type wtype)
 
 size_t model_kv_bytes(const struct model_config *c)
 {
-    return 2 * (size_t)c->n_layer * (size_t)c->n_ctx * (size_t)c->n_embd * 2;
+    return 2 * (size_t)c->n_layer * (size_t)c->n_ctx * (size_t)kv_width(c) * 2;
 }
 
 /* ---- Weights -------------------------------------------------------------------------------- */
@@ -111,15 +123,15 @@ static bool describe(struct model *m)
         struct model_layer *l = &m->layers[il];
         l->attn_norm = matrix(w, BP_TYPE_F32, E, 1, "blk.%d.attn_norm", il);
         l->wq = matrix(w, wt, E, E, "blk.%d.attn_q", il);
-        l->wk = matrix(w, wt, E, E, "blk.%d.attn_k", il);
-        l->wv = matrix(w, wt, E, E, "blk.%d.attn_v", il);
+        l->wk = matrix(w, wt, E, kv_width(c), "blk.%d.attn_k", il);
+        l->wv = matrix(w, wt, E, kv_width(c), "blk.%d.attn_v", il);
         l->wo = matrix(w, wt, E, E, "blk.%d.attn_output", il);
         l->ffn_norm = matrix(w, BP_TYPE_F32, E, 1, "blk.%d.ffn_norm", il);
         l->w_gate = matrix(w, wt, E, F, "blk.%d.ffn_gate", il);
         l->w_up = matrix(w, wt, E, F, "blk.%d.ffn_up", il);
         l->w_down = matrix(w, wt, F, E, "blk.%d.ffn_down", il);
-        l->k_cache = matrix(m->kvctx, BP_TYPE_F16, E, c->n_ctx, "blk.%d.cache_k", il);
-        l->v_cache = matrix(m->kvctx, BP_TYPE_F16, E, c->n_ctx, "blk.%d.cache_v", il);
+        l->k_cache = matrix(m->kvctx, BP_TYPE_F16, kv_width(c), c->n_ctx, "blk.%d.cache_k", il);
+        l->v_cache = matrix(m->kvctx, BP_TYPE_F16, kv_width(c), c->n_ctx, "blk.%d.cache_v", il);
         if (!l->attn_norm || !l->wq || !l->wk || !l->wv || !l->wo || !l->ffn_norm || !l->w_gate ||
             !l->w_up || !l->w_down || !l->k_cache || !l->v_cache)
             return false;
@@ -151,43 +163,50 @@ static enum bp_status fill_all(struct model *m, uint64_t seed)
     return st;
 }
 
-enum bp_status model_init(struct model *m, const struct model_config *cfg, enum bp_type wtype,
-                          const struct model_placement *where, uint64_t seed)
+enum bp_status model_prepare(struct model *m, const struct model_config *cfg)
 {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
-    m->wtype = wtype;
     m->layers = calloc((size_t)cfg->n_layer, sizeof(*m->layers));
-    m->wctx = bp_context_new(3 + 9 * (size_t)cfg->n_layer);
+    m->wctx = bp_context_new(3 + 12 * (size_t)cfg->n_layer);
     m->ectx = bp_context_new(1);
     m->kvctx = bp_context_new(2 * (size_t)cfg->n_layer);
-    enum bp_status st = BP_OK;
-    if (m->layers == NULL || m->wctx == NULL || m->ectx == NULL || m->kvctx == NULL)
-        st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "out of memory describing the model");
-    else if (!describe(m))
-        st = bp_last_status();
-    if (st == BP_OK) {
-        for (size_t i = 0; i < bp_context_get_n_tensors(m->wctx); i++)
-            bp_set_param(bp_context_get_tensor(m->wctx, i));
-        bp_set_param(m->tok_embd);
-        m->wbuf = bp_alloc_ctx_tensors(m->wctx, where->weights);
-        if (m->wbuf == NULL)
-            st = bp_last_status();
+    if (m->layers == NULL || m->wctx == NULL || m->ectx == NULL || m->kvctx == NULL) {
+        model_free(m);
+        return bp_set_error(BP_ERR_OUT_OF_MEMORY, "out of memory describing the model");
     }
-    if (st == BP_OK) {
-        m->ebuf = bp_alloc_ctx_tensors(m->ectx, where->embedding);
-        if (m->ebuf == NULL)
-            st = bp_last_status();
-    }
-    if (st == BP_OK) {
-        bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
-        bp_buffer_set_usage(m->ebuf, BP_BUFFER_USAGE_WEIGHTS);
-        m->kvbuf = bp_alloc_ctx_tensors(m->kvctx, where->kv);
-        if (m->kvbuf == NULL)
-            st = bp_last_status();
-    }
+    return BP_OK;
+}
+
+enum bp_status model_allocate(struct model *m, const struct model_placement *where)
+{
+    for (size_t i = 0; i < bp_context_get_n_tensors(m->wctx); i++)
+        bp_set_param(bp_context_get_tensor(m->wctx, i));
+    bp_set_param(m->tok_embd);
+    m->wbuf = bp_alloc_ctx_tensors(m->wctx, where->weights);
+    if (m->wbuf == NULL)
+        return bp_last_status();
+    m->ebuf = bp_alloc_ctx_tensors(m->ectx, where->embedding);
+    if (m->ebuf == NULL)
+        return bp_last_status();
+    bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
+    bp_buffer_set_usage(m->ebuf, BP_BUFFER_USAGE_WEIGHTS);
+    m->kvbuf = bp_alloc_ctx_tensors(m->kvctx, where->kv);
+    if (m->kvbuf == NULL)
+        return bp_last_status();
+    return bp_buffer_clear(m->kvbuf, 0);
+}
+
+enum bp_status model_init(struct model *m, const struct model_config *cfg, enum bp_type wtype,
+                          const struct model_placement *where, uint64_t seed)
+{
+    enum bp_status st = model_prepare(m, cfg);
+    if (st != BP_OK)
+        return st;
+    m->wtype = wtype;
+    st = describe(m) ? BP_OK : bp_last_status();
     if (st == BP_OK)
-        st = bp_buffer_clear(m->kvbuf, 0);
+        st = model_allocate(m, where);
     if (st == BP_OK)
         st = fill_all(m, seed);
     if (st != BP_OK)
@@ -222,8 +241,9 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
     if (n_tok < 1 || pos0 < 0 || pos0 + n_tok > c->n_ctx)
         return bp_set_error(BP_ERR_INVALID_ARG, "model '%s': positions %d..%d do not fit its "
                             "context of %d", c->name, pos0, pos0 + n_tok - 1, c->n_ctx);
-    const int64_t E = c->n_embd, H = c->n_head, D = E / H, T = n_tok, KV = pos0 + n_tok;
-    const float eps = 1e-5f, kq_scale = 1.0f / sqrtf((float)D);
+    const int64_t E = c->n_embd, H = c->n_head, D = E / H, HK = c->n_head_kv, T = n_tok;
+    const int64_t KV = pos0 + n_tok;
+    const float eps = c->norm_eps, kq_scale = 1.0f / sqrtf((float)D);
     const size_t n_nodes = 64 + 48 * (size_t)c->n_layer;
     st->n_tok = n_tok;
     st->pos0 = pos0;
@@ -247,26 +267,36 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
         CHECK(cur = bp_mul(ctx, cur, l->attn_norm));
 
         bp_tensor *q, *k, *v;
-        CHECK(q = bp_reshape_3d(ctx, bp_mul_mat(ctx, l->wq, cur), D, H, T));
-        CHECK(k = bp_reshape_3d(ctx, bp_mul_mat(ctx, l->wk, cur), D, H, T));
+        CHECK(q = bp_mul_mat(ctx, l->wq, cur));
+        CHECK(k = bp_mul_mat(ctx, l->wk, cur));
         CHECK(v = bp_mul_mat(ctx, l->wv, cur));
-        CHECK(q = bp_rope(ctx, q, st->pos, (int)D, BP_ROPE_NEOX, 10000.0f, 1.0f));
-        CHECK(k = bp_rope(ctx, k, st->pos, (int)D, BP_ROPE_NEOX, 10000.0f, 1.0f));
+        if (l->bq != NULL) {
+            CHECK(q = bp_add(ctx, q, l->bq));
+            CHECK(k = bp_add(ctx, k, l->bk));
+            CHECK(v = bp_add(ctx, v, l->bv));
+        }
+        CHECK(q = bp_reshape_3d(ctx, q, D, H, T));
+        CHECK(k = bp_reshape_3d(ctx, k, D, HK, T));
+        const int rd = c->rope_dims > 0 ? c->rope_dims : (int)D;
+        CHECK(q = bp_rope(ctx, q, st->pos, rd, c->rope_mode, c->rope_base, c->rope_scale));
+        CHECK(k = bp_rope(ctx, k, st->pos, rd, c->rope_mode, c->rope_base, c->rope_scale));
 
         /* This step's keys and values into the cache (row = position), then the cached
-         * positions 0..KV-1 as [D, KV, H] views of what was written. */
+         * positions 0..KV-1 as [D, KV, HK] views of what was written. */
         bp_tensor *kc, *vc;
-        CHECK(kc = bp_set_rows(ctx, l->k_cache, bp_reshape_2d(ctx, k, E, T), st->pos));
+        CHECK(kc = bp_set_rows(ctx, l->k_cache, bp_reshape_2d(ctx, k, D * HK, T), st->pos));
         CHECK(vc = bp_set_rows(ctx, l->v_cache, v, st->pos));
         bp_tensor *K, *V;
-        CHECK(K = bp_view_3d(ctx, kc, D, KV, H, kc->nb[1], (size_t)D * kc->nb[0], 0));
-        CHECK(V = bp_view_3d(ctx, vc, D, KV, H, vc->nb[1], (size_t)D * vc->nb[0], 0));
+        CHECK(K = bp_view_3d(ctx, kc, D, KV, HK, kc->nb[1], (size_t)D * kc->nb[0], 0));
+        CHECK(V = bp_view_3d(ctx, vc, D, KV, HK, vc->nb[1], (size_t)D * vc->nb[0], 0));
 
+        /* Grouped-query attention is MUL_MAT's broadcasting over dimension 2: query head h
+         * meets key/value head h / (H / HK). */
         bp_tensor *kq;
         CHECK(q = bp_permute(ctx, q, 0, 2, 1, 3));  /* [D, T, H] */
         CHECK(kq = bp_mul_mat(ctx, K, q));           /* [KV, T, H] */
         CHECK(kq = bp_soft_max_ext(ctx, kq, st->mask, kq_scale));
-        CHECK(V = bp_cont(ctx, bp_permute(ctx, V, 1, 0, 2, 3))); /* [KV, D, H] */
+        CHECK(V = bp_cont(ctx, bp_permute(ctx, V, 1, 0, 2, 3))); /* [KV, D, HK] */
         bp_tensor *kqv;
         CHECK(kqv = bp_mul_mat(ctx, V, kq));                   /* [D, T, H] */
         CHECK(kqv = bp_permute(ctx, kqv, 0, 2, 1, 3));         /* [D, H, T] */

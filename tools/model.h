@@ -11,7 +11,12 @@
 struct model_config {
     const char *name;
     int n_layer, n_embd, n_ff, n_head, n_vocab;
-    int n_ctx; /* KV cache length: prompt plus generated tokens must fit */
+    int n_ctx;     /* KV cache length: prompt plus generated tokens must fit */
+    int n_head_kv; /* key/value heads (grouped-query attention): divides n_head */
+    int rope_mode; /* BP_ROPE_NEOX (the seeded models, qwen2) or BP_ROPE_NORMAL (llama) */
+    int rope_dims; /* dimensions of each head that rope rotates; 0: all of them */
+    float rope_base, rope_scale, norm_eps; /* rope_scale: the position factor (1 / linear
+                                            * scaling factor) */
 };
 
 /* "tiny", "small" or "base" (about 1B parameters); NULL for anything else. */
@@ -26,6 +31,7 @@ size_t model_kv_bytes(const struct model_config *cfg);
 
 struct model_layer {
     bp_tensor *attn_norm, *wq, *wk, *wv, *wo;
+    bp_tensor *bq, *bk, *bv; /* biases of q, k, v (qwen2), else NULL */
     bp_tensor *ffn_norm, *w_gate, *w_up, *w_down;
     bp_tensor *k_cache, *v_cache; /* f16 [n_embd, n_ctx]: row p holds position p */
 };
@@ -52,6 +58,30 @@ struct model_placement {
 enum bp_status model_init(struct model *m, const struct model_config *cfg, enum bp_type wtype,
                           const struct model_placement *where, uint64_t seed);
 void model_free(struct model *m);
+/* The steps of model_init for model-gguf.c: prepare sets cfg and makes the contexts and layers;
+ * the caller describes the tensors; allocate marks and allocates them where `where` says, and
+ * zeroes the KV cache. Each returns BP_OK or a status with bp_last_error() set; model_free
+ * frees what they made. */
+enum bp_status model_prepare(struct model *m, const struct model_config *cfg);
+enum bp_status model_allocate(struct model *m, const struct model_placement *where);
+
+/* ---- GGUF files (model-gguf.c) ------------------------------------------------------------
+ * A llama-architecture GGUF (llama, mistral, qwen2): its hyper-parameters as a model_config
+ * (name: general.name or the architecture) and the type of its matrices; BP_OK, or a status with
+ * a sentence saying what the file lacks or has that the decoder cannot run. */
+enum bp_status model_gguf_config(const bp_gguf *g, struct model_config *cfg, char *name,
+                                 size_t name_size, enum bp_type *wtype);
+/* Bytes of the file's tensors that model_init_gguf allocates (an absent output.weight counts as
+ * a copy of token_embd.weight). */
+size_t model_gguf_weight_bytes(const bp_gguf *g);
+/* Like model_init, with cfg as model_gguf_config gave it for g (its name kept by the caller for
+ * the model's life) and the weights of the file, each tensor in its own type. A file holding
+ * tensors the decoder does not use is refused, naming one. */
+enum bp_status model_init_gguf(struct model *m, const bp_gguf *g, const struct model_config *cfg,
+                               const struct model_placement *where);
+/* Writes the model as a llama-architecture GGUF that model_init_gguf (and llama.cpp) reads:
+ * q and k rows reordered for llama's rope when the model uses NeoX's, as the HF converter does. */
+enum bp_status model_save_gguf(const struct model *m, const char *path);
 
 /* One forward step over n_tok tokens at positions pos0.., attending to the n_kv = pos0 + n_tok
  * cached positions; logits are those of the last token only ([n_vocab]). */

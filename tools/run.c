@@ -35,6 +35,16 @@
 struct run_opts {
     const struct model_config *cfg;
     enum bp_type wtype;
+    bool wtype_given;
+    const char *gguf_path; /* --gguf FILE: the model from it */
+    bp_gguf *gguf;
+    struct model_config file_cfg; /* the file's configuration (cfg points here) */
+    char file_name[128];          /* its name, file_cfg.name */
+    const char *tokens_arg;       /* --tokens 1,2,3: the prompt */
+    int32_t *tokens;
+    int n_tokens;
+    const char *save_gguf; /* --save-gguf FILE: write the model there instead of running it */
+    int n_ctx;             /* --ctx N, else 0: the model's */
     const char *devices; /* NULL: the best present */
     int n_prompt, n_gen, threads;
     uint64_t seed;
@@ -280,6 +290,12 @@ static bool place_embedding_and_kv(struct run *run)
     return true;
 }
 
+/* Bytes of the model's weights. */
+static size_t weight_bytes(const struct run_opts *o)
+{
+    return o->gguf != NULL ? model_gguf_weight_bytes(o->gguf) : model_weight_bytes(o->cfg, o->wtype);
+}
+
 /* The weights (and the KV cache when it goes there too) fit the weights' device, where the
  * device reports its memory. */
 static bool check_memory(struct run *run)
@@ -289,8 +305,7 @@ static bool check_memory(struct run *run)
     const int w = r->weights_on;
     size_t mem_free = 0, mem_total = 0;
     bp_device_get_memory(bp_backend_get_device(run->be[w]), &mem_free, &mem_total);
-    const size_t need = model_weight_bytes(cfg, run->o->wtype) +
-                        (r->kv_on == w ? model_kv_bytes(cfg) : 0);
+    const size_t need = weight_bytes(run->o) + (r->kv_on == w ? model_kv_bytes(cfg) : 0);
     if (mem_total > 0 && need > mem_free) {
         fprintf(stderr, "backplane run: model '%s' with %s weights needs %.2f GiB for weights "
                 "and KV cache; %s has %.2f GiB free of %.2f GiB\n", cfg->name,
@@ -341,7 +356,7 @@ static bool load_model(struct run *run)
     const struct run_result *r = run->r;
     const int w = r->weights_on;
     run->wbuft = weight_buffer_type(run);
-    if (run->show && model_weight_bytes(cfg, o->wtype) > (64u << 20)) /* takes a while */
+    if (run->show && weight_bytes(o) > (64u << 20)) /* takes a while */
         fprintf(stderr, "loading %s (%s weights) on %s...", cfg->name, bp_type_name(o->wtype),
                 or_unknown(r->names[w]));
     const struct model_placement where = {
@@ -350,7 +365,9 @@ static bool load_model(struct run *run)
                                      : bp_backend_get_default_buffer_type(run->be[r->embd_on]),
         .kv = bp_backend_get_default_buffer_type(run->be[r->kv_on]),
     };
-    if (model_init(&run->m, cfg, o->wtype, &where, o->seed) != BP_OK) {
+    const enum bp_status st = o->gguf != NULL ? model_init_gguf(&run->m, o->gguf, cfg, &where)
+                                              : model_init(&run->m, cfg, o->wtype, &where, o->seed);
+    if (st != BP_OK) {
         fprintf(stderr, "%sbackplane run: cannot load model '%s' on %s: %s\n",
                 run->show ? "\n" : "", cfg->name, or_unknown(r->names[w]), bp_last_error());
         return false;
@@ -380,8 +397,8 @@ static bool new_scheduler(struct run *run)
     return true;
 }
 
-/* The prompt: n_prompt token ids from a xorshift generator started from the seed, computed in
- * one graph; its last logits choose the first token. */
+/* The prompt: the --tokens ids, else n_prompt token ids from a xorshift generator started from
+ * the seed, computed in one graph; its last logits choose the first token. */
 static bool run_prompt(struct run *run)
 {
     const struct run_opts *o = run->o;
@@ -392,7 +409,7 @@ static bool run_prompt(struct run *run)
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        run->prompt[i] = (int32_t)(x % (uint64_t)n_vocab);
+        run->prompt[i] = o->tokens != NULL ? o->tokens[i] : (int32_t)(x % (uint64_t)n_vocab);
     }
     const double t0 = bench_now();
     if (step(run->s, &run->m, o->n_prompt, 0, run->prompt, r->logits, NULL) != BP_OK) {
@@ -498,10 +515,20 @@ static double mib(size_t b)
 static void print_text(const struct run_opts *o, const struct run_result *r)
 {
     const struct model_config *c = o->cfg;
-    printf("model:      %s (%d layers, n_embd %d, n_ff %d, %d heads, vocab %d; %.1f M parameters), "
-           "%s weights, seed %llu\n", c->name, c->n_layer, c->n_embd, c->n_ff, c->n_head,
-           c->n_vocab, (double)model_n_params(c) / 1e6, bp_type_name(o->wtype),
-           (unsigned long long)o->seed);
+    printf("model:      ");
+    tool_put_text(c->name, stdout);
+    printf(" (%d layers, n_embd %d, n_ff %d, %d heads", c->n_layer, c->n_embd, c->n_ff, c->n_head);
+    if (c->n_head_kv != c->n_head)
+        printf(" (%d for keys and values)", c->n_head_kv);
+    printf(", vocab %d; %.1f M parameters), %s weights, ", c->n_vocab,
+           (double)model_n_params(c) / 1e6, bp_type_name(o->wtype));
+    if (o->gguf_path != NULL) {
+        printf("from ");
+        tool_put_text(o->gguf_path, stdout);
+        printf("\n");
+    } else {
+        printf("seed %llu\n", (unsigned long long)o->seed);
+    }
     for (int i = 0; i < r->n_backends; i++) {
         printf("%-11s ", i == 0 ? "devices:" : "");
         tool_put_text(or_unknown(r->names[i]), stdout);
@@ -567,7 +594,13 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
     json_member_string(&w, "model", c->name);
     json_member_int(&w, "parameters", (long long)model_n_params(c));
     json_member_string(&w, "wtype", bp_type_name(o->wtype));
-    json_member_uint(&w, "seed", (unsigned long long)o->seed);
+    if (o->gguf_path != NULL)
+        json_member_string(&w, "gguf", o->gguf_path);
+    else
+        json_member_uint(&w, "seed", (unsigned long long)o->seed);
+    json_member_int(&w, "layers", c->n_layer);
+    json_member_int(&w, "heads", c->n_head);
+    json_member_int(&w, "kv_heads", c->n_head_kv);
     json_member_string(&w, "weights_on", or_unknown(r->names[r->weights_on]));
     json_member_string(&w, "embedding_on", or_unknown(r->names[r->embd_on]));
     json_member_string(&w, "kv_cache_on", or_unknown(r->names[r->kv_on]));
@@ -615,16 +648,25 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
 static void run_usage(FILE *f)
 {
     fprintf(f, "usage: backplane run [--model tiny|small|base] [--wtype f32|f16|bf16|q8_0|q4_0]\n"
+               "                     [--gguf FILE] [--tokens ID,ID,...] [--ctx N]\n"
                "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
                "                     [--seed N] [--check] [--json] [--dot FILE] [--no-repack]\n"
+               "       backplane run --model M [--wtype T] [--seed N] --save-gguf FILE\n"
                "\n"
+               "  --gguf FILE the model of a llama-architecture GGUF file (llama, mistral, qwen2)\n"
+               "              instead of a seeded one; its weights keep their types\n"
+               "  --tokens    the prompt as token ids (no tokenizer); default: -p ids drawn from\n"
+               "              the seed\n"
+               "  --ctx N     positions the KV cache holds (default: the model's context, at most\n"
+               "              4096 for a file)\n"
+               "  --save-gguf write the seeded model as a llama GGUF file and exit\n"
                "  -d DEVICES  comma-separated backends, e.g. CPU, CUDA0,CPU or \"Meta(CPU0,CPU1)\";\n"
                "              weights live on the first that can multiply, the embedding table\n"
                "              and KV cache there too when it runs their ops (else on the first\n"
                "              that does); a CPU backend is added last when missing (default:\n"
                "              every GPU, then CPU)\n"
-               "  --check     also run on the CPU alone; report the largest logit difference and\n"
-               "              whether the generated tokens agree (exit status 1 when they do not)\n"
+               "  --check     also run on the CPU alone; compare the logits (NMSE within the weight\n"
+               "              type's bound, else exit status 1) and the generated tokens\n"
                "  --no-repack Q4_0/Q8_0 weights on a CPU device stay in host memory as they are\n"
                "              (default: the CPU's CPU_REPACK buffer type, row-interleaved)\n");
 }
@@ -652,6 +694,17 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
                         "q8_0, q4_0)\n", v);
                 return 2;
             }
+            o->wtype_given = true;
+        } else if (strcmp(a, "--gguf") == 0 && v) {
+            o->gguf_path = v;
+        } else if (strcmp(a, "--save-gguf") == 0 && v) {
+            o->save_gguf = v;
+        } else if (strcmp(a, "--tokens") == 0 && v) {
+            o->tokens_arg = v;
+        } else if (strcmp(a, "--ctx") == 0 && v) {
+            if (!tool_parse_int(run_cmd, a, v, 1, 1 << 20, &num))
+                return 2;
+            o->n_ctx = (int)num;
         } else if ((strcmp(a, "-d") == 0 || strcmp(a, "--devices") == 0) && v) {
             o->devices = v;
         } else if ((strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) && v) {
@@ -697,11 +750,67 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
     return -1;
 }
 
+/* The ids of --tokens into o->tokens, each below the model's vocabulary size; also -p. The
+ * count, or -1 after a message. */
+static int parse_tokens(struct run_opts *o)
+{
+    const char *p = o->tokens_arg;
+    int n = 1;
+    for (const char *c = p; *c; c++)
+        n += *c == ',';
+    o->tokens = malloc((size_t)n * sizeof(int32_t));
+    if (o->tokens == NULL) {
+        fprintf(stderr, "%s: out of memory\n", run_cmd);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        const long long v = strtoll(p, &end, 10);
+        if (end == p || errno != 0 || (*end != ',' && *end != '\0') || v < 0 ||
+            v >= o->cfg->n_vocab) {
+            fprintf(stderr, "%s: --tokens: token %d ('%.*s') is not an id in [0, %d) of '%s'\n",
+                    run_cmd, i + 1, (int)strcspn(p, ","), p, o->cfg->n_vocab, o->cfg->name);
+            return -1;
+        }
+        o->tokens[i] = (int32_t)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    o->n_prompt = n;
+    return n;
+}
+
 /* The options fit together and the --dot file can be written (it is opened here, before the
  * model runs, so that a path that cannot be written fails at once). -1 to go on, else the exit
  * status after a message. */
 static int check_run_opts(struct run_opts *o)
 {
+    if (o->gguf_path != NULL && (o->save_gguf != NULL || o->wtype_given)) {
+        fprintf(stderr, "%s: --gguf serves the file's model as it is: --%s does not apply\n",
+                run_cmd, o->save_gguf != NULL ? "save-gguf" : "wtype");
+        return 2;
+    }
+    if (o->gguf_path != NULL) {
+        o->gguf = bp_gguf_open(o->gguf_path);
+        enum bp_type wtype;
+        if (o->gguf == NULL ||
+            model_gguf_config(o->gguf, &o->file_cfg, o->file_name, sizeof(o->file_name), &wtype) !=
+                BP_OK) {
+            fprintf(stderr, "%s: %s: %s\n", run_cmd, o->gguf_path, bp_last_error());
+            return 1;
+        }
+        o->cfg = &o->file_cfg;
+        o->wtype = wtype;
+    }
+    if (o->n_ctx > 0) {
+        if (o->cfg != &o->file_cfg) {
+            o->file_cfg = *o->cfg;
+            o->cfg = &o->file_cfg;
+        }
+        o->file_cfg.n_ctx = o->n_ctx;
+    }
+    if (o->tokens_arg != NULL && (o->n_tokens = parse_tokens(o)) < 0)
+        return 2;
     /* Both are in 1..INT_MAX here, so the test is written without a sum that could overflow:
      * -p + -n - 1 <= n_ctx. */
     const int n_ctx = o->cfg->n_ctx;
@@ -781,6 +890,28 @@ static struct run_check compare_runs(const struct run_opts *o, const struct run_
     return c;
 }
 
+/* --save-gguf: the seeded model, made in host memory, written as a GGUF file. */
+static int save_model(const struct run_opts *o)
+{
+    struct model m;
+    bp_buffer_type *host = bp_host_buffer_type();
+    const struct model_placement where = {host, host, host};
+    enum bp_status st = model_init(&m, o->cfg, o->wtype, &where, o->seed);
+    if (st == BP_OK) {
+        st = model_save_gguf(&m, o->save_gguf);
+        model_free(&m);
+    }
+    if (st != BP_OK) {
+        fprintf(stderr, "%s: cannot write '%s': %s\n", run_cmd, o->save_gguf, bp_last_error());
+        return 1;
+    }
+    printf("wrote %s: model %s (%s weights, seed %llu) as a llama GGUF file\n", o->save_gguf,
+           o->cfg->name, bp_type_name(o->wtype), (unsigned long long)o->seed);
+    return 0;
+}
+
+static int run_cmd_main(struct run_opts *o);
+
 int cmd_run(int argc, char **argv)
 {
     struct run_opts o = {.cfg = model_config_by_name("tiny"), .wtype = BP_TYPE_F32,
@@ -788,8 +919,19 @@ int cmd_run(int argc, char **argv)
     int status = parse_run_args(argc, argv, &o);
     if (status < 0)
         status = check_run_opts(&o);
-    if (status >= 0)
-        return status;
+    if (status < 0)
+        status = o.save_gguf != NULL ? save_model(&o) : run_cmd_main(&o);
+    if (o.dot_file != NULL)
+        fclose(o.dot_file);
+    bp_gguf_close(o.gguf);
+    free(o.tokens);
+    return status;
+}
+
+static int run_cmd_main(struct run_opts *o_)
+{
+    struct run_opts o = *o_;
+    o_->dot_file = NULL; /* run_main closes it */
     bp_plugin_load_all();
 
     struct run_result r, ref;
