@@ -9,6 +9,7 @@
  *   NORM, RMS_NORM [0] eps (f32)                   SOFT_MAX [0] scale (f32)
  *   ROPE      [0] n_dims, [1] mode, [2] freq_base (f32), [3] freq_scale (f32)
  *   CONCAT    [0] dim                              GLU      [0] enum bp_glu_op, [1] 1 if split
+ *   FLASH_ATTN_EXT [0] scale (f32), [1] softcap (f32), [2] flags (enum bp_attn_flags)
  */
 #include "config.h"
 
@@ -539,4 +540,66 @@ bp_tensor *bp_swiglu(bp_context *ctx, bp_tensor *gate, bp_tensor *up)
 bp_tensor *bp_geglu(bp_context *ctx, bp_tensor *gate, bp_tensor *up)
 {
     return bp_glu(ctx, gate, up, BP_GLU_OP_GEGLU);
+}
+
+static bool attn_kv_type(enum bp_type t)
+{
+    return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16;
+}
+
+bp_tensor *bp_flash_attn_ext(bp_context *ctx, bp_tensor *q, bp_tensor *k, bp_tensor *v,
+                             bp_tensor *mask, float scale, float softcap, int flags)
+{
+    static const char *const op = "bp_flash_attn_ext";
+    REQUIRE_SRC(op, q);
+    REQUIRE_SRC(op, k);
+    REQUIRE_SRC(op, v);
+    if (!require_type(op, "query", q, BP_TYPE_F32))
+        return NULL;
+    if (!attn_kv_type(k->type) || !attn_kv_type(v->type))
+        return bp__error_null(BP_ERR_TYPE, "%s: keys %s and values %s must be f32, f16 or bf16",
+                              op, bp__describe(k).s, bp__describe(v).s);
+    if (!isfinite(scale) || !isfinite(softcap) || softcap < 0.0f)
+        return bp__error_null(BP_ERR_INVALID_ARG, "%s: scale %g and softcap %g must be finite, "
+                              "softcap 0 (none) or positive", op, (double)scale, (double)softcap);
+    if ((flags & ~BP_ATTN_CAUSAL) != 0)
+        return bp__error_null(BP_ERR_INVALID_ARG, "%s: flags 0x%x name no option (valid: "
+                              "BP_ATTN_CAUSAL)", op, (unsigned)flags);
+    if (k->ne[0] != q->ne[0] || v->ne[1] != k->ne[1] || v->ne[2] != k->ne[2] ||
+        v->ne[3] != k->ne[3])
+        return bp__error_null(BP_ERR_SHAPE, "%s: keys %s must have the query's row length and "
+                              "the values' %s positions and heads (query %s)", op,
+                              bp__describe(k).s, bp__describe(v).s, bp__describe(q).s);
+    if (k->ne[2] == 0 || q->ne[2] % k->ne[2] != 0 || (k->ne[3] != 1 && k->ne[3] != q->ne[3]))
+        return bp__error_null(BP_ERR_SHAPE, "%s: the %lld key/value heads of %s must divide the "
+                              "%lld query heads of %s, and their sequences be 1 or as many",
+                              op, (long long)k->ne[2], bp__describe(k).s, (long long)q->ne[2],
+                              bp__describe(q).s);
+    if ((flags & BP_ATTN_CAUSAL) != 0 && q->ne[1] > k->ne[1])
+        return bp__error_null(BP_ERR_SHAPE, "%s: causal attention of %lld query rows over %lld "
+                              "keys: the queries must be the last positions of the keys", op,
+                              (long long)q->ne[1], (long long)k->ne[1]);
+    if (mask != NULL) {
+        if (mask->type != BP_TYPE_F32 && mask->type != BP_TYPE_F16)
+            return bp__error_null(BP_ERR_TYPE, "%s: mask %s must be f32 or f16", op,
+                                  bp__describe(mask).s);
+        if (mask->ne[0] != k->ne[1] || mask->ne[1] < q->ne[1] || mask->ne[2] == 0 ||
+            mask->ne[3] == 0 || q->ne[2] % mask->ne[2] != 0 || q->ne[3] % mask->ne[3] != 0)
+            return bp__error_null(BP_ERR_SHAPE, "%s: mask %s does not cover the scores of query "
+                                  "%s over keys %s (need one column per key, a row per query, "
+                                  "ne2/ne3 dividing the heads/sequences)", op,
+                                  bp__describe(mask).s, bp__describe(q).s, bp__describe(k).s);
+    }
+    bp_tensor *t = make(ctx, op, BP_OP_FLASH_ATTN_EXT, BP_TYPE_F32, v->ne[0], q->ne[2], q->ne[1],
+                        q->ne[3]);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = q;
+    t->src[1] = k;
+    t->src[2] = v;
+    t->src[3] = mask;
+    set_param_f32(t, 0, scale);
+    set_param_f32(t, 1, softcap);
+    t->op_params[2] = flags;
+    return t;
 }

@@ -225,6 +225,51 @@ static bp_tensor *b_concat(bp_context *ctx, int v)
                      leaf(ctx, t, b[0], b[1], b[2], b[3]), dim);
 }
 
+/* ---- Attention ---------------------------------------------------------------------------- */
+
+/* FLASH_ATTN_EXT: decoding (one query row) and prompts (many, causal), grouped-query and
+ * multi-query heads, key counts across the CPU's 64-key tiles, every key/value type, masks
+ * explicit (f16 causal with a fully masked row, f32 broadcast over heads) and implicit,
+ * soft-capping, values narrower than keys, two sequences, and q/k/v as views of the layouts a
+ * model produces (q permuted from [D, H, T], k and v out of a [D * H_kv, n_ctx] cache). */
+static bp_tensor *b_flash_attn(bp_context *ctx, int v)
+{
+    const enum bp_type f16 = BP_TYPE_F16;
+    switch (v) {
+    case 0: /* decode, multi-head, f16 cache, no mask */
+        return bp_flash_attn_ext(ctx, f32(ctx, 64, 1, 4, 1), leaf(ctx, f16, 64, 37, 4, 1),
+                                 leaf(ctx, f16, 64, 37, 4, 1), NULL, 0.125f, 0.0f, 0);
+    case 1: /* grouped-query (8 heads, 2 for keys), causal, keys across a tile boundary */
+        return bp_flash_attn_ext(ctx, f32(ctx, 64, 5, 8, 1), leaf(ctx, f16, 64, 70, 2, 1),
+                                 leaf(ctx, f16, 64, 70, 2, 1), NULL, 0.125f, 0.0f,
+                                 BP_ATTN_CAUSAL);
+    case 2: /* explicit f16 causal mask with padded rows and a fully masked row */
+        return bp_flash_attn_ext(ctx, f32(ctx, 32, 7, 3, 1), leaf(ctx, f16, 32, 33, 3, 1),
+                                 leaf(ctx, f16, 32, 33, 3, 1),
+                                 bp_set_name(leaf(ctx, f16, 33, 8, 1, 1), "mask:causal"), 0.2f,
+                                 0.0f, 0);
+    case 3: /* f32 keys and values, soft-capping, Dv != D, D not a multiple of 16, 2 sequences */
+        return bp_flash_attn_ext(ctx, f32(ctx, 80, 3, 2, 2), f32(ctx, 80, 19, 2, 2),
+                                 f32(ctx, 48, 19, 2, 2), NULL, 0.7f, 2.5f, 0);
+    case 4: { /* bf16 cache views, q permuted, causal over three tiles */
+        const int64_t D = 16, H = 3, T = 4, KV = 130;
+        bp_tensor *q = bp_permute(ctx, f32(ctx, D, H, T, 1), 0, 2, 1, 3); /* [D, T, H] */
+        bp_tensor *kc = leaf(ctx, BP_TYPE_BF16, D * H, 140, 1, 1);
+        bp_tensor *vc = leaf(ctx, BP_TYPE_BF16, D * H, 140, 1, 1);
+        bp_tensor *k = bp_view_3d(ctx, kc, D, KV, H, kc->nb[1], (size_t)D * kc->nb[0], 0);
+        bp_tensor *vv = bp_view_3d(ctx, vc, D, KV, H, vc->nb[1], (size_t)D * vc->nb[0], 0);
+        return bp_flash_attn_ext(ctx, q, k, vv, NULL, 0.25f, 0.0f, BP_ATTN_CAUSAL);
+    }
+    case 5: /* multi-query, long, f32 mask broadcast over the heads */
+        return bp_flash_attn_ext(ctx, f32(ctx, 32, 2, 4, 1), leaf(ctx, f16, 32, 300, 1, 1),
+                                 leaf(ctx, f16, 32, 300, 1, 1), f32(ctx, 300, 2, 1, 1), 0.18f,
+                                 0.0f, 0);
+    default: /* a prompt: many rows, several row blocks, causal */
+        return bp_flash_attn_ext(ctx, f32(ctx, 32, 64, 2, 1), leaf(ctx, f16, 32, 64, 1, 1),
+                                 leaf(ctx, f16, 32, 64, 1, 1), NULL, 0.18f, 0.0f, BP_ATTN_CAUSAL);
+    }
+}
+
 /* ---- Matrix products -------------------------------------------------------------------- */
 
 /* (K, M, N): vectors, odd sizes, every CPU strategy (dot products for N < 16, the broadcast
@@ -312,6 +357,7 @@ const struct conf_case conf_cases[] = {
     {"soft_max", b_soft_max, 5, NMSE_F32},
     {"rope", b_rope, 6, NMSE_F32},
     {"concat", b_concat, 8, NMSE_F32},
+    {"flash_attn_ext", b_flash_attn, 7, NMSE_F32},
     {"mul_mat_f32", b_mm_f32, N_MM_SHAPES + 5, NMSE_F32},
     {"mul_mat_f16", b_mm_f16, N_MM_SHAPES + 5, NMSE_F32},
     {"mul_mat_bf16", b_mm_bf16, N_MM_SHAPES + 5, NMSE_F32},

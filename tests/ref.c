@@ -272,6 +272,50 @@ static bool soft_max(bp_tensor *r)
     return true;
 }
 
+/* Attention written out: every score, an exact softmax in double, then the weighted values. */
+static bool flash_attn_ext(bp_tensor *r)
+{
+    const bp_tensor *q = r->src[0], *k = r->src[1], *v = r->src[2], *mask = r->src[3];
+    const double scale = bp_get_op_param_f32(r, 0), softcap = bp_get_op_param_f32(r, 1);
+    const bool causal = (bp_get_op_param_i32(r, 2) & BP_ATTN_CAUSAL) != 0;
+    const int64_t D = q->ne[0], T = q->ne[1], H = q->ne[2], KV = k->ne[1], Dv = v->ne[0];
+    const int64_t group = H / k->ne[2];
+    double *s = malloc((size_t)(KV > 0 ? KV : 1) * sizeof(double));
+    for (int64_t b = 0; b < q->ne[3]; b++) {
+        const int64_t kb = k->ne[3] == 1 ? 0 : b;
+        for (int64_t h = 0; h < H; h++) {
+            for (int64_t i = 0; i < T; i++) {
+                double max = -INFINITY;
+                for (int64_t j = 0; j < KV; j++) {
+                    double dot = 0;
+                    for (int64_t d = 0; d < D; d++)
+                        dot += ref_get(q, d, i, h, b) * ref_get(k, d, j, h / group, kb);
+                    double x = softcap > 0 ? softcap * tanh(scale * dot / softcap) : scale * dot;
+                    if (mask)
+                        x += ref_get(mask, j, i, h % mask->ne[2], b % mask->ne[3]);
+                    if (causal && j > KV - T + i)
+                        x = -INFINITY;
+                    s[j] = x;
+                    max = fmax(max, x);
+                }
+                double sum = 0;
+                for (int64_t j = 0; j < KV; j++) {
+                    s[j] = max == -INFINITY ? 0 : exp(s[j] - max);
+                    sum += s[j];
+                }
+                for (int64_t d = 0; d < Dv; d++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < KV; j++)
+                        acc += s[j] * ref_get(v, d, j, h / group, kb);
+                    ref_set(r, d, h, i, b, sum > 0 ? acc / sum : 0);
+                }
+            }
+        }
+    }
+    free(s);
+    return true;
+}
+
 static bool rope(bp_tensor *r)
 {
     const bp_tensor *x = r->src[0], *pos = r->src[1];
@@ -411,6 +455,8 @@ bool ref_compute_node(bp_tensor *r)
         return concat(r);
     case BP_OP_GLU:
         return glu(r);
+    case BP_OP_FLASH_ATTN_EXT:
+        return flash_attn_ext(r);
     default:
         return false;
     }

@@ -309,6 +309,51 @@ START_TEST(test_glu)
 }
 END_TEST
 
+START_TEST(test_flash_attn_ext)
+{
+    bp_tensor *q = f32(64, 5, 8, 1);
+    bp_tensor *k = bp_new_tensor_4d(ctx, BP_TYPE_F16, 64, 70, 2, 1);
+    bp_tensor *v = bp_new_tensor_4d(ctx, BP_TYPE_F16, 48, 70, 2, 1);
+    bp_tensor *a = bp_flash_attn_ext(ctx, q, k, v, NULL, 0.125f, 0.0f, BP_ATTN_CAUSAL);
+    ck_assert_shape(a, 48, 8, 5, 1); /* [Dv, heads, rows, sequences] */
+    ck_assert_int_eq(a->op, BP_OP_FLASH_ATTN_EXT);
+    ck_assert_ptr_eq(a->src[0], q);
+    ck_assert_ptr_null(a->src[3]);
+    ck_assert_float_eq(bp_get_op_param_f32(a, 0), 0.125f);
+    ck_assert_int_eq(bp_get_op_param_i32(a, 2), BP_ATTN_CAUSAL);
+    bp_tensor *mask = bp_new_tensor_2d(ctx, BP_TYPE_F16, 70, 8);
+    ck_assert_ptr_nonnull(bp_flash_attn_ext(ctx, q, k, v, mask, 1.0f, 30.0f, 0));
+
+    ck_assert_rejected(bp_flash_attn_ext(ctx, NULL, k, v, NULL, 1, 0, 0), BP_ERR_INVALID_ARG,
+                       "NULL");
+    ck_assert_rejected(bp_flash_attn_ext(ctx, bp_new_tensor_4d(ctx, BP_TYPE_F16, 64, 5, 8, 1), k,
+                                         v, NULL, 1, 0, 0),
+                       BP_ERR_TYPE, "query");
+    ck_assert_rejected(bp_flash_attn_ext(ctx, q, i32(64, 70, 2), v, NULL, 1, 0, 0), BP_ERR_TYPE,
+                       "f32, f16 or bf16");
+    ck_assert_rejected(bp_flash_attn_ext(ctx, q, k, v, NULL, NAN, 0, 0), BP_ERR_INVALID_ARG,
+                       "finite");
+    ck_assert_rejected(bp_flash_attn_ext(ctx, q, k, v, NULL, 1, -1, 0), BP_ERR_INVALID_ARG,
+                       "softcap");
+    ck_assert_rejected(bp_flash_attn_ext(ctx, q, k, v, NULL, 1, 0, 4), BP_ERR_INVALID_ARG,
+                       "flags 0x4");
+    ck_assert_rejected(bp_flash_attn_ext(ctx, q, f32(32, 70, 2, 1), v, NULL, 1, 0, 0),
+                       BP_ERR_SHAPE, "row length");
+    ck_assert_rejected(bp_flash_attn_ext(ctx, q, k, f32(48, 69, 2, 1), NULL, 1, 0, 0),
+                       BP_ERR_SHAPE, "positions");
+    ck_assert_rejected(bp_flash_attn_ext(ctx, q, f32(64, 70, 3, 1), f32(48, 70, 3, 1), NULL, 1,
+                                         0, 0),
+                       BP_ERR_SHAPE, "3 key/value heads");
+    ck_assert_rejected(bp_flash_attn_ext(ctx, f32(64, 80, 8, 1), k, v, NULL, 1, 0,
+                                         BP_ATTN_CAUSAL),
+                       BP_ERR_SHAPE, "last positions");
+    ck_assert_rejected(bp_flash_attn_ext(ctx, q, k, v, f32(70, 4, 1, 1), 1, 0, 0), BP_ERR_SHAPE,
+                       "does not cover");
+    ck_assert_rejected(bp_flash_attn_ext(ctx, q, k, v, i32(70, 8, 1), 1, 0, 0), BP_ERR_TYPE,
+                       "mask");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ops");
@@ -317,6 +362,7 @@ int main(void)
         const char *name;
     } tests[] = {
         {test_op_table, "op_table"},     {test_get_rows, "get_rows"},
+        {test_flash_attn_ext, "flash_attn_ext"},
         {test_set_rows, "set_rows"},     {test_binary_broadcast, "binary"},
         {test_scale_and_unary, "unary"}, {test_reductions_and_norms, "reductions"},
         {test_mul_mat, "mul_mat"},       {test_soft_max, "soft_max"},

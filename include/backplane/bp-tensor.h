@@ -100,7 +100,8 @@ BP_API uint16_t bp_fp32_to_bf16(float f);
     X(SOFT_MAX, 1, false)    \
     X(ROPE, 2, false)        \
     X(CONCAT, 2, false)      \
-    X(GLU, 1, false)
+    X(GLU, 1, false)         \
+    X(FLASH_ATTN_EXT, 3, false)
 
 enum bp_op {
 #define BP_OP_ENUM(name, n_src, is_view) BP_OP_##name,
@@ -401,6 +402,22 @@ BP_API bp_tensor *bp_soft_max_ext(bp_context *ctx, bp_tensor *a, bp_tensor *mask
  * <= head_dim) values of each head by pos * freq_scale * base^(-2i/n_dims). */
 BP_API bp_tensor *bp_rope(bp_context *ctx, bp_tensor *x, bp_tensor *pos, int n_dims,
                           enum bp_rope_mode mode, float freq_base, float freq_scale);
+
+/* Fused attention with an online softmax (no [n_kv, n_tok] intermediate):
+ *   q F32 [D, n_tok, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq'], v [Dv, n_kv, n_head_kv,
+ *   n_seq'] with k and v F32, F16 or BF16, n_head_kv dividing n_head (grouped-query attention:
+ *   query head h reads key/value head h / (n_head / n_head_kv)) and n_seq' 1 or n_seq;
+ *   mask (optional) F32 or F16 [n_kv, >= n_tok, m2, m3] added to the scores, m2 dividing n_head
+ *   and m3 dividing n_seq.
+ * Scores are s = scale * q.k, or softcap * tanh(scale * q.k / softcap) when softcap > 0, plus the
+ * mask; with flags & BP_ATTN_CAUSAL, query row i sees keys 0 .. n_kv - n_tok + i only (the query
+ * rows are the last n_tok positions). A row that sees no key gives zeros. The result is F32
+ * [Dv, n_head, n_tok, n_seq]: heads side by side, ready to reshape to [Dv * n_head, n_tok]. */
+enum bp_attn_flags {
+    BP_ATTN_CAUSAL = 1,
+};
+BP_API bp_tensor *bp_flash_attn_ext(bp_context *ctx, bp_tensor *q, bp_tensor *k, bp_tensor *v,
+                                    bp_tensor *mask, float scale, float softcap, int flags);
 
 /* concat(a, b, dim): same type, equal sizes except along dim, 0 <= dim < 4. */
 BP_API bp_tensor *bp_concat(bp_context *ctx, bp_tensor *a, bp_tensor *b, int dim);

@@ -80,6 +80,11 @@ void bp_cpu_work_size(const bp_tensor *node, int nth, size_t *per_thread, size_t
 /* Computes node's share for thread p->ith. All threads call it for every node. */
 void bp_cpu_compute_node(bp_tensor *node, const struct bp_cpu_params *p);
 
+/* FLASH_ATTN_EXT (cpu-attn.c). */
+void bp_cpu_flash_attn(bp_tensor *dst, const struct bp_cpu_params *p);
+bool bp_cpu_flash_attn_supported(const bp_tensor *dst);
+void bp_cpu_flash_attn_work_size(const bp_tensor *dst, int nth, size_t *per_thread);
+
 void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p);
 bool bp_cpu_mul_mat_supported(const bp_tensor *dst);
 void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread, size_t *shared);

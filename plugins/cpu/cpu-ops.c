@@ -615,6 +615,9 @@ void bp_cpu_compute_node(bp_tensor *node, const struct bp_cpu_params *p)
     case BP_OP_MUL_MAT:
         bp_cpu_mul_mat(node, p);
         break;
+    case BP_OP_FLASH_ATTN_EXT:
+        bp_cpu_flash_attn(node, p);
+        break;
     default: /* NONE and the views compute nothing */
         break;
     }
@@ -627,6 +630,10 @@ void bp_cpu_work_size(const bp_tensor *node, int nth, size_t *per_thread, size_t
     *shared = 0;
     if (node->op == BP_OP_MUL_MAT) {
         bp_cpu_mul_mat_work_size(node, nth, per_thread, shared);
+        return;
+    }
+    if (node->op == BP_OP_FLASH_ATTN_EXT) {
+        bp_cpu_flash_attn_work_size(node, nth, per_thread);
         return;
     }
     int64_t widest = node->ne[0];
@@ -698,6 +705,8 @@ bool bp_cpu_supports_op(const bp_tensor *op)
         return bp_type_block_size(op->type) == 1 && rows_contiguous(op);
     case BP_OP_MUL_MAT:
         return bp_cpu_mul_mat_supported(op);
+    case BP_OP_FLASH_ATTN_EXT:
+        return bp_cpu_flash_attn_supported(op);
     default:
         return false;
     }
