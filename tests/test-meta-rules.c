@@ -336,6 +336,55 @@ START_TEST(test_soft_max_per_head)
 }
 END_TEST
 
+/* The rules' decision for an attention node with q, k and v in the given states. */
+static struct bp_meta_decision decide_attn(const bp_tensor *node, struct bp_meta_split sq,
+                                           struct bp_meta_split sk, struct bp_meta_split sv)
+{
+    struct bp_meta_rule_in in = {.node = node, .n = 2, .src = {sq, sk, sv, MIRRORED}};
+    struct bp_meta_decision d;
+    ck_assert_int_eq(bp_meta_rules_decide(&in, &d), d.verdict);
+    return d;
+}
+
+START_TEST(test_attention_per_head)
+{
+    /* 8 query heads, 2 key/value heads: groups of 4 */
+    bp_tensor *q = bp_new_tensor_3d(ctx, BP_TYPE_F32, 16, 5, 8);
+    bp_tensor *k = bp_new_tensor_3d(ctx, BP_TYPE_F16, 16, 9, 2);
+    bp_tensor *v = bp_new_tensor_3d(ctx, BP_TYPE_F16, 16, 9, 2);
+    bp_tensor *mask = bp_new_tensor_2d(ctx, BP_TYPE_F16, 9, 5);
+    bp_tensor *a = bp_flash_attn_ext(ctx, q, k, v, mask, 0.25f, 0.0f, 0);
+    const struct bp_meta_split qh = split2(2, 4, 4), kh = split2(2, 1, 1), out = split2(1, 4, 4);
+    struct bp_meta_decision d = decide_attn(a, qh, kh, kh);
+    ck_assert_int_eq(d.verdict, BP_META_RULE_APPLIES);
+    assert_state(d.out, out, 2);
+    assert_state(d.want[0], qh, 2);
+    assert_state(d.want[1], kh, 2);
+    assert_state(d.want[2], kh, 2);
+    assert_state(d.want[3], MIRRORED, 2);
+    /* keys and values stored whole are sliced to the query's groups, and the other way round */
+    d = decide_attn(a, qh, MIRRORED, MIRRORED);
+    ck_assert_int_eq(d.verdict, BP_META_RULE_APPLIES);
+    assert_state(d.want[1], kh, 2);
+    d = decide_attn(a, MIRRORED, kh, kh);
+    ck_assert_int_eq(d.verdict, BP_META_RULE_APPLIES);
+    assert_state(d.want[0], qh, 2);
+    assert_state(d.out, out, 2);
+    /* query heads split across a group, keys split otherwise, other axes: computed whole */
+    d = decide_attn(a, split2(2, 2, 6), MIRRORED, MIRRORED);
+    ck_assert_int_eq(d.verdict, BP_META_RULE_FALLBACK);
+    d = decide_attn(a, qh, split2(2, 2, 0), kh);
+    ck_assert_int_eq(d.verdict, BP_META_RULE_FALLBACK);
+    d = decide_attn(a, split2(1, 2, 3), MIRRORED, MIRRORED);
+    ck_assert_int_eq(d.verdict, BP_META_RULE_FALLBACK);
+    ck_assert_ptr_nonnull(strstr(d.reason, "by heads"));
+    /* a mask that varies by head is not split: computed whole */
+    bp_tensor *mask8 = bp_new_tensor_3d(ctx, BP_TYPE_F16, 9, 5, 8);
+    d = decide_attn(bp_flash_attn_ext(ctx, q, k, v, mask8, 0.25f, 0.0f, 0), qh, kh, kh);
+    ck_assert_int_eq(d.verdict, BP_META_RULE_FALLBACK);
+}
+END_TEST
+
 START_TEST(test_rope_per_head)
 {
     bp_tensor *x = bp_new_tensor_3d(ctx, BP_TYPE_F32, 4, 6, 5); /* [head_dim, heads, T] */
@@ -477,6 +526,7 @@ int main(void)
     tcase_add_test(tc, test_mul_mat_batch_axes);
     tcase_add_test(tc, test_rowwise_ops_refuse_axis_0);
     tcase_add_test(tc, test_soft_max_per_head);
+    tcase_add_test(tc, test_attention_per_head);
     tcase_add_test(tc, test_rope_per_head);
     tcase_add_test(tc, test_reshape_maps_the_axis);
     tcase_add_test(tc, test_permute_and_transpose_map_the_axis);

@@ -106,6 +106,12 @@ check "bench measures matmul and add on the CPU" sh -c "'$tool' bench -d CPU --M
 check "bench measures repacked q4_0 on the CPU and skips it elsewhere" sh -c "'$tool' bench -d ACCEL0,CPU --M 64 --K 64 --N 1 --types q4_0_repack --min-time 0.01 --no-limits > '$tmp/b' && grep -q '^mul_mat_q4_0_repack M=64,K=64,N=1 CPU [0-9.]* GFLOP/s' '$tmp/b' && grep -q 'mul_mat_q4_0_repack on ACCEL0: no CPU_REPACK buffer type, skipped' '$tmp/b'"
 check "bench skips what a device cannot do" sh -c "'$tool' bench -d ACCEL0 --M 64 --K 64 --N 1 --types q4_0 --min-time 0.01 --no-limits | grep -q 'mul_mat_q4_0 on ACCEL0: not supported, skipped'"
 check "bench refuses a K that is not a multiple of 32" sh -c "'$tool' bench --K 33 2>&1 | grep -q 'multiple of 32'"
+# Attention fused (FLASH_ATTN_EXT, the default where the KV cache's device runs it) or not:
+# the same tokens, logits within float rounding
+check "--flash-attn on and off generate the same tokens" sh -c "test \"\$('$tool' run --model tiny -n 8 -t 1 --flash-attn on | grep '^tokens:')\" = \"\$('$tool' run --model tiny -n 8 -t 1 --flash-attn off | grep '^tokens:')\""
+check "the CPU fuses attention by default, and says so" sh -c "'$tool' run --model tiny -n 2 | grep -q '^attention:  fused (FLASH_ATTN_EXT)' && '$tool' run --model tiny -n 2 --flash-attn off | grep -q '^attention:  MUL_MAT, SOFT_MAX, MUL_MAT' && '$tool' run --model tiny -n 2 --json | grep -q '\"flash_attn\": true'"
+check "fused attention on Meta(CPU0,CPU1) agrees with the CPU" env BP_CPU_DEVICES=2 "$0" --agrees "Meta(CPU0,CPU1)" --flash-attn on
+check "--flash-attn takes on, off or auto" usage "takes on, off or auto, not 'yes'" "$tool" run --flash-attn yes
 # GGUF files: --save-gguf writes the seeded models as llama files (q and k rows reordered for
 # llama's rope), and --gguf serves them with the same tokens and logits
 for w in f32 q8_0; do

@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -254,10 +255,12 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
     bp_context *ctx = st->ctx;
     CHECK(st->tokens = bp_set_name(bp_new_tensor_1d(ctx, BP_TYPE_I32, T), "tokens"));
     CHECK(st->pos = bp_set_name(bp_new_tensor_1d(ctx, BP_TYPE_I32, T), "pos"));
-    CHECK(st->mask = bp_set_name(bp_new_tensor_2d(ctx, BP_TYPE_F16, KV, T), "mask"));
     bp_set_input(st->tokens);
     bp_set_input(st->pos);
-    bp_set_input(st->mask);
+    if (!m->flash_attn) { /* fused attention masks causally by itself */
+        CHECK(st->mask = bp_set_name(bp_new_tensor_2d(ctx, BP_TYPE_F16, KV, T), "mask"));
+        bp_set_input(st->mask);
+    }
 
     bp_tensor *x, *cur;
     CHECK(x = bp_get_rows(ctx, m->tok_embd, st->tokens));
@@ -290,17 +293,24 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
         CHECK(K = bp_view_3d(ctx, kc, D, KV, HK, kc->nb[1], (size_t)D * kc->nb[0], 0));
         CHECK(V = bp_view_3d(ctx, vc, D, KV, HK, vc->nb[1], (size_t)D * vc->nb[0], 0));
 
-        /* Grouped-query attention is MUL_MAT's broadcasting over dimension 2: query head h
-         * meets key/value head h / (H / HK). */
-        bp_tensor *kq;
-        CHECK(q = bp_permute(ctx, q, 0, 2, 1, 3));  /* [D, T, H] */
-        CHECK(kq = bp_mul_mat(ctx, K, q));           /* [KV, T, H] */
-        CHECK(kq = bp_soft_max_ext(ctx, kq, st->mask, kq_scale));
-        CHECK(V = bp_cont(ctx, bp_permute(ctx, V, 1, 0, 2, 3))); /* [KV, D, HK] */
-        bp_tensor *kqv;
-        CHECK(kqv = bp_mul_mat(ctx, V, kq));                   /* [D, T, H] */
-        CHECK(kqv = bp_permute(ctx, kqv, 0, 2, 1, 3));         /* [D, H, T] */
-        CHECK(cur = bp_cont_4d(ctx, kqv, E, T, 1, 1));
+        CHECK(q = bp_permute(ctx, q, 0, 2, 1, 3)); /* [D, T, H] */
+        if (m->flash_attn) {
+            /* One fused op, reading the cache in place: [D, H, T] out. */
+            bp_tensor *att;
+            CHECK(att = bp_flash_attn_ext(ctx, q, K, V, NULL, kq_scale, 0.0f, BP_ATTN_CAUSAL));
+            CHECK(cur = bp_reshape_2d(ctx, att, E, T));
+        } else {
+            /* Grouped-query attention is MUL_MAT's broadcasting over dimension 2: query head h
+             * meets key/value head h / (H / HK). */
+            bp_tensor *kq;
+            CHECK(kq = bp_mul_mat(ctx, K, q)); /* [KV, T, H] */
+            CHECK(kq = bp_soft_max_ext(ctx, kq, st->mask, kq_scale));
+            CHECK(V = bp_cont(ctx, bp_permute(ctx, V, 1, 0, 2, 3))); /* [KV, D, HK] */
+            bp_tensor *kqv;
+            CHECK(kqv = bp_mul_mat(ctx, V, kq));           /* [D, T, H] */
+            CHECK(kqv = bp_permute(ctx, kqv, 0, 2, 1, 3)); /* [D, H, T] */
+            CHECK(cur = bp_cont_4d(ctx, kqv, E, T, 1, 1));
+        }
         CHECK(cur = bp_mul_mat(ctx, l->wo, cur));
         CHECK(x = bp_add(ctx, x, cur));
 
@@ -346,7 +356,7 @@ enum bp_status model_step_inputs(const struct model_step *st, const int32_t *tok
     enum bp_status s = bp_tensor_set(st->tokens, tokens, 0, (size_t)T * sizeof(int32_t));
     if (s == BP_OK)
         s = bp_tensor_set(st->pos, pos, 0, (size_t)T * sizeof(int32_t));
-    if (s == BP_OK)
+    if (s == BP_OK && st->mask != NULL)
         s = bp_tensor_set(st->mask, mask, 0, (size_t)KV * (size_t)T * sizeof(uint16_t));
     free(pos);
     free(mask);
@@ -369,7 +379,12 @@ void model_step_free(struct model_step *st)
 bool model_meta_split(const bp_tensor *w, int n, struct bp_meta_split *out, void *user)
 {
     const struct model_config *c = user;
-    const char *name = w->name;
+    /* "blk.N.attn_q" (seeded) or "blk.N.attn_q.weight" (a GGUF file): the kind is attn_q. */
+    char name[BP_MAX_NAME];
+    snprintf(name, sizeof(name), "%s", w->name);
+    const size_t len = strlen(name);
+    if (len > 7 && strcmp(name + len - 7, ".weight") == 0)
+        name[len - 7] = '\0';
     const char *dot = strrchr(name, '.');
     const char *kind = dot ? dot + 1 : name;
     int axis;

@@ -43,6 +43,8 @@ struct model {
     bp_buffer *wbuf, *ebuf, *kvbuf; /* weights, the token embedding table, the KV cache */
     bp_tensor *tok_embd, *out_norm, *output;
     struct model_layer *layers;
+    bool flash_attn; /* attention as one FLASH_ATTN_EXT (no mask input) rather than MUL_MAT,
+                      * SOFT_MAX, MUL_MAT; set before building steps */
 };
 
 /* Where the model's memory goes. Each tensor must live where a backend that runs its ops

@@ -45,6 +45,8 @@ struct run_opts {
     int n_tokens;
     const char *save_gguf; /* --save-gguf FILE: write the model there instead of running it */
     int n_ctx;             /* --ctx N, else 0: the model's */
+    int flash_attn;        /* --flash-attn: 1 on, 0 off, -1 auto (where the KV cache's device
+                            * runs FLASH_ATTN_EXT) */
     const char *devices; /* NULL: the best present */
     int n_prompt, n_gen, threads;
     uint64_t seed;
@@ -72,6 +74,7 @@ struct run_result {
     char weight_buft[64];
     int weights_on; /* index of the backend that holds the weights */
     int embd_on, kv_on; /* ... the token embedding table, the KV cache */
+    bool flash_attn;    /* attention as FLASH_ATTN_EXT */
     size_t weight_part_bytes[MAX_BACKENDS]; /* weights on a meta device: what each part holds */
     int n_weight_parts;
     int prompt_splits, gen_splits;
@@ -296,6 +299,38 @@ static size_t weight_bytes(const struct run_opts *o)
     return o->gguf != NULL ? model_gguf_weight_bytes(o->gguf) : model_weight_bytes(o->cfg, o->wtype);
 }
 
+/* Whether be runs the model's fused attention: F32 queries over the F16 cache. */
+static bool runs_flash_attn(bp_backend *be, const struct model_config *c)
+{
+    bp_context *ctx = bp_context_new(8);
+    if (ctx == NULL)
+        return false;
+    const int64_t D = c->n_embd / c->n_head;
+    bp_tensor *q = bp_new_tensor_3d(ctx, BP_TYPE_F32, D, 2, c->n_head);
+    bp_tensor *k = bp_new_tensor_3d(ctx, BP_TYPE_F16, D, 4, c->n_head_kv);
+    bp_tensor *v = bp_new_tensor_3d(ctx, BP_TYPE_F16, D, 4, c->n_head_kv);
+    bp_tensor *a = q && k && v ? bp_flash_attn_ext(ctx, q, k, v, NULL, 1.0f, 0.0f, BP_ATTN_CAUSAL)
+                               : NULL;
+    const bool ok = a != NULL && bp_backend_supports_op(be, a);
+    bp_context_free(ctx);
+    return ok;
+}
+
+/* --flash-attn: on, off, or (auto) on where the device holding the KV cache runs it, so that
+ * attention stays with its cache. */
+static bool choose_attention(struct run *run)
+{
+    struct run_result *r = run->r;
+    const bool can = runs_flash_attn(run->be[r->kv_on], run->cfg);
+    if (run->o->flash_attn == 1 && !can) {
+        fprintf(stderr, "backplane run: --flash-attn on: %s, which holds the KV cache, does not "
+                "run FLASH_ATTN_EXT for this model\n", or_unknown(r->names[r->kv_on]));
+        return false;
+    }
+    r->flash_attn = run->o->flash_attn == 1 || (run->o->flash_attn < 0 && can);
+    return true;
+}
+
 /* The weights (and the KV cache when it goes there too) fit the weights' device, where the
  * device reports its memory. */
 static bool check_memory(struct run *run)
@@ -374,6 +409,7 @@ static bool load_model(struct run *run)
     }
     if (run->show)
         fprintf(stderr, "\r%*s\r", 60, "");
+    run->m.flash_attn = r->flash_attn;
     record_model_buffers(run);
     return true;
 }
@@ -498,7 +534,8 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     run.show = !quiet && !o->json && isatty(2);
     run.started = bench_now();
     record_devices(&run);
-    const bool ok = place_weights(&run) && place_embedding_and_kv(&run) && check_memory(&run) &&
+    const bool ok = place_weights(&run) && place_embedding_and_kv(&run) &&
+                    choose_attention(&run) && check_memory(&run) &&
                     load_model(&run) && new_scheduler(&run) && run_prompt(&run) &&
                     generate(&run);
     for (int i = 0; ok && i < run.nb; i++)
@@ -553,6 +590,8 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
     for (int i = 0; i < r->n_backends; i++)
         printf("; compute %s %.2f MiB", or_unknown(r->names[i]), mib(r->compute_bytes[i]));
     printf("\n");
+    printf("attention:  %s\n", r->flash_attn ? "fused (FLASH_ATTN_EXT)"
+                                             : "MUL_MAT, SOFT_MAX, MUL_MAT");
     printf("prompt:     %d tokens in one graph, %d split%s, %.1f tokens/s (%.1f ms)\n", o->n_prompt,
            r->prompt_splits, r->prompt_splits == 1 ? "" : "s",
            o->n_prompt / r->prompt_seconds, r->prompt_seconds * 1e3);
@@ -604,6 +643,7 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
     json_member_string(&w, "weights_on", or_unknown(r->names[r->weights_on]));
     json_member_string(&w, "embedding_on", or_unknown(r->names[r->embd_on]));
     json_member_string(&w, "kv_cache_on", or_unknown(r->names[r->kv_on]));
+    json_member_bool(&w, "flash_attn", r->flash_attn);
     json_key(&w, "devices");
     json_begin_array(&w);
     for (int i = 0; i < r->n_backends; i++) {
@@ -649,6 +689,7 @@ static void run_usage(FILE *f)
 {
     fprintf(f, "usage: backplane run [--model tiny|small|base] [--wtype f32|f16|bf16|q8_0|q4_0]\n"
                "                     [--gguf FILE] [--tokens ID,ID,...] [--ctx N]\n"
+               "                     [--flash-attn on|off|auto]\n"
                "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
                "                     [--seed N] [--check] [--json] [--dot FILE] [--no-repack]\n"
                "       backplane run --model M [--wtype T] [--seed N] --save-gguf FILE\n"
@@ -660,6 +701,8 @@ static void run_usage(FILE *f)
                "  --ctx N     positions the KV cache holds (default: the model's context, at most\n"
                "              4096 for a file)\n"
                "  --save-gguf write the seeded model as a llama GGUF file and exit\n"
+               "  --flash-attn attention as one fused op (default auto: where the device\n"
+               "              holding the KV cache runs it)\n"
                "  -d DEVICES  comma-separated backends, e.g. CPU, CUDA0,CPU or \"Meta(CPU0,CPU1)\";\n"
                "              weights live on the first that can multiply, the embedding table\n"
                "              and KV cache there too when it runs their ops (else on the first\n"
@@ -701,6 +744,13 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
             o->save_gguf = v;
         } else if (strcmp(a, "--tokens") == 0 && v) {
             o->tokens_arg = v;
+        } else if (strcmp(a, "--flash-attn") == 0 && v) {
+            if (strcmp(v, "on") == 0 || strcmp(v, "off") == 0 || strcmp(v, "auto") == 0) {
+                o->flash_attn = strcmp(v, "on") == 0 ? 1 : strcmp(v, "off") == 0 ? 0 : -1;
+            } else {
+                fprintf(stderr, "%s: --flash-attn takes on, off or auto, not '%s'\n", run_cmd, v);
+                return 2;
+            }
         } else if (strcmp(a, "--ctx") == 0 && v) {
             if (!tool_parse_int(run_cmd, a, v, 1, 1 << 20, &num))
                 return 2;
@@ -915,7 +965,7 @@ static int run_cmd_main(struct run_opts *o);
 int cmd_run(int argc, char **argv)
 {
     struct run_opts o = {.cfg = model_config_by_name("tiny"), .wtype = BP_TYPE_F32,
-                         .n_prompt = 32, .n_gen = 16, .seed = 1};
+                         .n_prompt = 32, .n_gen = 16, .seed = 1, .flash_attn = -1};
     int status = parse_run_args(argc, argv, &o);
     if (status < 0)
         status = check_run_opts(&o);

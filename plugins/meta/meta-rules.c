@@ -288,6 +288,47 @@ static const char *matmul_rule(const struct bp_meta_rule_in *in, struct bp_meta_
     return "no product rule fits these states";
 }
 
+/* ---- Attention ---------------------------------------------------------------------------- */
+
+/* FLASH_ATTN_EXT: split by heads. Query heads split on axis 2 in whole groups of G = n_head /
+ * n_head_kv, keys and values split on axis 2 by the same groups (sizes / G), the mask whole (it
+ * may not vary by head); the result [Dv, n_head, n_tok] is split on its axis 1 alike. A side
+ * that arrives MIRRORED is sliced to match the other. */
+static const char *attn_rule(const struct bp_meta_rule_in *in, struct bp_meta_decision *d)
+{
+    const bp_tensor *node = in->node, *q = node->src[0], *k = node->src[1], *mask = node->src[3];
+    const struct bp_meta_split sq = src_state(in, 0), sk = src_state(in, 1), sv = src_state(in, 2);
+    const int64_t G = k->ne[2] > 0 ? q->ne[2] / k->ne[2] : 0;
+    if (G < 1 || (mask != NULL && (mask->ne[2] != 1 || mask->ne[3] != 1)) ||
+        (mask != NULL && src_state(in, 3).state != BP_META_MIRRORED))
+        return "FLASH_ATTN_EXT splits by heads only with a mask that is the same for every head";
+    struct bp_meta_split heads, kv_heads;
+    if (is_split(&sq) && sq.axis == 2) {
+        heads = sq;
+        kv_heads = sq;
+        for (int p = 0; p < in->n; p++) {
+            if (sq.sizes[p] % G != 0)
+                return "the query heads are not split in whole groups of the key/value heads";
+            kv_heads.sizes[p] = sq.sizes[p] / G;
+        }
+    } else if (sq.state == BP_META_MIRRORED && is_split(&sk) && sk.axis == 2) {
+        kv_heads = sk;
+        heads = sk;
+        for (int p = 0; p < in->n; p++)
+            heads.sizes[p] = sk.sizes[p] * G;
+    } else {
+        return "FLASH_ATTN_EXT keeps only a split by heads (axis 2 of q, k and v)";
+    }
+    const struct bp_meta_split *kv[2] = {&sk, &sv};
+    for (int i = 0; i < 2; i++)
+        if (kv[i]->state != BP_META_MIRRORED && !bp_meta_same_state(kv[i], &kv_heads, in->n))
+            return "keys or values are split other than by the query heads' groups";
+    d->want[0] = heads;
+    d->want[1] = d->want[2] = kv_heads;
+    d->out = split_on(&heads, 1);
+    return NULL;
+}
+
 /* ---- The table --------------------------------------------------------------------------- */
 
 /* Why in cannot be decided, or NULL. */
@@ -344,6 +385,8 @@ static rule_fn *rule_of(const bp_tensor *node)
         return binary ? binary_rule : NULL;
     case BP_OP_MUL_MAT:
         return binary ? matmul_rule : NULL;
+    case BP_OP_FLASH_ATTN_EXT:
+        return node->src[0] && node->src[1] && node->src[2] ? attn_rule : NULL;
     default:
         return NULL;
     }
