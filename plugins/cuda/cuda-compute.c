@@ -260,6 +260,14 @@ static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)
         e = bp_cu_soft_max(bp_get_op_param_f32(n, 0), cu(n), cu(a), b ? &m : NULL, s);
         break;
     }
+    case BP_OP_FLASH_ATTN_EXT: {
+        const bp_tensor *mk = n->src[3];
+        struct cu_t m = mk ? cu(mk) : cu(a);
+        e = bp_cu_flash_attn(cu(n), cu(a), cu(b), cu(n->src[2]), mk ? &m : NULL,
+                             bp_get_op_param_f32(n, 0), bp_get_op_param_f32(n, 1),
+                             (bp_get_op_param_i32(n, 2) & BP_ATTN_CAUSAL) != 0, s);
+        break;
+    }
     case BP_OP_ROPE:
         e = bp_cu_rope(cu(n), cu(a), cu(b), bp_get_op_param_i32(n, 0), bp_get_op_param_i32(n, 1),
                        bp_get_op_param_f32(n, 2), bp_get_op_param_f32(n, 3), s);

@@ -49,6 +49,12 @@ int bp_cu_rope(struct cu_t d, struct cu_t x, struct cu_t pos, int n_dims, int mo
 int bp_cu_get_rows(struct cu_t d, struct cu_t a, struct cu_t ids, int *err, cudaStream_t s);
 int bp_cu_set_rows(struct cu_t d, struct cu_t src, struct cu_t ids, int *err, cudaStream_t s);
 int bp_cu_concat(struct cu_t d, struct cu_t a, struct cu_t b, int dim, cudaStream_t s);
+/* FLASH_ATTN_EXT: d [Dv, H, T, B] from q, k, v and mask (NULL: none); D and Dv at most
+ * BP_CUDA_ATTN_MAX_D. */
+#define BP_CUDA_ATTN_MAX_D 256
+int bp_cu_flash_attn(struct cu_t d, struct cu_t q, struct cu_t k, struct cu_t v,
+                     const struct cu_t *mask, float scale, float softcap, int causal,
+                     cudaStream_t s);
 /* b may be NULL: then a holds gate and up side by side along dimension 0. */
 int bp_cu_glu(int swiglu, struct cu_t d, struct cu_t a, const struct cu_t *b, cudaStream_t s);
 /* dst = a^T b for few columns of b: one warp per row of a, any weight type (F32, F16, BF16,

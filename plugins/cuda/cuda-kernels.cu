@@ -858,3 +858,97 @@ extern "C" int bp_cu_split_bf16(void *hi, void *lo, void *fin, cu_t a, cudaStrea
                                                          a, rows);
     return launched();
 }
+
+/* ---- Attention ---------------------------------------------------------------------------- */
+
+/* FLASH_ATTN_EXT, one warp per query row (row i, head h, sequence b): each lane holds every
+ * 32nd element of q and of the running weighted sum of values; for each visible key the lanes'
+ * partial dot products are summed across the warp and lane 0's total taken by all (so every
+ * lane makes the same decisions), then the online softmax updates the running maximum M, sum S
+ * and values. Keys a causal row cannot see are not read. Up to FA_MAX_D elements per row. */
+#define FA_MAX_D 256
+#define FA_WARPS 4
+
+__global__ void k_flash_attn(cu_t d, cu_t q, cu_t k, cu_t v, cu_t mask, int has_mask,
+                             float scale, float softcap, int causal, int64_t n_rows)
+{
+    const int lane = threadIdx.x % 32;
+    const int64_t row = blockIdx.x * (int64_t)FA_WARPS + threadIdx.x / 32;
+    if (row >= n_rows)
+        return;
+    const int64_t T = q.ne[1], H = q.ne[2], D = q.ne[0], Dv = v.ne[0], KV = k.ne[1];
+    const int64_t i = row % T, h = (row / T) % H, b = row / (T * H);
+    const int64_t g = h / (H / k.ne[2]), kb = k.ne[3] == 1 ? 0 : b;
+    float qr[FA_MAX_D / 32], acc[FA_MAX_D / 32];
+#pragma unroll
+    for (int c = 0; c < FA_MAX_D / 32; c++) {
+        const int64_t e = lane + 32 * c;
+        qr[c] = e < D ? ld(at(q, e, i, h, b), q.type) : 0.0f;
+        acc[c] = 0.0f;
+    }
+    const int64_t kv_end = causal ? KV - T + i + 1 : KV;
+    const bool capped = softcap > 0.0f;
+    const float pre = capped ? scale / softcap : scale;
+    const char *mrow = has_mask ? at(mask, 0, i, h % mask.ne[2], b % mask.ne[3]) : NULL;
+    float M = -INFINITY, S = 0.0f;
+    for (int64_t j = 0; j < kv_end; j++) {
+        const char *kr = at(k, 0, j, g, kb);
+        float part = 0.0f;
+#pragma unroll
+        for (int c = 0; c < FA_MAX_D / 32; c++) {
+            const int64_t e = lane + 32 * c;
+            if (e < D)
+                part += qr[c] * ld(kr + e * k.nb[0], k.type);
+        }
+        for (int o = 16; o > 0; o >>= 1)
+            part += __shfl_xor_sync(0xffffffffu, part, o);
+        float x = __shfl_sync(0xffffffffu, part, 0) * pre;
+        if (capped)
+            x = softcap * tanhf(x);
+        if (mrow != NULL)
+            x += ld(mrow + j * mask.nb[0], mask.type);
+        if (x == -INFINITY)
+            continue;
+        if (x > M) {
+            const float c = expf(M - x); /* 0 the first time */
+            S *= c;
+#pragma unroll
+            for (int cc = 0; cc < FA_MAX_D / 32; cc++)
+                acc[cc] *= c;
+            M = x;
+        }
+        const float w = expf(x - M);
+        S += w;
+        const char *vr = at(v, 0, j, g, kb);
+#pragma unroll
+        for (int c = 0; c < FA_MAX_D / 32; c++) {
+            const int64_t e = lane + 32 * c;
+            if (e < Dv)
+                acc[c] += w * ld(vr + e * v.nb[0], v.type);
+        }
+    }
+    const float inv = S > 0.0f ? 1.0f / S : 0.0f;
+#pragma unroll
+    for (int c = 0; c < FA_MAX_D / 32; c++) {
+        const int64_t e = lane + 32 * c;
+        if (e < Dv)
+            st(at(d, e, h, i, b), d.type, acc[c] * inv);
+    }
+}
+
+extern "C" int bp_cu_flash_attn(cu_t d, cu_t q, cu_t k, cu_t v, const cu_t *mask, float scale,
+                                float softcap, int causal, cudaStream_t s)
+{
+    const int64_t rows = q.ne[1] * q.ne[2] * q.ne[3];
+    if (rows == 0)
+        return 0;
+    if (q.ne[0] > FA_MAX_D || v.ne[0] > FA_MAX_D)
+        return (int)cudaErrorInvalidValue;
+    const int64_t blocks = (rows + FA_WARPS - 1) / FA_WARPS;
+    if (blocks > 0x7fffffffLL)
+        return (int)cudaErrorInvalidConfiguration;
+    k_flash_attn<<<(unsigned)blocks, 32 * FA_WARPS, 0, s>>>(d, q, k, v, mask ? *mask : q,
+                                                            mask != NULL, scale, softcap, causal,
+                                                            rows);
+    return launched();
+}
