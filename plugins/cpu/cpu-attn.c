@@ -60,9 +60,8 @@ static void attn_init(struct attn *a, bp_tensor *dst, int nth)
  * per query (G * rows of them) its maximum, its sum and its weighted values. */
 static size_t attn_floats(const struct attn *a)
 {
-    const size_t nq = (size_t)(a->G * a->rows);
-    return (size_t)ATTN_TILE * (size_t)(a->D + a->Dv) + 2 * ATTN_TILE + nq * (2 + (size_t)a->Dv) +
-           64;
+    const size_t nq = (size_t)(a->G * a->rows), D = (size_t)a->D, Dv = (size_t)a->Dv;
+    return ATTN_TILE * (D + Dv) + D + (4 + 1) * ATTN_TILE + nq * (2 + Dv) + Dv + 64;
 }
 
 void bp_cpu_flash_attn_work_size(const bp_tensor *dst, int nth, size_t *per_thread)
@@ -72,6 +71,7 @@ void bp_cpu_flash_attn_work_size(const bp_tensor *dst, int nth, size_t *per_thre
     *per_thread = attn_floats(&a) * sizeof(float);
 }
 
+/* x . y over n floats (few queries: scores key by key from the row-major tile). */
 static float dot(const float *x, const float *y, int64_t n)
 {
     int64_t i = 0;
@@ -111,6 +111,53 @@ static float dot(const float *x, const float *y, int64_t n)
     return s;
 }
 
+/* x[i] = exp(x[i]) for n floats: a degree-6 polynomial of the reduced argument times 2^k
+ * (error about 2 ulp, far inside the conformance bound), 0 below -87.3 (so -inf gives 0). */
+#if defined(BP_CPU_HAVE_AVX512) || defined(BP_CPU_HAVE_AVX2)
+#define EXP_POLY(V, FMA, SET)                                                                    \
+    FMA(FMA(FMA(FMA(FMA(SET(1.9875691500e-4f), V, SET(1.3981999507e-3f)), V,                    \
+                    SET(8.3334519073e-3f)), V, SET(4.1665795894e-2f)), V, SET(1.6666665459e-1f)),  \
+        V, SET(5.0000001201e-1f))
+#endif
+
+static void exp_inplace(float *x, int64_t n)
+{
+    int64_t i = 0;
+#if defined(BP_CPU_HAVE_AVX512)
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        const __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+        v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+        const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504089f)),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), v);
+        r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+        const __m512 p = EXP_POLY(r, _mm512_fmadd_ps, _mm512_set1_ps);
+        const __m512 e = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),
+                                       _mm512_set1_ps(1.0f));
+        _mm512_storeu_ps(x + i, _mm512_maskz_mov_ps((__mmask16)~under, _mm512_scalef_ps(e, k)));
+    }
+#elif defined(BP_CPU_HAVE_AVX2)
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 keep = _mm256_cmp_ps(v, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
+        v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+        const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504089f)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), v);
+        r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+        const __m256 p = EXP_POLY(r, _mm256_fmadd_ps, _mm256_set1_ps);
+        const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r),
+                                       _mm256_set1_ps(1.0f));
+        const __m256i pow2 = _mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+        _mm256_storeu_ps(x + i, _mm256_and_ps(_mm256_mul_ps(e, _mm256_castsi256_ps(pow2)), keep));
+    }
+#endif
+    for (; i < n; i++)
+        x[i] = expf(x[i]);
+}
+
 /* y += w * x over n floats. */
 static void axpy(float *y, float w, const float *x, int64_t n)
 {
@@ -128,15 +175,125 @@ static void axpy(float *y, float w, const float *x, int64_t n)
         y[i] += w * x[i];
 }
 
-/* One unit: sequence b, key/value head g, query rows [t0, t1). */
+/* Register blocks of the two products of a tile, QB queries at a time: the scores of QB
+ * queries over KC = NV vectors of keys (from the transposed key tile), and the weighted values
+ * of QB queries over NV vectors of value dimensions. Each uses QB * NV accumulators. */
+#define QB 4
+#if defined(BP_CPU_HAVE_AVX512)
+typedef __m512 vf;
+#define VW 16
+#define NV 4
+#define VLOAD _mm512_loadu_ps
+#define VSTORE _mm512_storeu_ps
+#define VFMA _mm512_fmadd_ps
+#define VSET1 _mm512_set1_ps
+#define VZERO _mm512_setzero_ps
+#elif defined(BP_CPU_HAVE_AVX2)
+typedef __m256 vf;
+#define VW 8
+#define NV 2
+#define VLOAD _mm256_loadu_ps
+#define VSTORE _mm256_storeu_ps
+#define VFMA _mm256_fmadd_ps
+#define VSET1 _mm256_set1_ps
+#define VZERO _mm256_setzero_ps
+#else
+typedef float vf;
+#define VW 1
+#define NV 4
+#define VLOAD(p) (*(p))
+#define VSTORE(p, x) (*(p) = (x))
+#define VFMA(a, b, c) ((a) * (b) + (c))
+#define VSET1(x) (x)
+#define VZERO() 0.0f
+#endif
+#define KC (NV * VW)
+_Static_assert(ATTN_TILE % KC == 0, "a tile is whole blocks of keys");
+
+/* s[r][0..nk) = q_r . k_j for the QB queries qp over the transposed tile kt ([D][ATTN_TILE],
+ * zero beyond nk up to a whole block). */
+static void tile_scores(const float *const qp[QB], const float *kt, int64_t D, int64_t nk,
+                        float *s)
+{
+    for (int64_t c0 = 0; c0 < nk; c0 += KC) {
+        vf acc[QB][NV];
+        #pragma GCC unroll 16
+        for (int r = 0; r < QB; r++)
+            #pragma GCC unroll 16
+            for (int v = 0; v < NV; v++)
+                acc[r][v] = VZERO();
+        for (int64_t d = 0; d < D; d++) {
+            const float *kr = kt + d * ATTN_TILE + c0;
+            vf kv[NV];
+            #pragma GCC unroll 16
+            for (int v = 0; v < NV; v++)
+                kv[v] = VLOAD(kr + v * VW);
+            #pragma GCC unroll 16
+            for (int r = 0; r < QB; r++) {
+                const vf x = VSET1(qp[r][d]);
+                #pragma GCC unroll 16
+                for (int v = 0; v < NV; v++)
+                    acc[r][v] = VFMA(x, kv[v], acc[r][v]);
+            }
+        }
+        #pragma GCC unroll 16
+        for (int r = 0; r < QB; r++)
+            #pragma GCC unroll 16
+            for (int v = 0; v < NV; v++)
+                VSTORE(s + r * ATTN_TILE + c0 + v * VW, acc[r][v]);
+    }
+}
+
+/* y_r += sum_j w[r][j] v_j over the value tile vt ([nk][Dv]) for the QB queries. */
+static void tile_values(float *const y[QB], const float *w, const float *vt, int64_t nk,
+                        int64_t Dv)
+{
+    int64_t e0 = 0;
+    for (; e0 + KC <= Dv; e0 += KC) {
+        vf acc[QB][NV];
+        #pragma GCC unroll 16
+        for (int r = 0; r < QB; r++)
+            #pragma GCC unroll 16
+            for (int v = 0; v < NV; v++)
+                acc[r][v] = VLOAD(y[r] + e0 + v * VW);
+        for (int64_t j = 0; j < nk; j++) {
+            const float *vr = vt + j * Dv + e0;
+            vf vv[NV];
+            #pragma GCC unroll 16
+            for (int v = 0; v < NV; v++)
+                vv[v] = VLOAD(vr + v * VW);
+            #pragma GCC unroll 16
+            for (int r = 0; r < QB; r++) {
+                const vf x = VSET1(w[r * ATTN_TILE + j]);
+                #pragma GCC unroll 16
+                for (int v = 0; v < NV; v++)
+                    acc[r][v] = VFMA(x, vv[v], acc[r][v]);
+            }
+        }
+        #pragma GCC unroll 16
+        for (int r = 0; r < QB; r++)
+            #pragma GCC unroll 16
+            for (int v = 0; v < NV; v++)
+                VSTORE(y[r] + e0 + v * VW, acc[r][v]);
+    }
+    #pragma GCC unroll 16
+    for (int r = 0; r < QB; r++) /* the dimensions beyond the last whole block */
+        for (int64_t j = 0; j < nk; j++)
+            axpy(y[r] + e0, w[r * ATTN_TILE + j], vt + j * Dv + e0, Dv - e0);
+}
+
+/* One unit: sequence b, key/value head g, query rows [t0, t1). Its queries (G heads x the rows)
+ * go through each tile QB at a time. The key tile is kt: transposed ([D][ATTN_TILE]) for the
+ * blocked scores, row-major ([nk][D]) when there are few queries. */
 static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, int64_t t1,
                       float *scratch)
 {
     const bp_tensor *q = a->q, *k = a->k, *v = a->v, *mask = a->mask;
     const int64_t D = a->D, Dv = a->Dv, G = a->G, nr = t1 - t0, nq = G * nr;
     const int64_t kb = k->ne[3] == 1 ? 0 : b;
-    float *kt = scratch, *vt = kt + ATTN_TILE * D, *s = vt + ATTN_TILE * Dv;
-    float *mrow = s + ATTN_TILE, *M = mrow + ATTN_TILE, *S = M + nq, *acc = S + nq;
+    float *kt = scratch, *krow = kt + ATTN_TILE * D, *vt = krow + D;
+    float *s = vt + ATTN_TILE * Dv, *mrow = s + QB * ATTN_TILE, *M = mrow + ATTN_TILE;
+    float *S = M + nq, *acc = S + nq, *dummy = acc + nq * Dv;
     for (int64_t qi = 0; qi < nq; qi++) {
         M[qi] = -INFINITY;
         S[qi] = 0.0f;
@@ -144,58 +301,90 @@ static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, in
     memset(acc, 0, (size_t)(nq * Dv) * sizeof(float));
     /* The last key any of the unit's rows sees. */
     const int64_t kv_end = a->causal ? a->KV - a->T + t1 : a->KV;
+    /* Few queries (decoding): the key tile stays row-major and each score is a dot product;
+     * transposing the tile for the blocked scores would cost as much as the scores. */
+    const bool few = nq < 2 * QB;
     const bool capped = a->softcap > 0.0f;
     const float pre = capped ? a->scale / a->softcap : a->scale;
     for (int64_t j0 = 0; j0 < kv_end; j0 += ATTN_TILE) {
         const int64_t nk = kv_end - j0 < ATTN_TILE ? kv_end - j0 : ATTN_TILE;
-        for (int64_t jj = 0; jj < nk; jj++) {
-            bp_cpu_to_float(k->type, bp_cpu_row(k, j0 + jj, g, kb), kt + jj * D, D);
-            bp_cpu_to_float(v->type, bp_cpu_row(v, j0 + jj, g, kb), vt + jj * Dv, Dv);
+        const int64_t padded = (nk + KC - 1) / KC * KC;
+        for (int64_t jj = 0; jj < padded; jj++) {
+            if (jj < nk) {
+                bp_cpu_to_float(k->type, bp_cpu_row(k, j0 + jj, g, kb), few ? kt + jj * D : krow,
+                                D);
+                bp_cpu_to_float(v->type, bp_cpu_row(v, j0 + jj, g, kb), vt + jj * Dv, Dv);
+            }
+            for (int64_t d = 0; !few && d < D; d++)
+                kt[d * ATTN_TILE + jj] = jj < nk ? krow[d] : 0.0f;
         }
-        for (int64_t hh = 0; hh < G; hh++) {
-            const int64_t h = g * G + hh;
-            for (int64_t i = t0; i < t1; i++) {
-                const int64_t qi = hh * nr + (i - t0);
-                /* Keys this row sees in the tile. */
-                int64_t n = nk;
-                if (a->causal && a->KV - a->T + i + 1 - j0 < n)
-                    n = a->KV - a->T + i + 1 - j0;
-                if (n <= 0)
-                    continue;
-                const float *qrow = bp_cpu_row(q, i, h, b);
-                if (mask != NULL)
+        for (int64_t q0 = 0; q0 < nq; q0 += QB) {
+            const float *qp[QB];
+            float *y[QB];
+            int64_t vis[QB]; /* keys of the tile each query sees; 0 for a missing query */
+            for (int r = 0; r < QB; r++) {
+                const int64_t qi = q0 + r < nq ? q0 + r : q0;
+                const int64_t hh = qi / nr, i = t0 + qi % nr;
+                qp[r] = bp_cpu_row(q, i, g * G + hh, b);
+                y[r] = q0 + r < nq ? acc + qi * Dv : dummy;
+                vis[r] = q0 + r < nq ? nk : 0;
+                if (a->causal && a->KV - a->T + i + 1 - j0 < vis[r])
+                    vis[r] = a->KV - a->T + i + 1 - j0 > 0 ? a->KV - a->T + i + 1 - j0 : 0;
+            }
+            if (vis[0] == 0 && vis[1] == 0 && vis[2] == 0 && vis[3] == 0)
+                continue;
+            if (few) {
+                for (int r = 0; r < QB; r++)
+                    for (int64_t jj = 0; jj < vis[r]; jj++)
+                        s[r * ATTN_TILE + jj] = dot(qp[r], kt + jj * D, D);
+            } else {
+                tile_scores(qp, kt, D, nk, s);
+            }
+            /* Each query's scores to weights, its running state rescaled where its maximum
+             * grows. */
+            for (int r = 0; r < QB; r++) {
+                float *sr = s + r * ATTN_TILE;
+                const int64_t qi = q0 + r;
+                float tmax = -INFINITY;
+                if (vis[r] > 0 && mask != NULL) {
+                    const int64_t i = t0 + qi % nr, h = g * G + qi / nr;
                     bp_cpu_to_float(mask->type,
                                     (const char *)bp_cpu_row(mask, i, h % mask->ne[2],
                                                              b % mask->ne[3]) +
                                         j0 * (int64_t)mask->nb[0],
-                                    mrow, n);
-                float tmax = -INFINITY;
-                for (int64_t jj = 0; jj < n; jj++) {
-                    float x = dot(qrow, kt + jj * D, D) * pre;
+                                    mrow, vis[r]);
+                }
+                for (int64_t jj = 0; jj < vis[r]; jj++) {
+                    float x = sr[jj] * pre;
                     if (capped)
                         x = a->softcap * tanhf(x);
                     if (mask != NULL)
                         x += mrow[jj];
-                    s[jj] = x;
+                    sr[jj] = x;
                     tmax = x > tmax ? x : tmax;
                 }
-                if (tmax == -INFINITY)
-                    continue; /* nothing visible in this tile */
-                float *y = acc + qi * Dv;
+                if (tmax == -INFINITY) { /* nothing visible: no weight anywhere */
+                    memset(sr, 0, (size_t)nk * sizeof(float));
+                    continue;
+                }
                 if (tmax > M[qi]) {
                     const float c = expf(M[qi] - tmax); /* 0 the first time */
                     S[qi] *= c;
                     for (int64_t d = 0; d < Dv; d++)
-                        y[d] *= c;
+                        y[r][d] *= c;
                     M[qi] = tmax;
                 }
-                const float m = M[qi];
-                for (int64_t jj = 0; jj < n; jj++) {
-                    const float w = expf(s[jj] - m);
-                    S[qi] += w;
-                    axpy(y, w, vt + jj * Dv, Dv);
-                }
+                for (int64_t jj = 0; jj < vis[r]; jj++)
+                    sr[jj] -= M[qi];
+                exp_inplace(sr, vis[r]);
+                float sum = 0.0f;
+                for (int64_t jj = 0; jj < vis[r]; jj++)
+                    sum += sr[jj];
+                for (int64_t jj = vis[r]; jj < nk; jj++)
+                    sr[jj] = 0.0f;
+                S[qi] += sum;
             }
+            tile_values(y, s, vt, nk, Dv);
         }
     }
     for (int64_t hh = 0; hh < G; hh++) {
