@@ -3,7 +3,7 @@
  * is still needed overlaps it, and every output has the value it has when nothing is shared. */
 #include <stdlib.h>
 
-#include "ref.h"
+#include "../common/ref.h"
 #include "test-device.h"
 #include "test-util.h"
 

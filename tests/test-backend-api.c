@@ -2,7 +2,7 @@
  * bounds, copies, devices, backends, events, registries and the interface size rules. */
 #include <stdlib.h>
 
-#include "ref.h"
+#include "../common/ref.h"
 #include "test-device.h"
 #include "test-util.h"
 

@@ -7,7 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "conformance.h"
+#include "../common/conformance.h"
 #include "test-util.h"
 
 static bp_backend *backend;

@@ -2,7 +2,7 @@
  * (BP_CPU_DEVICES=3): Meta(CPU0,CPU1) and Meta(CPU0,CPU1,CPU2), so that each op's split rule,
  * its fallbacks and the gathers and sums of results are checked against the reference like any
  * backend's kernels. */
-#include "conformance.h"
+#include "../common/conformance.h"
 #include "test-util.h"
 
 static bp_backend *backend;

@@ -5,7 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "conformance.h"
+#include "../common/conformance.h"
 #include "test-util.h"
 #include "tf-model.h"
 

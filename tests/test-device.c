@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref.h"
+#include "../common/ref.h"
 
 struct test_device_stats test_device_stats;
 static bool op_subset;
@@ -302,6 +302,13 @@ void test_device_set_compute_hook(void (*hook)(void *), void *arg)
     compute_hook_arg = arg;
 }
 
+static int wrong_op = -1;
+
+void test_device_set_wrong_op(int op)
+{
+    wrong_op = op;
+}
+
 static enum bp_status be_compute(bp_backend *be, bp_graph *g)
 {
     (void)be;
@@ -310,6 +317,11 @@ static enum bp_status be_compute(bp_backend *be, bp_graph *g)
     test_device_stats.computes++;
     if (!ref_compute_graph(g))
         return bp_set_error(BP_ERR_UNSUPPORTED, "TestAccel: the graph has an op it cannot run");
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++) { /* a broken kernel, when asked for */
+        bp_tensor *n = bp_graph_get_node(g, i);
+        if ((int)n->op == wrong_op && n->type == BP_TYPE_F32 && bp_nelements(n) > 0)
+            *(float *)n->data += 1.0f;
+    }
     return BP_OK;
 }
 

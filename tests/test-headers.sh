@@ -33,7 +33,7 @@ for h in $BP_TEST_HEADERS; do
         check "$name alone, C++11" $cxx $cxxflags $inc -fsyntax-only "$tmp/one.cpp"
     fi
     # A header is all an application or plugin author has: it must not send them to files
-    # that are not installed (runtime/ops.c, tests/ref.c, ...).
+    # that are not installed (runtime/ops.c, common/ref.c, ...).
     check "$name refers to no file of the source tree" sh -c "! grep -n -E '(runtime|tests|plugins|tools|bench|docs)/[A-Za-z0-9_-]+[.](c|h|md)' '$srcdir/$h'"
     check "$name has no line over 100 characters" awk 'length > 100 { print FILENAME ":" FNR ": " length " characters"; bad = 1 } END { exit bad }' "$srcdir/$h"
 done

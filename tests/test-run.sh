@@ -137,5 +137,15 @@ check "--gguf with --wtype is refused" usage "does not apply" "$tool" run --gguf
 check "--tokens outside the vocabulary is refused" usage "token 2 ('96') is not an id in \[0, 96)" "$tool" run --gguf "$gguf_dir/llama-gqa.gguf" --tokens 1,96
 check "--tokens that are not numbers are refused" usage "token 1 ('x') is not an id" "$tool" run --tokens x,1
 check "--tokens longer than the context is refused" usage "do not fit the context" "$tool" run --gguf "$gguf_dir/llama-gqa.gguf" --ctx 4 --tokens 1,2,3,4,5
+# backplane conformance: the suite as an installed command, on any device
+check "conformance passes on the CPU, every case claimed" sh -c "'$tool' conformance CPU > '$tmp/c' && grep -q '^CPU: [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^  flash_attn_ext  *ok   7/7 passed' '$tmp/c'"
+check "conformance on Meta(CPU0,CPU1) and the test accelerator passes what each supports" env BP_CPU_DEVICES=2 sh -c "'$tool' conformance 'Meta(CPU0,CPU1)' ACCEL0 --ops flash_attn_ext,mul_mat,soft_max,rope > '$tmp/c' && grep -q '^Meta(CPU0,CPU1): [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^ACCEL0: [0-9]* passed, 0 failed, [1-9][0-9]* not supported' '$tmp/c'"
+check "conformance runs a third-party plugin's device (the example plugin)" env BP_PLUGIN_PATH="$BP_PLUGIN_PATH:$example" sh -c "'$tool' conformance EXAMPLE0 --ops add,unary | grep -q '^EXAMPLE0: [1-9][0-9]* passed, 0 failed'"
+check "conformance fails (exit 1) on a device with a wrong kernel, naming the case" env BP_TEST_ACCEL_WRONG_OP=MUL_MAT sh -c "'$tool' conformance ACCEL0 --ops mul_mat_f32,add > '$tmp/c'; test \$? -eq 1 && grep -q 'mul_mat_f32  *FAIL 0/18 passed, 18 FAILED: mul_mat_f32\\[0\\]: NMSE' '$tmp/c' && grep -q '^  add  *ok ' '$tmp/c'"
+check "conformance --json reports per case and in total" sh -c "'$tool' conformance CPU --ops glu --json | grep -q '\"case\": \"glu\", \"variants\": 6, \"passed\": 6, \"failed\": 0, \"not_supported\": 0'"
+check "conformance --list names every case" sh -c "'$tool' conformance --list | grep -q '^flash_attn_ext  *7 variants'"
+check "conformance --ops naming no case is refused" usage "'nope' names no case" "$tool" conformance CPU --ops add,nope
+check "conformance -t takes a thread count" usage "-t needs" "$tool" conformance CPU -t x
+check "conformance of an unknown device fails with its name" sh -c "'$tool' conformance NOPE 2>&1 >/dev/null | grep -q \"device 'NOPE'\""
 echo "$pass passed, $fail failed"
 test "$fail" -eq 0

@@ -5,6 +5,8 @@
  *   backplane ops             the types and ops the runtime knows
  *   backplane run [...]       serve a transformer on chosen devices (run.c)
  *   backplane bench [...]     matmul and element-wise benchmarks on chosen devices (bench.c)
+ *   backplane conformance     every op case on chosen devices against the reference
+ *                             (conformance.c)
  */
 #include "config.h"
 
@@ -33,6 +35,9 @@ static void usage(FILE *f)
                "                 --types, --M, --K, --N, -t, --min-time) beside the machine's\n"
                "                 FMA peak and triad bandwidth; --types q4_0_repack or\n"
                "                 q8_0_repack puts the weights in the CPU's CPU_REPACK buffer type\n"
+               "  conformance [DEVICE...] [--ops LIST] [--json]\n"
+               "                 run every op case (op, type, shape) on the devices and compare\n"
+               "                 with the reference implementation (backplane conformance --help)\n"
                "  help           print this message\n"
                "\n"
                "environment: BP_PLUGIN_PATH, BP_PLUGINS_ONLY, BP_PLUGINS_DISABLE, BP_CPU_DISABLE,\n"
@@ -207,6 +212,8 @@ static int dispatch(int argc, char **argv)
         return cmd_run(argc - 2, argv + 2);
     if (strcmp(argv[1], "bench") == 0)
         return cmd_bench(argc - 2, argv + 2);
+    if (strcmp(argv[1], "conformance") == 0)
+        return cmd_conformance(argc - 2, argv + 2);
     if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
         return 0;

@@ -14,6 +14,8 @@
 int cmd_run(int argc, char **argv);
 /* backplane bench (bench.c) */
 int cmd_bench(int argc, char **argv);
+/* backplane conformance (conformance.c) */
+int cmd_conformance(int argc, char **argv);
 
 /* Writes s to f with control characters as C escapes ("\n", "\x1b"): for names and paths
  * that come from outside the tool, printed as text (text.c). */

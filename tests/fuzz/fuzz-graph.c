@@ -1,7 +1,7 @@
 /* fuzz-graph.c - libFuzzer target: random graphs built through the public op builders from the
  * input bytes (leaf shapes and types, then a sequence of ops on earlier tensors), computed
  * through the scheduler over the test accelerator (a partial op set, so graphs get split) and
- * the CPU, and compared with the reference implementation of tests/ref.c. A builder may refuse
+ * the CPU, and compared with the reference implementation of common/ref.c. A builder may refuse
  * (that is its job); a crash, a leak, an error without a message or a wrong result is a finding
  * (abort). Built and run by tests/fuzz/run.sh. */
 #include <math.h>
@@ -12,7 +12,7 @@
 
 #include <backplane/backplane.h>
 
-#include "../ref.h"
+#include "../../common/ref.h"
 
 #define MAX_T 24
 

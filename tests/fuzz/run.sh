@@ -33,7 +33,7 @@ make -j"$(nproc)" tests/accel/backplane-accel.la > /dev/null 2>&1 || exit 1
 inc="-I$top/include -I$b/include -I$b"
 for t in fuzz-graph fuzz-loader fuzz-gguf; do
     extra=""
-    [ "$t" = fuzz-graph ] && extra="$top/tests/ref.c"
+    [ "$t" = fuzz-graph ] && extra="$top/common/ref.c"
     clang -g -O1 -fsanitize=fuzzer $san $inc "$top/tests/fuzz/$t.c" $extra -L"$b/.libs" \
         -lbackplane -Wl,-rpath,"$b/.libs" -lm -o "$b/$t" || exit 1
 done

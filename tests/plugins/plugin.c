@@ -10,13 +10,15 @@
  *   MODE_MUST_NOT_INIT            init aborts: the loader must refuse the plugin before it
  *   MODE_NEEDS_LIB                init calls into libbpmissing.so, which is never installed
  *   MODE_OP_SUBSET                an accelerator with a partial op set and a host buffer
- *                                 type, like a GPU (scheduler tests)
+ *                                 type, like a GPU (scheduler tests); $BP_TEST_ACCEL_WRONG_OP
+ *                                 names an op it then computes wrongly
  *   MODE_INIT_CRASH               init dereferences a null pointer (probing tests)
  *   MODE_SWAP_ON_INIT             init renames $BP_TEST_SWAP_FROM over $BP_TEST_SWAP_TO (its own
  *                                 file, in the test that the file checked is the file loaded) */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../test-device.h"
 
@@ -52,6 +54,12 @@ static bp_registry *plugin_init(void)
 #ifdef MODE_OP_SUBSET
     test_device_set_op_subset(true);
     test_device_set_host_buffer(true);
+    /* BP_TEST_ACCEL_WRONG_OP=MUL_MAT: a device with a broken kernel, for the tests of
+     * `backplane conformance`. */
+    const char *wrong = getenv("BP_TEST_ACCEL_WRONG_OP");
+    for (int op = 0; wrong != NULL && op < BP_OP_COUNT; op++)
+        if (strcmp(bp_op_name((enum bp_op)op), wrong) == 0)
+            test_device_set_wrong_op(op);
 #endif
 #ifdef MODE_SWAP_ON_INIT
     const char *from = getenv("BP_TEST_SWAP_FROM"), *to = getenv("BP_TEST_SWAP_TO");

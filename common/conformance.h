@@ -1,5 +1,6 @@
-/* conformance.h - private to tests/: runs op cases on a backend and compares every result with
- * the reference implementation (ref.c). Reused by every backend's conformance suite. */
+/* conformance.h - private to the source tree: runs op cases on a backend and compares every
+ * result with the reference implementation (ref.c). Used by every backend's conformance suite
+ * in tests/ and by the installed `backplane conformance` command. */
 #ifndef BP_TEST_CONFORMANCE_H
 #define BP_TEST_CONFORMANCE_H
 
@@ -31,7 +32,7 @@ bool conf_run(bp_backend *be, const struct conf_case *c, int v, bool *unsupporte
  * writes the first reason into first. */
 int conf_run_variants(bp_backend *be, const struct conf_case *c, char *first, size_t first_size);
 
-/* Every case of the suite (tests/conformance-cases.c). */
+/* Every case of the suite (conformance-cases.c). */
 extern const struct conf_case conf_cases[];
 extern const int conf_n_cases;
 

@@ -1,4 +1,4 @@
-/* ref.h - private to tests/: the plain reference implementation of every op, in double
+/* ref.h - private to the source tree (tests/, tools/): the plain reference implementation of every op, in double
  * precision, reading and writing tensor->data as host memory. Every backend is compared with
  * it; it is written for clarity, not speed. */
 #ifndef BP_TEST_REF_H

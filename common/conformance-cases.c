@@ -1,4 +1,4 @@
-/* conformance-cases.c - private to tests/: every (op, type, shape) case of the conformance
+/* conformance-cases.c - private to the source tree: every (op, type, shape) case of the conformance
  * suite. Shapes include 1, odd primes, sizes that are not multiples of a SIMD width or of the
  * 512-wide K blocks of blocked matrix products, broadcast sources, and permuted, transposed and
  * strided views as sources. Each builder makes its own leafs; variants pick shapes and types. */

@@ -1,4 +1,4 @@
-/* ref.c - private to tests/: reference kernels for every op (see ref.h). */
+/* ref.c - private to the source tree: reference kernels for every op (see ref.h). */
 #include "ref.h"
 
 #include <math.h>

@@ -1,4 +1,4 @@
-/* conformance.c - private to tests/: the harness of conformance.h.
+/* conformance.c - private to the source tree: the harness of conformance.h.
  *
  * Each case is built twice from the same builder: once in host memory, computed by the
  * reference kernels, and once in the backend's own buffer type, computed by the backend. The
