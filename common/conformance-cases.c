@@ -4,6 +4,7 @@
  * strided views as sources. Each builder makes its own leafs; variants pick shapes and types. */
 #include "conformance.h"
 
+#include <math.h>
 #include <stddef.h>
 
 #define NMSE_F32 1e-9   /* float kernels against the double reference */
@@ -145,8 +146,8 @@ static bp_tensor *b_unary(bp_context *ctx, int v)
 
 static bp_tensor *b_glu(bp_context *ctx, int v)
 {
-    enum bp_glu_op op = (enum bp_glu_op)(v % 2);
-    switch (v / 2) {
+    enum bp_glu_op op = (enum bp_glu_op)(v % BP_GLU_OP_COUNT);
+    switch (v / BP_GLU_OP_COUNT) {
     case 0:
         return bp_glu(ctx, f32(ctx, 22, 3, 2, 1), NULL, op);
     case 1:
@@ -191,9 +192,18 @@ static bp_tensor *b_soft_max(bp_context *ctx, int v)
         return bp_soft_max_ext(ctx, f32(ctx, 33, 8, 3, 1),
                                bp_set_name(leaf(ctx, BP_TYPE_F16, 33, 8, 1, 1), "mask:causal"),
                                0.125f);
-    default: /* permuted input (attention scores as views) */
+    case 4: /* permuted input (attention scores as views) */
         return bp_soft_max_ext(ctx, bp_permute(ctx, f32(ctx, 16, 4, 5, 1), 0, 2, 1, 3),
                                bp_set_name(f32(ctx, 16, 5, 1, 1), "mask:causal"), 1.0f);
+    default: { /* attention sinks, one per head; with a fully masked row (only the sink) */
+        bp_tensor *s = v == 5 ? bp_soft_max_ext(ctx, f32(ctx, 19, 6, 4, 1), f32(ctx, 19, 6, 1, 1),
+                                                0.37f)
+                              : bp_soft_max_ext(ctx, f32(ctx, 33, 8, 3, 1),
+                                                bp_set_name(leaf(ctx, BP_TYPE_F16, 33, 8, 1, 1),
+                                                            "mask:causal"),
+                                                0.125f);
+        return s && bp_soft_max_add_sinks(s, f32(ctx, s->ne[2], 1, 1, 1)) == BP_OK ? s : NULL;
+    }
     }
 }
 
@@ -223,6 +233,40 @@ static bp_tensor *b_concat(bp_context *ctx, int v)
     enum bp_type t = v < 4 ? BP_TYPE_F32 : BP_TYPE_F16;
     return bp_concat(ctx, leaf(ctx, t, a[0], a[1], a[2], a[3]),
                      leaf(ctx, t, b[0], b[1], b[2], b[3]), dim);
+}
+
+static bp_tensor *b_clamp(bp_context *ctx, int v) /* bounds inside and outside [-1, 1] */
+{
+    static const float lo[] = {-0.5f, -2.0f, -INFINITY}, hi[] = {0.25f, 0.5f, 0.0f};
+    return bp_clamp(ctx, shaped(ctx, v / 3, "a"), lo[v % 3], hi[v % 3]);
+}
+
+static bp_tensor *b_l2_norm(bp_context *ctx, int v)
+{
+    return bp_l2_norm(ctx, shaped(ctx, v, "a"), v % 2 ? 1e-6f : 0.0f);
+}
+
+/* ARGSORT both ways and TOP_K over rows of 1, odd and SIMD-odd lengths, a permuted view, ties
+ * (values rounded to steps of 1/4, so many repeat: the order of indices decides) and rows of a
+ * router's and a small vocabulary's length. */
+static bp_tensor *b_sort(bp_context *ctx, int v)
+{
+    switch (v) {
+    case 0:
+        return bp_argsort(ctx, f32(ctx, 1, 3, 1, 1), BP_SORT_ASC);
+    case 1:
+        return bp_argsort(ctx, f32(ctx, 37, 5, 2, 1), BP_SORT_DESC);
+    case 2:
+        return bp_argsort(ctx, shaped(ctx, N_SHAPES + 4, "a"), BP_SORT_ASC);
+    case 3: /* ties */
+        return bp_argsort(ctx, bp_set_name(f32(ctx, 64, 4, 1, 1), "ties:a"), BP_SORT_DESC);
+    case 4: /* a router: top 2 of 8 experts */
+        return bp_top_k(ctx, f32(ctx, 8, 9, 1, 1), 2);
+    case 5:
+        return bp_top_k(ctx, bp_set_name(f32(ctx, 33, 3, 2, 1), "ties:a"), 33);
+    default: /* top 40 of a vocabulary of 1000 */
+        return bp_top_k(ctx, f32(ctx, 1000, 2, 1, 1), 40);
+    }
 }
 
 /* ---- Attention ---------------------------------------------------------------------------- */
@@ -352,12 +396,15 @@ const struct conf_case conf_cases[] = {
     {"binary_transposed_b", b_binary_transposed_b, 2, NMSE_F32},
     {"scale", b_scale, 2 * N_SHAPES, NMSE_F32},
     {"unary", b_unary, BP_UNARY_OP_COUNT * 2 * N_SHAPES, NMSE_F32},
-    {"glu", b_glu, 6, NMSE_F32},
+    {"glu", b_glu, 3 * BP_GLU_OP_COUNT, NMSE_F32},
     {"rows", b_rows, 5 * 2 * N_SHAPES, NMSE_F32},
-    {"soft_max", b_soft_max, 5, NMSE_F32},
+    {"soft_max", b_soft_max, 7, NMSE_F32},
     {"rope", b_rope, 6, NMSE_F32},
     {"concat", b_concat, 8, NMSE_F32},
     {"flash_attn_ext", b_flash_attn, 7, NMSE_F32},
+    {"clamp", b_clamp, 3 * 2 * N_SHAPES, NMSE_F32},
+    {"l2_norm", b_l2_norm, 2 * N_SHAPES, NMSE_F32},
+    {"argsort_top_k", b_sort, 7, NMSE_F32},
     {"mul_mat_f32", b_mm_f32, N_MM_SHAPES + 5, NMSE_F32},
     {"mul_mat_f16", b_mm_f16, N_MM_SHAPES + 5, NMSE_F32},
     {"mul_mat_bf16", b_mm_bf16, N_MM_SHAPES + 5, NMSE_F32},

@@ -72,6 +72,9 @@ static void fill_leaf(bp_graph *g, bp_tensor *t, uint64_t seed)
     for (int64_t i = 0; i < n; i++)
         v[i] = positive ? rng_float(&s, 0.5f, 1.5f) : rng_float(&s, -1.0f, 1.0f);
 
+    if (strncmp(t->name, "ties:", 5) == 0) /* values in steps of 1/4: many equal */
+        for (int64_t i = 0; i < n; i++)
+            v[i] = roundf(v[i] * 4.0f) / 4.0f;
     if (strcmp(t->name, "mask:causal") == 0) {
         /* [n_kv, n_rows]: row r sees columns <= r + offset; the last row sees nothing. */
         const int64_t cols = t->ne[0], rows = t->ne[1] * t->ne[2] * t->ne[3];

@@ -117,6 +117,8 @@ double ref_unary(enum bp_unary_op op, double x)
         return x * x;
     case BP_UNARY_OP_SQRT:
         return sqrt(x);
+    case BP_UNARY_OP_GELU_ERF:
+        return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
     default:
         return NAN;
     }
@@ -246,7 +248,7 @@ static bool row_op(bp_tensor *r)
 
 static bool soft_max(bp_tensor *r)
 {
-    const bp_tensor *a = r->src[0], *mask = r->src[1];
+    const bp_tensor *a = r->src[0], *mask = r->src[1], *sinks = r->src[2];
     const double scale = bp_get_op_param_f32(r, 0);
     const int64_t n = a->ne[0];
     double *row = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
@@ -260,7 +262,9 @@ static bool soft_max(bp_tensor *r)
             row[i0] = v;
             max = fmax(max, v);
         }
-        double sum = 0;
+        const double sink = sinks ? ref_get(sinks, i2, 0, 0, 0) : -INFINITY;
+        max = fmax(max, sink);
+        double sum = sinks && max != -INFINITY ? exp(sink - max) : 0;
         for (int64_t i0 = 0; i0 < n; i0++) {
             row[i0] = max == -INFINITY ? 0 : exp(row[i0] - max);
             sum += row[i0];
@@ -269,6 +273,71 @@ static bool soft_max(bp_tensor *r)
             ref_set(r, i0, i1, i2, i3, sum > 0 ? row[i0] / sum : 0);
     }
     free(row);
+    return true;
+}
+
+/* Before: whether value x (index i) comes before y (index j) in the order (NaN last). */
+static bool sorts_before(double x, int64_t i, double y, int64_t j, bool desc)
+{
+    if (isnan(x) || isnan(y))
+        return isnan(x) != isnan(y) ? !isnan(x) : i < j;
+    if (x != y)
+        return desc ? x > y : x < y;
+    return i < j;
+}
+
+/* ARGSORT and TOP_K: an insertion sort of the indices by sorts_before, the first ne0 of r. */
+static bool sort_rows(bp_tensor *r)
+{
+    const bp_tensor *a = r->src[0];
+    const bool desc = r->op == BP_OP_TOP_K || bp_get_op_param_i32(r, 0) == BP_SORT_DESC;
+    int64_t *idx = malloc((size_t)(a->ne[0] > 0 ? a->ne[0] : 1) * sizeof(int64_t));
+    double *val = malloc((size_t)(a->ne[0] > 0 ? a->ne[0] : 1) * sizeof(double));
+    FOR_ROWS(a)
+    {
+        const int64_t n = a->ne[0];
+        for (int64_t i = 0; i < n; i++) {
+            val[i] = ref_get(a, i, i1, i2, i3);
+            int64_t j = i;
+            while (j > 0 && sorts_before(val[i], i, val[idx[j - 1]], idx[j - 1], desc)) {
+                idx[j] = idx[j - 1];
+                j--;
+            }
+            idx[j] = i;
+        }
+        for (int64_t i = 0; i < r->ne[0]; i++)
+            ref_set(r, i, i1, i2, i3, (double)idx[i]);
+    }
+    free(idx);
+    free(val);
+    return true;
+}
+
+static bool clamp_op(bp_tensor *r)
+{
+    const bp_tensor *a = r->src[0];
+    const double lo = bp_get_op_param_f32(r, 0), hi = bp_get_op_param_f32(r, 1);
+    FOR_ALL(r)
+    {
+        const double x = ref_get(a, i0, i1, i2, i3);
+        ref_set(r, i0, i1, i2, i3, isnan(x) ? x : x < lo ? lo : x > hi ? hi : x);
+    }
+    return true;
+}
+
+static bool l2_norm(bp_tensor *r)
+{
+    const bp_tensor *a = r->src[0];
+    const double eps = bp_get_op_param_f32(r, 0);
+    FOR_ROWS(a)
+    {
+        double sq = 0;
+        for (int64_t i0 = 0; i0 < a->ne[0]; i0++)
+            sq += ref_get(a, i0, i1, i2, i3) * ref_get(a, i0, i1, i2, i3);
+        const double scale = 1.0 / fmax(sqrt(sq), eps);
+        for (int64_t i0 = 0; i0 < a->ne[0]; i0++)
+            ref_set(r, i0, i1, i2, i3, ref_get(a, i0, i1, i2, i3) * scale);
+    }
     return true;
 }
 
@@ -395,8 +464,10 @@ static bool concat(bp_tensor *r)
 static bool glu(bp_tensor *r)
 {
     const bp_tensor *a = r->src[0], *b = r->src[1];
-    enum bp_unary_op act =
-        bp_get_glu_op(r) == BP_GLU_OP_SWIGLU ? BP_UNARY_OP_SILU : BP_UNARY_OP_GELU;
+    const enum bp_glu_op g = bp_get_glu_op(r);
+    const enum bp_unary_op act = g == BP_GLU_OP_SWIGLU  ? BP_UNARY_OP_SILU
+                                 : g == BP_GLU_OP_GEGLU ? BP_UNARY_OP_GELU
+                                                        : BP_UNARY_OP_GELU_ERF;
     FOR_ALL(r)
     {
         double gate = ref_get(a, i0, i1, i2, i3);
@@ -457,6 +528,13 @@ bool ref_compute_node(bp_tensor *r)
         return glu(r);
     case BP_OP_FLASH_ATTN_EXT:
         return flash_attn_ext(r);
+    case BP_OP_CLAMP:
+        return clamp_op(r);
+    case BP_OP_ARGSORT:
+    case BP_OP_TOP_K:
+        return sort_rows(r);
+    case BP_OP_L2_NORM:
+        return l2_norm(r);
     default:
         return false;
     }

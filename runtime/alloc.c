@@ -354,8 +354,10 @@ static int inplace_sources(const bp_tensor *t)
         return t->src[1] != NULL ? 2 : 0;
     case BP_OP_SCALE:
     case BP_OP_UNARY:
+    case BP_OP_CLAMP:
     case BP_OP_NORM:
     case BP_OP_RMS_NORM:
+    case BP_OP_L2_NORM:
     case BP_OP_SOFT_MAX:
     case BP_OP_ROPE:
         return 1;

@@ -10,6 +10,8 @@
  *   ROPE      [0] n_dims, [1] mode, [2] freq_base (f32), [3] freq_scale (f32)
  *   CONCAT    [0] dim                              GLU      [0] enum bp_glu_op, [1] 1 if split
  *   FLASH_ATTN_EXT [0] scale (f32), [1] softcap (f32), [2] flags (enum bp_attn_flags)
+ *   CLAMP     [0] lo (f32), [1] hi (f32)         L2_NORM  [0] eps (f32)
+ *   ARGSORT   [0] enum bp_sort_order              TOP_K    [0] k
  */
 #include "config.h"
 
@@ -68,6 +70,8 @@ const char *bp_glu_op_name(enum bp_glu_op op)
         return "SWIGLU";
     case BP_GLU_OP_GEGLU:
         return "GEGLU";
+    case BP_GLU_OP_GEGLU_ERF:
+        return "GEGLU_ERF";
     default:
         return "INVALID";
     }
@@ -302,6 +306,7 @@ BP_UNARY_SHORTHAND(bp_tanh, TANH)
 BP_UNARY_SHORTHAND(bp_exp, EXP)
 BP_UNARY_SHORTHAND(bp_sqr, SQR)
 BP_UNARY_SHORTHAND(bp_sqrt, SQRT)
+BP_UNARY_SHORTHAND(bp_gelu_erf, GELU_ERF)
 #undef BP_UNARY_SHORTHAND
 
 /* ---- Row reductions and normalisations -------------------------------------------------- */
@@ -361,6 +366,67 @@ bp_tensor *bp_norm(bp_context *ctx, bp_tensor *a, float eps)
 bp_tensor *bp_rms_norm(bp_context *ctx, bp_tensor *a, float eps)
 {
     return norm_impl(ctx, "bp_rms_norm", BP_OP_RMS_NORM, a, eps);
+}
+
+bp_tensor *bp_l2_norm(bp_context *ctx, bp_tensor *a, float eps)
+{
+    return norm_impl(ctx, "bp_l2_norm", BP_OP_L2_NORM, a, eps);
+}
+
+bp_tensor *bp_argsort(bp_context *ctx, bp_tensor *a, enum bp_sort_order order)
+{
+    REQUIRE_SRC("bp_argsort", a);
+    if (!require_type("bp_argsort", "operand", a, BP_TYPE_F32))
+        return NULL;
+    if (order != BP_SORT_ASC && order != BP_SORT_DESC)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_argsort: %d is not a sort order "
+                              "(BP_SORT_ASC or BP_SORT_DESC)", (int)order);
+    if (a->ne[0] > INT32_MAX)
+        return bp__error_null(BP_ERR_SHAPE, "bp_argsort: rows of %s are longer than an I32 "
+                              "index reaches", bp__describe(a).s);
+    bp_tensor *t = make(ctx, "bp_argsort", BP_OP_ARGSORT, BP_TYPE_I32, a->ne[0], a->ne[1],
+                        a->ne[2], a->ne[3]);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = a;
+    t->op_params[0] = (int32_t)order;
+    return t;
+}
+
+bp_tensor *bp_top_k(bp_context *ctx, bp_tensor *a, int k)
+{
+    REQUIRE_SRC("bp_top_k", a);
+    if (!require_type("bp_top_k", "operand", a, BP_TYPE_F32))
+        return NULL;
+    if (k < 1 || k > a->ne[0])
+        return bp__error_null(BP_ERR_SHAPE, "bp_top_k: k = %d for rows of %lld values of %s "
+                              "(need 1 <= k <= ne0)", k, (long long)a->ne[0],
+                              bp__describe(a).s);
+    bp_tensor *t = make(ctx, "bp_top_k", BP_OP_TOP_K, BP_TYPE_I32, k, a->ne[1], a->ne[2],
+                        a->ne[3]);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = a;
+    t->op_params[0] = k;
+    return t;
+}
+
+bp_tensor *bp_clamp(bp_context *ctx, bp_tensor *a, float lo, float hi)
+{
+    REQUIRE_SRC("bp_clamp", a);
+    if (!require_type("bp_clamp", "operand", a, BP_TYPE_F32))
+        return NULL;
+    if (isnan(lo) || isnan(hi) || lo > hi)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_clamp: bounds [%g, %g] for %s must be "
+                              "numbers with lo <= hi", (double)lo, (double)hi,
+                              bp__describe(a).s);
+    bp_tensor *t = make_like(ctx, "bp_clamp", BP_OP_CLAMP, a, false);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = a;
+    set_param_f32(t, 0, lo);
+    set_param_f32(t, 1, hi);
+    return t;
 }
 
 /* ---- Matrix multiplication -------------------------------------------------------------- */
@@ -426,6 +492,23 @@ bp_tensor *bp_soft_max_ext(bp_context *ctx, bp_tensor *a, bp_tensor *mask, float
     t->src[1] = mask;
     set_param_f32(t, 0, scale);
     return t;
+}
+
+enum bp_status bp_soft_max_add_sinks(bp_tensor *s, bp_tensor *sinks)
+{
+    if (s == NULL || sinks == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_soft_max_add_sinks: %s is NULL",
+                         s == NULL ? "the softmax" : "sinks");
+    if (s->op != BP_OP_SOFT_MAX)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_soft_max_add_sinks: %s is not a SOFT_MAX node",
+                         bp__describe(s).s);
+    if (sinks->type != BP_TYPE_F32 || !bp_is_contiguous(sinks) ||
+        bp_nelements(sinks) != s->ne[2] || sinks->ne[0] != s->ne[2])
+        return bp__error(BP_ERR_SHAPE, "bp_soft_max_add_sinks: sinks %s must be an f32 vector "
+                         "of one value per head (%lld) of %s", bp__describe(sinks).s,
+                         (long long)s->ne[2], bp__describe(s).s);
+    s->src[2] = sinks;
+    return BP_OK;
 }
 
 bp_tensor *bp_rope(bp_context *ctx, bp_tensor *x, bp_tensor *pos, int n_dims,
@@ -540,6 +623,11 @@ bp_tensor *bp_swiglu(bp_context *ctx, bp_tensor *gate, bp_tensor *up)
 bp_tensor *bp_geglu(bp_context *ctx, bp_tensor *gate, bp_tensor *up)
 {
     return bp_glu(ctx, gate, up, BP_GLU_OP_GEGLU);
+}
+
+bp_tensor *bp_geglu_erf(bp_context *ctx, bp_tensor *gate, bp_tensor *up)
+{
+    return bp_glu(ctx, gate, up, BP_GLU_OP_GEGLU_ERF);
 }
 
 static bool attn_kv_type(enum bp_type t)

@@ -333,6 +333,14 @@ START_TEST(test_soft_max_per_head)
     assert_fallback(&d);
     d = decide(bp_soft_max(ctx, kq), split2(1, 2, 3), MIRRORED);
     assert_fallback(&d);
+    /* sinks, one per head, are sliced with the heads */
+    bp_tensor *s = bp_soft_max_ext(ctx, kq, mask, 0.5f);
+    ck_assert_int_eq(bp_soft_max_add_sinks(s, bp_new_tensor_1d(ctx, BP_TYPE_F32, 6)), BP_OK);
+    struct bp_meta_rule_in in = {.node = s, .n = 2, .src = {heads, MIRRORED, MIRRORED}};
+    ck_assert_int_eq(bp_meta_rules_decide(&in, &d), BP_META_RULE_APPLIES);
+    const struct bp_meta_split sink_parts = split2(0, 3, 3);
+    assert_state(d.want[2], sink_parts, 2);
+    assert_state(d.out, heads, 2);
 }
 END_TEST
 

@@ -158,6 +158,7 @@ START_TEST(test_scale_and_unary)
         [BP_UNARY_OP_SILU] = bp_silu, [BP_UNARY_OP_SIGMOID] = bp_sigmoid,
         [BP_UNARY_OP_TANH] = bp_tanh, [BP_UNARY_OP_EXP] = bp_exp,
         [BP_UNARY_OP_SQR] = bp_sqr,   [BP_UNARY_OP_SQRT] = bp_sqrt,
+        [BP_UNARY_OP_GELU_ERF] = bp_gelu_erf,
     };
     for (int op = 0; op < BP_UNARY_OP_COUNT; op++) {
         bp_tensor *u = fns[op](ctx, a);
@@ -299,6 +300,8 @@ START_TEST(test_glu)
     ck_assert_shape(h, 6, 3, 1, 1);
     ck_assert_int_eq(bp_get_op_param_i32(h, 1), 1);
     ck_assert_int_eq(bp_geglu(ctx, g, u)->op, BP_OP_GLU);
+    ck_assert_int_eq(bp_get_glu_op(bp_geglu_erf(ctx, g, u)), BP_GLU_OP_GEGLU_ERF);
+    ck_assert_str_eq(bp_glu_op_name(BP_GLU_OP_GEGLU_ERF), "GEGLU_ERF");
 
     ck_assert_rejected(bp_swiglu(ctx, g, f32(12, 2, 1, 1)), BP_ERR_SHAPE, "differ in shape");
     ck_assert_rejected(bp_glu(ctx, f32(7, 2, 1, 1), NULL, BP_GLU_OP_SWIGLU), BP_ERR_SHAPE, "odd");
@@ -306,6 +309,62 @@ START_TEST(test_glu)
     ck_assert_rejected(bp_swiglu(ctx, i32(12, 3, 1), NULL), BP_ERR_TYPE, "gate");
     ck_assert_rejected(bp_swiglu(ctx, NULL, u), BP_ERR_INVALID_ARG, "NULL");
     ck_assert_rejected(bp_geglu(ctx, g, i32(12, 3, 1)), BP_ERR_TYPE, "value");
+}
+END_TEST
+
+START_TEST(test_clamp_l2_norm)
+{
+    bp_tensor *a = f32(7, 3, 2, 1);
+    bp_tensor *c = bp_clamp(ctx, a, -1.0f, INFINITY);
+    ck_assert_shape(c, 7, 3, 2, 1);
+    ck_assert_int_eq(c->op, BP_OP_CLAMP);
+    ck_assert_float_eq(bp_get_op_param_f32(c, 0), -1.0f);
+    ck_assert_rejected(bp_clamp(ctx, a, 1.0f, -1.0f), BP_ERR_INVALID_ARG, "lo <= hi");
+    ck_assert_rejected(bp_clamp(ctx, a, NAN, 1.0f), BP_ERR_INVALID_ARG, "bp_clamp");
+    ck_assert_rejected(bp_clamp(ctx, i32(7, 3, 1), 0, 1), BP_ERR_TYPE, "bp_clamp");
+    ck_assert_rejected(bp_clamp(ctx, NULL, 0, 1), BP_ERR_INVALID_ARG, "NULL");
+    bp_tensor *n = bp_l2_norm(ctx, a, 1e-6f);
+    ck_assert_int_eq(n->op, BP_OP_L2_NORM);
+    ck_assert_shape(n, 7, 3, 2, 1);
+    ck_assert_rejected(bp_l2_norm(ctx, a, -1.0f), BP_ERR_INVALID_ARG, "eps");
+    ck_assert_rejected(bp_l2_norm(ctx, i32(7, 3, 1), 0.0f), BP_ERR_TYPE, "bp_l2_norm");
+}
+END_TEST
+
+START_TEST(test_soft_max_sinks)
+{
+    bp_tensor *kq = f32(9, 4, 3, 1);
+    bp_tensor *s = bp_soft_max_ext(ctx, kq, NULL, 0.5f);
+    bp_tensor *sinks = f32(3, 1, 1, 1);
+    ck_assert_int_eq(bp_soft_max_add_sinks(s, sinks), BP_OK);
+    ck_assert_ptr_eq(s->src[2], sinks);
+    ck_assert_int_eq(bp_soft_max_add_sinks(s, f32(4, 1, 1, 1)), BP_ERR_SHAPE);
+    ck_assert_ptr_eq(s->src[2], sinks); /* unchanged */
+    ck_assert_int_eq(bp_soft_max_add_sinks(kq, sinks), BP_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "not a SOFT_MAX"));
+    ck_assert_int_eq(bp_soft_max_add_sinks(s, NULL), BP_ERR_INVALID_ARG);
+    ck_assert_int_eq(bp_soft_max_add_sinks(s, bp_new_tensor_1d(ctx, BP_TYPE_F16, 3)), BP_ERR_SHAPE);
+}
+END_TEST
+
+START_TEST(test_argsort_top_k)
+{
+    bp_tensor *a = f32(9, 3, 2, 1);
+    bp_tensor *s = bp_argsort(ctx, a, BP_SORT_DESC);
+    ck_assert_shape(s, 9, 3, 2, 1);
+    ck_assert_int_eq(s->type, BP_TYPE_I32);
+    ck_assert_int_eq(bp_get_op_param_i32(s, 0), BP_SORT_DESC);
+    bp_tensor *t = bp_top_k(ctx, a, 2);
+    ck_assert_shape(t, 2, 3, 2, 1);
+    ck_assert_int_eq(t->type, BP_TYPE_I32);
+    ck_assert_int_eq(t->op, BP_OP_TOP_K);
+    ck_assert_ptr_nonnull(bp_top_k(ctx, a, 9));
+    ck_assert_rejected(bp_top_k(ctx, a, 10), BP_ERR_SHAPE, "k = 10");
+    ck_assert_rejected(bp_top_k(ctx, a, 0), BP_ERR_SHAPE, "k = 0");
+    ck_assert_rejected(bp_argsort(ctx, a, (enum bp_sort_order)2), BP_ERR_INVALID_ARG,
+                       "not a sort order");
+    ck_assert_rejected(bp_argsort(ctx, i32(9, 3, 1), BP_SORT_ASC), BP_ERR_TYPE, "bp_argsort");
+    ck_assert_rejected(bp_top_k(ctx, NULL, 1), BP_ERR_INVALID_ARG, "NULL");
 }
 END_TEST
 
@@ -363,6 +422,9 @@ int main(void)
     } tests[] = {
         {test_op_table, "op_table"},     {test_get_rows, "get_rows"},
         {test_flash_attn_ext, "flash_attn_ext"},
+        {test_clamp_l2_norm, "clamp_l2_norm"},
+        {test_argsort_top_k, "argsort_top_k"},
+        {test_soft_max_sinks, "soft_max_sinks"},
         {test_set_rows, "set_rows"},     {test_binary_broadcast, "binary"},
         {test_scale_and_unary, "unary"}, {test_reductions_and_norms, "reductions"},
         {test_mul_mat, "mul_mat"},       {test_soft_max, "soft_max"},

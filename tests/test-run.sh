@@ -142,7 +142,7 @@ check "conformance passes on the CPU, every case claimed" sh -c "'$tool' conform
 check "conformance on Meta(CPU0,CPU1) and the test accelerator passes what each supports" env BP_CPU_DEVICES=2 sh -c "'$tool' conformance 'Meta(CPU0,CPU1)' ACCEL0 --ops flash_attn_ext,mul_mat,soft_max,rope > '$tmp/c' && grep -q '^Meta(CPU0,CPU1): [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^ACCEL0: [0-9]* passed, 0 failed, [1-9][0-9]* not supported' '$tmp/c'"
 check "conformance runs a third-party plugin's device (the example plugin)" env BP_PLUGIN_PATH="$BP_PLUGIN_PATH:$example" sh -c "'$tool' conformance EXAMPLE0 --ops add,unary | grep -q '^EXAMPLE0: [1-9][0-9]* passed, 0 failed'"
 check "conformance fails (exit 1) on a device with a wrong kernel, naming the case" env BP_TEST_ACCEL_WRONG_OP=MUL_MAT sh -c "'$tool' conformance ACCEL0 --ops mul_mat_f32,add > '$tmp/c'; test \$? -eq 1 && grep -q 'mul_mat_f32  *FAIL 0/18 passed, 18 FAILED: mul_mat_f32\\[0\\]: NMSE' '$tmp/c' && grep -q '^  add  *ok ' '$tmp/c'"
-check "conformance --json reports per case and in total" sh -c "'$tool' conformance CPU --ops glu --json | grep -q '\"case\": \"glu\", \"variants\": 6, \"passed\": 6, \"failed\": 0, \"not_supported\": 0'"
+check "conformance --json reports per case and in total" sh -c "'$tool' conformance CPU --ops glu --json | grep -q '\"case\": \"glu\", \"variants\": 9, \"passed\": 9, \"failed\": 0, \"not_supported\": 0'"
 check "conformance --list names every case" sh -c "'$tool' conformance --list | grep -q '^flash_attn_ext  *7 variants'"
 check "conformance --ops naming no case is refused" usage "'nope' names no case" "$tool" conformance CPU --ops add,nope
 check "conformance -t takes a thread count" usage "-t needs" "$tool" conformance CPU -t x

@@ -101,7 +101,11 @@ BP_API uint16_t bp_fp32_to_bf16(float f);
     X(ROPE, 2, false)        \
     X(CONCAT, 2, false)      \
     X(GLU, 1, false)         \
-    X(FLASH_ATTN_EXT, 3, false)
+    X(FLASH_ATTN_EXT, 3, false) \
+    X(CLAMP, 1, false)          \
+    X(L2_NORM, 1, false)        \
+    X(ARGSORT, 1, false)        \
+    X(TOP_K, 1, false)
 
 enum bp_op {
 #define BP_OP_ENUM(name, n_src, is_view) BP_OP_##name,
@@ -111,7 +115,7 @@ enum bp_op {
 };
 
 #define BP_UNARY_OP_MAP(X)                                                                  \
-    X(NEG) X(ABS) X(RELU) X(GELU) X(SILU) X(SIGMOID) X(TANH) X(EXP) X(SQR) X(SQRT)
+    X(NEG) X(ABS) X(RELU) X(GELU) X(SILU) X(SIGMOID) X(TANH) X(EXP) X(SQR) X(SQRT) X(GELU_ERF)
 
 enum bp_unary_op {
 #define BP_UNARY_ENUM(name) BP_UNARY_OP_##name,
@@ -122,7 +126,8 @@ enum bp_unary_op {
 
 enum bp_glu_op {
     BP_GLU_OP_SWIGLU = 0, /* silu(gate) * up */
-    BP_GLU_OP_GEGLU = 1,  /* gelu(gate) * up */
+    BP_GLU_OP_GEGLU = 1,  /* gelu(gate) * up, GELU's tanh form */
+    BP_GLU_OP_GEGLU_ERF = 2, /* gelu_erf(gate) * up, GELU's erf form */
     BP_GLU_OP_COUNT
 };
 
@@ -163,7 +168,7 @@ enum bp_rope_mode {
  *                0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
  *              (not the erf form; kernels may compute it as x / (1 + e^(-2 sqrt(2/pi) (x +
  *              0.044715 x^3))), the same function), SILU x / (1 + e^-x), SIGMOID 1 / (1 + e^-x),
- *              TANH, EXP, SQR x^2, SQRT.
+ *              TANH, EXP, SQR x^2, SQRT, GELU_ERF the erf form 0.5 x (1 + erf(x / sqrt 2)).
  *   SUM_ROWS, MEAN, ARGMAX
  *              src[0] a. No parameters.
  *   NORM, RMS_NORM
@@ -173,8 +178,9 @@ enum bp_rope_mode {
  *              b[k, n, i2, i3]. a is broadcast by division, unlike the binary ops' modulo: each
  *              slice of a serves B2 / A2 consecutive slices of b (grouped-query attention: with
  *              A2 = 2 and B2 = 8, a's head 0 serves b's heads 0..3).
- *   SOFT_MAX   src[0] a, src[1] mask or NULL. op_params[0] = scale (f32). Along ne[0] of
- *              a[:, i1, i2, i3] * scale + mask[:, i1, i2 % mask.ne2, i3 % mask.ne3].
+ *   SOFT_MAX   src[0] a, src[1] mask or NULL, src[2] sinks or NULL. op_params[0] = scale
+ *              (f32). Along ne[0] of a[:, i1, i2, i3] * scale + mask[:, i1, i2 % mask.ne2,
+ *              i3 % mask.ne3], with sinks[i2] weighed in (bp_soft_max_add_sinks).
  *   ROPE       src[0] x, src[1] pos I32. op_params[0] = n_dims, [1] = enum bp_rope_mode,
  *              [2] = freq_base (f32), [3] = freq_scale (f32). In each head of token t (x's
  *              index 2), pair i (0 <= i < n_dims / 2: values 2i and 2i + 1, or i and
@@ -184,6 +190,13 @@ enum bp_rope_mode {
  *   CONCAT     src[0] a, src[1] b. op_params[0] = dim; b's elements follow a's along dim.
  *   GLU        src[0] a, src[1] b or NULL. op_params[0] = enum bp_glu_op, [1] = 1 when src[1]
  *              is NULL (a holds gate and value as the two halves of each row), else 0.
+ *   FLASH_ATTN_EXT
+ *              src[0] q, src[1] k, src[2] v, src[3] mask or NULL. op_params[0] = scale (f32),
+ *              [1] = softcap (f32), [2] = flags (enum bp_attn_flags); see bp_flash_attn_ext.
+ *   CLAMP      src[0] a. op_params[0] = lo (f32), [1] = hi (f32).
+ *   L2_NORM    src[0] a. op_params[0] = eps (f32); along ne[0]: x / max(||x||, eps).
+ *   ARGSORT    src[0] a F32. op_params[0] = enum bp_sort_order. I32, like bp_argsort.
+ *   TOP_K      src[0] a F32. op_params[0] = k. I32 [k, ...], like bp_top_k.
  */
 
 /* "ADD", "MUL_MAT", ...; "INVALID" out of range. */
@@ -374,6 +387,7 @@ BP_API bp_tensor *bp_tanh(bp_context *ctx, bp_tensor *a);
 BP_API bp_tensor *bp_exp(bp_context *ctx, bp_tensor *a);
 BP_API bp_tensor *bp_sqr(bp_context *ctx, bp_tensor *a);
 BP_API bp_tensor *bp_sqrt(bp_context *ctx, bp_tensor *a);
+BP_API bp_tensor *bp_gelu_erf(bp_context *ctx, bp_tensor *a);
 
 /* Row reductions over ne[0], F32 in. sum_rows and mean give F32 [1, ne1, ne2, ne3]; argmax
  * gives I32 [1, ne1, ne2, ne3] (the first index of the maximum). */
@@ -386,6 +400,24 @@ BP_API bp_tensor *bp_argmax(bp_context *ctx, bp_tensor *a);
  * rms_norm: x / sqrt(mean(x^2) + eps). */
 BP_API bp_tensor *bp_norm(bp_context *ctx, bp_tensor *a, float eps);
 BP_API bp_tensor *bp_rms_norm(bp_context *ctx, bp_tensor *a, float eps);
+/* l2_norm: x / max(sqrt(sum(x^2)), eps), each row scaled to unit length (eps guards zero rows). */
+BP_API bp_tensor *bp_l2_norm(bp_context *ctx, bp_tensor *a, float eps);
+
+/* The order of each row: argsort gives I32 [ne0, ne1, ne2, ne3], the indices of a's row sorted
+ * by value (BP_SORT_ASC or BP_SORT_DESC); top_k gives I32 [k, ne1, ne2, ne3], the indices of the
+ * k largest values, largest first (1 <= k <= ne0). Equal values keep the order of their indices;
+ * NaN sorts after every number in either order (and is never among the top k while numbers
+ * remain). */
+enum bp_sort_order {
+    BP_SORT_ASC = 0,
+    BP_SORT_DESC = 1,
+};
+BP_API bp_tensor *bp_argsort(bp_context *ctx, bp_tensor *a, enum bp_sort_order order);
+BP_API bp_tensor *bp_top_k(bp_context *ctx, bp_tensor *a, int k);
+
+/* clamp(a F32, lo, hi): min(max(x, lo), hi) element by element; lo <= hi, neither NaN (either
+ * may be infinite). NaN stays NaN. */
+BP_API bp_tensor *bp_clamp(bp_context *ctx, bp_tensor *a, float lo, float hi);
 
 /* mul_mat(a [K, M, A2, A3] any type but I32, b F32 [K, N, B2, B3]) -> F32 [M, N, B2, B3] with
  * r[m, n] = sum_k a[k, m] * b[k, n]; B2 % A2 == 0 and B3 % A3 == 0. a is broadcast by division:
@@ -397,6 +429,11 @@ BP_API bp_tensor *bp_mul_mat(bp_context *ctx, bp_tensor *a, bp_tensor *b);
  * Rows that are all -inf give zeros. */
 BP_API bp_tensor *bp_soft_max(bp_context *ctx, bp_tensor *a);
 BP_API bp_tensor *bp_soft_max_ext(bp_context *ctx, bp_tensor *a, bp_tensor *mask, float scale);
+/* Attention sinks: softmax node s (from bp_soft_max_ext) also weighs, for each row of head h (its
+ * index 2), a virtual entry of value sinks[h] that takes part in the maximum and the sum but is
+ * not output: y = exp(x - m) / (sum exp(x - m) + exp(sinks[h] - m)). sinks is F32 [ne2 of s],
+ * contiguous. BP_OK, or an error (s unchanged). */
+BP_API enum bp_status bp_soft_max_add_sinks(bp_tensor *s, bp_tensor *sinks);
 
 /* rope(x F32 [head_dim, n_head, n_tok, 1], pos I32 [n_tok]): rotates the first n_dims (even,
  * <= head_dim) values of each head by pos * freq_scale * base^(-2i/n_dims). */
@@ -427,6 +464,7 @@ BP_API bp_tensor *bp_concat(bp_context *ctx, bp_tensor *a, bp_tensor *b, int dim
 BP_API bp_tensor *bp_glu(bp_context *ctx, bp_tensor *a, bp_tensor *b, enum bp_glu_op op);
 BP_API bp_tensor *bp_swiglu(bp_context *ctx, bp_tensor *gate, bp_tensor *up);
 BP_API bp_tensor *bp_geglu(bp_context *ctx, bp_tensor *gate, bp_tensor *up);
+BP_API bp_tensor *bp_geglu_erf(bp_context *ctx, bp_tensor *gate, bp_tensor *up);
 
 #ifdef __cplusplus
 }

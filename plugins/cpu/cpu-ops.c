@@ -315,6 +315,11 @@ BP_CPU_INLINE float gelu(float x)
     return x / (1.0f + expf(-2.0f * c * (x + 0.044715f * x * x * x)));
 }
 
+BP_CPU_INLINE float gelu_erf(float x)
+{
+    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+}
+
 BP_CPU_INLINE float silu(float x)
 {
     return x / (1.0f + expf(-x));
@@ -363,6 +368,10 @@ static void unary_row(enum bp_unary_op op, const float *x, float *y, int64_t n)
         for (int64_t i = 0; i < n; i++)
             y[i] = sqrtf(x[i]);
         break;
+    case BP_UNARY_OP_GELU_ERF:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = gelu_erf(x[i]);
+        break;
     default:
         break;
     }
@@ -383,6 +392,10 @@ static void op_unary_scale(bp_tensor *dst, const struct bp_cpu_params *p)
         if (dst->op == BP_OP_SCALE) {
             for (int64_t i = 0; i < dst->ne[0]; i++)
                 y[i] = x[i] * s;
+        } else if (dst->op == BP_OP_CLAMP) {
+            const float lo = bp_get_op_param_f32(dst, 0), hi = bp_get_op_param_f32(dst, 1);
+            for (int64_t i = 0; i < dst->ne[0]; i++) /* NaN fails both tests: kept */
+                y[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];
         } else {
             unary_row(uop, x, y, dst->ne[0]);
         }
@@ -392,7 +405,7 @@ static void op_unary_scale(bp_tensor *dst, const struct bp_cpu_params *p)
 static void op_glu(bp_tensor *dst, const struct bp_cpu_params *p)
 {
     const bp_tensor *a = dst->src[0], *b = dst->src[1];
-    const bool gelu_act = bp_get_glu_op(dst) == BP_GLU_OP_GEGLU;
+    const enum bp_glu_op op = bp_get_glu_op(dst);
     const int64_t n = dst->ne[0];
     float *ta = p->wdata, *tb = ta + a->ne[0];
     int64_t r0, r1;
@@ -404,7 +417,10 @@ static void op_glu(bp_tensor *dst, const struct bp_cpu_params *p)
         const float *u = b ? row_f32(b, i1, i2, i3, tb) : g + n;
         float *y = bp_cpu_row(dst, i1, i2, i3);
         for (int64_t i = 0; i < n; i++)
-            y[i] = (gelu_act ? gelu(g[i]) : silu(g[i])) * u[i];
+            y[i] = (op == BP_GLU_OP_SWIGLU  ? silu(g[i])
+                    : op == BP_GLU_OP_GEGLU ? gelu(g[i])
+                                            : gelu_erf(g[i])) *
+                   u[i];
     }
 }
 
@@ -453,6 +469,15 @@ static void op_row_reduce(bp_tensor *dst, const struct bp_cpu_params *p)
                 y[i] = x[i] * scale;
             break;
         }
+        case BP_OP_L2_NORM: {
+            for (int64_t i = 0; i < n; i++)
+                sq += (double)x[i] * x[i];
+            const float scale = (float)(1.0 / fmax(sqrt(sq), (double)eps));
+            float *y = bp_cpu_row(dst, i1, i2, i3);
+            for (int64_t i = 0; i < n; i++)
+                y[i] = x[i] * scale;
+            break;
+        }
         case BP_OP_NORM: {
             for (int64_t i = 0; i < n; i++)
                 sum += x[i];
@@ -471,9 +496,58 @@ static void op_row_reduce(bp_tensor *dst, const struct bp_cpu_params *p)
     }
 }
 
+/* Whether element i comes before element j (values v) in the order: by value, NaN last, ties
+ * by index. */
+BP_CPU_INLINE bool sorts_before(const float *v, int32_t i, int32_t j, bool desc)
+{
+    const float x = v[i], y = v[j];
+    if (isnan(x) || isnan(y))
+        return isnan(x) != isnan(y) ? !isnan(x) : i < j;
+    if (x != y)
+        return desc ? x > y : x < y;
+    return i < j;
+}
+
+/* ARGSORT and TOP_K: a bottom-up merge sort of each row's indices (stable, O(n log n)); TOP_K
+ * keeps the first k of the descending order. Scratch: the row as floats, two index arrays. */
+static void op_sort_rows(bp_tensor *dst, const struct bp_cpu_params *p)
+{
+    const bp_tensor *a = dst->src[0];
+    const int64_t n = a->ne[0];
+    const bool desc = dst->op == BP_OP_TOP_K || bp_get_op_param_i32(dst, 0) == BP_SORT_DESC;
+    float *vals = p->wdata;
+    int32_t *idx = (int32_t *)(vals + n), *tmp = idx + n;
+    int64_t r0, r1;
+    bp_cpu_split(ROWS_OF(a), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i1, i2, i3;
+        unflatten(a, r, &i1, &i2, &i3);
+        const float *x = row_f32(a, i1, i2, i3, vals);
+        int32_t *from = idx, *to = tmp;
+        for (int64_t i = 0; i < n; i++)
+            from[i] = (int32_t)i;
+        for (int64_t w = 1; w < n; w *= 2) {
+            for (int64_t lo = 0; lo < n; lo += 2 * w) {
+                const int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+                int64_t i = lo, j = mid, o = lo;
+                while (i < mid && j < hi)
+                    to[o++] = sorts_before(x, from[j], from[i], desc) ? from[j++] : from[i++];
+                while (i < mid)
+                    to[o++] = from[i++];
+                while (j < hi)
+                    to[o++] = from[j++];
+            }
+            int32_t *t = from;
+            from = to;
+            to = t;
+        }
+        memcpy(bp_cpu_row(dst, i1, i2, i3), from, (size_t)dst->ne[0] * sizeof(int32_t));
+    }
+}
+
 static void op_soft_max(bp_tensor *dst, const struct bp_cpu_params *p)
 {
-    const bp_tensor *a = dst->src[0], *mask = dst->src[1];
+    const bp_tensor *a = dst->src[0], *mask = dst->src[1], *sinks = dst->src[2];
     const float scale = bp_get_op_param_f32(dst, 0);
     const int64_t n = a->ne[0];
     float *tmp = p->wdata, *mrow = tmp + n;
@@ -492,11 +566,13 @@ static void op_soft_max(bp_tensor *dst, const struct bp_cpu_params *p)
             y[i] = v;
             max = v > max ? v : max;
         }
+        const float sink = sinks ? ((const float *)sinks->data)[i2] : -INFINITY;
+        max = sink > max ? sink : max;
         if (max == -INFINITY) { /* every entry masked: zeros, not NaN */
             memset(y, 0, (size_t)n * sizeof(float));
             continue;
         }
-        double sum = 0.0;
+        double sum = sinks ? (double)expf(sink - max) : 0.0;
         for (int64_t i = 0; i < n; i++) {
             y[i] = expf(y[i] - max);
             sum += y[i];
@@ -591,6 +667,7 @@ void bp_cpu_compute_node(bp_tensor *node, const struct bp_cpu_params *p)
         break;
     case BP_OP_SCALE:
     case BP_OP_UNARY:
+    case BP_OP_CLAMP:
         op_unary_scale(node, p);
         break;
     case BP_OP_GLU:
@@ -601,10 +678,15 @@ void bp_cpu_compute_node(bp_tensor *node, const struct bp_cpu_params *p)
     case BP_OP_ARGMAX:
     case BP_OP_NORM:
     case BP_OP_RMS_NORM:
+    case BP_OP_L2_NORM:
         op_row_reduce(node, p);
         break;
     case BP_OP_SOFT_MAX:
         op_soft_max(node, p);
+        break;
+    case BP_OP_ARGSORT:
+    case BP_OP_TOP_K:
+        op_sort_rows(node, p);
         break;
     case BP_OP_ROPE:
         op_rope(node, p);
@@ -634,6 +716,10 @@ void bp_cpu_work_size(const bp_tensor *node, int nth, size_t *per_thread, size_t
     }
     if (node->op == BP_OP_FLASH_ATTN_EXT) {
         bp_cpu_flash_attn_work_size(node, nth, per_thread);
+        return;
+    }
+    if (node->op == BP_OP_ARGSORT || node->op == BP_OP_TOP_K) {
+        *per_thread = (size_t)(3 * node->src[0]->ne[0] + 64) * sizeof(float);
         return;
     }
     int64_t widest = node->ne[0];
@@ -689,8 +775,10 @@ bool bp_cpu_supports_op(const bp_tensor *op)
                rows_contiguous(op);
     case BP_OP_SCALE:
     case BP_OP_UNARY:
+    case BP_OP_CLAMP:
     case BP_OP_NORM:
     case BP_OP_RMS_NORM:
+    case BP_OP_L2_NORM:
     case BP_OP_SOFT_MAX:
     case BP_OP_ROPE:
     case BP_OP_GLU:
@@ -701,6 +789,9 @@ bool bp_cpu_supports_op(const bp_tensor *op)
     case BP_OP_MEAN:
     case BP_OP_ARGMAX:
         return a->type == BP_TYPE_F32;
+    case BP_OP_ARGSORT:
+    case BP_OP_TOP_K:
+        return a->type == BP_TYPE_F32 && op->type == BP_TYPE_I32 && rows_contiguous(op);
     case BP_OP_CONCAT:
         return bp_type_block_size(op->type) == 1 && rows_contiguous(op);
     case BP_OP_MUL_MAT:

@@ -255,9 +255,24 @@ static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)
     case BP_OP_RMS_NORM:
         e = bp_cu_norm(1, bp_get_op_param_f32(n, 0), cu(n), cu(a), s);
         break;
+    case BP_OP_ARGSORT:
+    case BP_OP_TOP_K:
+        e = bp_cu_sort_rows(n->op == BP_OP_TOP_K || bp_get_op_param_i32(n, 0) == BP_SORT_DESC,
+                            cu(n), cu(a), s);
+        break;
+    case BP_OP_L2_NORM:
+        e = bp_cu_norm(2, bp_get_op_param_f32(n, 0), cu(n), cu(a), s);
+        break;
+    case BP_OP_CLAMP:
+        e = bp_cu_unary2(CU_CLAMP, bp_get_op_param_f32(n, 0), bp_get_op_param_f32(n, 1), cu(n),
+                         cu(a), s);
+        break;
     case BP_OP_SOFT_MAX: {
         struct cu_t m = b ? cu(b) : cu(a);
-        e = bp_cu_soft_max(bp_get_op_param_f32(n, 0), cu(n), cu(a), b ? &m : NULL, s);
+        const bp_tensor *sk = n->src[2];
+        struct cu_t sc = sk ? cu(sk) : cu(a);
+        e = bp_cu_soft_max(bp_get_op_param_f32(n, 0), cu(n), cu(a), b ? &m : NULL,
+                           sk ? &sc : NULL, s);
         break;
     }
     case BP_OP_FLASH_ATTN_EXT: {
@@ -277,7 +292,7 @@ static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)
         break;
     case BP_OP_GLU: {
         struct cu_t ub = b ? cu(b) : cu(a);
-        e = bp_cu_glu(bp_get_glu_op(n) == BP_GLU_OP_SWIGLU, cu(n), cu(a), b ? &ub : NULL, s);
+        e = bp_cu_glu((int)bp_get_glu_op(n), cu(n), cu(a), b ? &ub : NULL, s);
         break;
     }
     case BP_OP_MUL_MAT:

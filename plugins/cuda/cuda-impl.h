@@ -28,6 +28,7 @@ struct cu_t {
 enum { CU_ADD, CU_SUB, CU_MUL, CU_DIV };
 /* Unary codes are enum bp_unary_op; CU_SCALE multiplies by the parameter. */
 enum { CU_NEG, CU_ABS, CU_RELU, CU_GELU, CU_SILU, CU_SIGMOID, CU_TANH, CU_EXP, CU_SQR, CU_SQRT,
+       CU_GELU_ERF, CU_CLAMP = 99,
        CU_SCALE = 100 };
 
 /* Error codes the kernels leave in the backend's device flag (read at synchronisation). */
@@ -35,14 +36,22 @@ enum { CU_ERR_NONE = 0, CU_ERR_ROW_ID = 1 };
 
 int bp_cu_binary(int op, struct cu_t d, struct cu_t a, struct cu_t b, cudaStream_t s);
 int bp_cu_unary(int op, float param, struct cu_t d, struct cu_t a, cudaStream_t s);
+/* The same with two parameters (CU_CLAMP: lo, hi). */
+int bp_cu_unary2(int op, float p, float q, struct cu_t d, struct cu_t a, cudaStream_t s);
 /* d and a have the same number of elements, walked in logical order (i0 fastest). */
 int bp_cu_copy(struct cu_t d, struct cu_t a, cudaStream_t s);
 /* Row-wise ops, one block per row of a (d may be a's memory): SUM_ROWS or, with mean set,
  * MEAN; ARGMAX; NORM or, with rms set, RMS_NORM; SOFT_MAX, whose mask may be NULL. */
 int bp_cu_sum_rows(int mean, struct cu_t d, struct cu_t a, cudaStream_t s);
 int bp_cu_argmax(struct cu_t d, struct cu_t a, cudaStream_t s);
-int bp_cu_norm(int rms, float eps, struct cu_t d, struct cu_t a, cudaStream_t s);
+/* ARGSORT (d as long as a's rows) and TOP_K (d shorter: the first d.ne[0] of the descending
+ * order); rows of at most BP_CUDA_SORT_MAX values. */
+#define BP_CUDA_SORT_MAX 65536
+int bp_cu_sort_rows(int desc, struct cu_t d, struct cu_t a, cudaStream_t s);
+/* mode 0 NORM, 1 RMS_NORM, 2 L2_NORM. */
+int bp_cu_norm(int mode, float eps, struct cu_t d, struct cu_t a, cudaStream_t s);
 int bp_cu_soft_max(float scale, struct cu_t d, struct cu_t a, const struct cu_t *mask,
+                   const struct cu_t *sinks,
                    cudaStream_t s);
 int bp_cu_rope(struct cu_t d, struct cu_t x, struct cu_t pos, int n_dims, int mode,
                float freq_base, float freq_scale, cudaStream_t s);
@@ -56,7 +65,7 @@ int bp_cu_flash_attn(struct cu_t d, struct cu_t q, struct cu_t k, struct cu_t v,
                      const struct cu_t *mask, float scale, float softcap, int causal,
                      cudaStream_t s);
 /* b may be NULL: then a holds gate and up side by side along dimension 0. */
-int bp_cu_glu(int swiglu, struct cu_t d, struct cu_t a, const struct cu_t *b, cudaStream_t s);
+int bp_cu_glu(int glu_op, struct cu_t d, struct cu_t a, const struct cu_t *b, cudaStream_t s);
 /* dst = a^T b for few columns of b: one warp per row of a, any weight type (F32, F16, BF16,
  * Q8_0, Q4_0), batches broadcast like MUL_MAT. */
 int bp_cu_matvec(struct cu_t d, struct cu_t a, struct cu_t b, cudaStream_t s);

@@ -31,7 +31,8 @@ _Static_assert((int)CU_F32 == (int)BP_TYPE_F32 && (int)CU_F16 == (int)BP_TYPE_F1
                    (int)CU_Q8_0 == (int)BP_TYPE_Q8_0 && (int)CU_Q4_0 == (int)BP_TYPE_Q4_0,
                "cuda-impl.h type codes follow enum bp_type");
 _Static_assert((int)CU_NEG == (int)BP_UNARY_OP_NEG && (int)CU_SQRT == (int)BP_UNARY_OP_SQRT &&
-                   (int)CU_SQRT + 1 == (int)BP_UNARY_OP_COUNT,
+                   (int)CU_GELU_ERF == (int)BP_UNARY_OP_GELU_ERF &&
+                   (int)CU_GELU_ERF + 1 == (int)BP_UNARY_OP_COUNT,
                "cuda-impl.h unary codes follow enum bp_unary_op");
 
 #define CUDA_MAX_DEVICES 16

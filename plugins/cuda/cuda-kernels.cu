@@ -108,7 +108,7 @@ __global__ void k_binary(int op, cu_t d, cu_t a, cu_t b, int64_t n)
     }
 }
 
-static __device__ __forceinline__ float unary(int op, float x, float p)
+static __device__ __forceinline__ float unary(int op, float x, float p, float q = 0.0f)
 {
     switch (op) {
     case CU_NEG: return -x;
@@ -117,6 +117,8 @@ static __device__ __forceinline__ float unary(int op, float x, float p)
     case CU_GELU: /* x sigmoid(2z) = 0.5 x (1 + tanh z), without cancellation for z << 0 */
         return x / (1.0f + expf(-1.5957691216f * (x + 0.044715f * x * x * x)));
     case CU_SILU: return x / (1.0f + expf(-x));
+    case CU_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case CU_CLAMP: return x < p ? p : x > q ? q : x; /* NaN fails both tests: kept */
     case CU_SIGMOID: return 1.0f / (1.0f + expf(-x));
     case CU_TANH: return tanhf(x);
     case CU_EXP: return expf(x);
@@ -126,14 +128,14 @@ static __device__ __forceinline__ float unary(int op, float x, float p)
     }
 }
 
-__global__ void k_unary(int op, float p, cu_t d, cu_t a, int64_t n)
+__global__ void k_unary(int op, float p, float q, cu_t d, cu_t a, int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t x[4];
         unravel(d, i, x);
         st(at(d, x[0], x[1], x[2], x[3]), d.type,
-           unary(op, ld(at(a, x[0], x[1], x[2], x[3]), a.type), p));
+           unary(op, ld(at(a, x[0], x[1], x[2], x[3]), a.type), p, q));
     }
 }
 
@@ -220,7 +222,8 @@ __global__ void k_copy_to_quant(cu_t d, cu_t a, int64_t nblocks)
     }
 }
 
-__global__ void k_glu(int swiglu, cu_t d, cu_t a, cu_t b, int has_b, int64_t n)
+/* glu_op: enum bp_glu_op (0 SWIGLU, 1 GEGLU, 2 GEGLU_ERF). */
+__global__ void k_glu(int glu_op, cu_t d, cu_t a, cu_t b, int has_b, int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -229,7 +232,7 @@ __global__ void k_glu(int swiglu, cu_t d, cu_t a, cu_t b, int has_b, int64_t n)
         const float g = ld(at(a, x[0], x[1], x[2], x[3]), a.type);
         const float u = has_b ? ld(at(b, x[0], x[1], x[2], x[3]), b.type)
                               : ld(at(a, x[0] + d.ne[0], x[1], x[2], x[3]), a.type);
-        st(at(d, x[0], x[1], x[2], x[3]), d.type, unary(swiglu ? CU_SILU : CU_GELU, g, 0) * u);
+        st(at(d, x[0], x[1], x[2], x[3]), d.type, unary(glu_op == 0 ? CU_SILU : glu_op == 1 ? CU_GELU : CU_GELU_ERF, g, 0) * u);
     }
 }
 
@@ -299,12 +302,12 @@ __global__ void k_binary_rows(int op, cu_t d, cu_t a, cu_t b, int64_t rows)
     }
 }
 
-__global__ void k_unary_flat(int op, float p, cu_t d, cu_t a, int64_t n)
+__global__ void k_unary_flat(int op, float p, float q, cu_t d, cu_t a, int64_t n)
 {
     const int64_t ds = elsize(d.type), as = elsize(a.type);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        st(d.data + i * ds, d.type, unary(op, ld(a.data + i * as, a.type), p));
+        st(d.data + i * ds, d.type, unary(op, ld(a.data + i * as, a.type), p, q));
 }
 
 /* Dense in the logical order, elements of the tensor's type (float types only here). */
@@ -352,16 +355,21 @@ extern "C" int bp_cu_binary(int op, cu_t d, cu_t a, cu_t b, cudaStream_t s)
     return launched();
 }
 
-extern "C" int bp_cu_unary(int op, float p, cu_t d, cu_t a, cudaStream_t s)
+extern "C" int bp_cu_unary2(int op, float p, float q, cu_t d, cu_t a, cudaStream_t s)
 {
     const int64_t n = nelements(d);
     if (n == 0)
         return 0;
     if (dense(d) && dense(a))
-        k_unary_flat<<<blocks_for(n), THREADS, 0, s>>>(op, p, d, a, n);
+        k_unary_flat<<<blocks_for(n), THREADS, 0, s>>>(op, p, q, d, a, n);
     else
-        k_unary<<<blocks_for(n), THREADS, 0, s>>>(op, p, d, a, n);
+        k_unary<<<blocks_for(n), THREADS, 0, s>>>(op, p, q, d, a, n);
     return launched();
+}
+
+extern "C" int bp_cu_unary(int op, float p, cu_t d, cu_t a, cudaStream_t s)
+{
+    return bp_cu_unary2(op, p, 0.0f, d, a, s);
 }
 
 extern "C" int bp_cu_copy(cu_t d, cu_t a, cudaStream_t s)
@@ -378,10 +386,10 @@ extern "C" int bp_cu_copy(cu_t d, cu_t a, cudaStream_t s)
     return launched();
 }
 
-extern "C" int bp_cu_glu(int swiglu, cu_t d, cu_t a, const cu_t *b, cudaStream_t s)
+extern "C" int bp_cu_glu(int glu_op, cu_t d, cu_t a, const cu_t *b, cudaStream_t s)
 {
     const int64_t n = nelements(d);
-    k_glu<<<blocks_for(n), THREADS, 0, s>>>(swiglu, d, a, b ? *b : a, b != NULL, n);
+    k_glu<<<blocks_for(n), THREADS, 0, s>>>(glu_op, d, a, b ? *b : a, b != NULL, n);
     return launched();
 }
 
@@ -500,7 +508,8 @@ __global__ void k_argmax_rows(cu_t d, cu_t a)
 
 /* RMS_NORM when rms is set (x / sqrt(mean(x^2) + eps)), else NORM ((x - mean) / sqrt(var +
  * eps)). */
-__global__ void k_norm_rows(int rms, float eps, cu_t d, cu_t a)
+/* mode: 0 NORM, 1 RMS_NORM, 2 L2_NORM. */
+__global__ void k_norm_rows(int mode, float eps, cu_t d, cu_t a)
 {
     __shared__ float red[THREADS / 32];
     const row_pos p = block_row(a);
@@ -516,8 +525,10 @@ __global__ void k_norm_rows(int rms, float eps, cu_t d, cu_t a)
     s = block_sum(s, red);
     sq = block_sum(sq, red);
     float mean = 0.0f, scale;
-    if (rms) {
+    if (mode == 1) {
         scale = rsqrtf(sq / (float)n + eps);
+    } else if (mode == 2) {
+        scale = 1.0f / fmaxf(sqrtf(sq), eps);
     } else {
         mean = s / (float)n;
         float var = 0.0f;
@@ -535,7 +546,8 @@ __global__ void k_norm_rows(int rms, float eps, cu_t d, cu_t a)
 
 /* SOFT_MAX: scale, add the mask (when has_mask; broadcast over dimensions 2 and 3), normalise.
  * A row that is all -inf becomes all 0. */
-__global__ void k_soft_max_rows(float scale, cu_t d, cu_t a, cu_t mask, int has_mask)
+__global__ void k_soft_max_rows(float scale, cu_t d, cu_t a, cu_t mask, int has_mask,
+                                cu_t sinks, int has_sinks)
 {
     __shared__ float red[THREADS / 32];
     const row_pos p = block_row(a);
@@ -551,6 +563,8 @@ __global__ void k_soft_max_rows(float scale, cu_t d, cu_t a, cu_t mask, int has_
         mx = fmaxf(mx, v);
     }
     mx = block_max(mx, red);
+    const float sink = has_sinks ? ld(at(sinks, p.i2, 0, 0, 0), sinks.type) : -INFINITY;
+    mx = fmaxf(mx, sink);
     float sum = 0.0f;
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
         float v = ld(row + k * a.nb[0], a.type) * scale;
@@ -559,6 +573,8 @@ __global__ void k_soft_max_rows(float scale, cu_t d, cu_t a, cu_t mask, int has_
         sum += mx == -INFINITY ? 0.0f : expf(v - mx);
     }
     sum = block_sum(sum, red);
+    if (has_sinks && mx != -INFINITY)
+        sum += expf(sink - mx);
     __syncthreads();
     /* Each thread rewrites only elements it read itself above, so in-place is safe. */
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
@@ -567,6 +583,36 @@ __global__ void k_soft_max_rows(float scale, cu_t d, cu_t a, cu_t mask, int has_
             v += ld(mrow + k * mask.nb[0], mask.type);
         const float e = mx == -INFINITY ? 0.0f : expf(v - mx);
         st(out + k * d.nb[0], d.type, sum > 0.0f ? e / sum : 0.0f);
+    }
+}
+
+/* ARGSORT and TOP_K, one block per row: each element's rank is the number of elements that
+ * sort before it (by value, NaN last, ties by index), counted by its thread; the element is
+ * written at its rank when that is among the first d.ne[0]. Quadratic in the row length, so
+ * supports_op takes rows up to BP_CUDA_SORT_MAX (router scores, vocabularies). */
+static __device__ __forceinline__ bool sorts_before(float x, int64_t i, float y, int64_t j,
+                                                    int desc)
+{
+    if (isnan(x) || isnan(y))
+        return isnan(x) != isnan(y) ? !isnan(x) : i < j;
+    if (x != y)
+        return desc ? x > y : x < y;
+    return i < j;
+}
+
+__global__ void k_sort_rows(cu_t d, cu_t a, int desc)
+{
+    const row_pos p = block_row(a);
+    const int64_t n = a.ne[0];
+    const char *row = at(a, 0, p.i1, p.i2, p.i3);
+    char *out = at(d, 0, p.i1, p.i2, p.i3);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float x = ld(row + i * a.nb[0], a.type);
+        int64_t rank = 0;
+        for (int64_t j = 0; j < n; j++)
+            rank += j != i && sorts_before(ld(row + j * a.nb[0], a.type), j, x, i, desc);
+        if (rank < d.ne[0])
+            *(int32_t *)(out + rank * d.nb[0]) = (int32_t)i;
     }
 }
 
@@ -602,23 +648,35 @@ extern "C" int bp_cu_argmax(cu_t d, cu_t a, cudaStream_t s)
     return launched();
 }
 
-extern "C" int bp_cu_norm(int rms, float eps, cu_t d, cu_t a, cudaStream_t s)
+extern "C" int bp_cu_norm(int mode, float eps, cu_t d, cu_t a, cudaStream_t s)
 {
     unsigned rows;
     const int e = row_grid(a, &rows);
     if (e != 0 || rows == 0)
         return e;
-    k_norm_rows<<<rows, THREADS, 0, s>>>(rms, eps, d, a);
+    k_norm_rows<<<rows, THREADS, 0, s>>>(mode, eps, d, a);
     return launched();
 }
 
-extern "C" int bp_cu_soft_max(float scale, cu_t d, cu_t a, const cu_t *mask, cudaStream_t s)
+extern "C" int bp_cu_sort_rows(int desc, cu_t d, cu_t a, cudaStream_t s)
 {
     unsigned rows;
     const int e = row_grid(a, &rows);
     if (e != 0 || rows == 0)
         return e;
-    k_soft_max_rows<<<rows, THREADS, 0, s>>>(scale, d, a, mask ? *mask : a, mask != NULL);
+    k_sort_rows<<<rows, THREADS, 0, s>>>(d, a, desc);
+    return launched();
+}
+
+extern "C" int bp_cu_soft_max(float scale, cu_t d, cu_t a, const cu_t *mask, const cu_t *sinks,
+                              cudaStream_t s)
+{
+    unsigned rows;
+    const int e = row_grid(a, &rows);
+    if (e != 0 || rows == 0)
+        return e;
+    k_soft_max_rows<<<rows, THREADS, 0, s>>>(scale, d, a, mask ? *mask : a, mask != NULL,
+                                             sinks ? *sinks : a, sinks != NULL);
     return launched();
 }
 

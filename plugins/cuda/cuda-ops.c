@@ -65,6 +65,8 @@ bool bp_cuda_supports(const bp_tensor *op)
         return bp_cuda_float_type(op->type) && bp_cuda_float_type(a->type) && bp_cuda_float_type(b->type);
     case BP_OP_SCALE:
     case BP_OP_UNARY:
+    case BP_OP_CLAMP:
+    case BP_OP_L2_NORM:
     case BP_OP_SUM_ROWS:
     case BP_OP_MEAN:
     case BP_OP_NORM:
@@ -72,6 +74,10 @@ bool bp_cuda_supports(const bp_tensor *op)
         return bp_cuda_float_type(op->type) && bp_cuda_float_type(a->type);
     case BP_OP_ARGMAX:
         return bp_cuda_float_type(a->type);
+    case BP_OP_ARGSORT:
+    case BP_OP_TOP_K:
+        return bp_cuda_float_type(a->type) && op->type == BP_TYPE_I32 &&
+               a->ne[0] <= BP_CUDA_SORT_MAX;
     case BP_OP_SOFT_MAX:
         return bp_cuda_float_type(op->type) && bp_cuda_float_type(a->type) && (b == NULL || bp_cuda_float_type(b->type));
     case BP_OP_GLU:

@@ -151,12 +151,14 @@ static const char *scale_rule(const struct bp_meta_rule_in *in, struct bp_meta_d
 
 /* ---- Element-wise and row-wise ops ------------------------------------------------------- */
 
-/* UNARY, RMS_NORM, NORM, GLU of one source: kept when the split is not on the row axis 0
- * (UNARY: any axis); partial sums are added up first (these ops are not linear). */
+/* UNARY, CLAMP, RMS_NORM, NORM, L2_NORM, ARGSORT, TOP_K, GLU of one source: kept when the split is not on the
+ * row axis 0 (UNARY, CLAMP: any axis, they are element-wise); partial sums are added up first
+ * (these ops are not linear). */
 static const char *rowwise_rule(const struct bp_meta_rule_in *in, struct bp_meta_decision *d)
 {
     const struct bp_meta_split sa = src_state(in, 0);
-    if (is_split(&sa) && (in->node->op == BP_OP_UNARY || sa.axis >= 1))
+    const bool elementwise = in->node->op == BP_OP_UNARY || in->node->op == BP_OP_CLAMP;
+    if (is_split(&sa) && (elementwise || sa.axis >= 1))
         return pass_through(d, &sa);
     if (sa.state == BP_META_PARTIAL)
         return "the op is not linear: partial sums are added up first";
@@ -172,7 +174,12 @@ static const char *soft_max_rule(const struct bp_meta_rule_in *in, struct bp_met
         return "SOFT_MAX keeps only a split on axis 2 or 3 (per head)";
     if (mask != NULL && (mask->ne[2] != 1 || mask->ne[3] != 1))
         return "the mask of SOFT_MAX varies along the split axis";
-    return pass_through(d, &sa);
+    const char *why = pass_through(d, &sa);
+    if (why == NULL && in->node->src[2] != NULL && sa.axis == 2) {
+        d->want[2] = sa; /* one sink per head: the parts' heads */
+        d->want[2].axis = 0;
+    }
+    return why;
 }
 
 /* ROPE: kept on axes 1 (heads) and 3; the positions stay MIRRORED. */
@@ -369,8 +376,12 @@ static rule_fn *rule_of(const bp_tensor *node)
     case BP_OP_SCALE:
         return node->src[0] ? scale_rule : NULL;
     case BP_OP_UNARY:
+    case BP_OP_CLAMP:
     case BP_OP_RMS_NORM:
     case BP_OP_NORM:
+    case BP_OP_L2_NORM:
+    case BP_OP_ARGSORT:
+    case BP_OP_TOP_K:
         return node->src[0] ? rowwise_rule : NULL;
     case BP_OP_SOFT_MAX:
         return node->src[0] ? soft_max_rule : NULL;
