@@ -217,6 +217,12 @@ static bp_tensor *b_rope(bp_context *ctx, int v)
     case 1: /* partial rotation, odd head count */
         return bp_rope(ctx, f32(ctx, 18, 3, 7, 1), leaf(ctx, BP_TYPE_I32, 7, 1, 1, 1), 10, mode,
                        500.0f, 0.5f);
+    case 3: /* YaRN: positions past a short original context, every pair on the ramp's sides */
+        return bp_rope_ext(ctx, f32(ctx, 64, 4, 5, 1), leaf(ctx, BP_TYPE_I32, 5, 1, 1, 1), 64,
+                           mode, 16, 10000.0f, 0.25f, 1.0f, 1.0f, 32.0f, 1.0f);
+    case 4: /* YaRN half strength, a magnitude factor, partial rotation */
+        return bp_rope_ext(ctx, f32(ctx, 48, 3, 7, 1), leaf(ctx, BP_TYPE_I32, 7, 1, 1, 1), 32,
+                           mode, 24, 500000.0f, 0.125f, 0.5f, 0.9f, 16.0f, 2.0f);
     default: { /* a strided view: q out of a fused qkv projection */
         bp_tensor *qkv = f32(ctx, 3 * 32, 6, 1, 1);
         bp_tensor *q = bp_view_3d(ctx, qkv, 16, 2, 6, 16 * 4, 3 * 32 * 4, 0);
@@ -399,7 +405,7 @@ const struct conf_case conf_cases[] = {
     {"glu", b_glu, 3 * BP_GLU_OP_COUNT, NMSE_F32},
     {"rows", b_rows, 5 * 2 * N_SHAPES, NMSE_F32},
     {"soft_max", b_soft_max, 7, NMSE_F32},
-    {"rope", b_rope, 6, NMSE_F32},
+    {"rope", b_rope, 10, NMSE_F32},
     {"concat", b_concat, 8, NMSE_F32},
     {"flash_attn_ext", b_flash_attn, 7, NMSE_F32},
     {"clamp", b_clamp, 3 * 2 * N_SHAPES, NMSE_F32},

@@ -385,23 +385,42 @@ static bool flash_attn_ext(bp_tensor *r)
     return true;
 }
 
+/* YaRN's ramp over pair i, from the raw parameters (not the pair range the builder stored). */
+static double yarn_mix(int n_dims, int n_ctx_orig, double base, double beta_fast,
+                       double beta_slow, double ext, int i)
+{
+    if (ext == 0)
+        return 0;
+    const double lo = fmax(0, floor(n_dims * log(n_ctx_orig / (beta_fast * 2 * M_PI)) /
+                                    (2 * log(base))));
+    const double hi = fmin(n_dims - 1, ceil(n_dims * log(n_ctx_orig / (beta_slow * 2 * M_PI)) /
+                                            (2 * log(base))));
+    const double y = (i - lo) / fmax(0.001, hi - lo);
+    return ext * (1 - fmin(1, fmax(0, y)));
+}
+
 static bool rope(bp_tensor *r)
 {
     const bp_tensor *x = r->src[0], *pos = r->src[1];
     const int n_dims = bp_get_op_param_i32(r, 0), mode = bp_get_op_param_i32(r, 1);
     const double base = bp_get_op_param_f32(r, 2), fscale = bp_get_op_param_f32(r, 3);
+    const double ext = bp_get_op_param_f32(r, 4), attn = bp_get_op_param_f32(r, 8);
+    const double mag = ext == 0 ? bp_get_op_param_f32(r, 5) : attn * (1 + 0.1 * log(1 / fscale));
     FOR_ROWS(x)
     {
         double p = ref_get(pos, i2, 0, 0, 0);
         for (int64_t i0 = n_dims; i0 < x->ne[0]; i0++)
             ref_set(r, i0, i1, i2, i3, ref_get(x, i0, i1, i2, i3));
         for (int i = 0; i < n_dims / 2; i++) {
-            double theta = p * fscale * pow(base, -2.0 * i / n_dims);
+            const double mix = yarn_mix(n_dims, bp_get_op_param_i32(r, 11), base,
+                                        bp_get_op_param_f32(r, 9), bp_get_op_param_f32(r, 10),
+                                        ext, i);
+            double theta = p * pow(base, -2.0 * i / n_dims) * (fscale * (1 - mix) + mix);
             int64_t j0 = mode == BP_ROPE_NEOX ? i : 2 * i;
             int64_t j1 = mode == BP_ROPE_NEOX ? i + n_dims / 2 : 2 * i + 1;
             double v0 = ref_get(x, j0, i1, i2, i3), v1 = ref_get(x, j1, i1, i2, i3);
-            ref_set(r, j0, i1, i2, i3, v0 * cos(theta) - v1 * sin(theta));
-            ref_set(r, j1, i1, i2, i3, v0 * sin(theta) + v1 * cos(theta));
+            ref_set(r, j0, i1, i2, i3, mag * (v0 * cos(theta) - v1 * sin(theta)));
+            ref_set(r, j1, i1, i2, i3, mag * (v0 * sin(theta) + v1 * cos(theta)));
         }
     }
     return true;

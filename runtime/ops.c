@@ -7,7 +7,9 @@
  *   VIEW      [0..1] byte offset (size_t)          PERMUTE  [0..3] axes
  *   SCALE     [0] scale (f32)                      UNARY    [0] enum bp_unary_op
  *   NORM, RMS_NORM [0] eps (f32)                   SOFT_MAX [0] scale (f32)
- *   ROPE      [0] n_dims, [1] mode, [2] freq_base (f32), [3] freq_scale (f32)
+ *   ROPE      [0] n_dims, [1] mode, [2] freq_base (f32), [3] freq_scale (f32); YaRN: [4]
+ *             ext_factor, [5] magnitude, [6..7] ramp pairs, [8] attn_factor, [9] beta_fast,
+ *             [10] beta_slow (f32), [11] n_ctx_orig (bp-tensor.h)
  *   CONCAT    [0] dim                              GLU      [0] enum bp_glu_op, [1] 1 if split
  *   FLASH_ATTN_EXT [0] scale (f32), [1] softcap (f32), [2] flags (enum bp_attn_flags)
  *   CLAMP     [0] lo (f32), [1] hi (f32)         L2_NORM  [0] eps (f32)
@@ -546,6 +548,45 @@ bp_tensor *bp_rope(bp_context *ctx, bp_tensor *x, bp_tensor *pos, int n_dims,
     t->op_params[1] = (int32_t)mode;
     set_param_f32(t, 2, freq_base);
     set_param_f32(t, 3, freq_scale);
+    set_param_f32(t, 4, 0.0f);
+    set_param_f32(t, 5, 1.0f);
+    return t;
+}
+
+/* The pair position where a rotation's wavelength fits n_ctx_orig exactly n_rot times. */
+static double yarn_corr_dim(int n_dims, int n_ctx_orig, double n_rot, double base)
+{
+    return n_dims * log(n_ctx_orig / (n_rot * 2 * M_PI)) / (2 * log(base));
+}
+
+bp_tensor *bp_rope_ext(bp_context *ctx, bp_tensor *x, bp_tensor *pos, int n_dims,
+                       enum bp_rope_mode mode, int n_ctx_orig, float freq_base, float freq_scale,
+                       float ext_factor, float attn_factor, float beta_fast, float beta_slow)
+{
+    if (!(ext_factor >= 0.0f && ext_factor <= 1.0f) || !(attn_factor > 0.0f) ||
+        !isfinite(attn_factor) || !isfinite(beta_fast) || !isfinite(beta_slow) ||
+        !(beta_fast > 0.0f) || !(beta_slow > 0.0f) || (ext_factor > 0.0f && n_ctx_orig < 1))
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_rope_ext: ext_factor %g must be in [0, 1], "
+                              "attn_factor %g, beta_fast %g and beta_slow %g finite and positive, "
+                              "n_ctx_orig %d positive", (double)ext_factor, (double)attn_factor,
+                              (double)beta_fast, (double)beta_slow, n_ctx_orig);
+    bp_tensor *t = bp_rope(ctx, x, pos, n_dims, mode, freq_base, freq_scale);
+    if (t == NULL)
+        return NULL;
+    double lo = 0, hi = 0, mscale = attn_factor;
+    if (ext_factor > 0.0f) {
+        lo = fmax(0.0, floor(yarn_corr_dim(n_dims, n_ctx_orig, beta_fast, freq_base)));
+        hi = fmin(n_dims - 1, ceil(yarn_corr_dim(n_dims, n_ctx_orig, beta_slow, freq_base)));
+        mscale *= 1.0 + 0.1 * log(1.0 / freq_scale);
+    }
+    set_param_f32(t, 4, ext_factor);
+    set_param_f32(t, 5, (float)mscale);
+    set_param_f32(t, 6, (float)lo);
+    set_param_f32(t, 7, (float)hi);
+    set_param_f32(t, 8, attn_factor);
+    set_param_f32(t, 9, beta_fast);
+    set_param_f32(t, 10, beta_slow);
+    t->op_params[11] = n_ctx_orig;
     return t;
 }
 

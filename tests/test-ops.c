@@ -312,6 +312,33 @@ START_TEST(test_glu)
 }
 END_TEST
 
+START_TEST(test_rope_ext)
+{
+    bp_tensor *x = f32(64, 4, 5, 1), *pos = bp_new_tensor_1d(ctx, BP_TYPE_I32, 5);
+    bp_tensor *r = bp_rope_ext(ctx, x, pos, 64, BP_ROPE_NEOX, 4096, 10000.0f, 0.25f, 1.0f, 1.0f,
+                               32.0f, 1.0f);
+    ck_assert_int_eq(r->op, BP_OP_ROPE);
+    ck_assert_float_eq(bp_get_op_param_f32(r, 4), 1.0f);
+    /* the magnitude carries the interpolation's correction */
+    ck_assert_float_eq_tol(bp_get_op_param_f32(r, 5), 1.0f + 0.1f * logf(4.0f), 1e-6f);
+    /* pairs 0..lo extrapolate, hi.. interpolate: lo < hi inside the 32 pairs */
+    ck_assert(bp_get_op_param_f32(r, 6) < bp_get_op_param_f32(r, 7));
+    ck_assert(bp_get_op_param_f32(r, 7) <= 63.0f);
+    bp_tensor *plain = bp_rope(ctx, x, pos, 64, BP_ROPE_NEOX, 10000.0f, 0.25f);
+    ck_assert_float_eq(bp_get_op_param_f32(plain, 4), 0.0f);
+    ck_assert_float_eq(bp_get_op_param_f32(plain, 5), 1.0f);
+    ck_assert_rejected(bp_rope_ext(ctx, x, pos, 64, BP_ROPE_NEOX, 4096, 1e4f, 0.25f, 1.5f, 1.0f,
+                                   32.0f, 1.0f),
+                       BP_ERR_INVALID_ARG, "ext_factor");
+    ck_assert_rejected(bp_rope_ext(ctx, x, pos, 64, BP_ROPE_NEOX, 0, 1e4f, 0.25f, 1.0f, 1.0f,
+                                   32.0f, 1.0f),
+                       BP_ERR_INVALID_ARG, "n_ctx_orig");
+    ck_assert_rejected(bp_rope_ext(ctx, x, pos, 63, BP_ROPE_NEOX, 64, 1e4f, 0.25f, 1.0f, 1.0f,
+                                   32.0f, 1.0f),
+                       BP_ERR_INVALID_ARG, "n_dims");
+}
+END_TEST
+
 START_TEST(test_clamp_l2_norm)
 {
     bp_tensor *a = f32(7, 3, 2, 1);
@@ -423,6 +450,7 @@ int main(void)
         {test_op_table, "op_table"},     {test_get_rows, "get_rows"},
         {test_flash_attn_ext, "flash_attn_ext"},
         {test_clamp_l2_norm, "clamp_l2_norm"},
+        {test_rope_ext, "rope_ext"},
         {test_argsort_top_k, "argsort_top_k"},
         {test_soft_max_sinks, "soft_max_sinks"},
         {test_set_rows, "set_rows"},     {test_binary_broadcast, "binary"},

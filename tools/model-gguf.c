@@ -97,8 +97,44 @@ static const char *get_str(const bp_gguf *g, const char *key, enum bp_status *st
     return v;
 }
 
-/* The linear rope scaling factor (1 when none); other kinds of scaling are refused. */
-static enum bp_status rope_scaling(const bp_gguf *g, const char *arch, double *factor)
+/* YaRN's parameters into cfg, the defaults llama.cpp takes where the file has none. */
+static enum bp_status yarn_params(const bp_gguf *g, const char *arch, int64_t n_ctx,
+                                  struct model_config *cfg)
+{
+    double ext, attn, fast, slow, log_mul;
+    int64_t orig;
+    enum bp_status st;
+    char key[128];
+    snprintf(key, sizeof(key), "%s.rope.scaling.yarn_attn_factor", arch);
+    const bool yarn_attn = bp_gguf_find_key(g, key) >= 0;
+    if ((st = get_float(g, arch, "rope.scaling.yarn_log_multiplier", 1.0, 1e6, &log_mul)) !=
+        BP_OK)
+        return st;
+    snprintf(key, sizeof(key), "%s.rope.scaling.yarn_log_multiplier", arch);
+    if (bp_gguf_find_key(g, key) >= 0)
+        return bp_set_error(BP_ERR_UNSUPPORTED, "the model's YaRN has a log multiplier "
+                            "(%s = %g), which backplane run does not implement", key, log_mul);
+    if ((st = get_float(g, arch, "rope.scaling.yarn_ext_factor", 1.0, 1.0, &ext)) != BP_OK ||
+        (st = get_float(g, arch,
+                        yarn_attn ? "rope.scaling.yarn_attn_factor" : "rope.scaling.attn_factor",
+                        1.0, 1e3, &attn)) != BP_OK ||
+        (st = get_float(g, arch, "rope.scaling.yarn_beta_fast", 32.0, 1e6, &fast)) != BP_OK ||
+        (st = get_float(g, arch, "rope.scaling.yarn_beta_slow", 1.0, 1e6, &slow)) != BP_OK ||
+        (st = get_int(g, arch, "rope.scaling.original_context_length", false, n_ctx, 1,
+                      INT32_MAX, &orig)) != BP_OK)
+        return st;
+    cfg->yarn_ext_factor = (float)ext;
+    cfg->yarn_attn_factor = (float)attn;
+    cfg->yarn_beta_fast = (float)fast;
+    cfg->yarn_beta_slow = (float)slow;
+    cfg->yarn_n_ctx_orig = (int)orig;
+    return BP_OK;
+}
+
+/* The rope scaling factor (1 when none), and whether it is YaRN's; kinds other than linear and
+ * YaRN are refused. */
+static enum bp_status rope_scaling(const bp_gguf *g, const char *arch, double *factor,
+                                   bool *yarn)
 {
     char key[128];
     enum bp_status st = BP_OK;
@@ -106,10 +142,12 @@ static enum bp_status rope_scaling(const bp_gguf *g, const char *arch, double *f
     const char *type = get_str(g, key, &st);
     if (st != BP_OK)
         return st;
-    if (type != NULL && strcmp(type, "none") != 0 && strcmp(type, "linear") != 0)
+    if (type != NULL && strcmp(type, "none") != 0 && strcmp(type, "linear") != 0 &&
+        strcmp(type, "yarn") != 0)
         return bp_set_error(BP_ERR_UNSUPPORTED, "the model's rope scaling is '%s'; backplane run "
-                            "serves 'none' and 'linear'", type);
+                            "serves 'none', 'linear' and 'yarn'", type);
     *factor = 1.0;
+    *yarn = type != NULL && strcmp(type, "yarn") == 0;
     if (type != NULL && strcmp(type, "none") == 0)
         return BP_OK;
     snprintf(key, sizeof(key), "%s.rope.scaling.factor", arch);
@@ -157,6 +195,7 @@ enum bp_status model_gguf_config(const bp_gguf *g, struct model_config *cfg, cha
     const char *an = a->name;
     int64_t layers = 0, embd = 0, ff = 0, heads = 0, heads_kv = 0, ctx = 0, rope_dims = 0;
     double base = 0, eps = 0, factor = 1;
+    bool yarn = false;
     if ((st = get_int(g, an, "block_count", true, 0, 1, 4096, &layers)) != BP_OK ||
         (st = get_int(g, an, "embedding_length", true, 0, 1, 1 << 20, &embd)) != BP_OK ||
         (st = get_int(g, an, "feed_forward_length", true, 0, 1, 1 << 22, &ff)) != BP_OK ||
@@ -166,7 +205,7 @@ enum bp_status model_gguf_config(const bp_gguf *g, struct model_config *cfg, cha
         (st = get_int(g, an, "context_length", false, GGUF_MAX_CTX, 1, INT32_MAX, &ctx)) != BP_OK ||
         (st = get_float(g, an, "rope.freq_base", 10000.0, 1e12, &base)) != BP_OK ||
         (st = get_float(g, an, "attention.layer_norm_rms_epsilon", 1e-5, 1.0, &eps)) != BP_OK ||
-        (st = rope_scaling(g, an, &factor)) != BP_OK)
+        (st = rope_scaling(g, an, &factor, &yarn)) != BP_OK)
         return st;
     if (embd % heads != 0)
         return bp_set_error(BP_ERR_INVALID_ARG, "the model's %lld heads do not divide its "
@@ -220,6 +259,8 @@ enum bp_status model_gguf_config(const bp_gguf *g, struct model_config *cfg, cha
         .rope_scale = (float)(1.0 / factor),
         .norm_eps = (float)eps,
     };
+    if (yarn && (st = yarn_params(g, an, ctx, cfg)) != BP_OK)
+        return st;
     *wtype = q.type;
     return BP_OK;
 }
@@ -489,7 +530,16 @@ static enum bp_status add_metadata(bp_gguf_writer *w, const struct model *m)
     SET(bp_gguf_writer_set_u32(w, "llama.rope.dimension_count",
                                (uint32_t)(c->rope_dims > 0 ? c->rope_dims : c->n_embd / c->n_head)));
     SET(bp_gguf_writer_set_f32(w, "llama.rope.freq_base", c->rope_base));
-    if (c->rope_scale != 1.0f) {
+    if (c->yarn_ext_factor > 0.0f) {
+        SET(bp_gguf_writer_set_str(w, "llama.rope.scaling.type", "yarn"));
+        SET(bp_gguf_writer_set_f32(w, "llama.rope.scaling.factor", 1.0f / c->rope_scale));
+        SET(bp_gguf_writer_set_u32(w, "llama.rope.scaling.original_context_length",
+                                   (uint32_t)c->yarn_n_ctx_orig));
+        SET(bp_gguf_writer_set_f32(w, "llama.rope.scaling.yarn_attn_factor", c->yarn_attn_factor));
+        SET(bp_gguf_writer_set_f32(w, "llama.rope.scaling.yarn_ext_factor", c->yarn_ext_factor));
+        SET(bp_gguf_writer_set_f32(w, "llama.rope.scaling.yarn_beta_fast", c->yarn_beta_fast));
+        SET(bp_gguf_writer_set_f32(w, "llama.rope.scaling.yarn_beta_slow", c->yarn_beta_slow));
+    } else if (c->rope_scale != 1.0f) {
         SET(bp_gguf_writer_set_str(w, "llama.rope.scaling.type", "linear"));
         SET(bp_gguf_writer_set_f32(w, "llama.rope.scaling.factor", 1.0f / c->rope_scale));
     }

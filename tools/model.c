@@ -281,8 +281,17 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
         CHECK(q = bp_reshape_3d(ctx, q, D, H, T));
         CHECK(k = bp_reshape_3d(ctx, k, D, HK, T));
         const int rd = c->rope_dims > 0 ? c->rope_dims : (int)D;
-        CHECK(q = bp_rope(ctx, q, st->pos, rd, c->rope_mode, c->rope_base, c->rope_scale));
-        CHECK(k = bp_rope(ctx, k, st->pos, rd, c->rope_mode, c->rope_base, c->rope_scale));
+        if (c->yarn_ext_factor > 0.0f) {
+            CHECK(q = bp_rope_ext(ctx, q, st->pos, rd, c->rope_mode, c->yarn_n_ctx_orig,
+                                  c->rope_base, c->rope_scale, c->yarn_ext_factor,
+                                  c->yarn_attn_factor, c->yarn_beta_fast, c->yarn_beta_slow));
+            CHECK(k = bp_rope_ext(ctx, k, st->pos, rd, c->rope_mode, c->yarn_n_ctx_orig,
+                                  c->rope_base, c->rope_scale, c->yarn_ext_factor,
+                                  c->yarn_attn_factor, c->yarn_beta_fast, c->yarn_beta_slow));
+        } else {
+            CHECK(q = bp_rope(ctx, q, st->pos, rd, c->rope_mode, c->rope_base, c->rope_scale));
+            CHECK(k = bp_rope(ctx, k, st->pos, rd, c->rope_mode, c->rope_base, c->rope_scale));
+        }
 
         /* This step's keys and values into the cache (row = position), then the cached
          * positions 0..KV-1 as [D, KV, HK] views of what was written. */

@@ -17,6 +17,10 @@ struct model_config {
     int rope_dims; /* dimensions of each head that rope rotates; 0: all of them */
     float rope_base, rope_scale, norm_eps; /* rope_scale: the position factor (1 / linear
                                             * scaling factor) */
+    /* YaRN (bp_rope_ext) when yarn_ext_factor > 0: pairs between rope_scale and 1 by their
+     * wavelength against yarn_n_ctx_orig; 0: plain rope. */
+    float yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
+    int yarn_n_ctx_orig;
 };
 
 /* "tiny", "small" or "base" (about 1B parameters); NULL for anything else. */

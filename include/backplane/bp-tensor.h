@@ -182,7 +182,11 @@ enum bp_rope_mode {
  *              (f32). Along ne[0] of a[:, i1, i2, i3] * scale + mask[:, i1, i2 % mask.ne2,
  *              i3 % mask.ne3], with sinks[i2] weighed in (bp_soft_max_add_sinks).
  *   ROPE       src[0] x, src[1] pos I32. op_params[0] = n_dims, [1] = enum bp_rope_mode,
- *              [2] = freq_base (f32), [3] = freq_scale (f32). In each head of token t (x's
+ *              [2] = freq_base (f32), [3] = freq_scale (f32), and for YaRN (bp_rope_ext)
+ *              [4] = ext_factor, [5] = the magnitude factor attn_factor (1 + 0.1 ln(1 /
+ *              freq_scale)), [6], [7] = the first and last pair of the ramp, [8] = attn_factor,
+ *              [9] = beta_fast, [10] = beta_slow (f32), [11] = n_ctx_orig; [4] = 0 and [5] = 1
+ *              without YaRN, as below. In each head of token t (x's
  *              index 2), pair i (0 <= i < n_dims / 2: values 2i and 2i + 1, or i and
  *              i + n_dims / 2 in NeoX mode) (v0, v1) becomes (v0 cos th - v1 sin th,
  *              v0 sin th + v1 cos th) with th = pos[t] * freq_scale * freq_base^(-2i / n_dims);
@@ -439,6 +443,16 @@ BP_API enum bp_status bp_soft_max_add_sinks(bp_tensor *s, bp_tensor *sinks);
  * <= head_dim) values of each head by pos * freq_scale * base^(-2i/n_dims). */
 BP_API bp_tensor *bp_rope(bp_context *ctx, bp_tensor *x, bp_tensor *pos, int n_dims,
                           enum bp_rope_mode mode, float freq_base, float freq_scale);
+/* rope with YaRN context extension (ext_factor in (0, 1]; 0 is plain rope with linear scaling
+ * freq_scale): pair i turns by pos * base^(-2i/n_dims) * (freq_scale (1 - m_i) + m_i), where
+ * m_i = ext_factor * ramp_i is 1 for the fast-turning pairs, whose wavelength fits n_ctx_orig
+ * beta_fast times or more, 0 for those that fit beta_slow times or less, and linear in between
+ * (pair positions floor/ceil(n_dims ln(n_ctx_orig / (2 pi beta)) / (2 ln base))); the results
+ * are multiplied by attn_factor * (1 + 0.1 ln(1 / freq_scale)). As ggml's rope_ext. */
+BP_API bp_tensor *bp_rope_ext(bp_context *ctx, bp_tensor *x, bp_tensor *pos, int n_dims,
+                              enum bp_rope_mode mode, int n_ctx_orig, float freq_base,
+                              float freq_scale, float ext_factor, float attn_factor,
+                              float beta_fast, float beta_slow);
 
 /* Fused attention with an online softmax (no [n_kv, n_tok] intermediate):
  *   q F32 [D, n_tok, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq'], v [Dv, n_kv, n_head_kv,

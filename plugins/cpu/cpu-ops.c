@@ -589,10 +589,15 @@ static void op_rope(bp_tensor *dst, const struct bp_cpu_params *p)
     const int n_dims = bp_get_op_param_i32(dst, 0);
     const bool neox = bp_get_op_param_i32(dst, 1) == BP_ROPE_NEOX;
     const float base = bp_get_op_param_f32(dst, 2), fscale = bp_get_op_param_f32(dst, 3);
+    const float ext = bp_get_op_param_f32(dst, 4), mag = bp_get_op_param_f32(dst, 5);
+    const float lo = bp_get_op_param_f32(dst, 6), hi = bp_get_op_param_f32(dst, 7);
     const int half = n_dims / 2;
     float *inv_freq = p->wdata, *tmp = inv_freq + half;
-    for (int i = 0; i < half; i++)
-        inv_freq[i] = fscale * powf(base, -2.0f * (float)i / (float)n_dims);
+    for (int i = 0; i < half; i++) { /* YaRN: each pair between interpolation and extrapolation */
+        const float y = ((float)i - lo) / fmaxf(0.001f, hi - lo);
+        const float mix = ext * (1.0f - fminf(1.0f, fmaxf(0.0f, y)));
+        inv_freq[i] = powf(base, -2.0f * (float)i / (float)n_dims) * (fscale * (1.0f - mix) + mix);
+    }
     int64_t r0, r1;
     bp_cpu_split(ROWS_OF(x), p->ith, p->nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
@@ -604,7 +609,7 @@ static void op_rope(bp_tensor *dst, const struct bp_cpu_params *p)
         float *out = bp_cpu_row(dst, i1, i2, i3);
         for (int i = 0; i < half; i++) {
             const float theta = position * inv_freq[i];
-            const float c = cosf(theta), s = sinf(theta);
+            const float c = cosf(theta) * mag, s = sinf(theta) * mag;
             const int j0 = neox ? i : 2 * i, j1 = neox ? i + half : 2 * i + 1;
             const float v0 = in[j0], v1 = in[j1];
             out[j0] = v0 * c - v1 * s;

@@ -285,7 +285,10 @@ static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)
     }
     case BP_OP_ROPE:
         e = bp_cu_rope(cu(n), cu(a), cu(b), bp_get_op_param_i32(n, 0), bp_get_op_param_i32(n, 1),
-                       bp_get_op_param_f32(n, 2), bp_get_op_param_f32(n, 3), s);
+                       bp_get_op_param_f32(n, 2), bp_get_op_param_f32(n, 3),
+                       (struct cu_yarn){bp_get_op_param_f32(n, 4), bp_get_op_param_f32(n, 5),
+                                        bp_get_op_param_f32(n, 6), bp_get_op_param_f32(n, 7)},
+                       s);
         break;
     case BP_OP_CONCAT:
         e = bp_cu_concat(cu(n), cu(a), cu(b), bp_get_op_param_i32(n, 0), s);

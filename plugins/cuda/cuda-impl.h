@@ -53,8 +53,12 @@ int bp_cu_norm(int mode, float eps, struct cu_t d, struct cu_t a, cudaStream_t s
 int bp_cu_soft_max(float scale, struct cu_t d, struct cu_t a, const struct cu_t *mask,
                    const struct cu_t *sinks,
                    cudaStream_t s);
+/* YaRN's parameters of a ROPE node (op_params 4..7): ext 0 and mag 1 without it. */
+struct cu_yarn {
+    float ext, mag, lo, hi;
+};
 int bp_cu_rope(struct cu_t d, struct cu_t x, struct cu_t pos, int n_dims, int mode,
-               float freq_base, float freq_scale, cudaStream_t s);
+               float freq_base, float freq_scale, struct cu_yarn y, cudaStream_t s);
 int bp_cu_get_rows(struct cu_t d, struct cu_t a, struct cu_t ids, int *err, cudaStream_t s);
 int bp_cu_set_rows(struct cu_t d, struct cu_t src, struct cu_t ids, int *err, cudaStream_t s);
 int bp_cu_concat(struct cu_t d, struct cu_t a, struct cu_t b, int dim, cudaStream_t s);

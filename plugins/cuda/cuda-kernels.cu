@@ -685,7 +685,7 @@ extern "C" int bp_cu_soft_max(float scale, cu_t d, cu_t a, const cu_t *mask, con
 /* One thread per rotated pair or passed-through element of a row: a pair is read whole before
  * either of its elements is written, so in-place is correct. */
 __global__ void k_rope(cu_t d, cu_t x, cu_t pos, int n_dims, int neox, float base, float fscale,
-                       int64_t units, int64_t n)
+                       cu_yarn y, int64_t units, int64_t n)
 {
     const int half = n_dims / 2;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -703,9 +703,14 @@ __global__ void k_rope(cu_t d, cu_t x, cu_t pos, int n_dims, int neox, float bas
         const int pair = (int)u;
         const int64_t j0 = neox ? pair : 2 * pair, j1 = neox ? pair + half : 2 * pair + 1;
         const float p = ld(at(pos, i2, 0, 0, 0), pos.type);
-        const float theta = p * fscale * powf(base, -2.0f * (float)pair / (float)n_dims);
+        const float ramp = ((float)pair - y.lo) / fmaxf(0.001f, y.hi - y.lo);
+        const float mix = y.ext * (1.0f - fminf(1.0f, fmaxf(0.0f, ramp)));
+        const float theta =
+            p * powf(base, -2.0f * (float)pair / (float)n_dims) * (fscale * (1.0f - mix) + mix);
         float sn, cs;
         sincosf(theta, &sn, &cs);
+        sn *= y.mag;
+        cs *= y.mag;
         const float v0 = ld(at(x, j0, i1, i2, i3), x.type);
         const float v1 = ld(at(x, j1, i1, i2, i3), x.type);
         st(at(d, j0, i1, i2, i3), d.type, v0 * cs - v1 * sn);
@@ -714,13 +719,14 @@ __global__ void k_rope(cu_t d, cu_t x, cu_t pos, int n_dims, int neox, float bas
 }
 
 extern "C" int bp_cu_rope(cu_t d, cu_t x, cu_t pos, int n_dims, int mode, float base,
-                          float fscale, cudaStream_t s)
+                          float fscale, cu_yarn y, cudaStream_t s)
 {
     const int64_t units = n_dims / 2 + (x.ne[0] - n_dims);
     const int64_t n = units * nrows(x);
     if (n == 0)
         return 0;
-    k_rope<<<blocks_for(n), THREADS, 0, s>>>(d, x, pos, n_dims, mode == 2, base, fscale, units, n);
+    k_rope<<<blocks_for(n), THREADS, 0, s>>>(d, x, pos, n_dims, mode == 2, base, fscale, y, units,
+                                             n);
     return launched();
 }
 

@@ -7,6 +7,7 @@
   qwen2-tied.gguf  architecture "qwen2": biases on q, k and v, NeoX's rope (pairs i, i + D/2)
                    with linear scaling (factor 2), one key/value head, f32 matrices, the output
                    matrix tied to the token embedding (no output.weight)
+  qwen2-yarn.gguf  "qwen2" with YaRN rope scaling (factor 4 over an original context of 8)
 
 and models.txt: for each, the prompt's token ids and the ids a greedy decoder generates from it,
 computed here by an independent forward pass in numpy (float64) from the weights as the file
@@ -33,12 +34,28 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, pos, base, scale, neox):
-    """x: [T, heads, D]; ggml's rope: theta_i = pos * scale * base^(-2i/D)."""
+def rope(x, pos, base, scale, neox, yarn=None):
+    """x: [T, heads, D]; theta_i = pos * scale * base^(-2i/D). With yarn (n_ctx_orig, ext,
+    attn, beta_fast, beta_slow), YaRN as its paper and llama.cpp define it: pair i's angle moves
+    from interpolated (scale) to extrapolated (1) by a ramp over the pairs whose wavelength fits
+    the original context between beta_slow and beta_fast times, and the result is scaled by
+    attn * (1 + 0.1 ln(1 / scale))."""
     T, _, D = x.shape
     half = D // 2
-    theta = (pos[:, None] * scale) * base ** (-2.0 * np.arange(half) / D)  # [T, half]
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    i = np.arange(half)
+    extrap = pos[:, None] * base ** (-2.0 * i / D)  # [T, half]
+    theta, mag = extrap * scale, 1.0
+    if yarn is not None:
+        n_orig, ext, attn, fast, slow = yarn
+
+        def corr(beta):  # the pair whose wavelength fits n_orig exactly beta times
+            return D * np.log(n_orig / (beta * 2 * np.pi)) / (2 * np.log(base))
+
+        lo, hi = max(0.0, np.floor(corr(fast))), min(D - 1.0, np.ceil(corr(slow)))
+        mix = (1 - np.clip((i - lo) / max(0.001, hi - lo), 0, 1)) * ext
+        theta = extrap * scale * (1 - mix) + extrap * mix
+        mag = attn * (1 + 0.1 * np.log(1 / scale))
+    c, s = mag * np.cos(theta)[:, None, :], mag * np.sin(theta)[:, None, :]
     y = x.copy()
     if neox:
         a, b = x[..., :half], x[..., half:]
@@ -63,8 +80,8 @@ def forward(m, tokens):
         q, k, v = h @ l["wq"].T, h @ l["wk"].T, h @ l["wv"].T
         if "bq" in l:
             q, k, v = q + l["bq"], k + l["bk"], v + l["bv"]
-        q = rope(q.reshape(T, H, D), pos, c["base"], c["scale"], c["neox"])
-        k = rope(k.reshape(T, HK, D), pos, c["base"], c["scale"], c["neox"])
+        q = rope(q.reshape(T, H, D), pos, c["base"], c["scale"], c["neox"], c.get("yarn"))
+        k = rope(k.reshape(T, HK, D), pos, c["base"], c["scale"], c["neox"], c.get("yarn"))
         v = v.reshape(T, HK, D)
         out = np.zeros((T, H, D))
         for hh in range(H):
@@ -135,7 +152,16 @@ def write(path, arch, m):
     w.add_rope_freq_base(c["base"])
     w.add_layer_norm_rms_eps(c["eps"])
     w.add_rope_dimension_count(c["E"] // c["H"])
-    if c["scale"] != 1.0:
+    if c.get("yarn"):
+        n_orig, ext, attn, fast, slow = c["yarn"]
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(1.0 / c["scale"])
+        w.add_rope_scaling_orig_ctx_len(n_orig)
+        w.add_rope_scaling_yarn_attn_factor(attn)
+        w.add_rope_scaling_yarn_ext_factor(ext)
+        w.add_rope_scaling_yarn_beta_fast(fast)
+        w.add_rope_scaling_yarn_beta_slow(slow)
+    elif c["scale"] != 1.0:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(1.0 / c["scale"])
     w.add_tokenizer_model("llama")
@@ -175,6 +201,10 @@ models = [
     ("qwen2-tied.gguf", "qwen2",
      dict(E=32, F=64, V=96, H=4, HK=1, L=2, ctx=64, base=1000000.0, scale=0.5, eps=1e-6,
           neox=True, bias=True, tied=True, f16=False)),
+    # YaRN over an original context of 8 positions, the prompt and generation running past it
+    ("qwen2-yarn.gguf", "qwen2",
+     dict(E=32, F=64, V=96, H=4, HK=2, L=2, ctx=64, base=10000.0, scale=0.25, eps=1e-6,
+          neox=True, bias=True, tied=False, f16=True, yarn=(8, 1.0, 1.0, 32.0, 1.0))),
 ]
 
 # Files `backplane run --gguf` must refuse, each with what its refusal must say: one thing wrong
@@ -184,7 +214,7 @@ small = dict(E=8, F=16, V=16, H=2, HK=2, L=1, ctx=16, base=10000.0, scale=1.0, e
 bad = [
     ("bad-arch.gguf", "gpt2", {}, None, "architecture is 'gpt2'"),
     ("bad-kv-heads.gguf", "llama", {"H": 4, "HK": 3}, None, "3 key/value heads do not divide its 4 heads"),
-    ("bad-yarn.gguf", "llama", {}, "yarn", "rope scaling is 'yarn'"),
+    ("bad-longrope.gguf", "llama", {}, "longrope", "rope scaling is 'longrope'"),
     ("bad-extra-tensor.gguf", "llama", {}, "extra", "holds tensor rope_freqs.weight"),
     ("bad-shape.gguf", "llama", {}, "shape", "tensor blk.0.attn_k.weight is [8, 4, 1]"),
     ("bad-missing.gguf", "llama", {}, "missing", "no tensor blk.0.ffn_up.weight"),
@@ -202,8 +232,8 @@ def write_bad(name, arch, change, what):
     w.add_feed_forward_length(cfg["F"])
     w.add_head_count(cfg["H"])
     w.add_head_count_kv(cfg["HK"])
-    if what == "yarn":
-        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    if what == "longrope":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
         w.add_rope_scaling_factor(4.0)
     f = lambda a: a.astype(np.float32)
     w.add_tensor("token_embd.weight", f(m["token_embd"]))
