@@ -47,6 +47,7 @@ struct run_opts {
     int n_ctx;             /* --ctx N, else 0: the model's */
     int flash_attn;        /* --flash-attn: 1 on, 0 off, -1 auto (where the KV cache's device
                             * runs FLASH_ATTN_EXT) */
+    const char *logits_path; /* --logits FILE: the logits of every generated step, raw f32 */
     const char *devices; /* NULL: the best present */
     int n_prompt, n_gen, threads;
     uint64_t seed;
@@ -689,7 +690,7 @@ static void run_usage(FILE *f)
 {
     fprintf(f, "usage: backplane run [--model tiny|small|base] [--wtype f32|f16|bf16|q8_0|q4_0]\n"
                "                     [--gguf FILE] [--tokens ID,ID,...] [--ctx N]\n"
-               "                     [--flash-attn on|off|auto]\n"
+               "                     [--flash-attn on|off|auto] [--logits FILE]\n"
                "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
                "                     [--seed N] [--check] [--json] [--dot FILE] [--no-repack]\n"
                "       backplane run --model M [--wtype T] [--seed N] --save-gguf FILE\n"
@@ -701,6 +702,8 @@ static void run_usage(FILE *f)
                "  --ctx N     positions the KV cache holds (default: the model's context, at most\n"
                "              4096 for a file)\n"
                "  --save-gguf write the seeded model as a llama GGUF file and exit\n"
+               "  --logits FILE write the logits that chose each generated token to FILE:\n"
+               "              n_gen x n_vocab little-endian f32, step by step\n"
                "  --flash-attn attention as one fused op (default auto: where the device\n"
                "              holding the KV cache runs it)\n"
                "  -d DEVICES  comma-separated backends, e.g. CPU, CUDA0,CPU or \"Meta(CPU0,CPU1)\";\n"
@@ -751,6 +754,8 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
                 fprintf(stderr, "%s: --flash-attn takes on, off or auto, not '%s'\n", run_cmd, v);
                 return 2;
             }
+        } else if (strcmp(a, "--logits") == 0 && v) {
+            o->logits_path = v;
         } else if (strcmp(a, "--ctx") == 0 && v) {
             if (!tool_parse_int(run_cmd, a, v, 1, 1 << 20, &num))
                 return 2;
@@ -940,6 +945,20 @@ static struct run_check compare_runs(const struct run_opts *o, const struct run_
     return c;
 }
 
+/* --logits: the n_gen x n_vocab logits of the run, raw f32. */
+static bool write_logits(const struct run_opts *o, const struct run_result *r)
+{
+    FILE *f = fopen(o->logits_path, "wb");
+    const size_t n = (size_t)o->n_gen * (size_t)o->cfg->n_vocab;
+    bool ok = f != NULL && fwrite(r->logits, sizeof(float), n, f) == n;
+    if (f != NULL && fclose(f) != 0)
+        ok = false;
+    if (!ok)
+        fprintf(stderr, "%s: cannot write --logits file '%s': %s\n", run_cmd, o->logits_path,
+                strerror(errno));
+    return ok;
+}
+
 /* --save-gguf: the seeded model, made in host memory, written as a GGUF file. */
 static int save_model(const struct run_opts *o)
 {
@@ -999,6 +1018,10 @@ static int run_cmd_main(struct run_opts *o_)
             result_free(&r);
             return 1;
         }
+    }
+    if (o.logits_path != NULL && !write_logits(&o, &r)) {
+        result_free(&r);
+        return 1;
     }
     if (o.json) {
         print_json(&o, &r, o.check ? &c : NULL);
