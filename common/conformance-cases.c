@@ -314,6 +314,15 @@ static bp_tensor *b_flash_attn(bp_context *ctx, int v)
         return bp_flash_attn_ext(ctx, f32(ctx, 32, 2, 4, 1), leaf(ctx, f16, 32, 300, 1, 1),
                                  leaf(ctx, f16, 32, 300, 1, 1), f32(ctx, 300, 2, 1, 1), 0.18f,
                                  0.0f, 0);
+    case 6: { /* a q8_0 cache (views of [D x H_kv, n_ctx]), grouped-query, causal */
+        const int64_t D = 64, HK = 2, KV = 45;
+        bp_tensor *kc = leaf(ctx, BP_TYPE_Q8_0, D * HK, 48, 1, 1);
+        bp_tensor *vc = leaf(ctx, BP_TYPE_Q8_0, D * HK, 48, 1, 1);
+        bp_tensor *k = bp_view_3d(ctx, kc, D, KV, HK, kc->nb[1], bp_row_size(BP_TYPE_Q8_0, D), 0);
+        bp_tensor *vv = bp_view_3d(ctx, vc, D, KV, HK, vc->nb[1], bp_row_size(BP_TYPE_Q8_0, D), 0);
+        return bp_flash_attn_ext(ctx, f32(ctx, D, 3, 4, 1), k, vv, NULL, 0.125f, 0.0f,
+                                 BP_ATTN_CAUSAL);
+    }
     default: /* a prompt: many rows, several row blocks, causal */
         return bp_flash_attn_ext(ctx, f32(ctx, 32, 64, 2, 1), leaf(ctx, f16, 32, 64, 1, 1),
                                  leaf(ctx, f16, 32, 64, 1, 1), NULL, 0.18f, 0.0f, BP_ATTN_CAUSAL);
@@ -407,7 +416,7 @@ const struct conf_case conf_cases[] = {
     {"soft_max", b_soft_max, 7, NMSE_F32},
     {"rope", b_rope, 10, NMSE_F32},
     {"concat", b_concat, 8, NMSE_F32},
-    {"flash_attn_ext", b_flash_attn, 7, NMSE_F32},
+    {"flash_attn_ext", b_flash_attn, 8, NMSE_F32},
     {"clamp", b_clamp, 3 * 2 * N_SHAPES, NMSE_F32},
     {"l2_norm", b_l2_norm, 2 * N_SHAPES, NMSE_F32},
     {"argsort_top_k", b_sort, 7, NMSE_F32},

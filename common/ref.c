@@ -350,6 +350,9 @@ static bool flash_attn_ext(bp_tensor *r)
     const int64_t D = q->ne[0], T = q->ne[1], H = q->ne[2], KV = k->ne[1], Dv = v->ne[0];
     const int64_t group = H / k->ne[2];
     double *s = malloc((size_t)(KV > 0 ? KV : 1) * sizeof(double));
+    /* Keys and values by rows (any type, quantised ones too). */
+    float *krow = malloc((size_t)(D > 0 ? D : 1) * sizeof(float));
+    float *vrows = malloc((size_t)(KV * Dv > 0 ? KV * Dv : 1) * sizeof(float));
     for (int64_t b = 0; b < q->ne[3]; b++) {
         const int64_t kb = k->ne[3] == 1 ? 0 : b;
         for (int64_t h = 0; h < H; h++) {
@@ -357,8 +360,10 @@ static bool flash_attn_ext(bp_tensor *r)
                 double max = -INFINITY;
                 for (int64_t j = 0; j < KV; j++) {
                     double dot = 0;
+                    get_row(k, j, h / group, kb, krow);
+                    get_row(v, j, h / group, kb, vrows + j * Dv);
                     for (int64_t d = 0; d < D; d++)
-                        dot += ref_get(q, d, i, h, b) * ref_get(k, d, j, h / group, kb);
+                        dot += ref_get(q, d, i, h, b) * krow[d];
                     double x = softcap > 0 ? softcap * tanh(scale * dot / softcap) : scale * dot;
                     if (mask)
                         x += ref_get(mask, j, i, h % mask->ne[2], b % mask->ne[3]);
@@ -375,13 +380,15 @@ static bool flash_attn_ext(bp_tensor *r)
                 for (int64_t d = 0; d < Dv; d++) {
                     double acc = 0;
                     for (int64_t j = 0; j < KV; j++)
-                        acc += s[j] * ref_get(v, d, j, h / group, kb);
+                        acc += s[j] * vrows[j * Dv + d];
                     ref_set(r, d, h, i, b, sum > 0 ? acc / sum : 0);
                 }
             }
         }
     }
     free(s);
+    free(krow);
+    free(vrows);
     return true;
 }
 

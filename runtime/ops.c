@@ -673,7 +673,7 @@ bp_tensor *bp_geglu_erf(bp_context *ctx, bp_tensor *gate, bp_tensor *up)
 
 static bool attn_kv_type(enum bp_type t)
 {
-    return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16;
+    return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16 || t == BP_TYPE_Q8_0;
 }
 
 bp_tensor *bp_flash_attn_ext(bp_context *ctx, bp_tensor *q, bp_tensor *k, bp_tensor *v,
@@ -686,8 +686,12 @@ bp_tensor *bp_flash_attn_ext(bp_context *ctx, bp_tensor *q, bp_tensor *k, bp_ten
     if (!require_type(op, "query", q, BP_TYPE_F32))
         return NULL;
     if (!attn_kv_type(k->type) || !attn_kv_type(v->type))
-        return bp__error_null(BP_ERR_TYPE, "%s: keys %s and values %s must be f32, f16 or bf16",
-                              op, bp__describe(k).s, bp__describe(v).s);
+        return bp__error_null(BP_ERR_TYPE, "%s: keys %s and values %s must be f32, f16, bf16 or "
+                              "q8_0", op, bp__describe(k).s, bp__describe(v).s);
+    if ((k->type == BP_TYPE_Q8_0 && k->ne[0] % 32 != 0) ||
+        (v->type == BP_TYPE_Q8_0 && v->ne[0] % 32 != 0))
+        return bp__error_null(BP_ERR_SHAPE, "%s: q8_0 keys %s or values %s need rows of whole "
+                              "32-value blocks", op, bp__describe(k).s, bp__describe(v).s);
     if (!isfinite(scale) || !isfinite(softcap) || softcap < 0.0f)
         return bp__error_null(BP_ERR_INVALID_ARG, "%s: scale %g and softcap %g must be finite, "
                               "softcap 0 (none) or positive", op, (double)scale, (double)softcap);

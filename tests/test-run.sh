@@ -112,6 +112,12 @@ check "--flash-attn on and off generate the same tokens" sh -c "test \"\$('$tool
 check "the CPU fuses attention by default, and says so" sh -c "'$tool' run --model tiny -n 2 | grep -q '^attention:  fused (FLASH_ATTN_EXT)' && '$tool' run --model tiny -n 2 --flash-attn off | grep -q '^attention:  MUL_MAT, SOFT_MAX, MUL_MAT' && '$tool' run --model tiny -n 2 --json | grep -q '\"flash_attn\": true'"
 check "fused attention on Meta(CPU0,CPU1) agrees with the CPU" env BP_CPU_DEVICES=2 "$0" --agrees "Meta(CPU0,CPU1)" --flash-attn on
 check "--flash-attn takes on, off or auto" usage "takes on, off or auto, not 'yes'" "$tool" run --flash-attn yes
+# A q8_0 KV cache (fused attention reads it): about half the bytes, and it runs on the CPU and
+# on Meta(CPU0,CPU1) like the CPU alone
+check "--kv-type q8_0 keeps the cache in q8_0 and agrees with the CPU" sh -c "'$tool' run --model tiny -n 8 --kv-type q8_0 --check > '$tmp/q' && grep -q '^attention:  fused (FLASH_ATTN_EXT), q8_0 KV cache' '$tmp/q' && grep -q 'KV cache 0.13 MiB' '$tmp/q' && grep -q 'check: .*pass' '$tmp/q'"
+check "--kv-type q8_0 on Meta(CPU0,CPU1) agrees with the CPU" env BP_CPU_DEVICES=2 sh -c "'$tool' run --model tiny -n 6 -d 'Meta(CPU0,CPU1)' --kv-type q8_0 --check | grep -q 'check: .*pass'"
+check "--kv-type q8_0 without fused attention is refused" usage "needs --flash-attn on or auto" "$tool" run --kv-type q8_0 --flash-attn off
+check "--kv-type takes f16 or q8_0" usage "takes f16 or q8_0, not 'q4_0'" "$tool" run --kv-type q4_0
 # GGUF files: --save-gguf writes the seeded models as llama files (q and k rows reordered for
 # llama's rope), and --gguf serves them with the same tokens and logits
 for w in f32 q8_0; do
@@ -140,12 +146,12 @@ check "--tokens longer than the context is refused" usage "do not fit the contex
 check "--logits writes n_gen x n_vocab f32" sh -c "'$tool' run --model tiny -n 3 --logits '$tmp/l.bin' > /dev/null && test \$(wc -c < '$tmp/l.bin') -eq 12288"
 check "--logits to a missing directory exits 1 with the reason" sh -c "'$tool' run --model tiny -n 2 --logits /nonexistent/l.bin 2>&1 >/dev/null | grep -q \"cannot write --logits file '/nonexistent/l.bin'\""
 # backplane conformance: the suite as an installed command, on any device
-check "conformance passes on the CPU, every case claimed" sh -c "'$tool' conformance CPU > '$tmp/c' && grep -q '^CPU: [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^  flash_attn_ext  *ok   7/7 passed' '$tmp/c'"
+check "conformance passes on the CPU, every case claimed" sh -c "'$tool' conformance CPU > '$tmp/c' && grep -q '^CPU: [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^  flash_attn_ext  *ok   8/8 passed' '$tmp/c'"
 check "conformance on Meta(CPU0,CPU1) and the test accelerator passes what each supports" env BP_CPU_DEVICES=2 sh -c "'$tool' conformance 'Meta(CPU0,CPU1)' ACCEL0 --ops flash_attn_ext,mul_mat,soft_max,rope > '$tmp/c' && grep -q '^Meta(CPU0,CPU1): [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^ACCEL0: [0-9]* passed, 0 failed, [1-9][0-9]* not supported' '$tmp/c'"
 check "conformance runs a third-party plugin's device (the example plugin)" env BP_PLUGIN_PATH="$BP_PLUGIN_PATH:$example" sh -c "'$tool' conformance EXAMPLE0 --ops add,unary | grep -q '^EXAMPLE0: [1-9][0-9]* passed, 0 failed'"
 check "conformance fails (exit 1) on a device with a wrong kernel, naming the case" env BP_TEST_ACCEL_WRONG_OP=MUL_MAT sh -c "'$tool' conformance ACCEL0 --ops mul_mat_f32,add > '$tmp/c'; test \$? -eq 1 && grep -q 'mul_mat_f32  *FAIL 0/18 passed, 18 FAILED: mul_mat_f32\\[0\\]: NMSE' '$tmp/c' && grep -q '^  add  *ok ' '$tmp/c'"
 check "conformance --json reports per case and in total" sh -c "'$tool' conformance CPU --ops glu --json | grep -q '\"case\": \"glu\", \"variants\": 9, \"passed\": 9, \"failed\": 0, \"not_supported\": 0'"
-check "conformance --list names every case" sh -c "'$tool' conformance --list | grep -q '^flash_attn_ext  *7 variants'"
+check "conformance --list names every case" sh -c "'$tool' conformance --list | grep -q '^flash_attn_ext  *8 variants'"
 check "conformance --ops naming no case is refused" usage "'nope' names no case" "$tool" conformance CPU --ops add,nope
 check "conformance -t takes a thread count" usage "-t needs" "$tool" conformance CPU -t x
 check "conformance of an unknown device fails with its name" sh -c "'$tool' conformance NOPE 2>&1 >/dev/null | grep -q \"device 'NOPE'\""

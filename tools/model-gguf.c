@@ -258,6 +258,7 @@ enum bp_status model_gguf_config(const bp_gguf *g, struct model_config *cfg, cha
         .rope_base = (float)base,
         .rope_scale = (float)(1.0 / factor),
         .norm_eps = (float)eps,
+        .kv_type = BP_TYPE_F16,
     };
     if (yarn && (st = yarn_params(g, an, ctx, cfg)) != BP_OK)
         return st;
@@ -370,8 +371,8 @@ static bool describe_from_file(struct model *m, const bp_gguf *g, bool *tied)
         char kn[64], vn[64];
         snprintf(kn, sizeof(kn), "blk.%d.cache_k", il);
         snprintf(vn, sizeof(vn), "blk.%d.cache_v", il);
-        l->k_cache = bp_set_name(bp_new_tensor_2d(m->kvctx, BP_TYPE_F16, EK, c->n_ctx), kn);
-        l->v_cache = bp_set_name(bp_new_tensor_2d(m->kvctx, BP_TYPE_F16, EK, c->n_ctx), vn);
+        l->k_cache = bp_set_name(bp_new_tensor_2d(m->kvctx, c->kv_type, EK, c->n_ctx), kn);
+        l->v_cache = bp_set_name(bp_new_tensor_2d(m->kvctx, c->kv_type, EK, c->n_ctx), vn);
         if (l->k_cache == NULL || l->v_cache == NULL)
             return false;
     }

@@ -13,7 +13,7 @@
 #define SEEDED(name_, layers, embd, ff, heads, vocab, ctx)                                    \
     {.name = (name_), .n_layer = (layers), .n_embd = (embd), .n_ff = (ff), .n_head = (heads),   \
      .n_vocab = (vocab), .n_ctx = (ctx), .n_head_kv = (heads), .rope_mode = BP_ROPE_NEOX,       \
-     .rope_base = 10000.0f, .rope_scale = 1.0f, .norm_eps = 1e-5f}
+     .rope_base = 10000.0f, .rope_scale = 1.0f, .norm_eps = 1e-5f, .kv_type = BP_TYPE_F16}
 
 static const struct model_config configs[] = {
     /* n_ff and n_embd are multiples of 32, so every weight type (Q8_0, Q4_0 blocks) fits. */
@@ -60,7 +60,7 @@ size_t model_weight_bytes(const struct model_config *c, enum bp_type wtype)
 
 size_t model_kv_bytes(const struct model_config *c)
 {
-    return 2 * (size_t)c->n_layer * (size_t)c->n_ctx * (size_t)kv_width(c) * 2;
+    return 2 * (size_t)c->n_layer * (size_t)c->n_ctx * bp_row_size(c->kv_type, kv_width(c));
 }
 
 /* ---- Weights -------------------------------------------------------------------------------- */
@@ -131,8 +131,8 @@ static bool describe(struct model *m)
         l->w_gate = matrix(w, wt, E, F, "blk.%d.ffn_gate", il);
         l->w_up = matrix(w, wt, E, F, "blk.%d.ffn_up", il);
         l->w_down = matrix(w, wt, F, E, "blk.%d.ffn_down", il);
-        l->k_cache = matrix(m->kvctx, BP_TYPE_F16, kv_width(c), c->n_ctx, "blk.%d.cache_k", il);
-        l->v_cache = matrix(m->kvctx, BP_TYPE_F16, kv_width(c), c->n_ctx, "blk.%d.cache_v", il);
+        l->k_cache = matrix(m->kvctx, c->kv_type, kv_width(c), c->n_ctx, "blk.%d.cache_k", il);
+        l->v_cache = matrix(m->kvctx, c->kv_type, kv_width(c), c->n_ctx, "blk.%d.cache_v", il);
         if (!l->attn_norm || !l->wq || !l->wk || !l->wv || !l->wo || !l->ffn_norm || !l->w_gate ||
             !l->w_up || !l->w_down || !l->k_cache || !l->v_cache)
             return false;
@@ -239,6 +239,10 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
 {
     const struct model_config *c = &m->cfg;
     memset(st, 0, sizeof(*st));
+    if (c->kv_type != BP_TYPE_F16 && !m->flash_attn)
+        return bp_set_error(BP_ERR_UNSUPPORTED, "model '%s': a %s KV cache needs fused attention "
+                            "(the unfused form transposes the values, which a quantised cache "
+                            "cannot)", c->name, bp_type_name(c->kv_type));
     if (n_tok < 1 || pos0 < 0 || pos0 + n_tok > c->n_ctx)
         return bp_set_error(BP_ERR_INVALID_ARG, "model '%s': positions %d..%d do not fit its "
                             "context of %d", c->name, pos0, pos0 + n_tok - 1, c->n_ctx);
@@ -299,8 +303,9 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
         CHECK(kc = bp_set_rows(ctx, l->k_cache, bp_reshape_2d(ctx, k, D * HK, T), st->pos));
         CHECK(vc = bp_set_rows(ctx, l->v_cache, v, st->pos));
         bp_tensor *K, *V;
-        CHECK(K = bp_view_3d(ctx, kc, D, KV, HK, kc->nb[1], (size_t)D * kc->nb[0], 0));
-        CHECK(V = bp_view_3d(ctx, vc, D, KV, HK, vc->nb[1], (size_t)D * vc->nb[0], 0));
+        const size_t head_bytes = bp_row_size(c->kv_type, D); /* one head of a cache row */
+        CHECK(K = bp_view_3d(ctx, kc, D, KV, HK, kc->nb[1], head_bytes, 0));
+        CHECK(V = bp_view_3d(ctx, vc, D, KV, HK, vc->nb[1], head_bytes, 0));
 
         CHECK(q = bp_permute(ctx, q, 0, 2, 1, 3)); /* [D, T, H] */
         if (m->flash_attn) {

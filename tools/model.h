@@ -21,6 +21,7 @@ struct model_config {
      * wavelength against yarn_n_ctx_orig; 0: plain rope. */
     float yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
     int yarn_n_ctx_orig;
+    enum bp_type kv_type; /* of the KV cache: BP_TYPE_F16, or BP_TYPE_Q8_0 (fused attention only) */
 };
 
 /* "tiny", "small" or "base" (about 1B parameters); NULL for anything else. */
@@ -30,14 +31,14 @@ const char *model_config_names(void);
 /* Parameters and weight bytes of cfg with 2-D weights of type wtype (norms are f32). */
 int64_t model_n_params(const struct model_config *cfg);
 size_t model_weight_bytes(const struct model_config *cfg, enum bp_type wtype);
-/* Bytes of the KV cache (f16 keys and values for every layer and position). */
+/* Bytes of the KV cache (keys and values of cfg->kv_type for every layer and position). */
 size_t model_kv_bytes(const struct model_config *cfg);
 
 struct model_layer {
     bp_tensor *attn_norm, *wq, *wk, *wv, *wo;
     bp_tensor *bq, *bk, *bv; /* biases of q, k, v (qwen2), else NULL */
     bp_tensor *ffn_norm, *w_gate, *w_up, *w_down;
-    bp_tensor *k_cache, *v_cache; /* f16 [n_embd, n_ctx]: row p holds position p */
+    bp_tensor *k_cache, *v_cache; /* kv_type [n_embd_kv, n_ctx]: row p holds position p */
 };
 
 struct model {

@@ -48,6 +48,7 @@ struct run_opts {
     int flash_attn;        /* --flash-attn: 1 on, 0 off, -1 auto (where the KV cache's device
                             * runs FLASH_ATTN_EXT) */
     const char *logits_path; /* --logits FILE: the logits of every generated step, raw f32 */
+    const char *kv_type;     /* --kv-type f16|q8_0, else NULL: f16 */
     const char *devices; /* NULL: the best present */
     int n_prompt, n_gen, threads;
     uint64_t seed;
@@ -284,11 +285,11 @@ static bool place_embedding_and_kv(struct run *run)
     struct run_result *r = run->r;
     const int w = r->weights_on;
     r->embd_on = first_running(run->be, run->nb, w, OP_GET_ROWS, run->o->wtype, run->cfg->n_embd);
-    r->kv_on = first_running(run->be, run->nb, w, OP_SET_ROWS, BP_TYPE_F16, run->cfg->n_embd);
+    r->kv_on = first_running(run->be, run->nb, w, OP_SET_ROWS, run->cfg->kv_type, run->cfg->n_embd);
     if (r->embd_on < 0 || r->kv_on < 0) {
         fprintf(stderr, "backplane run: none of the devices runs %s\n",
                 r->embd_on < 0 ? "GET_ROWS of the weight type (the token embedding)"
-                               : "SET_ROWS into an f16 KV cache");
+                               : "SET_ROWS into the KV cache's type");
         return false;
     }
     return true;
@@ -300,7 +301,7 @@ static size_t weight_bytes(const struct run_opts *o)
     return o->gguf != NULL ? model_gguf_weight_bytes(o->gguf) : model_weight_bytes(o->cfg, o->wtype);
 }
 
-/* Whether be runs the model's fused attention: F32 queries over the F16 cache. */
+/* Whether be runs the model's fused attention: F32 queries over the cache. */
 static bool runs_flash_attn(bp_backend *be, const struct model_config *c)
 {
     bp_context *ctx = bp_context_new(8);
@@ -308,8 +309,8 @@ static bool runs_flash_attn(bp_backend *be, const struct model_config *c)
         return false;
     const int64_t D = c->n_embd / c->n_head;
     bp_tensor *q = bp_new_tensor_3d(ctx, BP_TYPE_F32, D, 2, c->n_head);
-    bp_tensor *k = bp_new_tensor_3d(ctx, BP_TYPE_F16, D, 4, c->n_head_kv);
-    bp_tensor *v = bp_new_tensor_3d(ctx, BP_TYPE_F16, D, 4, c->n_head_kv);
+    bp_tensor *k = bp_new_tensor_3d(ctx, c->kv_type, D, 4, c->n_head_kv);
+    bp_tensor *v = bp_new_tensor_3d(ctx, c->kv_type, D, 4, c->n_head_kv);
     bp_tensor *a = q && k && v ? bp_flash_attn_ext(ctx, q, k, v, NULL, 1.0f, 0.0f, BP_ATTN_CAUSAL)
                                : NULL;
     const bool ok = a != NULL && bp_backend_supports_op(be, a);
@@ -323,12 +324,14 @@ static bool choose_attention(struct run *run)
 {
     struct run_result *r = run->r;
     const bool can = runs_flash_attn(run->be[r->kv_on], run->cfg);
-    if (run->o->flash_attn == 1 && !can) {
-        fprintf(stderr, "backplane run: --flash-attn on: %s, which holds the KV cache, does not "
-                "run FLASH_ATTN_EXT for this model\n", or_unknown(r->names[r->kv_on]));
+    if ((run->o->flash_attn == 1 || run->cfg->kv_type != BP_TYPE_F16) && !can) {
+        fprintf(stderr, "backplane run: %s: %s, which holds the KV cache, does not run "
+                "FLASH_ATTN_EXT for this model\n",
+                run->o->flash_attn == 1 ? "--flash-attn on" : "a quantised KV cache",
+                or_unknown(r->names[r->kv_on]));
         return false;
     }
-    r->flash_attn = run->o->flash_attn == 1 || (run->o->flash_attn < 0 && can);
+    r->flash_attn = can && run->o->flash_attn != 0;
     return true;
 }
 
@@ -591,8 +594,9 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
     for (int i = 0; i < r->n_backends; i++)
         printf("; compute %s %.2f MiB", or_unknown(r->names[i]), mib(r->compute_bytes[i]));
     printf("\n");
-    printf("attention:  %s\n", r->flash_attn ? "fused (FLASH_ATTN_EXT)"
-                                             : "MUL_MAT, SOFT_MAX, MUL_MAT");
+    printf("attention:  %s, %s KV cache\n",
+           r->flash_attn ? "fused (FLASH_ATTN_EXT)" : "MUL_MAT, SOFT_MAX, MUL_MAT",
+           bp_type_name(o->cfg->kv_type));
     printf("prompt:     %d tokens in one graph, %d split%s, %.1f tokens/s (%.1f ms)\n", o->n_prompt,
            r->prompt_splits, r->prompt_splits == 1 ? "" : "s",
            o->n_prompt / r->prompt_seconds, r->prompt_seconds * 1e3);
@@ -645,6 +649,7 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
     json_member_string(&w, "embedding_on", or_unknown(r->names[r->embd_on]));
     json_member_string(&w, "kv_cache_on", or_unknown(r->names[r->kv_on]));
     json_member_bool(&w, "flash_attn", r->flash_attn);
+    json_member_string(&w, "kv_type", bp_type_name(o->cfg->kv_type));
     json_key(&w, "devices");
     json_begin_array(&w);
     for (int i = 0; i < r->n_backends; i++) {
@@ -690,7 +695,8 @@ static void run_usage(FILE *f)
 {
     fprintf(f, "usage: backplane run [--model tiny|small|base] [--wtype f32|f16|bf16|q8_0|q4_0]\n"
                "                     [--gguf FILE] [--tokens ID,ID,...] [--ctx N]\n"
-               "                     [--flash-attn on|off|auto] [--logits FILE]\n"
+               "                     [--flash-attn on|off|auto] [--kv-type f16|q8_0]\n"
+               "                     [--logits FILE]\n"
                "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
                "                     [--seed N] [--check] [--json] [--dot FILE] [--no-repack]\n"
                "       backplane run --model M [--wtype T] [--seed N] --save-gguf FILE\n"
@@ -702,6 +708,8 @@ static void run_usage(FILE *f)
                "  --ctx N     positions the KV cache holds (default: the model's context, at most\n"
                "              4096 for a file)\n"
                "  --save-gguf write the seeded model as a llama GGUF file and exit\n"
+               "  --kv-type   f16 (default) or q8_0: the KV cache's type (q8_0 needs fused\n"
+               "              attention)\n"
                "  --logits FILE write the logits that chose each generated token to FILE:\n"
                "              n_gen x n_vocab little-endian f32, step by step\n"
                "  --flash-attn attention as one fused op (default auto: where the device\n"
@@ -754,6 +762,12 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
                 fprintf(stderr, "%s: --flash-attn takes on, off or auto, not '%s'\n", run_cmd, v);
                 return 2;
             }
+        } else if (strcmp(a, "--kv-type") == 0 && v) {
+            if (strcmp(v, "f16") != 0 && strcmp(v, "q8_0") != 0) {
+                fprintf(stderr, "%s: --kv-type takes f16 or q8_0, not '%s'\n", run_cmd, v);
+                return 2;
+            }
+            o->kv_type = v;
         } else if (strcmp(a, "--logits") == 0 && v) {
             o->logits_path = v;
         } else if (strcmp(a, "--ctx") == 0 && v) {
@@ -857,12 +871,24 @@ static int check_run_opts(struct run_opts *o)
         o->cfg = &o->file_cfg;
         o->wtype = wtype;
     }
-    if (o->n_ctx > 0) {
+    if (o->n_ctx > 0 || o->kv_type != NULL) {
         if (o->cfg != &o->file_cfg) {
             o->file_cfg = *o->cfg;
             o->cfg = &o->file_cfg;
         }
-        o->file_cfg.n_ctx = o->n_ctx;
+        if (o->n_ctx > 0)
+            o->file_cfg.n_ctx = o->n_ctx;
+        if (o->kv_type != NULL)
+            o->file_cfg.kv_type = strcmp(o->kv_type, "q8_0") == 0 ? BP_TYPE_Q8_0 : BP_TYPE_F16;
+    }
+    if (o->cfg->kv_type == BP_TYPE_Q8_0 && (o->cfg->n_embd / o->cfg->n_head) % 32 != 0) {
+        fprintf(stderr, "%s: --kv-type q8_0 needs heads of a multiple of 32 values; '%s' has "
+                "%d\n", run_cmd, o->cfg->name, o->cfg->n_embd / o->cfg->n_head);
+        return 2;
+    }
+    if (o->cfg->kv_type == BP_TYPE_Q8_0 && o->flash_attn == 0) {
+        fprintf(stderr, "%s: --kv-type q8_0 needs --flash-attn on or auto\n", run_cmd);
+        return 2;
     }
     if (o->tokens_arg != NULL && (o->n_tokens = parse_tokens(o)) < 0)
         return 2;

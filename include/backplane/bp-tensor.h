@@ -456,7 +456,8 @@ BP_API bp_tensor *bp_rope_ext(bp_context *ctx, bp_tensor *x, bp_tensor *pos, int
 
 /* Fused attention with an online softmax (no [n_kv, n_tok] intermediate):
  *   q F32 [D, n_tok, n_head, n_seq], k [D, n_kv, n_head_kv, n_seq'], v [Dv, n_kv, n_head_kv,
- *   n_seq'] with k and v F32, F16 or BF16, n_head_kv dividing n_head (grouped-query attention:
+ *   n_seq'] with k and v F32, F16, BF16 or Q8_0 (a quantised cache: rows of whole blocks),
+ *   n_head_kv dividing n_head (grouped-query attention:
  *   query head h reads key/value head h / (n_head / n_head_kv)) and n_seq' 1 or n_seq;
  *   mask (optional) F32 or F16 [n_kv, >= n_tok, m2, m3] added to the scores, m2 dividing n_head
  *   and m3 dividing n_seq.

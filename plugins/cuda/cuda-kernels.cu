@@ -962,7 +962,7 @@ __global__ void k_flash_attn(cu_t d, cu_t q, cu_t k, cu_t v, cu_t mask, int has_
         for (int c = 0; c < FA_MAX_D / 32; c++) {
             const int64_t e = lane + 32 * c;
             if (e < D)
-                part += qr[c] * ld(kr + e * k.nb[0], k.type);
+                part += qr[c] * ld_row(kr, k.type, k.nb[0], e);
         }
         for (int o = 16; o > 0; o >>= 1)
             part += __shfl_xor_sync(0xffffffffu, part, o);
@@ -988,7 +988,7 @@ __global__ void k_flash_attn(cu_t d, cu_t q, cu_t k, cu_t v, cu_t mask, int has_
         for (int c = 0; c < FA_MAX_D / 32; c++) {
             const int64_t e = lane + 32 * c;
             if (e < Dv)
-                acc[c] += w * ld(vr + e * v.nb[0], v.type);
+                acc[c] += w * ld_row(vr, v.type, v.nb[0], e);
         }
     }
     const float inv = S > 0.0f ? 1.0f / S : 0.0f;

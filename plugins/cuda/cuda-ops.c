@@ -90,8 +90,10 @@ bool bp_cuda_supports(const bp_tensor *op)
     }
     case BP_OP_FLASH_ATTN_EXT: {
         const bp_tensor *v = op->src[2], *mask = op->src[3];
-        return op->type == BP_TYPE_F32 && a->type == BP_TYPE_F32 && bp_cuda_float_type(b->type) &&
-               bp_cuda_float_type(v->type) && (mask == NULL || bp_cuda_float_type(mask->type)) &&
+        return op->type == BP_TYPE_F32 && a->type == BP_TYPE_F32 &&
+               (bp_cuda_float_type(b->type) || b->type == BP_TYPE_Q8_0) &&
+               (bp_cuda_float_type(v->type) || v->type == BP_TYPE_Q8_0) &&
+               (mask == NULL || bp_cuda_float_type(mask->type)) &&
                a->ne[0] <= BP_CUDA_ATTN_MAX_D && v->ne[0] <= BP_CUDA_ATTN_MAX_D;
     }
     case BP_OP_MUL_MAT:
