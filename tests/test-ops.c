@@ -416,7 +416,9 @@ START_TEST(test_flash_attn_ext)
                                          v, NULL, 1, 0, 0),
                        BP_ERR_TYPE, "query");
     ck_assert_rejected(bp_flash_attn_ext(ctx, q, i32(64, 70, 2), v, NULL, 1, 0, 0), BP_ERR_TYPE,
-                       "f32, f16 or bf16");
+                       "f32, f16, bf16 or q8_0");
+    bp_tensor *kq8 = bp_new_tensor_4d(ctx, BP_TYPE_Q8_0, 64, 70, 2, 1); /* a q8_0 cache */
+    ck_assert_ptr_nonnull(bp_flash_attn_ext(ctx, q, kq8, v, NULL, 1, 0, 0));
     ck_assert_rejected(bp_flash_attn_ext(ctx, q, k, v, NULL, NAN, 0, 0), BP_ERR_INVALID_ARG,
                        "finite");
     ck_assert_rejected(bp_flash_attn_ext(ctx, q, k, v, NULL, 1, -1, 0), BP_ERR_INVALID_ARG,
