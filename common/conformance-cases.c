@@ -323,6 +323,15 @@ static bp_tensor *b_flash_attn(bp_context *ctx, int v)
         return bp_flash_attn_ext(ctx, f32(ctx, D, 3, 4, 1), k, vv, NULL, 0.125f, 0.0f,
                                  BP_ATTN_CAUSAL);
     }
+    case 7: { /* padding: the last 3 cache rows hold NaN and inf, masked for every query */
+        bp_tensor *kc = bp_set_name(leaf(ctx, f16, 32 * 2, 40, 1, 1), "nan3:k");
+        bp_tensor *vc = bp_set_name(leaf(ctx, f16, 32 * 2, 40, 1, 1), "nan3:v");
+        bp_tensor *k = bp_view_3d(ctx, kc, 32, 40, 2, kc->nb[1], 32 * kc->nb[0], 0);
+        bp_tensor *vv = bp_view_3d(ctx, vc, 32, 40, 2, vc->nb[1], 32 * vc->nb[0], 0);
+        return bp_flash_attn_ext(ctx, f32(ctx, 32, 5, 4, 1), k, vv,
+                                 bp_set_name(leaf(ctx, f16, 40, 5, 1, 1), "mask:pad3"), 0.2f,
+                                 0.0f, 0);
+    }
     default: /* a prompt: many rows, several row blocks, causal */
         return bp_flash_attn_ext(ctx, f32(ctx, 32, 64, 2, 1), leaf(ctx, f16, 32, 64, 1, 1),
                                  leaf(ctx, f16, 32, 64, 1, 1), NULL, 0.18f, 0.0f, BP_ATTN_CAUSAL);
@@ -416,7 +425,7 @@ const struct conf_case conf_cases[] = {
     {"soft_max", b_soft_max, 7, NMSE_F32},
     {"rope", b_rope, 10, NMSE_F32},
     {"concat", b_concat, 8, NMSE_F32},
-    {"flash_attn_ext", b_flash_attn, 8, NMSE_F32},
+    {"flash_attn_ext", b_flash_attn, 9, NMSE_F32},
     {"clamp", b_clamp, 3 * 2 * N_SHAPES, NMSE_F32},
     {"l2_norm", b_l2_norm, 2 * N_SHAPES, NMSE_F32},
     {"argsort_top_k", b_sort, 7, NMSE_F32},

@@ -75,6 +75,12 @@ static void fill_leaf(bp_graph *g, bp_tensor *t, uint64_t seed)
     if (strncmp(t->name, "ties:", 5) == 0) /* values in steps of 1/4: many equal */
         for (int64_t i = 0; i < n; i++)
             v[i] = roundf(v[i] * 4.0f) / 4.0f;
+    if (strcmp(t->name, "mask:pad3") == 0) /* [n_kv, rows]: the last 3 keys masked everywhere */
+        for (int64_t i = 0; i < n; i++)
+            v[i] = i % t->ne[0] >= t->ne[0] - 3 ? -INFINITY : 0.0f;
+    if (strncmp(t->name, "nan3:", 5) == 0) /* the last 3 rows NaN and inf: an unwritten cache */
+        for (int64_t i = (t->ne[1] - 3) * t->ne[0]; i < t->ne[0] * t->ne[1]; i++)
+            v[i] = i % 2 ? NAN : INFINITY;
     if (strcmp(t->name, "mask:causal") == 0) {
         /* [n_kv, n_rows]: row r sees columns <= r + offset; the last row sees nothing. */
         const int64_t cols = t->ne[0], rows = t->ne[1] * t->ne[2] * t->ne[3];

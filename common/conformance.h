@@ -9,7 +9,8 @@
 /* Builds one case in ctx and returns the tensor to compare. Leafs are filled with seeded random
  * data, shaped by hints in their names: "pos:" values in (0.5, 1.5) (divisors, square roots),
  * "mask:causal" 0 / -inf causal mask with one row fully masked, "ties:" values in steps of
- * 1/4 (many equal). I32 leafs get valid ids or
+ * 1/4 (many equal), "mask:pad3" a mask of the last 3 columns, "nan3:" NaN and inf in the last
+ * 3 rows (of a 2-D leaf). I32 leafs get valid ids or
  * positions for whatever consumes them. */
 typedef bp_tensor *(*conf_build_fn)(bp_context *ctx, int variant);
 

@@ -365,8 +365,10 @@ static bool flash_attn_ext(bp_tensor *r)
                     for (int64_t d = 0; d < D; d++)
                         dot += ref_get(q, d, i, h, b) * krow[d];
                     double x = softcap > 0 ? softcap * tanh(scale * dot / softcap) : scale * dot;
-                    if (mask)
-                        x += ref_get(mask, j, i, h % mask->ne[2], b % mask->ne[3]);
+                    if (mask) { /* a masked key is out, whatever its key and value hold */
+                        const double m = ref_get(mask, j, i, h % mask->ne[2], b % mask->ne[3]);
+                        x = m == -INFINITY ? -INFINITY : x + m;
+                    }
                     if (causal && j > KV - T + i)
                         x = -INFINITY;
                     s[j] = x;
@@ -380,7 +382,8 @@ static bool flash_attn_ext(bp_tensor *r)
                 for (int64_t d = 0; d < Dv; d++) {
                     double acc = 0;
                     for (int64_t j = 0; j < KV; j++)
-                        acc += s[j] * vrows[j * Dv + d];
+                        if (s[j] != 0)
+                            acc += s[j] * vrows[j * Dv + d];
                     ref_set(r, d, h, i, b, sum > 0 ? acc / sum : 0);
                 }
             }

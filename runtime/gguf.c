@@ -1007,13 +1007,38 @@ static void put_str(struct out *o, const char *s)
 
 static void put_pad(struct out *o, uint64_t align)
 {
-    static const unsigned char zeros[GGUF_DEFAULT_ALIGNMENT];
-    put(o, zeros, (size_t)((align - o->pos % align) % align));
+    static const unsigned char zeros[64];
+    for (uint64_t n = (align - o->pos % align) % align; n > 0;) {
+        const size_t k = n < sizeof(zeros) ? (size_t)n : sizeof(zeros);
+        put(o, zeros, k);
+        n -= k;
+    }
 }
 
-static uint64_t aligned(uint64_t n)
+static uint64_t aligned(uint64_t n, uint64_t align)
 {
-    return (n + GGUF_DEFAULT_ALIGNMENT - 1) / GGUF_DEFAULT_ALIGNMENT * GGUF_DEFAULT_ALIGNMENT;
+    return (n + align - 1) / align * align;
+}
+
+/* The alignment the file is written with: general.alignment when the caller set it (a power of
+ * two from 8 to 65536, as a uint32), else GGUF's default. 0 after an error. */
+static uint64_t writer_alignment(const bp_gguf_writer *w)
+{
+    for (size_t i = 0; i < w->n_kv; i++) {
+        const struct wkv *kv = &w->kv[i];
+        if (strcmp(kv->key, "general.alignment") != 0)
+            continue;
+        uint32_t a = 0;
+        if (kv->type == BP_GGUF_TYPE_UINT32)
+            memcpy(&a, kv->data, sizeof(a));
+        if (a < 8 || a > 65536 || (a & (a - 1)) != 0) {
+            bp__error(BP_ERR_INVALID_ARG, "bp_gguf_writer_write: general.alignment must be a "
+                      "uint32 power of two from 8 to 65536");
+            return 0;
+        }
+        return a;
+    }
+    return GGUF_DEFAULT_ALIGNMENT;
 }
 
 enum bp_status bp_gguf_writer_write(bp_gguf_writer *w, const char *path)
@@ -1021,6 +1046,9 @@ enum bp_status bp_gguf_writer_write(bp_gguf_writer *w, const char *path)
     if (w == NULL || path == NULL)
         return bp__error(BP_ERR_INVALID_ARG, "bp_gguf_writer_write: %s is NULL",
                          w ? "path" : "the writer");
+    const uint64_t align = writer_alignment(w);
+    if (align == 0)
+        return bp_last_status();
     FILE *f = fopen(path, "wb");
     if (f == NULL)
         return bp__error(BP_ERR_IO, "cannot write GGUF file %s: %s", path, strerror(errno));
@@ -1055,9 +1083,9 @@ enum bp_status bp_gguf_writer_write(bp_gguf_writer *w, const char *path)
             put_u64(&o, (uint64_t)t->ne[d]);
         put_u32(&o, (uint32_t)ggml_id_of(t->type));
         put_u64(&o, offset);
-        offset += aligned(bp_nbytes(t));
+        offset += aligned(bp_nbytes(t), align);
     }
-    put_pad(&o, GGUF_DEFAULT_ALIGNMENT);
+    put_pad(&o, align);
     enum bp_status st = BP_OK;
     for (size_t i = 0; i < w->n_tensors && st == BP_OK && o.ok; i++) {
         const bp_tensor *t = w->tensors[i].t;
@@ -1070,7 +1098,7 @@ enum bp_status bp_gguf_writer_write(bp_gguf_writer *w, const char *path)
         st = bp_tensor_get(t, tmp, 0, n);
         put(&o, tmp, n);
         bp__free(tmp);
-        put_pad(&o, GGUF_DEFAULT_ALIGNMENT);
+        put_pad(&o, align);
     }
     const int saved = errno;
     if (fclose(f) != 0 && o.ok)

@@ -404,6 +404,9 @@ bp_tensor *bp_top_k(bp_context *ctx, bp_tensor *a, int k)
         return bp__error_null(BP_ERR_SHAPE, "bp_top_k: k = %d for rows of %lld values of %s "
                               "(need 1 <= k <= ne0)", k, (long long)a->ne[0],
                               bp__describe(a).s);
+    if (a->ne[0] > INT32_MAX)
+        return bp__error_null(BP_ERR_SHAPE, "bp_top_k: rows of %s are longer than an I32 index "
+                              "reaches", bp__describe(a).s);
     bp_tensor *t = make(ctx, "bp_top_k", BP_OP_TOP_K, BP_TYPE_I32, k, a->ne[1], a->ne[2],
                         a->ne[3]);
     if (t == NULL)
@@ -503,6 +506,9 @@ enum bp_status bp_soft_max_add_sinks(bp_tensor *s, bp_tensor *sinks)
                          s == NULL ? "the softmax" : "sinks");
     if (s->op != BP_OP_SOFT_MAX)
         return bp__error(BP_ERR_INVALID_ARG, "bp_soft_max_add_sinks: %s is not a SOFT_MAX node",
+                         bp__describe(s).s);
+    if (s->src[2] != NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_soft_max_add_sinks: %s has sinks already",
                          bp__describe(s).s);
     if (sinks->type != BP_TYPE_F32 || !bp_is_contiguous(sinks) ||
         bp_nelements(sinks) != s->ne[2] || sinks->ne[0] != s->ne[2])

@@ -251,7 +251,30 @@ START_TEST(test_writer_round_trip)
     close(fd);
     ck_assert_int_eq(bp_gguf_writer_write(w, path), BP_OK);
     ck_assert_int_eq(bp_gguf_writer_write(w, "/nonexistent/dir/x.gguf"), BP_ERR_IO);
+
+    /* general.alignment chooses the data alignment: 64 here; not a power of two, refused */
+    char path64[] = "/tmp/bp-gguf-XXXXXX";
+    fd = mkstemp(path64);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_int_eq(bp_gguf_writer_set_u32(w, "general.alignment", 48), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_write(w, path64), BP_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "power of two"));
+    ck_assert_int_eq(bp_gguf_writer_set_u32(w, "general.alignment", 64), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_write(w, path64), BP_OK);
     bp_gguf_writer_free(w);
+    bp_gguf *g64 = bp_gguf_open(path64);
+    ck_assert_msg(g64 != NULL, "%s", bp_last_error());
+    ck_assert_uint_eq(bp_gguf_get_alignment(g64), 64);
+    ck_assert_uint_eq(bp_gguf_get_data_offset(g64) % 64, 0);
+    for (int64_t k = 0; k < bp_gguf_get_n_tensors(g64); k++) {
+        struct bp_gguf_tensor t;
+        ck_assert_int_eq(bp_gguf_get_tensor(g64, k, &t), BP_OK);
+        ck_assert_uint_eq(t.offset % 64, 0);
+        ck_assert_mem_eq(t.data, ts[k]->data, t.size);
+    }
+    bp_gguf_close(g64);
+    unlink(path64);
 
     bp_gguf *g = bp_gguf_open(path);
     ck_assert_msg(g != NULL, "%s", bp_last_error());

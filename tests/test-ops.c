@@ -363,14 +363,16 @@ START_TEST(test_soft_max_sinks)
     bp_tensor *kq = f32(9, 4, 3, 1);
     bp_tensor *s = bp_soft_max_ext(ctx, kq, NULL, 0.5f);
     bp_tensor *sinks = f32(3, 1, 1, 1);
+    ck_assert_int_eq(bp_soft_max_add_sinks(s, f32(4, 1, 1, 1)), BP_ERR_SHAPE);
+    ck_assert_int_eq(bp_soft_max_add_sinks(s, bp_new_tensor_1d(ctx, BP_TYPE_F16, 3)), BP_ERR_SHAPE);
+    ck_assert_ptr_null(s->src[2]); /* unchanged */
     ck_assert_int_eq(bp_soft_max_add_sinks(s, sinks), BP_OK);
     ck_assert_ptr_eq(s->src[2], sinks);
-    ck_assert_int_eq(bp_soft_max_add_sinks(s, f32(4, 1, 1, 1)), BP_ERR_SHAPE);
-    ck_assert_ptr_eq(s->src[2], sinks); /* unchanged */
+    ck_assert_int_eq(bp_soft_max_add_sinks(s, sinks), BP_ERR_INVALID_ARG); /* once only */
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "already"));
     ck_assert_int_eq(bp_soft_max_add_sinks(kq, sinks), BP_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(bp_last_error(), "not a SOFT_MAX"));
     ck_assert_int_eq(bp_soft_max_add_sinks(s, NULL), BP_ERR_INVALID_ARG);
-    ck_assert_int_eq(bp_soft_max_add_sinks(s, bp_new_tensor_1d(ctx, BP_TYPE_F16, 3)), BP_ERR_SHAPE);
 }
 END_TEST
 

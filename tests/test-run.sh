@@ -123,6 +123,9 @@ check "--kv-type takes f16 or q8_0" usage "takes f16 or q8_0, not 'q4_0'" "$tool
 for w in f32 q8_0; do
     check "--save-gguf then --gguf: the same tokens as the seeded tiny model ($w)" sh -c "'$tool' run --model tiny --wtype $w --save-gguf '$tmp/tiny-$w.gguf' > /dev/null && test \"\$('$tool' run --model tiny --wtype $w -n 8 -t 1 | grep '^tokens:')\" = \"\$('$tool' run --gguf '$tmp/tiny-$w.gguf' -n 8 -t 1 | grep '^tokens:')\""
 done
+check "a saved f32 GGUF is used in place in its mapping on the CPU, a q8_0 one repacked" sh -c "'$tool' run --gguf '$tmp/tiny-f32.gguf' -n 2 | grep -q 'on CPU (Host, in place in the mapped file)' && '$tool' run --gguf '$tmp/tiny-q8_0.gguf' -n 2 | grep -q 'on CPU (CPU_REPACK)' && '$tool' run --gguf '$tmp/tiny-q8_0.gguf' -n 2 --no-repack | grep -q 'in place in the mapped file'"
+check "--gguf with --model, and --tokens with -p, are refused" sh -c "'$tool' run --gguf '$tmp/tiny-f32.gguf' --model tiny 2>&1 | grep -q -- '--model does not apply' && '$tool' run --tokens 1,2 -p 4 2>&1 | grep -q -- '-p does not apply'"
+check "--tokens takes plain digits only" usage "token 2 ('+5') is not an id" "$tool" run --tokens 1,+5
 check "a saved GGUF on the accelerator agrees with the CPU" sh -c "'$tool' run --gguf '$tmp/tiny-f32.gguf' -n 6 -d ACCEL0,CPU --check | grep -q 'check: .*tokens agree.*pass'"
 check "--save-gguf to a missing directory fails with the reason" sh -c "'$tool' run --model tiny --save-gguf /nonexistent/x.gguf 2>&1 >/dev/null | grep -q \"cannot write '/nonexistent/x.gguf'\""
 # Files written by the GGUF project's Python package (tests/gguf/make-models.py): the tokens of
@@ -146,13 +149,14 @@ check "--tokens longer than the context is refused" usage "do not fit the contex
 check "--logits writes n_gen x n_vocab f32" sh -c "'$tool' run --model tiny -n 3 --logits '$tmp/l.bin' > /dev/null && test \$(wc -c < '$tmp/l.bin') -eq 12288"
 check "--logits to a missing directory exits 1 with the reason" sh -c "'$tool' run --model tiny -n 2 --logits /nonexistent/l.bin 2>&1 >/dev/null | grep -q \"cannot write --logits file '/nonexistent/l.bin'\""
 # backplane conformance: the suite as an installed command, on any device
-check "conformance passes on the CPU, every case claimed" sh -c "'$tool' conformance CPU > '$tmp/c' && grep -q '^CPU: [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^  flash_attn_ext  *ok   8/8 passed' '$tmp/c'"
+check "conformance passes on the CPU, every case claimed" sh -c "'$tool' conformance CPU > '$tmp/c' && grep -q '^CPU: [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^  flash_attn_ext  *ok   9/9 passed' '$tmp/c'"
 check "conformance on Meta(CPU0,CPU1) and the test accelerator passes what each supports" env BP_CPU_DEVICES=2 sh -c "'$tool' conformance 'Meta(CPU0,CPU1)' ACCEL0 --ops flash_attn_ext,mul_mat,soft_max,rope > '$tmp/c' && grep -q '^Meta(CPU0,CPU1): [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^ACCEL0: [0-9]* passed, 0 failed, [1-9][0-9]* not supported' '$tmp/c'"
 check "conformance runs a third-party plugin's device (the example plugin)" env BP_PLUGIN_PATH="$BP_PLUGIN_PATH:$example" sh -c "'$tool' conformance EXAMPLE0 --ops add,unary | grep -q '^EXAMPLE0: [1-9][0-9]* passed, 0 failed'"
 check "conformance fails (exit 1) on a device with a wrong kernel, naming the case" env BP_TEST_ACCEL_WRONG_OP=MUL_MAT sh -c "'$tool' conformance ACCEL0 --ops mul_mat_f32,add > '$tmp/c'; test \$? -eq 1 && grep -q 'mul_mat_f32  *FAIL 0/18 passed, 18 FAILED: mul_mat_f32\\[0\\]: NMSE' '$tmp/c' && grep -q '^  add  *ok ' '$tmp/c'"
 check "conformance --json reports per case and in total" sh -c "'$tool' conformance CPU --ops glu --json | grep -q '\"case\": \"glu\", \"variants\": 9, \"passed\": 9, \"failed\": 0, \"not_supported\": 0'"
-check "conformance --list names every case" sh -c "'$tool' conformance --list | grep -q '^flash_attn_ext  *8 variants'"
+check "conformance --list names every case" sh -c "'$tool' conformance --list | grep -q '^flash_attn_ext  *9 variants'"
 check "conformance --ops naming no case is refused" usage "'nope' names no case" "$tool" conformance CPU --ops add,nope
+check "conformance --ops empty is refused" usage "--ops is empty" "$tool" conformance CPU --ops ""
 check "conformance -t takes a thread count" usage "-t needs" "$tool" conformance CPU -t x
 check "conformance of an unknown device fails with its name" sh -c "'$tool' conformance NOPE 2>&1 >/dev/null | grep -q \"device 'NOPE'\""
 echo "$pass passed, $fail failed"

@@ -58,6 +58,10 @@ static bool selected(const char *list, const char *name)
 /* Every entry of the list names some case; else a message and false. */
 static bool list_valid(const char *list)
 {
+    if (*list == '\0') {
+        fprintf(stderr, "%s: --ops is empty: name cases or families (--list)\n", conf_cmd);
+        return false;
+    }
     for (const char *p = list; *p != '\0';) {
         const size_t len = strcspn(p, ",");
         bool found = false;

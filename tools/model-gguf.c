@@ -429,6 +429,59 @@ static enum bp_status all_tensors_used(const struct model *m, const bp_gguf *g)
     return BP_OK;
 }
 
+/* The weights used where they lie in the file's mapping, without a copy: when they and the
+ * embedding table go to the host buffer type (the CPU; not its repacked layout) and every tensor
+ * of the file is 64-byte aligned, as that buffer type requires (files written with
+ * general.alignment 64, as --save-gguf does; GGUF's default 32 leaves about half of them
+ * unaligned). The mapping is read-only: nothing writes weights. False: copy them instead. */
+static bool in_place(struct model *m, const bp_gguf *g, const struct model_placement *where,
+                     bool tied, enum bp_status *st)
+{
+    bp_buffer_type *host = bp_host_buffer_type();
+    *st = BP_OK;
+    if (where->weights != host || where->embedding != host)
+        return false;
+    const char *base = NULL;
+    size_t end = 0;
+    for (int64_t i = 0; i < bp_gguf_get_n_tensors(g); i++) {
+        struct bp_gguf_tensor info = {0};
+        if (bp_gguf_get_tensor(g, i, &info) != BP_OK || (uintptr_t)info.data % 64 != 0)
+            return false;
+        base = (const char *)info.data - info.offset; /* the start of the mapped file */
+        end = info.offset + info.size > end ? info.offset + info.size : end;
+    }
+    if (base == NULL || (uintptr_t)base % 64 != 0)
+        return false;
+    m->wbuf = bp_buffer_from_host_ptr((void *)base, end);
+    if (m->wbuf == NULL) {
+        *st = bp_last_status();
+        return true;
+    }
+    bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
+    bp_tensor *all[2] = {m->tok_embd, NULL};
+    for (size_t j = 0; *st == BP_OK && j <= bp_context_get_n_tensors(m->wctx); j++) {
+        bp_tensor *t = j == 0 ? all[0] : bp_context_get_tensor(m->wctx, j - 1);
+        const char *from = t == m->output && tied ? "token_embd.weight" : t->name;
+        struct bp_gguf_tensor info;
+        const int64_t i = bp_gguf_find_tensor(g, from);
+        *st = i >= 0 ? bp_gguf_get_tensor(g, i, &info)
+                     : bp_set_error(BP_ERR_INVALID_ARG, "the file has no tensor %s", from);
+        if (*st == BP_OK && info.size != bp_nbytes(t))
+            *st = bp_set_error(BP_ERR_SHAPE, "tensor %s holds %zu bytes; %s needs %zu", from,
+                               info.size, t->name, bp_nbytes(t));
+        if (*st == BP_OK) {
+            bp_set_param(t);
+            *st = bp_buffer_place_tensor(m->wbuf, t, (void *)info.data);
+        }
+    }
+    if (*st == BP_OK) {
+        m->kvbuf = bp_alloc_ctx_tensors(m->kvctx, where->kv);
+        *st = m->kvbuf != NULL ? bp_buffer_clear(m->kvbuf, 0) : bp_last_status();
+    }
+    m->weights_in_place = *st == BP_OK;
+    return true;
+}
+
 enum bp_status model_init_gguf(struct model *m, const bp_gguf *g, const struct model_config *cfg,
                                const struct model_placement *where)
 {
@@ -439,6 +492,11 @@ enum bp_status model_init_gguf(struct model *m, const bp_gguf *g, const struct m
     st = describe_from_file(m, g, &tied) ? BP_OK : bp_last_status();
     if (st == BP_OK)
         st = all_tensors_used(m, g);
+    if (st == BP_OK && in_place(m, g, where, tied, &st)) {
+        if (st != BP_OK)
+            model_free(m);
+        return st;
+    }
     if (st == BP_OK)
         st = model_allocate(m, where);
     if (st == BP_OK)
@@ -458,9 +516,11 @@ enum bp_status model_init_gguf(struct model *m, const bp_gguf *g, const struct m
 /* ---- Writing -------------------------------------------------------------------------------------- */
 
 /* Reorders the rows of t (n_head heads of head_dim rows each; a vector counts as rows of one
- * element) between NeoX's order and llama's: to_llama moves row s*D/2 + j of each head to row
- * 2j + s, the other direction moves it back. */
-static enum bp_status reorder_heads(bp_tensor *t, int n_head, int head_dim, bool to_llama)
+ * element) between NeoX's order and llama's within the first rot rows of each head (the rotated
+ * ones; the rest keep their place): to_llama moves row s*rot/2 + j of a head to row 2j + s, the
+ * other direction moves it back. */
+static enum bp_status reorder_heads(bp_tensor *t, int n_head, int head_dim, int rot,
+                                    bool to_llama)
 {
     const bool vector = t->ne[1] == 1;
     const size_t row = vector ? bp_type_size(t->type) : t->nb[1];
@@ -470,7 +530,9 @@ static enum bp_status reorder_heads(bp_tensor *t, int n_head, int head_dim, bool
                             ? bp_tensor_get(t, from, 0, bytes)
                             : bp_set_error(BP_ERR_OUT_OF_MEMORY, "out of memory reordering %s",
                                            t->name);
-    const int half = head_dim / 2;
+    const int half = rot / 2;
+    if (st == BP_OK)
+        memcpy(to, from, bytes); /* the rows beyond the rotated ones stay */
     for (int h = 0; st == BP_OK && h < n_head; h++) {
         for (int j = 0; j < half; j++) {
             for (int s = 0; s < 2; s++) {
@@ -488,23 +550,42 @@ static enum bp_status reorder_heads(bp_tensor *t, int n_head, int head_dim, bool
     return st;
 }
 
-/* The q and k weights (and biases) of every layer, reordered for llama's rope or back. */
-static enum bp_status reorder_qk(const struct model *m, bool to_llama)
+/* The q and k weights (and biases) of layer il, reordered for llama's rope or back; on failure
+ * the layer is left as it was. */
+static enum bp_status reorder_layer(const struct model *m, int il, bool to_llama)
 {
     const struct model_config *c = &m->cfg;
-    const int D = c->n_embd / c->n_head;
+    const int D = c->n_embd / c->n_head, rot = c->rope_dims > 0 ? c->rope_dims : D;
+    const struct model_layer *l = &m->layers[il];
+    bp_tensor *const t[4] = {l->wq, l->wk, l->bq, l->bk};
+    const int heads[4] = {c->n_head, c->n_head_kv, c->n_head, c->n_head_kv};
     enum bp_status st = BP_OK;
-    for (int il = 0; il < c->n_layer && st == BP_OK; il++) {
-        const struct model_layer *l = &m->layers[il];
-        st = reorder_heads(l->wq, c->n_head, D, to_llama);
-        if (st == BP_OK)
-            st = reorder_heads(l->wk, c->n_head_kv, D, to_llama);
-        if (st == BP_OK && l->bq != NULL)
-            st = reorder_heads(l->bq, c->n_head, D, to_llama);
-        if (st == BP_OK && l->bk != NULL)
-            st = reorder_heads(l->bk, c->n_head_kv, D, to_llama);
-    }
+    int done = 0;
+    for (; done < 4 && st == BP_OK; done++)
+        if (t[done] != NULL)
+            st = reorder_heads(t[done], heads[done], D, rot, to_llama);
+    if (st != BP_OK) /* the one that failed is unchanged; put the others back */
+        for (int i = done - 2; i >= 0; i--)
+            if (t[i] != NULL)
+                (void)reorder_heads(t[i], heads[i], D, rot, !to_llama);
     return st;
+}
+
+/* Every layer reordered; on failure the layers done are put back. */
+static enum bp_status reorder_qk(const struct model *m, bool to_llama)
+{
+    for (int il = 0; il < m->cfg.n_layer; il++) {
+        const enum bp_status st = reorder_layer(m, il, to_llama);
+        if (st != BP_OK) {
+            const enum bp_status err = bp_last_status();
+            char why[512];
+            snprintf(why, sizeof(why), "%s", bp_last_error());
+            while (il-- > 0)
+                (void)reorder_layer(m, il, !to_llama);
+            return bp_set_error(err, "%s", why);
+        }
+    }
+    return BP_OK;
 }
 
 /* The metadata llama.cpp needs to load the file, its vocabulary a placeholder of n_vocab tokens
@@ -521,6 +602,7 @@ static enum bp_status add_metadata(bp_gguf_writer *w, const struct model *m)
             st = (call);                                                                         \
     } while (0)
     SET(bp_gguf_writer_set_str(w, "general.architecture", "llama"));
+    SET(bp_gguf_writer_set_u32(w, "general.alignment", 64)); /* used in place on a CPU */
     SET(bp_gguf_writer_set_str(w, "general.name", name));
     SET(bp_gguf_writer_set_u32(w, "llama.context_length", (uint32_t)c->n_ctx));
     SET(bp_gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)c->n_embd));
@@ -618,6 +700,10 @@ static enum bp_status add_tensors(bp_gguf_writer *w, const struct model *m)
 
 enum bp_status model_save_gguf(const struct model *m, const char *path)
 {
+    if (m->weights_in_place && m->cfg.rope_mode == BP_ROPE_NEOX)
+        return bp_set_error(BP_ERR_UNSUPPORTED, "model '%s': its weights are the read-only "
+                            "mapping of its file, which saving would reorder in place",
+                            m->cfg.name);
     bp_gguf_writer *w = bp_gguf_writer_new();
     if (w == NULL)
         return bp_last_status();

@@ -48,6 +48,7 @@ struct model {
     bp_buffer *wbuf, *ebuf, *kvbuf; /* weights, the token embedding table, the KV cache */
     bp_tensor *tok_embd, *out_norm, *output;
     struct model_layer *layers;
+    bool weights_in_place; /* a file's weights used in its mapping (model_init_gguf) */
     bool flash_attn; /* attention as one FLASH_ATTN_EXT (no mask input) rather than MUL_MAT,
                       * SOFT_MAX, MUL_MAT; set before building steps */
 };
@@ -83,7 +84,9 @@ enum bp_status model_gguf_config(const bp_gguf *g, struct model_config *cfg, cha
 size_t model_gguf_weight_bytes(const bp_gguf *g);
 /* Like model_init, with cfg as model_gguf_config gave it for g (its name kept by the caller for
  * the model's life) and the weights of the file, each tensor in its own type. A file holding
- * tensors the decoder does not use is refused, naming one. */
+ * tensors the decoder does not use is refused, naming one. Where the weights go to host memory
+ * and the file's tensors are 64-byte aligned they are used in place in the file's mapping
+ * (weights_in_place): g must then stay open until model_free. */
 enum bp_status model_init_gguf(struct model *m, const bp_gguf *g, const struct model_config *cfg,
                                const struct model_placement *where);
 /* Writes the model as a llama-architecture GGUF that model_init_gguf (and llama.cpp) reads:

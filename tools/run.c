@@ -35,7 +35,7 @@
 struct run_opts {
     const struct model_config *cfg;
     enum bp_type wtype;
-    bool wtype_given;
+    bool wtype_given, model_given, prompt_given;
     const char *gguf_path; /* --gguf FILE: the model from it */
     bp_gguf *gguf;
     struct model_config file_cfg; /* the file's configuration (cfg points here) */
@@ -277,6 +277,14 @@ static bool place_weights(struct run *run)
     return true;
 }
 
+/* The type of the token embedding table: a file's own, else the weight type. */
+static enum bp_type embedding_type(const struct run_opts *o)
+{
+    struct bp_gguf_tensor info;
+    const int64_t i = o->gguf != NULL ? bp_gguf_find_tensor(o->gguf, "token_embd.weight") : -1;
+    return i >= 0 && bp_gguf_get_tensor(o->gguf, i, &info) == BP_OK ? info.type : o->wtype;
+}
+
 /* The embedding table and the KV cache stay with the weights when that device also runs their
  * ops (GET_ROWS of the weight type, SET_ROWS into the f16 cache), else they go to the first
  * device that does: a node's destination cannot be copied to where it runs. */
@@ -284,7 +292,8 @@ static bool place_embedding_and_kv(struct run *run)
 {
     struct run_result *r = run->r;
     const int w = r->weights_on;
-    r->embd_on = first_running(run->be, run->nb, w, OP_GET_ROWS, run->o->wtype, run->cfg->n_embd);
+    r->embd_on = first_running(run->be, run->nb, w, OP_GET_ROWS, embedding_type(run->o),
+                               run->cfg->n_embd);
     r->kv_on = first_running(run->be, run->nb, w, OP_SET_ROWS, run->cfg->kv_type, run->cfg->n_embd);
     if (r->embd_on < 0 || r->kv_on < 0) {
         fprintf(stderr, "backplane run: none of the devices runs %s\n",
@@ -374,7 +383,8 @@ static bp_buffer_type *weight_buffer_type(const struct run *run)
 static void record_model_buffers(struct run *run)
 {
     struct run_result *r = run->r;
-    r->weight_bytes = bp_buffer_get_size(run->m.wbuf) + bp_buffer_get_size(run->m.ebuf);
+    r->weight_bytes = bp_buffer_get_size(run->m.wbuf) +
+                      (run->m.ebuf != NULL ? bp_buffer_get_size(run->m.ebuf) : 0);
     bp_registry *reg = bp_device_get_registry(bp_backend_get_device(run->be[r->weights_on]));
     bp_meta_buffer_part_bytes_fn part_bytes = (bp_meta_buffer_part_bytes_fn)
         bp_registry_get_proc_address(reg, "bp_meta_buffer_part_bytes");
@@ -384,7 +394,8 @@ static void record_model_buffers(struct run *run)
             r->n_weight_parts = p + 1;
     }
     r->kv_bytes = bp_buffer_get_size(run->m.kvbuf);
-    snprintf(r->weight_buft, sizeof(r->weight_buft), "%s", bp_buffer_type_get_name(run->wbuft));
+    snprintf(r->weight_buft, sizeof(r->weight_buft), "%s%s", bp_buffer_type_get_name(run->wbuft),
+             run->m.weights_in_place ? ", in place in the mapped file" : "");
 }
 
 /* Allocates and fills the model where the placement phases put its parts. */
@@ -742,6 +753,7 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
                         model_config_names());
                 return 2;
             }
+            o->model_given = true;
         } else if (strcmp(a, "--wtype") == 0 && v) {
             if (bp_type_from_name(v, &o->wtype) != BP_OK || o->wtype == BP_TYPE_I32) {
                 fprintf(stderr, "backplane run: '%s' is not a weight type (f32, f16, bf16, "
@@ -782,6 +794,7 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
             if (!tool_parse_int(run_cmd, a, v, 1, INT_MAX, &num))
                 return 2;
             o->n_prompt = (int)num;
+            o->prompt_given = true;
         } else if ((strcmp(a, "-n") == 0 || strcmp(a, "--gen") == 0) && v) {
             if (!tool_parse_int(run_cmd, a, v, 1, INT_MAX, &num))
                 return 2;
@@ -835,7 +848,9 @@ static int parse_tokens(struct run_opts *o)
     for (int i = 0; i < n; i++) {
         char *end;
         errno = 0;
-        const long long v = strtoll(p, &end, 10);
+        const long long v = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : -1;
+        if (v < 0)
+            end = (char *)p;
         if (end == p || errno != 0 || (*end != ',' && *end != '\0') || v < 0 ||
             v >= o->cfg->n_vocab) {
             fprintf(stderr, "%s: --tokens: token %d ('%.*s') is not an id in [0, %d) of '%s'\n",
@@ -854,9 +869,13 @@ static int parse_tokens(struct run_opts *o)
  * status after a message. */
 static int check_run_opts(struct run_opts *o)
 {
-    if (o->gguf_path != NULL && (o->save_gguf != NULL || o->wtype_given)) {
+    if (o->gguf_path != NULL && (o->save_gguf != NULL || o->wtype_given || o->model_given)) {
         fprintf(stderr, "%s: --gguf serves the file's model as it is: --%s does not apply\n",
-                run_cmd, o->save_gguf != NULL ? "save-gguf" : "wtype");
+                run_cmd, o->save_gguf != NULL ? "save-gguf" : o->wtype_given ? "wtype" : "model");
+        return 2;
+    }
+    if (o->tokens_arg != NULL && o->prompt_given) {
+        fprintf(stderr, "%s: --tokens is the prompt: -p does not apply\n", run_cmd);
         return 2;
     }
     if (o->gguf_path != NULL) {

@@ -129,7 +129,10 @@ BP_API enum bp_status bp_gguf_writer_set_arr_str(bp_gguf_writer *w, const char *
 /* The tensor's data, at most 4 dimensions; name as in the file (t's own name if NULL). */
 BP_API enum bp_status bp_gguf_writer_add_tensor(bp_gguf_writer *w, const char *name,
                                                 const bp_tensor *t);
-/* Writes the file (alignment 32), replacing path; BP_ERR_IO with the system's reason. */
+/* Writes the file, replacing path; BP_ERR_IO with the system's reason. The alignment of the
+ * tensor data is GGUF's default 32, or general.alignment when set (bp_gguf_writer_set_u32; a
+ * power of two from 8 to 65536: 64 lets a reader use the data in place where tensors must be
+ * 64-byte aligned). */
 BP_API enum bp_status bp_gguf_writer_write(bp_gguf_writer *w, const char *path);
 
 #ifdef __cplusplus

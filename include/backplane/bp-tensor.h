@@ -436,7 +436,8 @@ BP_API bp_tensor *bp_soft_max_ext(bp_context *ctx, bp_tensor *a, bp_tensor *mask
 /* Attention sinks: softmax node s (from bp_soft_max_ext) also weighs, for each row of head h (its
  * index 2), a virtual entry of value sinks[h] that takes part in the maximum and the sum but is
  * not output: y = exp(x - m) / (sum exp(x - m) + exp(sinks[h] - m)). sinks is F32 [ne2 of s],
- * contiguous. BP_OK, or an error (s unchanged). */
+ * contiguous, given once, before s goes into a graph (bp_graph_build_forward collects the
+ * sources it has then). BP_OK, or an error (s unchanged). */
 BP_API enum bp_status bp_soft_max_add_sinks(bp_tensor *s, bp_tensor *sinks);
 
 /* rope(x F32 [head_dim, n_head, n_tok, 1], pos I32 [n_tok]): rotates the first n_dims (even,

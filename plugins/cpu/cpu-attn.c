@@ -112,7 +112,8 @@ static float dot(const float *x, const float *y, int64_t n)
 }
 
 /* x[i] = exp(x[i]) for n floats: a degree-6 polynomial of the reduced argument times 2^k
- * (error about 2 ulp, far inside the conformance bound), 0 below -87.3 (so -inf gives 0). */
+ * (error about 2 ulp, far inside the conformance bound), 0 below -87.3 (so -inf gives 0), NaN
+ * for NaN. */
 #if defined(BP_CPU_HAVE_AVX512) || defined(BP_CPU_HAVE_AVX2)
 #define EXP_POLY(V, FMA, SET)                                                                    \
     FMA(FMA(FMA(FMA(FMA(SET(1.9875691500e-4f), V, SET(1.3981999507e-3f)), V,                    \
@@ -127,7 +128,8 @@ static void exp_inplace(float *x, int64_t n)
     for (; i + 16 <= n; i += 16) {
         __m512 v = _mm512_loadu_ps(x + i);
         const __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-        v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+        /* max/min return their second operand when one is NaN: NaN stays NaN */
+        v = _mm512_min_ps(_mm512_set1_ps(88.3f), _mm512_max_ps(_mm512_set1_ps(-87.3f), v));
         const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504089f)),
                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), v);
@@ -140,8 +142,9 @@ static void exp_inplace(float *x, int64_t n)
 #elif defined(BP_CPU_HAVE_AVX2)
     for (; i + 8 <= n; i += 8) {
         __m256 v = _mm256_loadu_ps(x + i);
-        const __m256 keep = _mm256_cmp_ps(v, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
-        v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+        const __m256 keep = _mm256_cmp_ps(v, _mm256_set1_ps(-87.3f), _CMP_NLT_UQ); /* NaN too */
+        /* max/min return their second operand when one is NaN: NaN stays NaN */
+        v = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), v));
         const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504089f)),
                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), v);
@@ -244,10 +247,18 @@ static void tile_scores(const float *const qp[QB], const float *kt, int64_t D, i
     }
 }
 
-/* y_r += sum_j w[r][j] v_j over the value tile vt ([nk][Dv]) for the QB queries. */
+/* y_r += sum_j w[r][j] v_j over the value tile vt ([nk][Dv]) for the QB queries. Keys that no
+ * query weighs are skipped: their values may be anything (an unwritten, masked cache slot), and
+ * 0 * inf would be NaN. */
 static void tile_values(float *const y[QB], const float *w, const float *vt, int64_t nk,
                         int64_t Dv)
 {
+    bool unused[ATTN_TILE];
+    for (int64_t j = 0; j < nk; j++) {
+        unused[j] = true;
+        for (int r = 0; r < QB; r++)
+            unused[j] = unused[j] && w[r * ATTN_TILE + j] == 0.0f;
+    }
     int64_t e0 = 0;
     for (; e0 + KC <= Dv; e0 += KC) {
         vf acc[QB][NV];
@@ -257,6 +268,8 @@ static void tile_values(float *const y[QB], const float *w, const float *vt, int
             for (int v = 0; v < NV; v++)
                 acc[r][v] = VLOAD(y[r] + e0 + v * VW);
         for (int64_t j = 0; j < nk; j++) {
+            if (unused[j])
+                continue;
             const float *vr = vt + j * Dv + e0;
             vf vv[NV];
             #pragma GCC unroll 16
@@ -279,7 +292,8 @@ static void tile_values(float *const y[QB], const float *w, const float *vt, int
     #pragma GCC unroll 16
     for (int r = 0; r < QB; r++) /* the dimensions beyond the last whole block */
         for (int64_t j = 0; j < nk; j++)
-            axpy(y[r] + e0, w[r * ATTN_TILE + j], vt + j * Dv + e0, Dv - e0);
+            if (!unused[j])
+                axpy(y[r] + e0, w[r * ATTN_TILE + j], vt + j * Dv + e0, Dv - e0);
 }
 
 /* One unit: sequence b, key/value head g, query rows [t0, t1). Its queries (G heads x the rows)
@@ -358,8 +372,8 @@ static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, in
                     float x = sr[jj] * pre;
                     if (capped)
                         x = a->softcap * tanhf(x);
-                    if (mask != NULL)
-                        x += mrow[jj];
+                    if (mask != NULL) /* a masked key is out, whatever its score (even NaN) */
+                        x = mrow[jj] == -INFINITY ? -INFINITY : x + mrow[jj];
                     sr[jj] = x;
                     tmax = x > tmax ? x : tmax;
                 }

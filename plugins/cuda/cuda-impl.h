@@ -46,7 +46,7 @@ int bp_cu_sum_rows(int mean, struct cu_t d, struct cu_t a, cudaStream_t s);
 int bp_cu_argmax(struct cu_t d, struct cu_t a, cudaStream_t s);
 /* ARGSORT (d as long as a's rows) and TOP_K (d shorter: the first d.ne[0] of the descending
  * order); rows of at most BP_CUDA_SORT_MAX values. */
-#define BP_CUDA_SORT_MAX 65536
+#define BP_CUDA_SORT_MAX 8192
 int bp_cu_sort_rows(int desc, struct cu_t d, struct cu_t a, cudaStream_t s);
 /* mode 0 NORM, 1 RMS_NORM, 2 L2_NORM. */
 int bp_cu_norm(int mode, float eps, struct cu_t d, struct cu_t a, cudaStream_t s);

@@ -589,7 +589,8 @@ __global__ void k_soft_max_rows(float scale, cu_t d, cu_t a, cu_t mask, int has_
 /* ARGSORT and TOP_K, one block per row: each element's rank is the number of elements that
  * sort before it (by value, NaN last, ties by index), counted by its thread; the element is
  * written at its rank when that is among the first d.ne[0]. Quadratic in the row length, so
- * supports_op takes rows up to BP_CUDA_SORT_MAX (router scores, vocabularies). */
+ * supports_op takes rows up to BP_CUDA_SORT_MAX (router scores; longer rows, such as a whole
+ * vocabulary, go to the CPU). */
 static __device__ __forceinline__ bool sorts_before(float x, int64_t i, float y, int64_t j,
                                                     int desc)
 {
@@ -956,6 +957,10 @@ __global__ void k_flash_attn(cu_t d, cu_t q, cu_t k, cu_t v, cu_t mask, int has_
     const char *mrow = has_mask ? at(mask, 0, i, h % mask.ne[2], b % mask.ne[3]) : NULL;
     float M = -INFINITY, S = 0.0f;
     for (int64_t j = 0; j < kv_end; j++) {
+        /* A masked key is skipped before it is read: an unwritten cache slot may hold anything. */
+        const float mv = mrow != NULL ? ld(mrow + j * mask.nb[0], mask.type) : 0.0f;
+        if (mv == -INFINITY)
+            continue;
         const char *kr = at(k, 0, j, g, kb);
         float part = 0.0f;
 #pragma unroll
@@ -969,8 +974,7 @@ __global__ void k_flash_attn(cu_t d, cu_t q, cu_t k, cu_t v, cu_t mask, int has_
         float x = __shfl_sync(0xffffffffu, part, 0) * pre;
         if (capped)
             x = softcap * tanhf(x);
-        if (mrow != NULL)
-            x += ld(mrow + j * mask.nb[0], mask.type);
+        x += mv;
         if (x == -INFINITY)
             continue;
         if (x > M) {
