@@ -8,10 +8,12 @@ same GGUF file and token ids, in one run. Benchmark and check runs only: it need
       against llama.cpp's) up to the first step whose tokens differ
 
   llama-peer.py bench [--model small] [--types f16,q8_0,q4_0] [-p 128] [-n 64] [-t 2]
-                      [--pairs 5]
+                      [--pairs 5] [--busy]
       writes the seeded model as GGUF (backplane run --save-gguf) for each weight type, then
       times prompt and generation tokens/s of both, flash attention on in both, in interleaved
-      pairs; prints the medians and the median of the per-pair ratios (backplane / llama.cpp)
+      pairs; prints the medians and the median of the per-pair ratios (backplane / llama.cpp).
+      --busy runs one busy process beside both for the whole run (`while :; do :; done`, killed
+      at the end), as on a shared machine, and also times backplane with one thread
 
 The backplane tool is BACKPLANE (default: ./tools/backplane, run from the build directory, with
 BP_PLUGIN_PATH set to the build tree's plugins when unset).
@@ -96,10 +98,22 @@ def check(args):
 
 
 def bench(args):
+    busy = subprocess.Popen(["sh", "-c", "while :; do :; done"]) if args.busy else None
+    try:
+        return bench_run(args)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+
+
+def bench_run(args):
     rng = np.random.default_rng(1)
     out = tempfile.mkdtemp(prefix="llama-peer.")
     print("# %s, -p %d -n %d -t %d, flash attention on in both; ratio = backplane / llama.cpp, "
-          "median of %d interleaved pairs" % (args.model, args.p, args.n, args.t, args.pairs))
+          "median of %d interleaved pairs%s" % (args.model, args.p, args.n, args.t, args.pairs,
+                                               "; one busy process beside them" if args.busy
+                                               else ""))
     for wtype in args.types.split(","):
         path = os.path.join(out, "%s-%s.gguf" % (args.model, wtype))
         subprocess.run([TOOL, "run", "--model", args.model, "--wtype", wtype, "--save-gguf", path],
@@ -110,7 +124,7 @@ def bench(args):
         llm = load(path, args.p + args.n + 8, args.t, False)
         theirs(llm, tokens[:8], 2)  # warm-up
         ours(path, tokens[:8], 2, args.t)
-        pp, tg, rp, rt = [], [], [], []
+        pp, tg, rp, rt, one = [], [], [], [], []
         for k in range(args.pairs):
             order = [0, 1] if k % 2 == 0 else [1, 0]
             res = {}
@@ -123,6 +137,8 @@ def bench(args):
                     res[1] = (args.p / ps, 1.0 / gs)
             pp.append(res[0][0])
             tg.append(res[0][1])
+            if args.busy:
+                one.append(ours(path, tokens, args.n, 1)["generation_tokens_per_s"])
             rp.append(res[0][0] / res[1][0])
             rt.append(res[0][1] / res[1][1])
             theirs_pp = res[1][0]
@@ -131,6 +147,10 @@ def bench(args):
               (args.model, wtype, statistics.median(pp), statistics.median(rp),
                statistics.median(tg), statistics.median(rt), theirs_pp,
                first.get("weight_buffer_type")))
+        if one:
+            print("  backplane -t 1 beside the same busy process: generation %.1f tok/s; -t %d is "
+                  "%.2fx that" % (statistics.median(one), args.t,
+                                  statistics.median(tg) / statistics.median(one)))
         sys.stdout.flush()
     return 0
 
@@ -149,6 +169,7 @@ def main():
     b.add_argument("-n", type=int, default=64)
     b.add_argument("-t", type=int, default=2)
     b.add_argument("--pairs", type=int, default=5)
+    b.add_argument("--busy", action="store_true")
     args = ap.parse_args()
     return check(args) if args.cmd == "check" else bench(args)
 

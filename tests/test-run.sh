@@ -148,6 +148,8 @@ check "--tokens that are not numbers are refused" usage "token 1 ('x') is not an
 check "--tokens longer than the context is refused" usage "do not fit the context" "$tool" run --gguf "$gguf_dir/llama-gqa.gguf" --ctx 4 --tokens 1,2,3,4,5
 check "--logits writes n_gen x n_vocab f32" sh -c "'$tool' run --model tiny -n 3 --logits '$tmp/l.bin' > /dev/null && test \$(wc -c < '$tmp/l.bin') -eq 12288"
 check "--logits to a missing directory exits 1 with the reason" sh -c "'$tool' run --model tiny -n 2 --logits /nonexistent/l.bin 2>&1 >/dev/null | grep -q \"cannot write --logits file '/nonexistent/l.bin'\""
+check "every CPU case passes with graphs run on the calling thread alone (the pool's contention mode)" env BP_CPU_FORCE_SOLO=1 sh -c "'$tool' conformance CPU -t 2 | grep -q '^CPU: [0-9]* passed, 0 failed, 0 not supported'"
+check "the tiny model with the pool's contention mode gives the same tokens" sh -c "test \"\$(BP_CPU_FORCE_SOLO=1 '$tool' run --model tiny -n 8 -t 2 | grep '^tokens:')\" = \"\$('$tool' run --model tiny -n 8 -t 2 | grep '^tokens:')\""
 # backplane conformance: the suite as an installed command, on any device
 check "conformance passes on the CPU, every case claimed" sh -c "'$tool' conformance CPU > '$tmp/c' && grep -q '^CPU: [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^  flash_attn_ext  *ok   9/9 passed' '$tmp/c'"
 check "conformance on Meta(CPU0,CPU1) and the test accelerator passes what each supports" env BP_CPU_DEVICES=2 sh -c "'$tool' conformance 'Meta(CPU0,CPU1)' ACCEL0 --ops flash_attn_ext,mul_mat,soft_max,rope > '$tmp/c' && grep -q '^Meta(CPU0,CPU1): [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^ACCEL0: [0-9]* passed, 0 failed, [1-9][0-9]* not supported' '$tmp/c'"

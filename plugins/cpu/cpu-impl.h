@@ -25,7 +25,9 @@ typedef void (*bp_cpu_job_fn)(void *arg, int ith, int nth);
 struct bp_cpu_pool *bp_cpu_pool_new(int n_threads);
 void bp_cpu_pool_free(struct bp_cpu_pool *pool);
 int bp_cpu_pool_n_threads(const struct bp_cpu_pool *pool);
-/* Runs job on every thread and returns when all have finished. */
+/* Runs job on every thread and returns when all have finished; after a job in which a thread
+ * was descheduled (contention), the following jobs run for a while on the calling thread alone,
+ * as job(arg, 0, 1) (cpu-pool.c). Callers size per-thread scratch for both. */
 void bp_cpu_pool_run(struct bp_cpu_pool *pool, bp_cpu_job_fn job, void *arg);
 /* Inside a job: waits until every thread of the pool has reached this point. */
 void bp_cpu_pool_barrier(struct bp_cpu_pool *pool);

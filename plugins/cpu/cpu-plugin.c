@@ -174,6 +174,11 @@ static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g)
         bp_cpu_work_size(node, nth, &pt, &sh);
         per_thread = pt > per_thread ? pt : per_thread;
         shared = sh > shared ? sh : shared;
+        if (nth > 1) { /* the pool may run the graph on one thread (contention) */
+            bp_cpu_work_size(node, 1, &pt, &sh);
+            per_thread = pt > per_thread ? pt : per_thread;
+            shared = sh > shared ? sh : shared;
+        }
     }
     per_thread = (per_thread + 63) / 64 * 64;
     size_t need = per_thread * (size_t)nth + shared + 64;

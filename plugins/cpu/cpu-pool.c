@@ -12,7 +12,21 @@
  * the same way before it sleeps:
  * token-by-token generation runs a small graph every few hundred microseconds, and waking a
  * sleeping thread costs far more than that on virtual machines (an idle vCPU must be scheduled
- * again), which made two threads slower than one. */
+ * again), which made two threads slower than one.
+ *
+ * Contention. Every thread meets the others at a barrier after each node, so a thread the
+ * kernel deschedules (another busy process on the machine: a desktop, a CI runner) holds every
+ * other thread for the rest of its time slice, a few milliseconds, at each barrier it misses:
+ * generation with two threads beside one busy process fell to a seventh of its speed, far
+ * below one thread's. Work stealing does not cure it, because a thread descheduled in the
+ * middle of its share holds that share (a half-done piece cannot be redone by another thread
+ * without writing the same memory twice). So the pool watches for it instead: each thread
+ * compares the wall time of the job with its own CPU time, and a thread off the CPU for more than
+ * STALL_NS was descheduled (a barrier wait would not tell a descheduled thread from a slow
+ * one); the pool then runs the following jobs
+ * on the calling thread alone (workers idle, barriers free) for a while, doubling that while
+ * stalls persist and trying all threads again after each period; a job without a stall ends
+ * it. On a quiet machine no barrier waits that long, and nothing changes. */
 #include "config.h"
 
 #include <pthread.h>
@@ -35,11 +49,48 @@
 #define POOL_PAUSES 2000
 #define POOL_WATCH_NS 1000000L
 
+/* A thread off the CPU this long during a job: it was descheduled (a quiet machine takes a
+ * thread away for microseconds). */
+#define STALL_NS 500000L
+/* How long jobs then run on the calling thread alone: from SOLO_MIN_NS, doubled while stalls
+ * persist, up to SOLO_MAX_NS. */
+#define SOLO_MIN_NS 20000000L
+#define SOLO_MAX_NS 640000000L
+
 static long elapsed_ns(const struct timespec *t0)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (t.tv_sec - t0->tv_sec) * 1000000000L + (t.tv_nsec - t0->tv_nsec);
+}
+
+static long long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static long long thread_cpu_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Runs job as thread ith of nth and records in *stall how long the thread was off the CPU
+ * during it (wall time less its own CPU time), when that is the longest of the job so far. A
+ * thread that spins or computes accrues CPU time; one the kernel deschedules does not. */
+static void timed_job(bp_cpu_job_fn job, void *arg, int ith, int nth, atomic_long *stall)
+{
+    const long long w0 = now_ns(), c0 = thread_cpu_ns();
+    job(arg, ith, nth);
+    const long long off = (now_ns() - w0) - (thread_cpu_ns() - c0);
+    long seen = atomic_load_explicit(stall, memory_order_relaxed);
+    while (off > seen && !atomic_compare_exchange_weak_explicit(stall, &seen, (long)off,
+                                                                memory_order_relaxed,
+                                                                memory_order_relaxed)) {
+    }
 }
 
 /* Spins, then yields, until done(arg) (true) or the watch is over (false). Inlined with a
@@ -95,6 +146,14 @@ static bool watch_zero(atomic_int *v)
 struct bp_cpu_pool {
     int n_threads;
     pthread_t *threads;
+    /* Threads taking part in the current job: n_threads, or 1 while jobs run solo. */
+    int active;
+    /* The longest time a thread was off the CPU during the current job (ns), and the solo
+     * period (caller only). */
+    atomic_long stall_ns;
+    long long solo_until, solo_ns;
+    bool force_solo; /* BP_CPU_FORCE_SOLO=1: every job solo, as under contention (diagnostic) */
+    bool adaptive;   /* BP_CPU_ADAPTIVE=0 turns the solo periods off */
 
     pthread_mutex_t lock;
     pthread_cond_t wake;
@@ -137,7 +196,7 @@ static void *worker_main(void *argp)
         void *arg = pool->arg;
         pthread_mutex_unlock(&pool->lock);
 
-        job(arg, wa.ith, pool->n_threads);
+        timed_job(job, arg, wa.ith, pool->n_threads, &pool->stall_ns);
 
         if (atomic_fetch_sub_explicit(&pool->running, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&pool->lock); /* the caller may be asleep on `done` */
@@ -159,6 +218,12 @@ struct bp_cpu_pool *bp_cpu_pool_new(int n_threads)
         return NULL;
     }
     pool->n_threads = n_threads;
+    pool->active = n_threads;
+    atomic_init(&pool->stall_ns, 0);
+    const char *force = getenv("BP_CPU_FORCE_SOLO");
+    pool->force_solo = force != NULL && force[0] == '1';
+    const char *adaptive = getenv("BP_CPU_ADAPTIVE");
+    pool->adaptive = adaptive == NULL || adaptive[0] != '0';
     pthread_mutex_init(&pool->lock, NULL);
     pthread_cond_init(&pool->wake, NULL);
     pthread_cond_init(&pool->done, NULL);
@@ -221,12 +286,33 @@ int bp_cpu_pool_n_threads(const struct bp_cpu_pool *pool)
     return pool->n_threads;
 }
 
+/* After a job on every thread: a stall starts (or lengthens) a solo period, a job without one
+ * ends the back-off. */
+static void after_job(struct bp_cpu_pool *pool)
+{
+    if (pool->adaptive && atomic_load_explicit(&pool->stall_ns, memory_order_relaxed) > STALL_NS) {
+        pool->solo_ns = pool->solo_ns == 0 ? SOLO_MIN_NS
+                        : pool->solo_ns * 2 > SOLO_MAX_NS ? SOLO_MAX_NS
+                                                          : pool->solo_ns * 2;
+        pool->solo_until = now_ns() + pool->solo_ns;
+    } else {
+        pool->solo_ns = 0;
+    }
+}
+
 void bp_cpu_pool_run(struct bp_cpu_pool *pool, bp_cpu_job_fn job, void *arg)
 {
     if (pool->n_threads == 1) {
         job(arg, 0, 1);
         return;
     }
+    if (pool->force_solo || (pool->solo_until != 0 && now_ns() < pool->solo_until)) {
+        pool->active = 1; /* the workers stay idle; barriers are free */
+        job(arg, 0, 1);
+        return;
+    }
+    pool->active = pool->n_threads;
+    atomic_store_explicit(&pool->stall_ns, 0, memory_order_relaxed);
     pthread_mutex_lock(&pool->lock);
     pool->job = job;
     pool->arg = arg;
@@ -235,19 +321,20 @@ void bp_cpu_pool_run(struct bp_cpu_pool *pool, bp_cpu_job_fn job, void *arg)
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
 
-    job(arg, 0, pool->n_threads);
+    timed_job(job, arg, 0, pool->n_threads, &pool->stall_ns);
 
-    if (watch_zero(&pool->running))
-        return;
-    pthread_mutex_lock(&pool->lock);
-    while (atomic_load_explicit(&pool->running, memory_order_acquire) > 0)
-        pthread_cond_wait(&pool->done, &pool->lock);
-    pthread_mutex_unlock(&pool->lock);
+    if (!watch_zero(&pool->running)) {
+        pthread_mutex_lock(&pool->lock);
+        while (atomic_load_explicit(&pool->running, memory_order_acquire) > 0)
+            pthread_cond_wait(&pool->done, &pool->lock);
+        pthread_mutex_unlock(&pool->lock);
+    }
+    after_job(pool);
 }
 
 void bp_cpu_pool_barrier(struct bp_cpu_pool *pool)
 {
-    const int n = pool->n_threads;
+    const int n = pool->active;
     if (n == 1)
         return;
     unsigned phase = atomic_load_explicit(&pool->phase, memory_order_relaxed);
@@ -258,7 +345,7 @@ void bp_cpu_pool_barrier(struct bp_cpu_pool *pool)
     }
     for (unsigned spins = 0; atomic_load_explicit(&pool->phase, memory_order_acquire) == phase;
          spins++) {
-        if (spins < 2000)
+        if (spins < POOL_PAUSES)
             CPU_RELAX();
         else
             sched_yield();
