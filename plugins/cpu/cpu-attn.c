@@ -111,6 +111,70 @@ static float dot(const float *x, const float *y, int64_t n)
     return s;
 }
 
+#if defined(BP_CPU_HAVE_AVX2)
+#define ATTN_DIRECT_F16 1
+/* x . y over n values, y F16 (a row of the cache, read in place: decoding). */
+static float dot_f16(const float *x, const uint16_t *y, int64_t n)
+{
+    int64_t i = 0;
+    float s;
+#if defined(BP_CPU_HAVE_AVX512)
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i),
+                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i))), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16),
+                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i + 16))),
+                             a1);
+    }
+    for (; i + 16 <= n; i += 16)
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i),
+                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i))), a0);
+    s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+#else
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i),
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i))), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8),
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i + 8))), a1);
+    }
+    for (; i + 8 <= n; i += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i),
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i))), a0);
+    const __m256 t = _mm256_add_ps(a0, a1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    s = _mm_cvtss_f32(h);
+#endif
+    for (; i < n; i++)
+        s += x[i] * bp_cpu_half_to_float(y[i]);
+    return s;
+}
+
+/* y += w * x over n values, x F16. */
+static void axpy_f16(float *y, float w, const uint16_t *x, int64_t n)
+{
+    int64_t i = 0;
+#if defined(BP_CPU_HAVE_AVX512)
+    const __m512 vw = _mm512_set1_ps(w);
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(
+                                    vw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))),
+                                    _mm512_loadu_ps(y + i)));
+#else
+    const __m256 vw = _mm256_set1_ps(w);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(
+                                    vw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))),
+                                    _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; i++)
+        y[i] += w * bp_cpu_half_to_float(x[i]);
+}
+#endif
+
 /* x[i] = exp(x[i]) for n floats: a degree-6 polynomial of the reduced argument times 2^k
  * (error about 2 ulp, far inside the conformance bound), 0 below -87.3 (so -inf gives 0), NaN
  * for NaN. */
@@ -318,17 +382,26 @@ static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, in
     /* Few queries (decoding): the key tile stays row-major and each score is a dot product;
      * transposing the tile for the blocked scores would cost as much as the scores. */
     const bool few = nq < 2 * QB;
+    /* Fewer queries than a register block (decoding without grouped heads): F16 keys and values
+     * are read in place, converted in the registers, and each query takes its own values rather
+     * than a block of QB of which most would be empty. */
+#if defined(ATTN_DIRECT_F16)
+    const bool direct_k = few && k->type == BP_TYPE_F16;
+    const bool direct_v = nq < QB && v->type == BP_TYPE_F16;
+#else
+    const bool direct_k = false, direct_v = false;
+#endif
     const bool capped = a->softcap > 0.0f;
     const float pre = capped ? a->scale / a->softcap : a->scale;
     for (int64_t j0 = 0; j0 < kv_end; j0 += ATTN_TILE) {
         const int64_t nk = kv_end - j0 < ATTN_TILE ? kv_end - j0 : ATTN_TILE;
         const int64_t padded = (nk + KC - 1) / KC * KC;
-        for (int64_t jj = 0; jj < padded; jj++) {
-            if (jj < nk) {
+        for (int64_t jj = 0; jj < padded && !(direct_k && direct_v); jj++) {
+            if (jj < nk && !direct_k)
                 bp_cpu_to_float(k->type, bp_cpu_row(k, j0 + jj, g, kb), few ? kt + jj * D : krow,
                                 D);
+            if (jj < nk && !direct_v)
                 bp_cpu_to_float(v->type, bp_cpu_row(v, j0 + jj, g, kb), vt + jj * Dv, Dv);
-            }
             for (int64_t d = 0; !few && d < D; d++)
                 kt[d * ATTN_TILE + jj] = jj < nk ? krow[d] : 0.0f;
         }
@@ -347,7 +420,14 @@ static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, in
             }
             if (vis[0] == 0 && vis[1] == 0 && vis[2] == 0 && vis[3] == 0)
                 continue;
-            if (few) {
+            if (direct_k) {
+#if defined(ATTN_DIRECT_F16)
+                for (int r = 0; r < QB; r++)
+                    for (int64_t jj = 0; jj < vis[r]; jj++)
+                        s[r * ATTN_TILE + jj] =
+                            dot_f16(qp[r], bp_cpu_row(k, j0 + jj, g, kb), D);
+#endif
+            } else if (few) {
                 for (int r = 0; r < QB; r++)
                     for (int64_t jj = 0; jj < vis[r]; jj++)
                         s[r * ATTN_TILE + jj] = dot(qp[r], kt + jj * D, D);
@@ -398,7 +478,17 @@ static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, in
                     sr[jj] = 0.0f;
                 S[qi] += sum;
             }
-            tile_values(y, s, vt, nk, Dv);
+            if (direct_v) {
+#if defined(ATTN_DIRECT_F16)
+                for (int r = 0; r < QB && q0 + r < nq; r++) /* keys it does not weigh: skipped */
+                    for (int64_t jj = 0; jj < vis[r]; jj++)
+                        if (s[r * ATTN_TILE + jj] != 0.0f)
+                            axpy_f16(y[r], s[r * ATTN_TILE + jj], bp_cpu_row(v, j0 + jj, g, kb),
+                                     Dv);
+#endif
+            } else {
+                tile_values(y, s, vt, nk, Dv);
+            }
         }
     }
     for (int64_t hh = 0; hh < G; hh++) {
