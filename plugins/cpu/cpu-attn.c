@@ -311,18 +311,12 @@ static void tile_scores(const float *const qp[QB], const float *kt, int64_t D, i
     }
 }
 
-/* y_r += sum_j w[r][j] v_j over the value tile vt ([nk][Dv]) for the QB queries. Keys that no
- * query weighs are skipped: their values may be anything (an unwritten, masked cache slot), and
- * 0 * inf would be NaN. */
-static void tile_values(float *const y[QB], const float *w, const float *vt, int64_t nk,
-                        int64_t Dv)
+/* y_r += sum_j w[r][j] v_j over the value tile vt ([nk][Dv]) for the QB queries, skipping the
+ * keys marked unused (when skip: a constant in each inlined copy, so that the loop without a
+ * mask carries no test). */
+BP_CPU_INLINE void tile_values_impl(float *const y[QB], const float *w, const float *vt,
+                                    int64_t nk, int64_t Dv, const bool skip, const bool *unused)
 {
-    bool unused[ATTN_TILE];
-    for (int64_t j = 0; j < nk; j++) {
-        unused[j] = true;
-        for (int r = 0; r < QB; r++)
-            unused[j] = unused[j] && w[r * ATTN_TILE + j] == 0.0f;
-    }
     int64_t e0 = 0;
     for (; e0 + KC <= Dv; e0 += KC) {
         vf acc[QB][NV];
@@ -332,7 +326,7 @@ static void tile_values(float *const y[QB], const float *w, const float *vt, int
             for (int v = 0; v < NV; v++)
                 acc[r][v] = VLOAD(y[r] + e0 + v * VW);
         for (int64_t j = 0; j < nk; j++) {
-            if (unused[j])
+            if (skip && unused[j])
                 continue;
             const float *vr = vt + j * Dv + e0;
             vf vv[NV];
@@ -353,11 +347,29 @@ static void tile_values(float *const y[QB], const float *w, const float *vt, int
             for (int v = 0; v < NV; v++)
                 VSTORE(y[r] + e0 + v * VW, acc[r][v]);
     }
-    #pragma GCC unroll 16
-    for (int r = 0; r < QB; r++) /* the dimensions beyond the last whole block */
+    for (int r = 0; r < QB && e0 < Dv; r++) /* the dimensions beyond the last whole block */
         for (int64_t j = 0; j < nk; j++)
-            if (!unused[j])
+            if (!(skip && unused[j]))
                 axpy(y[r] + e0, w[r * ATTN_TILE + j], vt + j * Dv + e0, Dv - e0);
+}
+
+/* tile_values_impl for a tile: with an explicit mask (masked), keys that no query weighs are
+ * skipped, since their values may be anything (an unwritten, masked cache slot) and 0 * inf
+ * would be NaN; without one every key of the tile is a written one. */
+BP_CPU_INLINE void tile_values(float *const y[QB], const float *w, const float *vt,
+                               int64_t nk, int64_t Dv, bool masked)
+{
+    if (!masked) {
+        tile_values_impl(y, w, vt, nk, Dv, false, NULL);
+        return;
+    }
+    bool unused[ATTN_TILE];
+    for (int64_t j = 0; j < nk; j++) {
+        unused[j] = true;
+        for (int r = 0; r < QB; r++)
+            unused[j] = unused[j] && w[r * ATTN_TILE + j] == 0.0f;
+    }
+    tile_values_impl(y, w, vt, nk, Dv, true, unused);
 }
 
 /* One unit: sequence b, key/value head g, query rows [t0, t1). Its queries (G heads x the rows)
@@ -487,7 +499,7 @@ static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, in
                                      Dv);
 #endif
             } else {
-                tile_values(y, s, vt, nk, Dv);
+                tile_values(y, s, vt, nk, Dv, mask != NULL);
             }
         }
     }
