@@ -11,7 +11,9 @@
  * --no-limits skips the FMA peak, triad and read-bandwidth measurements (quick comparisons
  * only). For N = 1 the benchmark prints the weights' effective bandwidth and, measured right
  * after, the read bandwidth of a working set of the same size (read_bw): the ceiling for that
- * product, which stays in L3 at K = 4096. */
+ * product, which stays in L3 at K = 4096, and the fraction of it the product reached
+ * (bw_fraction). Shapes whose weights stream from DRAM: --M 32000 --K 2048, --M 14336 --K 4096.
+ * bench/plot-roofline draws a run's figures against its FMA peak and read bandwidth. */
 #include "config.h"
 
 #include <stdio.h>
@@ -117,9 +119,12 @@ static void bench_product(bp_backend *be, set_threads_fn set_threads, const stru
             printf("mul_mat_%s_weight_bw %s %ld %.1f GB/s\n", tn, shape, T,
                    (double)bp_nbytes(w) / t * 1e-9);
             /* The limit for this working set: the weights read over and over. */
-            if (o->limits)
-                printf("read_bw %zuB %ld %.1f GB/s\n", bp_nbytes(w), T,
-                       bench_read(bp_nbytes(w), (int)T));
+            if (o->limits) {
+                const double rb = bench_read(bp_nbytes(w), (int)T);
+                printf("read_bw %zuB %ld %.1f GB/s\n", bp_nbytes(w), T, rb);
+                printf("mul_mat_%s_bw_fraction %s %ld %.2f of read_bw\n", tn, shape, T,
+                       (double)bp_nbytes(w) / t * 1e-9 / rb);
+            }
         }
 #ifdef BP_HAVE_OPENBLAS
         if (o->peer && w->type == BP_TYPE_F32) {
