@@ -4,7 +4,7 @@
  *
  *   bench-matmul [--types f32,f16,bf16,q8_0,q4_0,q8_0_repack,q4_0_repack] [--M 4096]
  *                [--K 4096,14336] [--N 1,8,32,512] [--threads 1,2] [--min-time 1.0] [--no-peer]
- *                [--no-limits]
+ *                [--no-limits] [--no-dram]
  *   bench-matmul --device CUDA0 [--M 4096] [--K 4096] [--N 4096] [--min-time 1.0]
  *
  * A type name ending in _repack puts the weights in the CPU's CPU_REPACK buffer type (Q4_0, Q8_0).
@@ -12,7 +12,8 @@
  * only). For N = 1 the benchmark prints the weights' effective bandwidth and, measured right
  * after, the read bandwidth of a working set of the same size (read_bw): the ceiling for that
  * product, which stays in L3 at K = 4096, and the fraction of it the product reached
- * (bw_fraction). Shapes whose weights stream from DRAM: --M 32000 --K 2048, --M 14336 --K 4096.
+ * (bw_fraction). Unless --M or --K is given (or --no-dram), N = 1 also runs at two shapes whose
+ * weights stream from DRAM: M 32000 K 2048 (a vocabulary projection) and M 14336 K 4096.
  * bench/plot-roofline draws a run's figures against its FMA peak and read bandwidth. */
 #include "config.h"
 
@@ -238,7 +239,27 @@ int main(int argc, char **argv)
         printf("triad 3x256MiB %ld %.1f GB/s\n", o.Ts[ti], bench_triad((int)o.Ts[ti]));
     }
     fflush(stdout);
-    const int status = bench_types(be, &o, types);
+    int status = bench_types(be, &o, types);
+    /* Matrix-vector products whose weights stream from DRAM, as every real model's token
+     * generation does (the default shapes above fit the L3 at K = 4096): N = 1 at the shapes of
+     * a vocabulary projection and of a large MLP, unless the shapes were chosen by hand. */
+    bool has_n1 = false;
+    for (int ni = 0; ni < o.nN; ni++)
+        has_n1 = has_n1 || o.Ns[ni] == 1;
+    if (status == 0 && has_n1 && !bench_flag(argc, argv, "--no-dram") &&
+        strcmp(bench_arg(argc, argv, "--M", ""), "") == 0 &&
+        strcmp(bench_arg(argc, argv, "--K", ""), "") == 0) {
+        struct matmul_opts d = o;
+        static const long shapes[2][2] = {{32000, 2048}, {14336, 4096}};
+        d.nN = 1;
+        d.Ns[0] = 1;
+        d.nM = d.nK = 1;
+        for (int s = 0; s < 2 && status == 0; s++) {
+            d.Ms[0] = shapes[s][0];
+            d.Ks[0] = shapes[s][1];
+            status = bench_types(be, &d, types);
+        }
+    }
     bp_backend_free(be);
     return status;
 }
