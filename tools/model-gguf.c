@@ -458,9 +458,9 @@ static bool in_place(struct model *m, const bp_gguf *g, const struct model_place
         return true;
     }
     bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
-    bp_tensor *all[2] = {m->tok_embd, NULL};
+    /* The embedding table first, then every tensor of the weights' context. */
     for (size_t j = 0; *st == BP_OK && j <= bp_context_get_n_tensors(m->wctx); j++) {
-        bp_tensor *t = j == 0 ? all[0] : bp_context_get_tensor(m->wctx, j - 1);
+        bp_tensor *t = j == 0 ? m->tok_embd : bp_context_get_tensor(m->wctx, j - 1);
         const char *from = t == m->output && tied ? "token_embd.weight" : t->name;
         struct bp_gguf_tensor info;
         const int64_t i = bp_gguf_find_tensor(g, from);
