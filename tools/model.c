@@ -325,6 +325,12 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
             CHECK(kqv = bp_permute(ctx, kqv, 0, 2, 1, 3)); /* [D, H, T] */
             CHECK(cur = bp_cont_4d(ctx, kqv, E, T, 1, 1));
         }
+        if (il == c->n_layer - 1 && T > 1) {
+            /* Only the last position's logits are wanted: past the last attention, the other
+             * positions' rows are dead work (the cache holds what later tokens need). */
+            CHECK(cur = bp_view_2d(ctx, cur, E, 1, cur->nb[1], (size_t)(T - 1) * cur->nb[1]));
+            CHECK(x = bp_view_2d(ctx, x, E, 1, x->nb[1], (size_t)(T - 1) * x->nb[1]));
+        }
         CHECK(cur = bp_mul_mat(ctx, l->wo, cur));
         CHECK(x = bp_add(ctx, x, cur));
 
@@ -339,7 +345,6 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
     }
     CHECK(cur = bp_rms_norm(ctx, x, eps));
     CHECK(cur = bp_mul(ctx, cur, m->out_norm));
-    CHECK(cur = bp_view_2d(ctx, cur, E, 1, cur->nb[1], (size_t)(T - 1) * cur->nb[1]));
     CHECK(st->logits = bp_set_name(bp_mul_mat(ctx, m->output, cur), "logits"));
     bp_set_output(st->logits);
     if (bp_graph_build_forward(st->graph, st->logits) != BP_OK)
