@@ -380,9 +380,15 @@ static bp_tensor *b_mm_bf16(bp_context *ctx, int v) { return mul_mat_case(ctx, v
 static bp_tensor *b_mm_q8_0(bp_context *ctx, int v) { return mul_mat_case(ctx, v, BP_TYPE_Q8_0); }
 static bp_tensor *b_mm_q4_0(bp_context *ctx, int v) { return mul_mat_case(ctx, v, BP_TYPE_Q4_0); }
 
-static bp_tensor *b_mm_odd_k(bp_context *ctx, int v) /* float weights allow any K */
+/* Float weights allow any K. Variants 0-9: the dot-product kernels (N < 16); 10-14: the
+ * blocked GEMM (N > 48), K past one 512-deep block with a tail that is not a whole vector. */
+static bp_tensor *b_mm_odd_k(bp_context *ctx, int v)
 {
-    static const int64_t k[] = {1, 3, 17, 257, 263};
+    static const int64_t k[] = {1, 3, 17, 257, 263}, k_gemm[] = {513, 515, 529, 769, 1031};
+    static const enum bp_type t_gemm[] = {BP_TYPE_F32, BP_TYPE_F16, BP_TYPE_BF16};
+    if (v >= 10)
+        return bp_mul_mat(ctx, leaf(ctx, t_gemm[v % 3], k_gemm[v - 10], 37 + v, 1, 1),
+                          f32(ctx, k_gemm[v - 10], 50 + 7 * (v - 10), 1, 1));
     enum bp_type t = v < 5 ? BP_TYPE_F32 : BP_TYPE_F16;
     return bp_mul_mat(ctx, leaf(ctx, t, k[v % 5], 9, 1, 1), f32(ctx, k[v % 5], 1 + v % 3 * 6, 1, 1));
 }
@@ -434,7 +440,7 @@ const struct conf_case conf_cases[] = {
     {"mul_mat_bf16", b_mm_bf16, N_MM_SHAPES + 5, NMSE_F32},
     {"mul_mat_q8_0", b_mm_q8_0, N_MM_SHAPES + 5, NMSE_QUANT},
     {"mul_mat_q4_0", b_mm_q4_0, N_MM_SHAPES + 5, NMSE_QUANT},
-    {"mul_mat_odd_k", b_mm_odd_k, 10, NMSE_F32},
+    {"mul_mat_odd_k", b_mm_odd_k, 15, NMSE_F32},
     {"mul_mat_random_f16_bf16", b_mm_rand_float, 12, NMSE_F32},
     {"mul_mat_random_q8_0_q4_0", b_mm_rand_quant, 12, NMSE_QUANT},
 };

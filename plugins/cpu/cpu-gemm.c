@@ -129,10 +129,54 @@ static void pack_a(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc
 }
 #endif
 
+#if defined(BP_CPU_HAVE_AVX512)
+/* The first n (< 16) of 16 transposed vectors: width floats of each to out + c * stride. The
+ * vectors go through a buffer, so that the callers index v with constants only and keep it in
+ * registers. */
+static void transpose_tail(const __m512 v[16], int64_t n, float *out, int64_t stride, int width)
+{
+    _Alignas(64) float buf[16 * 16];
+#pragma GCC unroll 16
+    for (int c = 0; c < 16; c++)
+        _mm512_store_ps(buf + 16 * c, v[c]);
+    for (int64_t c = 0; c < n; c++)
+        memcpy(out + c * stride, buf + 16 * c, (size_t)width * sizeof(float));
+}
+#endif
+
 /* B columns [n0, n0 + nc) x k [k0, k0 + kc) into panels of NR columns (zero past nc). */
 static void pack_b(const bp_tensor *b, const char *bbase, int64_t n0, int64_t nc, int64_t k0,
                    int64_t kc, float *restrict out)
 {
+#if defined(BP_CPU_HAVE_AVX512)
+    /* 16 x 16 register transposes, NR = 12 of the 16 lanes stored per k. */
+    static const float zeros[KC];
+    for (int64_t p = 0; p < nc; p += NR) {
+        float *panel = out + p * kc;
+        const float *cols[16];
+        for (int j = 0; j < 16; j++)
+            cols[j] = j < NR && p + j < nc
+                          ? (const float *)(bbase + (n0 + p + j) * (int64_t)b->nb[1]) + k0
+                          : zeros;
+        for (int64_t k = 0; k < kc; k += 16) {
+            const int64_t n = kc - k < 16 ? kc - k : 16;
+            const __mmask16 mask = (__mmask16)((1u << n) - 1u);
+            __m512 v[16];
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; j++)
+                v[j] = _mm512_maskz_loadu_ps(mask, cols[j] + k);
+            bp_cpu_transpose16(v);
+            if (n == 16) {
+#pragma GCC unroll 16
+                for (int c = 0; c < 16; c++)
+                    _mm512_mask_storeu_ps(panel + (k + c) * NR, (__mmask16)((1u << NR) - 1u),
+                                          v[c]);
+            } else {
+                transpose_tail(v, n, panel + k * NR, NR, NR);
+            }
+        }
+    }
+#else
     for (int64_t p = 0; p < nc; p += NR) {
         float *panel = out + p * kc;
         const int64_t cols = nc - p < NR ? nc - p : NR;
@@ -145,21 +189,40 @@ static void pack_b(const bp_tensor *b, const char *bbase, int64_t n0, int64_t nc
             for (int64_t k = 0; k < kc; k++)
                 panel[k * NR + j] = 0.0f;
     }
+#endif
 }
 
 #if defined(BP_CPU_HAVE_AVX512)
+/* Up to 16 consecutive values of a row as floats, read in the row's own type: F32, F16 or BF16
+ * (the conversions are exact); lanes outside mask are zero and not read. */
+static inline __m512 load_row16(enum bp_type type, const void *row, int64_t k, __mmask16 mask)
+{
+    if (type == BP_TYPE_F16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)row + k));
+    if (type == BP_TYPE_BF16) {
+        const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask,
+                                                                          (const uint16_t *)row + k));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    }
+    return _mm512_maskz_loadu_ps(mask, (const float *)row + k);
+}
+
 /* pack_a with 16 x 16 register transposes: rows are read as vectors along k and written as
- * vectors along m, instead of one scalar store per element. tmp holds 16 converted rows. */
+ * vectors along m, instead of one scalar store per element. F32, F16 and BF16 rows are read in
+ * place (converted in registers); quantised rows are first converted into tmp (16 rows). */
 static void pack_a_fast(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc, int64_t k0,
                         int64_t kc, float *restrict out, float *restrict tmp)
 {
-    static const float zeros[KC];
+    static const float zeros[KC]; /* all-zero bits: 0.0 in every direct type */
     const size_t bsz = bp_type_size(a->type);
     const int64_t blck = bp_type_block_size(a->type);
+    const bool direct = a->type == BP_TYPE_F32 || a->type == BP_TYPE_F16 ||
+                        a->type == BP_TYPE_BF16;
+    const enum bp_type rtype = direct ? a->type : BP_TYPE_F32; /* what rows[] point at */
     for (int64_t p = 0; p < mc; p += MR) {
         float *panel = out + p * kc;
         for (int h = 0; h < MR / 16; h++) {
-            const float *rows[16];
+            const void *rows[16]; /* each at the row's k0 */
             for (int i = 0; i < 16; i++) {
                 const int64_t m = p + h * 16 + i;
                 if (m >= mc) {
@@ -167,25 +230,29 @@ static void pack_a_fast(const bp_tensor *a, const char *abase, int64_t m0, int64
                     continue;
                 }
                 const char *row = abase + (m0 + m) * (int64_t)a->nb[1];
-                if (a->type == BP_TYPE_F32) {
-                    rows[i] = (const float *)row + k0;
+                if (direct) {
+                    rows[i] = row + k0 * (int64_t)bsz; /* one value per block */
                 } else {
                     bp_cpu_to_float(a->type, row + k0 / blck * (int64_t)bsz, tmp + i * KC, kc);
                     rows[i] = tmp + i * KC;
                 }
             }
-            int64_t k = 0;
-            for (; k + 16 <= kc; k += 16) {
+            for (int64_t k = 0; k < kc; k += 16) {
+                const int64_t n = kc - k < 16 ? kc - k : 16;
+                const __mmask16 mask = (__mmask16)((1u << n) - 1u);
                 __m512 v[16];
+#pragma GCC unroll 16
                 for (int i = 0; i < 16; i++)
-                    v[i] = _mm512_loadu_ps(rows[i] + k);
+                    v[i] = load_row16(rtype, rows[i], k, mask);
                 bp_cpu_transpose16(v);
-                for (int c = 0; c < 16; c++)
-                    _mm512_store_ps(panel + (k + c) * MR + h * 16, v[c]);
+                if (n == 16) {
+#pragma GCC unroll 16
+                    for (int c = 0; c < 16; c++)
+                        _mm512_store_ps(panel + (k + c) * MR + h * 16, v[c]);
+                } else {
+                    transpose_tail(v, n, panel + k * MR + h * 16, MR, 16);
+                }
             }
-            for (; k < kc; k++)
-                for (int i = 0; i < 16; i++)
-                    panel[k * MR + h * 16 + i] = rows[i][k];
         }
     }
 }
@@ -197,6 +264,22 @@ static int64_t round_up(int64_t x, int64_t m)
 }
 
 /* ---- Packed GEMM driver ----------------------------------------------------------------- */
+
+/* Prefetch into L2 slice `part` of `parts` of the cache lines holding rows [m, m + rows) x k
+ * [k0, k0 + kc) of A: the next block's weights are fetched from DRAM while the micro-kernel works
+ * on this one, instead of stalling the packing that follows. */
+static void prefetch_a(const bp_tensor *a, const char *abase, int64_t m, int64_t rows, int64_t k0,
+                       int64_t kc, int64_t part, int64_t parts)
+{
+    const int64_t blck = bp_type_block_size(a->type), bsz = (int64_t)bp_type_size(a->type);
+    const int64_t bytes = (kc + blck - 1) / blck * bsz, lines = (bytes + 63) / 64;
+    const int64_t total = rows * lines;
+    const int64_t first = total * part / parts, last = total * (part + 1) / parts;
+    for (int64_t l = first; l < last; l++) {
+        const char *row = abase + (m + l / lines) * (int64_t)a->nb[1] + k0 / blck * bsz;
+        __builtin_prefetch(row + l % lines * 64, 0, 2);
+    }
+}
 
 static void gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
                        const struct bp_cpu_params *p, float *bpack, float *apack, float *tmp)
@@ -229,9 +312,20 @@ static void gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, cha
 #else
             pack_a(a, abase, mc0, mc, k0, kc, apack, tmp);
 #endif
+            /* The block packed next: the following rows, or the first rows of the next K block. */
+            int64_t pm = mc0 + mc, pk = k0, pkc = kc;
+            if (pm >= m_end) {
+                pm = m_begin;
+                pk = k0 + KC;
+                pkc = K - pk < KC ? K - pk : KC;
+            }
+            const int64_t prow = m_end - pm < MC ? m_end - pm : MC;
+            const int64_t n_steps = (N + NR - 1) / NR;
             for (int64_t n0 = 0; n0 < N; n0 += NR) {
                 const float *bpanel = bpack + n0 * kc;
                 const int64_t nc = N - n0 < NR ? N - n0 : NR;
+                if (pk < K)
+                    prefetch_a(a, abase, pm, prow, pk, pkc, n0 / NR, n_steps);
                 for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                     const int64_t mr = mc - i0 < MR ? mc - i0 : MR;
                     float *c = (float *)cbase + (mc0 + i0) + n0 * ldc;

@@ -107,15 +107,19 @@ BP_CPU_INLINE float bp_cpu_half_to_float(uint16_t h)
 }
 
 #if defined(BP_CPU_HAVE_AVX512)
-/* 16 rows x 16 columns of floats transposed: out[c][r] = in[r][c] (in: 16 row vectors). */
+/* 16 rows x 16 columns of floats transposed: out[c][r] = in[r][c] (in: 16 row vectors). The
+ * loops are unrolled so that, inlined into a caller that indexes r only with constants, all of
+ * it stays in registers (a loop left rolled sends every stage through the stack). */
 BP_CPU_INLINE void bp_cpu_transpose16(__m512 r[16])
 {
     __m512 t[16];
+#pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
     }
     /* Now, per 128-bit lane L: rows 4g..4g+3 at column 4L+j end up in r[4g+j]. */
+#pragma GCC unroll 4
     for (int g = 0; g < 4; g++) {
         const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
         const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]), t3 = _mm512_castps_pd(t[4 * g + 3]);
@@ -125,6 +129,7 @@ BP_CPU_INLINE void bp_cpu_transpose16(__m512 r[16])
         r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
     }
     /* Finally a 4 x 4 transpose of 128-bit lanes for each j. */
+#pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], _MM_SHUFFLE(1, 0, 1, 0));
         const __m512 b = _mm512_shuffle_f32x4(r[j], r[4 + j], _MM_SHUFFLE(3, 2, 3, 2));
@@ -135,6 +140,7 @@ BP_CPU_INLINE void bp_cpu_transpose16(__m512 r[16])
         t[2 * 4 + j] = _mm512_shuffle_f32x4(b, d, _MM_SHUFFLE(2, 0, 2, 0));
         t[3 * 4 + j] = _mm512_shuffle_f32x4(b, d, _MM_SHUFFLE(3, 1, 3, 1));
     }
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i++)
         r[i] = t[i];
 }
