@@ -592,7 +592,12 @@ static void op_rope(bp_tensor *dst, const struct bp_cpu_params *p)
     const float ext = bp_get_op_param_f32(dst, 4), mag = bp_get_op_param_f32(dst, 5);
     const float lo = bp_get_op_param_f32(dst, 6), hi = bp_get_op_param_f32(dst, 7);
     const int half = n_dims / 2;
-    float *inv_freq = p->wdata, *tmp = inv_freq + half;
+    /* Rows run head by head within a position, so the angles of one position serve every
+     * head: cos/sin are recomputed only when the position changes. */
+    float *inv_freq = p->wdata, *cos_t = inv_freq + half, *sin_t = cos_t + half;
+    float *tmp = sin_t + half;
+    bool have = false;
+    int32_t have_pos = 0;
     for (int i = 0; i < half; i++) { /* YaRN: each pair between interpolation and extrapolation */
         const float y = ((float)i - lo) / fmaxf(0.001f, hi - lo);
         const float mix = ext * (1.0f - fminf(1.0f, fmaxf(0.0f, y)));
@@ -603,13 +608,20 @@ static void op_rope(bp_tensor *dst, const struct bp_cpu_params *p)
     for (int64_t r = r0; r < r1; r++) {
         int64_t i1, i2, i3;
         unflatten(x, r, &i1, &i2, &i3);
-        const float position =
-            (float)*(const int32_t *)((const char *)pos->data + i2 * (int64_t)pos->nb[0]);
+        const int32_t ipos = *(const int32_t *)((const char *)pos->data + i2 * (int64_t)pos->nb[0]);
+        if (!have || ipos != have_pos) {
+            for (int i = 0; i < half; i++) {
+                const float theta = (float)ipos * inv_freq[i];
+                cos_t[i] = cosf(theta) * mag;
+                sin_t[i] = sinf(theta) * mag;
+            }
+            have = true;
+            have_pos = ipos;
+        }
         const float *in = row_f32(x, i1, i2, i3, tmp);
         float *out = bp_cpu_row(dst, i1, i2, i3);
         for (int i = 0; i < half; i++) {
-            const float theta = position * inv_freq[i];
-            const float c = cosf(theta) * mag, s = sinf(theta) * mag;
+            const float c = cos_t[i], s = sin_t[i];
             const int j0 = neox ? i : 2 * i, j1 = neox ? i + half : 2 * i + 1;
             const float v0 = in[j0], v1 = in[j1];
             out[j0] = v0 * c - v1 * s;
@@ -723,7 +735,7 @@ void bp_cpu_work_size(const bp_tensor *node, int nth, size_t *per_thread, size_t
         bp_cpu_flash_attn_work_size(node, nth, per_thread);
         return;
     }
-    if (node->op == BP_OP_ARGSORT || node->op == BP_OP_TOP_K) {
+    if (node->op == BP_OP_ARGSORT || node->op == BP_OP_TOP_K || node->op == BP_OP_ROPE) {
         *per_thread = (size_t)(3 * node->src[0]->ne[0] + 64) * sizeof(float);
         return;
     }
