@@ -200,8 +200,8 @@ static inline __m512 load_row16(enum bp_type type, const void *row, int64_t k, _
     if (type == BP_TYPE_F16)
         return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)row + k));
     if (type == BP_TYPE_BF16) {
-        const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask,
-                                                                          (const uint16_t *)row + k));
+        const __m256i h = _mm256_maskz_loadu_epi16(mask, (const uint16_t *)row + k);
+        const __m512i w = _mm512_cvtepu16_epi32(h);
         return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
     }
     return _mm512_maskz_loadu_ps(mask, (const float *)row + k);
