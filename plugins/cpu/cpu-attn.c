@@ -185,7 +185,7 @@ static void axpy_f16(float *y, float w, const uint16_t *x, int64_t n)
         V, SET(5.0000001201e-1f))
 #endif
 
-static void exp_inplace(float *x, int64_t n)
+void bp_cpu_exp_inplace(float *x, int64_t n)
 {
     int64_t i = 0;
 #if defined(BP_CPU_HAVE_AVX512)
@@ -482,7 +482,7 @@ static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, in
                 }
                 for (int64_t jj = 0; jj < vis[r]; jj++)
                     sr[jj] -= M[qi];
-                exp_inplace(sr, vis[r]);
+                bp_cpu_exp_inplace(sr, vis[r]);
                 float sum = 0.0f;
                 for (int64_t jj = 0; jj < vis[r]; jj++)
                     sum += sr[jj];

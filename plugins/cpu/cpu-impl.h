@@ -91,6 +91,10 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p);
 bool bp_cpu_mul_mat_supported(const bp_tensor *dst);
 void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread, size_t *shared);
 
+/* x[i] = exp(x[i]), vectorised (cpu-attn.c): about 2 ulp, 0 below -87.3, NaN for NaN; for
+ * arguments above 88.3 it gives a large finite value instead of inf. */
+void bp_cpu_exp_inplace(float *x, int64_t n);
+
 /* Rows of float from any type (contiguous row of src, n elements), vectorised (cpu-convert.c). */
 void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n);
 /* n floats to a row of type (the runtime's conversions, bit for bit; F16 with F16C). */

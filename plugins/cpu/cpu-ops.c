@@ -402,6 +402,30 @@ static void op_unary_scale(bp_tensor *dst, const struct bp_cpu_params *p)
     }
 }
 
+/* y = silu(g) * u over n floats, 64 at a time: the exponentials of a chunk vectorised, then
+ * the quotients. A chunk with an argument where the vector exp is not exact in range (|g| >= 80)
+ * or not finite goes the scalar way. y may be g or u (in place). */
+static void swiglu_row(const float *g, const float *u, float *y, int64_t n)
+{
+    float e[64];
+    for (int64_t i0 = 0; i0 < n; i0 += 64) {
+        const int64_t m = n - i0 < 64 ? n - i0 : 64;
+        int in_range = 1;
+        for (int64_t i = 0; i < m; i++) {
+            e[i] = -g[i0 + i];
+            in_range &= fabsf(e[i]) < 80.0f; /* NaN fails */
+        }
+        if (!in_range) {
+            for (int64_t i = 0; i < m; i++)
+                y[i0 + i] = silu(g[i0 + i]) * u[i0 + i];
+            continue;
+        }
+        bp_cpu_exp_inplace(e, m);
+        for (int64_t i = 0; i < m; i++)
+            y[i0 + i] = g[i0 + i] / (1.0f + e[i]) * u[i0 + i];
+    }
+}
+
 static void op_glu(bp_tensor *dst, const struct bp_cpu_params *p)
 {
     const bp_tensor *a = dst->src[0], *b = dst->src[1];
@@ -416,6 +440,10 @@ static void op_glu(bp_tensor *dst, const struct bp_cpu_params *p)
         const float *g = row_f32(a, i1, i2, i3, ta);
         const float *u = b ? row_f32(b, i1, i2, i3, tb) : g + n;
         float *y = bp_cpu_row(dst, i1, i2, i3);
+        if (op == BP_GLU_OP_SWIGLU) {
+            swiglu_row(g, u, y, n);
+            continue;
+        }
         for (int64_t i = 0; i < n; i++)
             y[i] = (op == BP_GLU_OP_SWIGLU  ? silu(g[i])
                     : op == BP_GLU_OP_GEGLU ? gelu(g[i])
@@ -425,6 +453,37 @@ static void op_glu(bp_tensor *dst, const struct bp_cpu_params *p)
 }
 
 /* ---- Rows: reductions, norms, softmax, rope -------------------------------------------- */
+
+/* The sum of x[i]^2 in double precision, vectorised (several partial sums). */
+static double sum_squares(const float *x, int64_t n)
+{
+    int64_t i = 0;
+    double sq = 0.0;
+#if defined(BP_CPU_HAVE_AVX512)
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    for (; i + 16 <= n; i += 16) {
+        const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+        const __m512d hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+        s0 = _mm512_fmadd_pd(lo, lo, s0);
+        s1 = _mm512_fmadd_pd(hi, hi, s1);
+    }
+    sq = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+#elif defined(BP_CPU_HAVE_AVX2)
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    for (; i + 8 <= n; i += 8) {
+        const __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+        const __m256d hi = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        s0 = _mm256_fmadd_pd(lo, lo, s0);
+        s1 = _mm256_fmadd_pd(hi, hi, s1);
+    }
+    double part[4];
+    _mm256_storeu_pd(part, _mm256_add_pd(s0, s1));
+    sq = part[0] + part[1] + part[2] + part[3];
+#endif
+    for (; i < n; i++)
+        sq += (double)x[i] * x[i];
+    return sq;
+}
 
 static void op_row_reduce(bp_tensor *dst, const struct bp_cpu_params *p)
 {
@@ -461,8 +520,7 @@ static void op_row_reduce(bp_tensor *dst, const struct bp_cpu_params *p)
             break;
         }
         case BP_OP_RMS_NORM: {
-            for (int64_t i = 0; i < n; i++)
-                sq += (double)x[i] * x[i];
+            sq = sum_squares(x, n);
             const float scale = (float)(1.0 / sqrt(sq / (double)n + eps));
             float *y = bp_cpu_row(dst, i1, i2, i3);
             for (int64_t i = 0; i < n; i++)
@@ -470,8 +528,7 @@ static void op_row_reduce(bp_tensor *dst, const struct bp_cpu_params *p)
             break;
         }
         case BP_OP_L2_NORM: {
-            for (int64_t i = 0; i < n; i++)
-                sq += (double)x[i] * x[i];
+            sq = sum_squares(x, n);
             const float scale = (float)(1.0 / fmax(sqrt(sq), (double)eps));
             float *y = bp_cpu_row(dst, i1, i2, i3);
             for (int64_t i = 0; i < n; i++)
