@@ -12,8 +12,9 @@
  * only). For N = 1 the benchmark prints the weights' effective bandwidth and, measured right
  * after, the read bandwidth of a working set of the same size (read_bw): the ceiling for that
  * product, which stays in L3 at K = 4096, and the fraction of it the product reached
- * (bw_fraction). Unless --M or --K is given (or --no-dram), N = 1 also runs at two shapes whose
- * weights stream from DRAM: M 32000 K 2048 (a vocabulary projection) and M 14336 K 4096.
+ * (bw_fraction). Unless --M or --K is given (or --no-dram), N = 1 also runs at three shapes past
+ * a 32 MiB L3: M 32000 K 2048 (a vocabulary projection) and M 14336 K 4096 (a large MLP), where
+ * Q4_0's weights (37 and 33 MB) still partly fit, and M 32000 K 4096, where every type's do not.
  * bench/plot-roofline draws a run's figures against its FMA peak and read bandwidth. */
 #include "config.h"
 
@@ -250,11 +251,11 @@ int main(int argc, char **argv)
         strcmp(bench_arg(argc, argv, "--M", ""), "") == 0 &&
         strcmp(bench_arg(argc, argv, "--K", ""), "") == 0) {
         struct matmul_opts d = o;
-        static const long shapes[2][2] = {{32000, 2048}, {14336, 4096}};
+        static const long shapes[3][2] = {{32000, 2048}, {14336, 4096}, {32000, 4096}};
         d.nN = 1;
         d.Ns[0] = 1;
         d.nM = d.nK = 1;
-        for (int s = 0; s < 2 && status == 0; s++) {
+        for (int s = 0; s < 3 && status == 0; s++) {
             d.Ms[0] = shapes[s][0];
             d.Ks[0] = shapes[s][1];
             status = bench_types(be, &d, types);
