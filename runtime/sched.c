@@ -1012,24 +1012,47 @@ static enum bp_status build_alloc_graph(bp_sched *s, bp_graph *g)
     return bp__graph_set(s->graph, s->node_buf, n_nodes_alloc, s->leaf_buf, n_leafs_alloc);
 }
 
-/* Points the graph of each split, for its backend, at the split's nodes. */
+/* Points the graph of each split, for its backend, at the split's nodes. A view never starts a
+ * split, so one placed with its source on another backend can fall inside this split's range
+ * (the graph lists it after this backend's nodes began): it computes nothing here, its
+ * consumers in the split read it through their input copies, and its memory is another
+ * device's, so it is left out of what the backend is given (backends are promised only
+ * tensors in buffers their device supports). */
 static enum bp_status set_split_graphs(bp_sched *s, bp_graph *g)
 {
     bp_tensor **gnodes = bp__graph_nodes(g);
-    for (int i = 0; i < s->n_splits; i++) {
+    bp_tensor **keep = NULL;
+    int keep_cap = 0;
+    enum bp_status st = BP_OK;
+    for (int i = 0; i < s->n_splits && st == BP_OK; i++) {
         struct split *sp = &s->splits[i];
-        const int len = sp->i1 - sp->i0;
+        int len = sp->i1 - sp->i0;
+        if (len > keep_cap) {
+            bp_tensor **k = realloc(keep, (size_t)len * sizeof(*k));
+            if (k == NULL) {
+                st = BP_ERR_OUT_OF_MEMORY;
+                break;
+            }
+            keep = k;
+            keep_cap = len;
+        }
+        int n = 0;
+        for (int j = sp->i0; j < sp->i1; j++)
+            if (!is_view_op(gnodes[j]) || info(s, gnodes[j])->backend == sp->backend)
+                keep[n++] = gnodes[j];
+        len = n;
         if (sp->graph == NULL || bp_graph_get_capacity(sp->graph) < (size_t)(len ? len : 1)) {
             bp_graph_free(sp->graph);
             sp->graph = bp_graph_new((size_t)(len ? len : 1));
-            if (sp->graph == NULL)
-                return BP_ERR_OUT_OF_MEMORY;
+            if (sp->graph == NULL) {
+                st = BP_ERR_OUT_OF_MEMORY;
+                break;
+            }
         }
-        enum bp_status st = bp__graph_set(sp->graph, gnodes + sp->i0, len, NULL, 0);
-        if (st != BP_OK)
-            return st;
+        st = bp__graph_set(sp->graph, keep, len, NULL, 0);
     }
-    return BP_OK;
+    free(keep);
+    return st;
 }
 
 /* One attempt at splitting g: assign, check, cut and copy, then the graphs for the allocator

@@ -464,6 +464,62 @@ START_TEST(test_repeated_compute_same_graph)
 }
 END_TEST
 
+/* Two products pinned to the accelerator are listed first, then two ROPEs (which it refuses) on
+ * the CPU, each reading a reshape of one product. A view never starts a split, so the second
+ * reshape (placed with its product, on the accelerator) is listed inside the CPU's split: the
+ * CPU must not be handed it (its memory is the accelerator's; the backend refuses such graphs),
+ * and the result must equal the CPU's alone. */
+static void foreign_view_run(bp_backend *const *backends, int n, float *out)
+{
+    bp_context *ctx = bp_context_new(32);
+    bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, 16, 6);
+    bp_tensor *pos = bp_new_tensor_1d(ctx, BP_TYPE_I32, 6);
+    bp_set_input(x);
+    bp_set_input(pos);
+    bp_tensor *a = bp_mul(ctx, x, x), *b = bp_scale(ctx, x, 3.0f);
+    bp_tensor *qa = bp_rope(ctx, bp_reshape_3d(ctx, a, 4, 4, 6), pos, 4, BP_ROPE_NEOX, 1e4f, 1.0f);
+    bp_tensor *qb = bp_rope(ctx, bp_reshape_3d(ctx, b, 4, 4, 6), pos, 4, BP_ROPE_NEOX, 1e4f, 1.0f);
+    bp_tensor *y = bp_add(ctx, qa, qb);
+    ck_assert_ptr_nonnull(y);
+    bp_set_output(y);
+    bp_graph *g = bp_graph_new(32);
+    ck_assert_int_eq(bp_graph_build_forward(g, a), BP_OK); /* the products first */
+    ck_assert_int_eq(bp_graph_build_forward(g, b), BP_OK);
+    ck_assert_int_eq(bp_graph_build_forward(g, y), BP_OK);
+    bp_sched *s = bp_sched_new(backends, NULL, n, 64, false);
+    ck_assert_ptr_nonnull(s);
+    if (n > 1) {
+        ck_assert_int_eq(bp_sched_set_tensor_backend(s, a, backends[0]), BP_OK);
+        ck_assert_int_eq(bp_sched_set_tensor_backend(s, b, backends[0]), BP_OK);
+    }
+    ck_assert_msg(bp_sched_alloc_graph(s, g) == BP_OK, "%s", bp_last_error());
+    float xv[16 * 6];
+    int32_t pv[6];
+    for (int i = 0; i < 16 * 6; i++)
+        xv[i] = (float)(i % 11) * 0.25f - 1.0f;
+    for (int i = 0; i < 6; i++)
+        pv[i] = 3 * i;
+    ck_assert_int_eq(bp_tensor_set(x, xv, 0, sizeof(xv)), BP_OK);
+    ck_assert_int_eq(bp_tensor_set(pos, pv, 0, sizeof(pv)), BP_OK);
+    ck_assert_msg(bp_sched_graph_compute(s, g) == BP_OK, "%s", bp_last_error());
+    if (n > 1)
+        ck_assert_int_ge(bp_sched_get_n_splits(s), 2);
+    ck_assert_int_eq(bp_tensor_get(y, out, 0, 16 * 6 * sizeof(float)), BP_OK);
+    bp_sched_free(s);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+}
+
+START_TEST(test_foreign_view_inside_a_split)
+{
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    float got[16 * 6], ref[16 * 6];
+    foreign_view_run(alone, 1, ref);
+    foreign_view_run(both, 2, got);
+    assert_close(got, ref, 16 * 6);
+}
+END_TEST
+
 START_TEST(test_more_inputs_than_a_split_holds)
 {
     bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
@@ -624,6 +680,7 @@ int main(void)
         {test_graph_larger_than_reserved, "larger_than_reserved"},
         {test_repeated_compute_same_graph, "repeated_compute"},
         {test_more_inputs_than_a_split_holds, "many_split_inputs"},
+        {test_foreign_view_inside_a_split, "foreign_view_inside_a_split"},
         {test_destination_must_be_supported, "destination_supported"},
         {test_errors, "errors"},
         {test_debug_output, "debug_output"},
