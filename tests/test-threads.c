@@ -410,6 +410,87 @@ START_TEST(test_one_meta_device_two_threads)
 }
 END_TEST
 
+/* ---- Threads run on past independent nodes and meet where memory is shared --------------
+ * Each layer of this graph transposes h (every thread then reads rows that others wrote), has
+ * nodes that only read the result (which the CPU's threads may run without meeting in between)
+ * and nodes that read what the layer just wrote; the scheduler's allocator reuses memory freed
+ * by earlier nodes, so a missing meeting shows up as a wrong value (read before another thread
+ * wrote it, or overwritten while read), and under TSan as a race. Four threads on any machine;
+ * every result must equal the scalar reference bit for bit (each layer transposes twice). */
+#define WIDE 65536
+#define MEET_COLS 64
+#define MEET_LAYERS 6
+
+static bp_tensor *meet_graph(bp_context *ctx, bp_tensor *h)
+{
+    for (int l = 0; l < MEET_LAYERS; l++) {
+        /* Threads split nodes by rows: a transpose makes each read every thread's rows. */
+        bp_tensor *ht = bp_cont(ctx, bp_transpose(ctx, h));
+        bp_tensor *a = bp_neg(ctx, ht), *b = bp_sqr(ctx, ht), *c = bp_scale(ctx, ht, 0.5f);
+        /* The allocator gives the second and third transposes memory that the first (or the
+         * second) still reads on other threads: a write after a read. */
+        bp_tensor *at = bp_cont(ctx, bp_transpose(ctx, a));
+        bp_tensor *bt = bp_cont(ctx, bp_transpose(ctx, b));
+        bp_tensor *ct = bp_cont(ctx, bp_transpose(ctx, c));
+        h = bp_add(ctx, bp_add(ctx, at, bt), ct);
+    }
+    return h;
+}
+
+static void meet_reference(float *h)
+{
+    for (int l = 0; l < MEET_LAYERS; l++)
+        for (int i = 0; i < WIDE; i++) {
+            const float a = -h[i], b = h[i] * h[i], c = h[i] * 0.5f;
+            h[i] = (a + b) + c;
+        }
+}
+
+START_TEST(test_node_meetings)
+{
+    char path[8192];
+    snprintf(path, sizeof(path), "%s", getenv("BP_TEST_CPU_PLUGIN_DIR"));
+    setenv("BP_PLUGIN_PATH", path, 1);
+    setenv("BP_CPU_ADAPTIVE", "0", 1); /* all four threads in every run, never one alone */
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=4");
+    ck_assert_msg(be != NULL, "%s", bp_last_error());
+    bp_sched *s = bp_sched_new(&be, NULL, 1, 256, false);
+    ck_assert_msg(s != NULL, "%s", bp_last_error());
+    float *x = malloc(WIDE * sizeof(float)), *expect = malloc(WIDE * sizeof(float));
+    float *got = malloc(WIDE * sizeof(float));
+    ck_assert(x != NULL && expect != NULL && got != NULL);
+    for (int i = 0; i < WIDE; i++)
+        x[i] = (float)(i % 97) / 97.0f - 0.5f;
+    memcpy(expect, x, WIDE * sizeof(float));
+    meet_reference(expect);
+    int wrong_runs = 0;
+    for (int it = 0; it < 20; it++) {
+        bp_context *ctx = bp_context_new(20 * MEET_LAYERS + 4);
+        bp_tensor *in = bp_new_tensor_2d(ctx, BP_TYPE_F32, MEET_COLS, WIDE / MEET_COLS);
+        bp_set_input(in);
+        bp_tensor *out = meet_graph(ctx, in);
+        ck_assert_msg(out != NULL, "%s", bp_last_error());
+        bp_set_output(out);
+        bp_graph *g = bp_graph_new(20 * MEET_LAYERS + 4);
+        ck_assert_int_eq(bp_graph_build_forward(g, out), BP_OK);
+        ck_assert_msg(bp_sched_alloc_graph(s, g) == BP_OK, "%s", bp_last_error());
+        ck_assert_int_eq(bp_tensor_set(in, x, 0, WIDE * sizeof(float)), BP_OK);
+        ck_assert_msg(bp_sched_graph_compute(s, g) == BP_OK, "%s", bp_last_error());
+        ck_assert_int_eq(bp_tensor_get(out, got, 0, WIDE * sizeof(float)), BP_OK);
+        wrong_runs += memcmp(got, expect, WIDE * sizeof(float)) != 0;
+        bp_graph_free(g);
+        bp_context_free(ctx);
+        bp_sched_reset(s);
+    }
+    ck_assert_msg(wrong_runs == 0, "%d of 20 runs differ from the reference", wrong_runs);
+    free(x);
+    free(expect);
+    free(got);
+    bp_sched_free(s);
+    bp_backend_free(be);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("threads");
@@ -418,5 +499,6 @@ int main(void)
     BP_TCASE(s, test_busy_scheduler_refused, 30);
     BP_TCASE(s, test_one_meta_device_two_threads, 60);
     BP_TCASE(s, test_shared_cpu_backend_never_crashes, 120);
+    BP_TCASE(s, test_node_meetings, 60);
     return bp_test_run(s);
 }

@@ -35,6 +35,9 @@ struct cpu_backend {
     int n_threads;
     char *work;            /* 64-byte aligned scratch: per-thread slices, then a shared one */
     size_t work_size;
+    bool *barrier;         /* per node of the graph being computed: wait for all first */
+    int barrier_cap;
+    bool meet_every_node;  /* BP_CPU_NODE_BARRIERS=all: no plan, every node waits */
 };
 
 #define BP_CPU_MAX_DEVICES 64
@@ -98,19 +101,92 @@ static void cpu_backend_free(bp_backend *be)
     struct cpu_backend *cb = bp_backend_get_context(be);
     bp_cpu_pool_free(cb->pool);
     free(cb->work);
+    free(cb->barrier);
     free(cb);
 }
 
 struct graph_job {
     bp_graph *graph;
     struct cpu_backend *cb;
-    size_t per_thread; /* bytes, multiple of 64 */
+    size_t per_thread;    /* bytes, multiple of 64 */
+    const bool *barrier; /* per node: whether all threads meet before it */
 };
 
 static bool computes(const bp_tensor *t)
 {
     return !(t->op == BP_OP_NONE || t->op == BP_OP_RESHAPE || t->op == BP_OP_VIEW ||
              t->op == BP_OP_PERMUTE || t->op == BP_OP_TRANSPOSE);
+}
+
+static bool runs(const bp_tensor *t)
+{
+    return computes(t) && bp_nelements(t) > 0;
+}
+
+/* ---- Where threads must meet -------------------------------------------------------------
+ * Each thread computes its share of a node and, by default, waits for the others before the
+ * next node. That wait is only needed when the next node could see another thread's unfinished
+ * work: it reads memory that a node since the last meeting writes (read after write), it writes
+ * memory that such a node reads or writes (the allocator reuses memory: write after read), or
+ * both use the shared scratch. Otherwise (the query, key and value products of one input, the
+ * gate and up products, independent element-wise work) the threads run on without meeting.
+ * Memory is compared as byte ranges [data, data + bp_nbytes), views included, so the test is
+ * conservative. The plan depends on the graph alone, so every thread makes the same decisions
+ * and the kernels' own barriers still pair up. */
+
+#define PENDING_MAX 32 /* ranges remembered since the last meeting; beyond, meet */
+
+struct range {
+    const char *lo, *hi;
+};
+
+static struct range range_of(const bp_tensor *t)
+{
+    const char *lo = t->data;
+    return (struct range){lo, lo + bp_nbytes(t)};
+}
+
+static bool overlaps_any(struct range r, const struct range *set, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (r.lo < set[i].hi && set[i].lo < r.hi)
+            return true;
+    return false;
+}
+
+struct planner {
+    struct range writes[PENDING_MAX], reads[PENDING_MAX];
+    int n_w, n_r;
+    bool started, shared_used;
+};
+
+/* Whether node (which runs, and uses the shared scratch or not) must wait for all threads
+ * before it, given the nodes planned since the last meeting; then records it. */
+static bool plan_node(struct planner *pl, const bp_tensor *node, bool uses_shared)
+{
+    const struct range out = range_of(node);
+    int n_src = 0;
+    bool meet = overlaps_any(out, pl->writes, pl->n_w) || overlaps_any(out, pl->reads, pl->n_r) ||
+                (uses_shared && pl->shared_used);
+    for (int s = 0; s < BP_MAX_SRC; s++) {
+        if (node->src[s] == NULL || node->src[s]->data == NULL)
+            continue;
+        n_src++;
+        meet = meet || overlaps_any(range_of(node->src[s]), pl->writes, pl->n_w);
+    }
+    meet = meet || pl->n_w + 1 > PENDING_MAX || pl->n_r + n_src > PENDING_MAX;
+    const bool first = !pl->started;
+    if (meet || first) {
+        pl->n_w = pl->n_r = 0;
+        pl->shared_used = false;
+    }
+    pl->started = true;
+    pl->writes[pl->n_w++] = out;
+    for (int s = 0; s < BP_MAX_SRC; s++)
+        if (node->src[s] != NULL && node->src[s]->data != NULL)
+            pl->reads[pl->n_r++] = range_of(node->src[s]);
+    pl->shared_used = pl->shared_used || uses_shared;
+    return meet && !first;
 }
 
 static void graph_job_run(void *arg, int ith, int nth)
@@ -124,13 +200,17 @@ static void graph_job_run(void *arg, int ith, int nth)
         .pool = job->cb->pool,
     };
     const int n = bp_graph_get_n_nodes(job->graph);
+    bool started = false;
     for (int i = 0; i < n; i++) {
         bp_tensor *node = bp_graph_get_node(job->graph, i);
-        if (!computes(node) || bp_nelements(node) == 0)
+        if (!runs(node))
             continue;
+        if (started && (job->barrier == NULL || job->barrier[i]))
+            bp_cpu_pool_barrier(p.pool);
         bp_cpu_compute_node(node, &p);
-        bp_cpu_pool_barrier(p.pool);
+        started = true;
     }
+    /* No meeting after the last node: bp_cpu_pool_run returns when every thread has. */
 }
 
 static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g);
@@ -158,9 +238,23 @@ static enum bp_status cpu_graph_compute(bp_backend *be, bp_graph *g)
 static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g)
 {
     const int nth = cb->n_threads;
+    const int n_nodes = bp_graph_get_n_nodes(g);
+    /* The meeting plan, for more than one thread (without memory for it, every node waits
+     * for all threads, as it always may). */
+    if (nth > 1 && !cb->meet_every_node && n_nodes > cb->barrier_cap) {
+        bool *b = realloc(cb->barrier, (size_t)n_nodes * sizeof(*b));
+        if (b != NULL) {
+            cb->barrier = b;
+            cb->barrier_cap = n_nodes;
+        }
+    }
+    const bool planned = nth > 1 && !cb->meet_every_node && n_nodes <= cb->barrier_cap;
+    struct planner pl = {.n_w = 0};
     size_t per_thread = 0, shared = 0;
-    for (int i = 0; i < bp_graph_get_n_nodes(g); i++) {
+    for (int i = 0; i < n_nodes; i++) {
         bp_tensor *node = bp_graph_get_node(g, i);
+        if (planned)
+            cb->barrier[i] = false;
         if (!computes(node))
             continue;
         char desc[BP_TENSOR_DESC_SIZE];
@@ -170,15 +264,16 @@ static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g)
         if (node->data == NULL)
             return bp_set_error(BP_ERR_INVALID_ARG, "CPU: %s node %s has no memory",
                                 bp_op_name(node->op), bp_describe_tensor(node, desc, sizeof(desc)));
-        size_t pt, sh;
+        size_t pt, sh, pt1 = 0, sh1 = 0;
         bp_cpu_work_size(node, nth, &pt, &sh);
+        if (nth > 1) /* the pool may run the graph on one thread (contention) */
+            bp_cpu_work_size(node, 1, &pt1, &sh1);
         per_thread = pt > per_thread ? pt : per_thread;
+        per_thread = pt1 > per_thread ? pt1 : per_thread;
         shared = sh > shared ? sh : shared;
-        if (nth > 1) { /* the pool may run the graph on one thread (contention) */
-            bp_cpu_work_size(node, 1, &pt, &sh);
-            per_thread = pt > per_thread ? pt : per_thread;
-            shared = sh > shared ? sh : shared;
-        }
+        shared = sh1 > shared ? sh1 : shared;
+        if (planned && bp_nelements(node) > 0)
+            cb->barrier[i] = plan_node(&pl, node, sh > 0 || sh1 > 0);
     }
     per_thread = (per_thread + 63) / 64 * 64;
     size_t need = per_thread * (size_t)nth + shared + 64;
@@ -190,7 +285,7 @@ static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g)
             return bp_set_error(BP_ERR_OUT_OF_MEMORY, "CPU: out of memory for %zu bytes of "
                                 "scratch", need);
     }
-    struct graph_job job = {g, cb, per_thread};
+    struct graph_job job = {g, cb, per_thread, planned ? cb->barrier : NULL};
     bp_cpu_pool_run(cb->pool, graph_job_run, &job);
     return BP_OK;
 }
@@ -298,6 +393,8 @@ static bp_backend *cpu_init_backend(bp_device *dev, const char *params)
         free(cb);
         return NULL;
     }
+    const char *meet = getenv("BP_CPU_NODE_BARRIERS");
+    cb->meet_every_node = meet != NULL && strcmp(meet, "all") == 0;
     bp_backend *be = bp_backend_new(dev, &cpu_backend_iface, cb);
     if (be == NULL) {
         bp_cpu_pool_free(cb->pool);
