@@ -235,6 +235,13 @@ void model_free(struct model *m)
             goto fail;                                                                           \
     } while (0)
 
+/* Adds t and what it needs to the step's graph now, to set the order of independent nodes. */
+#define EXPAND(t)                                                                                \
+    do {                                                                                         \
+        if (bp_graph_build_forward(st->graph, (t)) != BP_OK)                                     \
+            goto fail;                                                                           \
+    } while (0)
+
 enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, struct model_step *st)
 {
     const struct model_config *c = &m->cfg;
@@ -282,6 +289,11 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
             CHECK(k = bp_add(ctx, k, l->bk));
             CHECK(v = bp_add(ctx, v, l->bv));
         }
+        /* The three products first, side by side in the graph: they are independent, so a
+         * device may run them without waiting in between (the CPU's threads do). */
+        EXPAND(q);
+        EXPAND(k);
+        EXPAND(v);
         CHECK(q = bp_reshape_3d(ctx, q, D, H, T));
         CHECK(k = bp_reshape_3d(ctx, k, D, HK, T));
         const int rd = c->rope_dims > 0 ? c->rope_dims : (int)D;
@@ -339,6 +351,8 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
         bp_tensor *gate, *up;
         CHECK(gate = bp_mul_mat(ctx, l->w_gate, cur));
         CHECK(up = bp_mul_mat(ctx, l->w_up, cur));
+        EXPAND(gate);
+        EXPAND(up);
         CHECK(cur = bp_swiglu(ctx, gate, up));
         CHECK(cur = bp_mul_mat(ctx, l->w_down, cur));
         CHECK(x = bp_add(ctx, x, cur));
