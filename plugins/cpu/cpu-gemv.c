@@ -29,6 +29,11 @@ BP_CPU_INLINE float hsum512(__m512 v)
 
 #define RD 8 /* rows of A per dot-product step (tiles of 8 or 4 rows) */
 #define CD 4 /* most columns of B per dot-product tile */
+#ifndef PF_TILES
+#define PF_TILES 2
+#define PF_LOCALITY 3
+#define PF_ROW_MAX 3072
+#endif
 
 /* Loads 16 (AVX-512) or 8 (AVX2) elements of an A row of type T as f32. */
 #if defined(BP_CPU_HAVE_AVX512)
@@ -156,8 +161,26 @@ static void dot_rows_float(const bp_tensor *a, const char *abase, const bp_tenso
                            int64_t N)
 {
     const int64_t K = a->ne[0];
+    /* This thread's rows as one run of bytes, when they are contiguous and short: rows of at
+     * most PF_ROW_MAX bytes (a small model's K = 512 is 1 KiB of f16) give the hardware
+     * prefetcher streams too short to learn, so the run is fetched PF_TILES tiles ahead of the
+     * tile being computed. Measured on the small f16 model's generation, 2 threads: 740-790
+     * tokens/s without, 970-1,080 with two tiles ahead into L1 (one: 1,010-1,090; four: 940-990;
+     * two into L2: 880-900). Longer rows stream well on their own: with this prefetch, K = 4096
+     * f16 at N = 1 fell from about 0.85 to 0.5-0.72 of the read bandwidth, K = 2048 (4 KiB
+     * rows) from 0.83-0.90 to 0.76-0.84; 3 KiB rows (K = 1408 f16) gain or lose nothing. */
+    const int64_t row_bytes = (int64_t)a->nb[1];
+    const bool stream = N == 1 && row_bytes <= PF_ROW_MAX &&
+                        row_bytes == K * (int64_t)bp_type_size(a->type);
+    const char *run_end = abase + m1 * row_bytes;
     for (int64_t m = m0; m < m1; m += RD) {
         const int64_t rows = m1 - m < RD ? m1 - m : RD;
+        if (stream) {
+            const char *p0 = abase + (m + PF_TILES * RD) * row_bytes;
+            const char *p1 = p0 + RD * row_bytes < run_end ? p0 + RD * row_bytes : run_end;
+            for (const char *pf = p0; pf < p1; pf += 64)
+                __builtin_prefetch(pf, 0, PF_LOCALITY);
+        }
         const void *ar[RD];
         for (int64_t r = 0; r < RD; r++)
             ar[r] = abase + (m + (r < rows ? r : rows - 1)) * (int64_t)a->nb[1];
