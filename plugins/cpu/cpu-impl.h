@@ -29,6 +29,9 @@ int bp_cpu_pool_n_threads(const struct bp_cpu_pool *pool);
  * was descheduled (contention), the following jobs run for a while on the calling thread alone,
  * as job(arg, 0, 1) (cpu-pool.c). Callers size per-thread scratch for both. */
 void bp_cpu_pool_run(struct bp_cpu_pool *pool, bp_cpu_job_fn job, void *arg);
+/* Whether jobs now run on the calling thread alone (a solo period, or BP_CPU_FORCE_SOLO): a
+ * hint for work that only helps several threads; the next job may still try them all. */
+bool bp_cpu_pool_solo(const struct bp_cpu_pool *pool);
 /* Inside a job: waits until every thread of the pool has reached this point. */
 void bp_cpu_pool_barrier(struct bp_cpu_pool *pool);
 

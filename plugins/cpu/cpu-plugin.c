@@ -240,15 +240,17 @@ static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g)
     const int nth = cb->n_threads;
     const int n_nodes = bp_graph_get_n_nodes(g);
     /* The meeting plan, for more than one thread (without memory for it, every node waits
-     * for all threads, as it always may). */
-    if (nth > 1 && !cb->meet_every_node && n_nodes > cb->barrier_cap) {
+     * for all threads, as it always may; none either while the pool runs jobs on one thread,
+     * where meetings are free). */
+    const bool want_plan = nth > 1 && !cb->meet_every_node && !bp_cpu_pool_solo(cb->pool);
+    if (want_plan && n_nodes > cb->barrier_cap) {
         bool *b = realloc(cb->barrier, (size_t)n_nodes * sizeof(*b));
         if (b != NULL) {
             cb->barrier = b;
             cb->barrier_cap = n_nodes;
         }
     }
-    const bool planned = nth > 1 && !cb->meet_every_node && n_nodes <= cb->barrier_cap;
+    const bool planned = want_plan && n_nodes <= cb->barrier_cap;
     struct planner pl = {.n_w = 0};
     size_t per_thread = 0, shared = 0;
     for (int i = 0; i < n_nodes; i++) {

@@ -26,13 +26,22 @@
  * one); the pool then runs the following jobs
  * on the calling thread alone (workers idle, barriers free) for a while, doubling that while
  * stalls persist and trying all threads again after each period; a job without a stall ends
- * it. On a quiet machine no barrier waits that long, and nothing changes. */
+ * it. On a quiet machine no barrier waits that long, and nothing changes.
+ *
+ * A try costs a stalled job when the contention is still there. So before trying, the pool
+ * looks at how long the CPUs it may run on were idle during the period (Linux's /proc/stat): if
+ * that is less than half of what the workers would need, the other process is still busy and
+ * the period is extended without a try. Where the file cannot be read, every period ends in a
+ * try. */
 #include "config.h"
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cpu-impl.h"
 
@@ -152,6 +161,11 @@ struct bp_cpu_pool {
      * period (caller only). */
     atomic_long stall_ns;
     long long solo_until, solo_ns;
+    /* The CPUs this process may run on, and their idle ticks when the solo period began (-1:
+     * unknown, then the period ends in a try). */
+    cpu_set_t affinity;
+    bool probe;
+    long long idle_mark, mark_ns;
     bool force_solo; /* BP_CPU_FORCE_SOLO=1: every job solo, as under contention (diagnostic) */
     bool adaptive;   /* BP_CPU_ADAPTIVE=0 turns the solo periods off */
 
@@ -206,6 +220,51 @@ static void *worker_main(void *argp)
     }
 }
 
+/* Idle time (idle + iowait) of the CPUs in mask since boot, in clock ticks, from /proc/stat; -1
+ * where it cannot be read. */
+static long long idle_ticks(const cpu_set_t *mask)
+{
+    FILE *f = fopen("/proc/stat", "re");
+    if (f == NULL)
+        return -1;
+    char line[512];
+    long long sum = 0;
+    bool any = false;
+    while (fgets(line, sizeof(line), f) != NULL && strncmp(line, "cpu", 3) == 0) {
+        int id;
+        unsigned long long user, nice, sys, idle, iowait;
+        if (line[3] != ' ' &&
+            sscanf(line + 3, "%d %llu %llu %llu %llu %llu", &id, &user, &nice, &sys, &idle,
+                   &iowait) == 6 &&
+            id >= 0 && id < CPU_SETSIZE && CPU_ISSET(id, mask)) {
+            sum += (long long)(idle + iowait);
+            any = true;
+        }
+    }
+    fclose(f);
+    return any ? sum : -1;
+}
+
+/* Starts (or restarts) the clock of idle time for a solo period. */
+static void mark_idle(struct bp_cpu_pool *pool)
+{
+    pool->idle_mark = pool->probe ? idle_ticks(&pool->affinity) : -1;
+    pool->mark_ns = now_ns();
+}
+
+/* Whether the workers would still find no free CPU: the CPUs we may use were idle, since the
+ * mark, for less than half of the time the workers would need. False when unknown. */
+static bool still_contended(struct bp_cpu_pool *pool)
+{
+    const long long idle = pool->idle_mark >= 0 ? idle_ticks(&pool->affinity) : -1;
+    const long hz = sysconf(_SC_CLK_TCK);
+    if (idle < 0 || hz <= 0)
+        return false;
+    const double idle_ns = (double)(idle - pool->idle_mark) * 1e9 / (double)hz;
+    const double need_ns = (double)(now_ns() - pool->mark_ns) * (pool->n_threads - 1);
+    return idle_ns < 0.5 * need_ns;
+}
+
 struct bp_cpu_pool *bp_cpu_pool_new(int n_threads)
 {
     if (n_threads < 1) {
@@ -224,6 +283,9 @@ struct bp_cpu_pool *bp_cpu_pool_new(int n_threads)
     pool->force_solo = force != NULL && force[0] == '1';
     const char *adaptive = getenv("BP_CPU_ADAPTIVE");
     pool->adaptive = adaptive == NULL || adaptive[0] != '0';
+    CPU_ZERO(&pool->affinity);
+    pool->probe = sched_getaffinity(0, sizeof(pool->affinity), &pool->affinity) == 0;
+    pool->idle_mark = -1;
     pthread_mutex_init(&pool->lock, NULL);
     pthread_cond_init(&pool->wake, NULL);
     pthread_cond_init(&pool->done, NULL);
@@ -295,9 +357,16 @@ static void after_job(struct bp_cpu_pool *pool)
                         : pool->solo_ns * 2 > SOLO_MAX_NS ? SOLO_MAX_NS
                                                           : pool->solo_ns * 2;
         pool->solo_until = now_ns() + pool->solo_ns;
+        mark_idle(pool);
     } else {
         pool->solo_ns = 0;
+        pool->solo_until = 0;
     }
+}
+
+bool bp_cpu_pool_solo(const struct bp_cpu_pool *pool)
+{
+    return pool->n_threads == 1 || pool->force_solo || pool->solo_until != 0;
 }
 
 void bp_cpu_pool_run(struct bp_cpu_pool *pool, bp_cpu_job_fn job, void *arg)
@@ -306,7 +375,14 @@ void bp_cpu_pool_run(struct bp_cpu_pool *pool, bp_cpu_job_fn job, void *arg)
         job(arg, 0, 1);
         return;
     }
-    if (pool->force_solo || (pool->solo_until != 0 && now_ns() < pool->solo_until)) {
+    bool solo = pool->force_solo || (pool->solo_until != 0 && now_ns() < pool->solo_until);
+    if (!solo && pool->solo_until != 0 && still_contended(pool)) {
+        /* The period is over but the CPUs are still busy: another period, without a try. */
+        pool->solo_until = now_ns() + pool->solo_ns;
+        mark_idle(pool);
+        solo = true;
+    }
+    if (solo) {
         pool->active = 1; /* the workers stay idle; barriers are free */
         job(arg, 0, 1);
         return;
