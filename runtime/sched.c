@@ -150,6 +150,17 @@ struct bp_sched {
     void *eval_user;
     bp_graph *direct; /* one backend: the user's graph is the split and the allocator's graph */
     const bp_graph *allocated; /* the graph alloc_graph was last called for, until computed */
+
+    /* The graph last computed, still split and allocated: computing it again unchanged (the
+     * same fingerprint) makes its source swaps again instead of splitting and allocating. */
+    const bp_graph *kept;
+    uint64_t kept_print;
+    struct kept_subst {
+        bp_tensor *node, *orig, *copy;
+        int slot;
+    } *kept_subst;
+    int n_kept_subst;
+    size_t cap_kept_subst;
 };
 
 /* ---- Small helpers ---------------------------------------------------------------------- */
@@ -375,6 +386,7 @@ void bp_sched_free(bp_sched *s)
     bp__free(s->node_ids);
     bp__free(s->leaf_ids);
     bp__free(s->subst);
+    bp__free(s->kept_subst);
     bp__free(s->pins);
     bp__free(s->node_ti);
     bp__free(s);
@@ -421,6 +433,7 @@ void bp_sched_reset(bp_sched *s)
     s->n_pins = 0;
     s->n_splits = 0;
     s->allocated = NULL;
+    s->kept = NULL;
     s->direct = NULL;
     clear_infos(s);
     sched_leave(s);
@@ -1143,6 +1156,7 @@ static bool drop_pinned(bp_sched *s)
 
 static enum bp_status alloc_graph(bp_sched *s, bp_graph *g)
 {
+    s->kept = NULL;
     enum bp_status st = split_graph(s, g);
     if (st != BP_OK)
         return st;
@@ -1161,6 +1175,7 @@ static enum bp_status alloc_graph(bp_sched *s, bp_graph *g)
 
 static enum bp_status reserve(bp_sched *s, bp_graph *g)
 {
+    s->kept = NULL;
     enum bp_status st = split_graph(s, g);
     if (st == BP_OK)
         st = s->direct ? bp_gallocr_reserve(s->galloc, g, NULL, NULL)
@@ -1251,13 +1266,80 @@ static enum bp_status compute_observed(bp_sched *s, struct split *sp, bool *stop
     return BP_OK;
 }
 
+/* What identifies a computed graph as unchanged: its nodes and leafs, in order, with their ops,
+ * types and memory. A graph rebuilt from new tensors differs (other pointers, or memory not
+ * allocated yet); shapes and sources are left out, since the API has no way to change them on
+ * an existing tensor. Each value is multiplied apart from the running hash, so the chain from one
+ * to the next is an xor and a rotate (a few ns per node). */
+static uint64_t fingerprint(const bp_graph *g)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+#define MIX(v) (h = ((h ^ ((uint64_t)(v) * 0x9e3779b97f4a7c15ull)) << 7) | (h >> 57))
+    const int n = bp_graph_get_n_nodes(g), nl = bp_graph_get_n_leafs(g);
+    bp_tensor *const *nodes = bp__graph_nodes(g), *const *leafs = bp__graph_leafs(g);
+    MIX(n);
+    MIX(nl);
+    for (int i = 0; i < n; i++) {
+        const bp_tensor *t = nodes[i];
+        MIX((uintptr_t)t);
+        MIX((uintptr_t)t->data);
+        MIX((uint64_t)t->op << 32 | (uint64_t)t->type);
+    }
+    for (int i = 0; i < nl; i++) {
+        MIX((uintptr_t)leafs[i]);
+        MIX((uintptr_t)leafs[i]->data);
+    }
+#undef MIX
+    return h;
+}
+
+/* Makes the kept graph's source swaps again; false (nothing swapped) when a swapped source is
+ * not what it was. */
+static bool reswap(bp_sched *s)
+{
+    for (int i = 0; i < s->n_kept_subst; i++) {
+        const struct kept_subst *k = &s->kept_subst[i];
+        if (k->node->src[k->slot] != k->orig || substitute(s, k->node, k->slot, k->copy) != BP_OK) {
+            restore_sources(s);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Remembers g (fingerprint print), being computed with its sources swapped, for computing
+ * again unchanged. */
+static void keep_graph(bp_sched *s, const bp_graph *g, uint64_t print)
+{
+    s->kept = NULL;
+    if (s->parallel) /* the input copies alternate between copy sets */
+        return;
+    if (!bp__grow((void **)&s->kept_subst, &s->cap_kept_subst, (size_t)s->n_subst,
+                  sizeof(*s->kept_subst), "the scheduler's kept source swaps")) {
+        bp_clear_error(); /* not kept: the next compute splits again */
+        return;
+    }
+    for (int i = 0; i < s->n_subst; i++) {
+        const struct subst *x = &s->subst[i];
+        s->kept_subst[i] = (struct kept_subst){x->node, x->orig, x->node->src[x->slot], x->slot};
+    }
+    s->n_kept_subst = s->n_subst;
+    s->kept_print = print;
+    s->kept = g;
+}
+
 static enum bp_status graph_compute_async(bp_sched *s, bp_graph *g)
 {
     enum bp_status st = BP_OK;
-    if (s->allocated != g)
-        st = alloc_graph(s, g);
-    if (st != BP_OK)
-        return st;
+    const bool again = s->allocated != g && s->kept == g && s->n_subst == 0;
+    const uint64_t print = again ? fingerprint(g) : 0;
+    if (!(again && print == s->kept_print && reswap(s))) {
+        if (s->allocated != g)
+            st = alloc_graph(s, g);
+        if (st != BP_OK)
+            return st;
+        keep_graph(s, g, fingerprint(g));
+    }
     s->allocated = NULL;
     bool stop = false;
     for (int i = 0; i < s->n_splits && st == BP_OK && !stop; i++) {
@@ -1275,6 +1357,8 @@ static enum bp_status graph_compute_async(bp_sched *s, bp_graph *g)
             s->recorded[sp->backend][s->cur_copy] = st == BP_OK;
         }
     }
+    if (st != BP_OK)
+        s->kept = NULL; /* split again next time */
     if (s->parallel)
         s->cur_copy = (s->cur_copy + 1) % s->n_copies;
     return st;
@@ -1334,6 +1418,8 @@ enum bp_status bp_sched_set_tensor_backend(bp_sched *s, bp_tensor *t, bp_backend
     for (int i = 0; i < s->n_pins; i++) {
         if (s->pins[i].t == t) {
             s->pins[i].backend = b;
+            s->allocated = NULL;
+            s->kept = NULL;
             return BP_OK;
         }
     }
@@ -1342,6 +1428,7 @@ enum bp_status bp_sched_set_tensor_backend(bp_sched *s, bp_tensor *t, bp_backend
         return BP_ERR_OUT_OF_MEMORY;
     s->pins[s->n_pins++] = (struct pin){t, b};
     s->allocated = NULL;
+    s->kept = NULL;
     return BP_OK;
 }
 

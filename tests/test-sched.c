@@ -520,6 +520,41 @@ START_TEST(test_foreign_view_inside_a_split)
 }
 END_TEST
 
+/* A graph computed again unchanged, with new input values and without bp_sched_alloc_graph,
+ * reuses its split and allocation (the accelerator's input copies included): every result must
+ * equal the same inputs computed on the CPU alone. */
+START_TEST(test_recompute_unchanged_graph)
+{
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    float *ref[3];
+    for (int salt = 0; salt < 3; salt++)
+        ref[salt] = run(alone, 1, false, bp_host_buffer_type(), &tiny, salt + 7, NULL);
+    struct model m;
+    model_init(&m, &tiny, bp_host_buffer_type());
+    bp_context *ctx;
+    struct tf_graph tg;
+    bp_graph *g = build_graph(&m, &tiny, &ctx, &tg);
+    bp_sched *s = bp_sched_new(both, NULL, 2, 4096, false);
+    ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+    const int splits = bp_sched_get_n_splits(s);
+    ck_assert_int_gt(splits, 1);
+    for (int round = 0; round < 6; round++) {
+        set_inputs(&tg, &tiny, round % 3 + 7);
+        ck_assert_msg(bp_sched_graph_compute(s, g) == BP_OK, "%s", bp_last_error());
+        ck_assert_int_eq(bp_sched_get_n_splits(s), splits);
+        float got[50 * 5];
+        ck_assert_int_eq(bp_tensor_get(tg.logits, got, 0, sizeof(got)), BP_OK);
+        assert_close(got, ref[round % 3], N_LOGITS(tiny));
+    }
+    bp_sched_free(s);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+    model_free(&m);
+    for (int i = 0; i < 3; i++)
+        free(ref[i]);
+}
+END_TEST
+
 START_TEST(test_more_inputs_than_a_split_holds)
 {
     bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
@@ -681,6 +716,7 @@ int main(void)
         {test_repeated_compute_same_graph, "repeated_compute"},
         {test_more_inputs_than_a_split_holds, "many_split_inputs"},
         {test_foreign_view_inside_a_split, "foreign_view_inside_a_split"},
+        {test_recompute_unchanged_graph, "recompute_unchanged"},
         {test_destination_must_be_supported, "destination_supported"},
         {test_errors, "errors"},
         {test_debug_output, "debug_output"},

@@ -39,7 +39,11 @@ BP_API void bp_sched_free(bp_sched *sched);
 BP_API enum bp_status bp_sched_reserve(bp_sched *sched, bp_graph *measure_graph);
 /* Assigns, splits and allocates graph (bp_sched_graph_compute does this itself when needed). */
 BP_API enum bp_status bp_sched_alloc_graph(bp_sched *sched, bp_graph *graph);
-/* Computes graph and waits for it. */
+/* Computes graph and waits for it. The graph computed last stays split and allocated: computing
+ * it again unchanged (the same nodes and leafs in the same memory; only the data of inputs may
+ * differ) reuses that split and allocation instead of making them again, until
+ * bp_sched_alloc_graph, bp_sched_reserve, bp_sched_reset or a pin. A pipelined (parallel)
+ * scheduler splits every time. */
 BP_API enum bp_status bp_sched_graph_compute(bp_sched *sched, bp_graph *graph);
 /* Queues graph; call bp_sched_synchronize before reading results. */
 BP_API enum bp_status bp_sched_graph_compute_async(bp_sched *sched, bp_graph *graph);
