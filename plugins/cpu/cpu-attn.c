@@ -375,6 +375,36 @@ BP_CPU_INLINE void tile_values(float *const y[QB], const float *w, const float *
 /* One unit: sequence b, key/value head g, query rows [t0, t1). Its queries (G heads x the rows)
  * go through each tile QB at a time. The key tile is kt: transposed ([D][ATTN_TILE]) for the
  * blocked scores, row-major ([nk][D]) when there are few queries. */
+/* Whether mask entry j of a row is -inf (that key is out). */
+static bool masked_out(const bp_tensor *mask, const char *row, int64_t j)
+{
+    if (mask->type == BP_TYPE_F16)
+        return ((const uint16_t *)row)[j] == 0xfc00;
+    return mask->type == BP_TYPE_F32 && ((const float *)row)[j] == -INFINITY;
+}
+
+/* One past the last key, below end, that any of the unit's queries (rows t0..t1 of the G heads
+ * reading key/value head g) does not mask out; 0 when every key is out. */
+static int64_t mask_end(const struct attn *a, int64_t b, int64_t g, int64_t t0, int64_t t1,
+                        int64_t end)
+{
+    const bp_tensor *mask = a->mask;
+    int64_t last = 0;
+    for (int64_t hh = 0; hh < a->G && last < end; hh++) {
+        const int64_t h = g * a->G + hh;
+        if (hh > 0 && mask->ne[2] == 1)
+            break; /* every head reads the same rows */
+        for (int64_t i = t0; i < t1 && last < end; i++) {
+            const char *row = bp_cpu_row(mask, i, h % mask->ne[2], b % mask->ne[3]);
+            int64_t j = end;
+            while (j > last && masked_out(mask, row, j - 1))
+                j--;
+            last = j;
+        }
+    }
+    return last;
+}
+
 static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, int64_t t1,
                       float *scratch)
 {
@@ -389,8 +419,11 @@ static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, in
         S[qi] = 0.0f;
     }
     memset(acc, 0, (size_t)(nq * Dv) * sizeof(float));
-    /* The last key any of the unit's rows sees. */
-    const int64_t kv_end = a->causal ? a->KV - a->T + t1 : a->KV;
+    /* The last key any of the unit's rows sees: causally, and where a mask ends in keys it
+     * masks out (a cache padded past the filled positions) the keys after its last open one. */
+    int64_t kv_end = a->causal ? a->KV - a->T + t1 : a->KV;
+    if (mask != NULL)
+        kv_end = mask_end(a, b, g, t0, t1, kv_end);
     /* Few queries (decoding): the key tile stays row-major and each score is a dot product;
      * transposing the tile for the blocked scores would cost as much as the scores. */
     const bool few = nq < 2 * QB;
