@@ -242,6 +242,28 @@ void model_free(struct model *m)
             goto fail;                                                                           \
     } while (0)
 
+/* Cache positions a step reads: exactly the filled ones for a prompt, a multiple of KV_PAD for
+ * one token (the rest masked), so that consecutive generation steps have the same graph. */
+#define KV_PAD 256
+
+static int step_kv(const struct model_config *c, int n_tok, int pos0)
+{
+    const int kv = pos0 + n_tok;
+    if (n_tok != 1)
+        return kv;
+    const int padded = (kv + KV_PAD - 1) / KV_PAD * KV_PAD;
+    return padded < c->n_ctx ? padded : c->n_ctx; /* kv <= n_ctx: the callers check */
+}
+
+bool model_step_reuse(struct model_step *st, const struct model *m, int n_tok, int pos0)
+{
+    if (st->graph == NULL || n_tok != 1 || st->n_tok != 1 || pos0 < 0 ||
+        pos0 + 1 > m->cfg.n_ctx || step_kv(&m->cfg, 1, pos0) != st->kv)
+        return false;
+    st->pos0 = pos0;
+    return true;
+}
+
 enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, struct model_step *st)
 {
     const struct model_config *c = &m->cfg;
@@ -254,11 +276,12 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
         return bp_set_error(BP_ERR_INVALID_ARG, "model '%s': positions %d..%d do not fit its "
                             "context of %d", c->name, pos0, pos0 + n_tok - 1, c->n_ctx);
     const int64_t E = c->n_embd, H = c->n_head, D = E / H, HK = c->n_head_kv, T = n_tok;
-    const int64_t KV = pos0 + n_tok;
+    const int64_t KV = step_kv(c, n_tok, pos0);
     const float eps = c->norm_eps, kq_scale = 1.0f / sqrtf((float)D);
     const size_t n_nodes = 64 + 48 * (size_t)c->n_layer;
     st->n_tok = n_tok;
     st->pos0 = pos0;
+    st->kv = (int)KV;
     st->ctx = bp_context_new(n_nodes);
     st->graph = bp_graph_new(n_nodes * 2);
     if (st->ctx == NULL || st->graph == NULL)
@@ -268,7 +291,9 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
     CHECK(st->pos = bp_set_name(bp_new_tensor_1d(ctx, BP_TYPE_I32, T), "pos"));
     bp_set_input(st->tokens);
     bp_set_input(st->pos);
-    if (!m->flash_attn) { /* fused attention masks causally by itself */
+    /* Fused attention masks a prompt causally by itself; a padded cache needs the mask. */
+    const bool use_mask = !m->flash_attn || KV != pos0 + n_tok || n_tok == 1;
+    if (use_mask) {
         CHECK(st->mask = bp_set_name(bp_new_tensor_2d(ctx, BP_TYPE_F16, KV, T), "mask"));
         bp_set_input(st->mask);
     }
@@ -323,7 +348,8 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
         if (m->flash_attn) {
             /* One fused op, reading the cache in place: [D, H, T] out. */
             bp_tensor *att;
-            CHECK(att = bp_flash_attn_ext(ctx, q, K, V, NULL, kq_scale, 0.0f, BP_ATTN_CAUSAL));
+            CHECK(att = bp_flash_attn_ext(ctx, q, K, V, st->mask, kq_scale, 0.0f,
+                                          st->mask != NULL ? 0 : BP_ATTN_CAUSAL));
             CHECK(cur = bp_reshape_2d(ctx, att, E, T));
         } else {
             /* Grouped-query attention is MUL_MAT's broadcasting over dimension 2: query head h
@@ -372,7 +398,7 @@ fail:;
 
 enum bp_status model_step_inputs(const struct model_step *st, const int32_t *tokens)
 {
-    const int T = st->n_tok, KV = st->pos0 + st->n_tok;
+    const int T = st->n_tok, KV = st->kv;
     int32_t *pos = malloc((size_t)T * sizeof(int32_t));
     uint16_t *mask = malloc((size_t)KV * (size_t)T * sizeof(uint16_t));
     if (pos == NULL || mask == NULL) {

@@ -100,9 +100,15 @@ struct model_step {
     bp_graph *graph;
     bp_tensor *tokens, *pos, *mask, *logits;
     int n_tok, pos0;
+    int kv; /* cache positions the step's attention reads (padded for one token) */
 };
 
 enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, struct model_step *st);
+/* Whether st, built for an earlier step, is also the graph of a step of n_tok tokens at pos0:
+ * one token each, and the same padded cache length (generation steps read the cache padded to
+ * a multiple of 256 positions, masked past the filled ones). Then st takes the new position
+ * and its graph can be computed again as it is. */
+bool model_step_reuse(struct model_step *st, const struct model *m, int n_tok, int pos0);
 /* Sets tokens, positions and the causal mask (after the scheduler has allocated the graph). */
 enum bp_status model_step_inputs(const struct model_step *st, const int32_t *tokens);
 void model_step_free(struct model_step *st);

@@ -80,6 +80,7 @@ struct run_result {
     size_t weight_part_bytes[MAX_BACKENDS]; /* weights on a meta device: what each part holds */
     int n_weight_parts;
     int prompt_splits, gen_splits;
+    int gen_reused; /* generation steps that computed the previous step's graph again */
     struct split_info gen_split[16];
     int n_gen_split_info;
     double prompt_seconds, gen_median_seconds;
@@ -171,26 +172,31 @@ static void progress(bool show, double started, const char *what, int done, int 
     fflush(stderr);
 }
 
-/* One step through the scheduler; the logits of its last token go to out. */
+/* One step through the scheduler; the logits of its last token go to out. st is the previous
+ * step (empty at first): when its graph is also this step's (model_step_reuse), it is computed
+ * again as it is, without building, splitting or allocating (*reused true); otherwise st is
+ * rebuilt. On failure st is emptied. */
 static enum bp_status step(bp_sched *s, const struct model *m, int n_tok, int pos0,
-                           const int32_t *tokens, float *out, struct model_step *keep)
+                           const int32_t *tokens, float *out, struct model_step *st, bool *reused)
 {
-    struct model_step st;
-    enum bp_status rc = model_step_build(m, n_tok, pos0, &st);
+    enum bp_status rc = BP_OK;
+    *reused = model_step_reuse(st, m, n_tok, pos0);
+    if (!*reused) {
+        model_step_free(st);
+        rc = model_step_build(m, n_tok, pos0, st);
+        if (rc != BP_OK)
+            return rc;
+        bp_sched_reset(s);
+        rc = bp_sched_alloc_graph(s, st->graph);
+    }
+    if (rc == BP_OK)
+        rc = model_step_inputs(st, tokens);
+    if (rc == BP_OK)
+        rc = bp_sched_graph_compute(s, st->graph);
+    if (rc == BP_OK)
+        rc = bp_tensor_get(st->logits, out, 0, (size_t)m->cfg.n_vocab * sizeof(float));
     if (rc != BP_OK)
-        return rc;
-    bp_sched_reset(s);
-    rc = bp_sched_alloc_graph(s, st.graph);
-    if (rc == BP_OK)
-        rc = model_step_inputs(&st, tokens);
-    if (rc == BP_OK)
-        rc = bp_sched_graph_compute(s, st.graph);
-    if (rc == BP_OK)
-        rc = bp_tensor_get(st.logits, out, 0, (size_t)m->cfg.n_vocab * sizeof(float));
-    if (rc == BP_OK && keep != NULL)
-        *keep = st;
-    else
-        model_step_free(&st);
+        model_step_free(st);
     return rc;
 }
 
@@ -224,6 +230,7 @@ struct run {
     bp_sched *s;
     int32_t *prompt; /* n_prompt token ids */
     double *times;   /* seconds of each generation step after the first token */
+    struct model_step st; /* the last step's graph, reused by the next where it can be */
 };
 
 /* Opens the backends of the device list (NULL: the default ones). */
@@ -463,7 +470,9 @@ static bool run_prompt(struct run *run)
         run->prompt[i] = o->tokens != NULL ? o->tokens[i] : (int32_t)(x % (uint64_t)n_vocab);
     }
     const double t0 = bench_now();
-    if (step(run->s, &run->m, o->n_prompt, 0, run->prompt, r->logits, NULL) != BP_OK) {
+    bool reused;
+    if (step(run->s, &run->m, o->n_prompt, 0, run->prompt, r->logits, &run->st, &reused) !=
+        BP_OK) {
         fprintf(stderr, "backplane run: prompt: %s\n", bp_last_error());
         return false;
     }
@@ -505,20 +514,21 @@ static bool generate(struct run *run)
     const int n_vocab = run->cfg->n_vocab;
     struct run_result *r = run->r;
     for (int i = 1; i < o->n_gen; i++) {
-        struct model_step keep;
         const bool last = i == o->n_gen - 1;
         float *logits = r->logits + (size_t)i * n_vocab;
         const double t0 = bench_now();
-        if (step(run->s, &run->m, 1, o->n_prompt + i - 1, &r->tokens[i - 1], logits,
-                 last ? &keep : NULL) != BP_OK) {
+        bool reused;
+        if (step(run->s, &run->m, 1, o->n_prompt + i - 1, &r->tokens[i - 1], logits, &run->st,
+                 &reused) != BP_OK) {
             fprintf(stderr, "%sbackplane run: generating token %d: %s\n", run->show ? "\n" : "",
                     i + 1, bp_last_error());
             return false;
         }
         run->times[i - 1] = bench_now() - t0;
+        r->gen_reused += reused;
         r->tokens[i] = argmax(logits, n_vocab);
         progress(run->show, run->started, "generating", i + 1, o->n_gen);
-        if (last && !record_last_step(run, &keep))
+        if (last && !record_last_step(run, &run->st))
             return false;
     }
     if (o->n_gen > 1)
@@ -530,6 +540,7 @@ static void close_run(struct run *run)
 {
     free(run->prompt);
     free(run->times);
+    model_step_free(&run->st);
     bp_sched_free(run->s);
     if (run->m.wctx != NULL)
         model_free(&run->m);
@@ -619,8 +630,9 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
                    i + 1 < r->n_gen_split_info ? "," : "");
         if (r->gen_splits > r->n_gen_split_info)
             printf(", ...");
-        printf("\n            %.1f tokens/s (median %.2f ms per token)\n",
-               1.0 / r->gen_median_seconds, r->gen_median_seconds * 1e3);
+        printf("\n            %.1f tokens/s (median %.2f ms per token); %d of %d graphs "
+               "reused\n", 1.0 / r->gen_median_seconds, r->gen_median_seconds * 1e3,
+               r->gen_reused, o->n_gen - 1);
     }
     printf("tokens:    ");
     for (int i = 0; i < o->n_gen; i++)
@@ -679,6 +691,7 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
     json_member_double(&w, "prompt_tokens_per_s", o->n_prompt / r->prompt_seconds, 10);
     json_member_int(&w, "generated_tokens", o->n_gen);
     json_member_int(&w, "generation_splits", r->gen_splits);
+    json_member_int(&w, "generation_graphs_reused", r->gen_reused);
     json_member_double(&w, "generation_tokens_per_s",
                        o->n_gen > 1 ? 1.0 / r->gen_median_seconds : 0.0, 10);
     json_key(&w, "tokens");
