@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""bench/ggml-peer.py - MUL_MAT in ggml (llama.cpp's build, through the libraries that
+`pip install llama-cpp-python` ships) against bench-matmul, in interleaved pairs on the same
+shapes and thread counts. Benchmark runs only: never CI, never the library.
+
+  ggml-peer.py [--types bf16,f16,q8_0,q4_0] [--shapes 4096x4096x512,...] [--threads 2]
+               [--pairs 5] [--min-time 0.5] [--bench-matmul ./bench/bench-matmul]
+
+A shape is MxKxN (weights M rows of K, N activation columns). Each pair times ggml, then
+bench-matmul (`--no-limits`, same type, shape and threads); the line printed per case gives both
+medians and the median of the per-pair ratios (backplane / ggml). Weights are placed the way
+llama.cpp places them on x86: Q4_0 in ggml's CPU_REPACK buffer type (this ggml repacks Q8_0 only
+on ARM; a Q8_0 tensor put there crashes it, so Q8_0 stays in the plain CPU buffer), compared with
+bench-matmul's repacked types (q4_0_repack, q8_0_repack); ggml's F16/BF16
+products convert the activations to the weights' 16-bit type (its vec_dot_type), ours keep them
+in f32 (docs/decisions.md), so equal speed means more work done here.
+"""
+import argparse
+import ctypes
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+try:
+    import llama_cpp
+except ImportError:
+    sys.exit("ggml-peer.py: llama_cpp is not installed (pip install llama-cpp-python)")
+
+LIB = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+base = ctypes.CDLL(os.path.join(LIB, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+ggml = ctypes.CDLL(os.path.join(LIB, "libggml.so"), mode=ctypes.RTLD_GLOBAL)
+cpu = ctypes.CDLL(os.path.join(LIB, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}
+
+
+class InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p),
+                ("no_alloc", ctypes.c_bool)]
+
+
+P, I64, SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
+
+
+def sig(lib, name, res, *args):
+    f = getattr(lib, name)
+    f.restype = res
+    f.argtypes = list(args)
+    return f
+
+
+ggml_init = sig(base, "ggml_init", P, InitParams)
+ggml_free = sig(base, "ggml_free", None, P)
+new_tensor_2d = sig(base, "ggml_new_tensor_2d", P, P, ctypes.c_int, I64, I64)
+mul_mat = sig(base, "ggml_mul_mat", P, P, P, P)
+new_graph = sig(base, "ggml_new_graph", P, P)
+build_forward = sig(base, "ggml_build_forward_expand", None, P, P)
+tensor_overhead = sig(base, "ggml_tensor_overhead", SZ)
+graph_overhead = sig(base, "ggml_graph_overhead", SZ)
+alloc_tensors = sig(base, "ggml_backend_alloc_ctx_tensors_from_buft", P, P, P)
+buffer_free = sig(base, "ggml_backend_buffer_free", None, P)
+tensor_set = sig(base, "ggml_backend_tensor_set", None, P, P, SZ, SZ)
+graph_compute = sig(base, "ggml_backend_graph_compute", ctypes.c_int, P, P)
+backend_free = sig(base, "ggml_backend_free", None, P)
+buft_name = sig(base, "ggml_backend_buft_name", ctypes.c_char_p, P)
+cpu_buft = sig(base, "ggml_backend_cpu_buffer_type", P)
+dev_backend_reg = sig(base, "ggml_backend_dev_backend_reg", P, P)
+reg_proc = sig(base, "ggml_backend_reg_get_proc_address", P, P, ctypes.c_char_p)
+quantize_chunk = sig(base, "ggml_quantize_chunk", SZ, ctypes.c_int, P, P, I64, I64, I64, P)
+fp32_to_fp16 = sig(base, "ggml_fp32_to_fp16_row", None, P, P, I64)
+fp32_to_bf16 = sig(base, "ggml_fp32_to_bf16_row", None, P, P, I64)
+dev_by_type = sig(ggml, "ggml_backend_dev_by_type", P, ctypes.c_int)
+cpu_init = sig(cpu, "ggml_backend_cpu_init", P)
+cpu_threads = sig(cpu, "ggml_backend_cpu_set_n_threads", None, P, ctypes.c_int)
+
+
+def repack_buft():
+    """ggml's CPU_REPACK buffer type (what llama.cpp puts Q4_0 weights in), or None."""
+    dev = dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    fn = reg_proc(dev_backend_reg(dev), b"ggml_backend_dev_get_extra_bufts")
+    if not fn:
+        return None
+    get = ctypes.CFUNCTYPE(ctypes.POINTER(P), P)(fn)
+    arr = get(dev)
+    i = 0
+    while arr and arr[i]:
+        if buft_name(arr[i]) == b"CPU_REPACK":
+            return arr[i]
+        i += 1
+    return None
+
+
+def weight_bytes(wtype, M, K, rng):
+    x = rng.standard_normal((M, K), dtype=np.float32) * 0.05
+    t = GGML_TYPES[wtype]
+    if wtype == "f32":
+        return x.tobytes()
+    if wtype in ("f16", "bf16"):
+        out = np.empty(M * K, dtype=np.uint16)
+        (fp32_to_fp16 if wtype == "f16" else fp32_to_bf16)(x.ctypes.data, out.ctypes.data, M * K)
+        return out.tobytes()
+    out = np.empty(M * K * 2, dtype=np.uint8)  # more than either block type needs
+    n = quantize_chunk(t, x.ctypes.data, out.ctypes.data, 0, M, K, None)
+    return out[:n].tobytes()
+
+
+def time_ggml(wtype, M, K, N, threads, min_time, use_repack):
+    """Median seconds of one ggml MUL_MAT [K, M] x [K, N] on the CPU backend."""
+    rng = np.random.default_rng(1)
+    meta = InitParams(tensor_overhead() * 8 + graph_overhead(), None, True)
+    wctx, actx = ggml_init(meta), ggml_init(meta)
+    w = new_tensor_2d(wctx, GGML_TYPES[wtype], K, M)
+    b = new_tensor_2d(actx, GGML_TYPES["f32"], K, N)
+    out = mul_mat(actx, w, b)
+    graph = new_graph(actx)
+    build_forward(graph, out)
+    rb = repack_buft() if use_repack else None
+    wbuf = alloc_tensors(wctx, rb or cpu_buft())
+    abuf = alloc_tensors(actx, cpu_buft())
+    data = weight_bytes(wtype, M, K, rng)
+    tensor_set(w, data, 0, len(data))
+    xb = rng.standard_normal((N, K), dtype=np.float32).tobytes()
+    tensor_set(b, xb, 0, len(xb))
+    be = cpu_init()
+    cpu_threads(be, threads)
+    graph_compute(be, graph)  # warm up
+    times, t_end = [], time.perf_counter() + min_time
+    while time.perf_counter() < t_end or len(times) < 3:
+        t0 = time.perf_counter()
+        graph_compute(be, graph)
+        times.append(time.perf_counter() - t0)
+    backend_free(be)
+    buffer_free(abuf)
+    buffer_free(wbuf)
+    ggml_free(actx)
+    ggml_free(wctx)
+    return statistics.median(times), (buft_name(rb).decode() if rb else "CPU")
+
+
+def time_ours(tool, wtype, M, K, N, threads, min_time):
+    """bench-matmul's GFLOP/s for the same case (repacked types for Q8_0/Q4_0)."""
+    t = wtype + "_repack" if wtype in ("q8_0", "q4_0") else wtype
+    out = subprocess.run([tool, "--types", t, "--M", str(M), "--K", str(K), "--N", str(N),
+                          "--threads", str(threads), "--min-time", str(min_time), "--no-limits",
+                          "--no-peer"], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"^mul_mat_%s M=%d,K=%d,N=%d %d ([0-9.]+) GFLOP/s" % (t, M, K, N, threads),
+                  out, re.M)
+    if not m:
+        sys.exit("ggml-peer.py: no figure in bench-matmul's output:\n" + out)
+    return float(m.group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="bf16,f16,q8_0,q4_0")
+    ap.add_argument("--shapes", default="4096x4096x512,4096x4096x32,32000x2048x1")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--min-time", type=float, default=0.5)
+    ap.add_argument("--bench-matmul", default="./bench/bench-matmul")
+    a = ap.parse_args()
+    print("# MUL_MAT, %d threads, %d interleaved pairs; ratio = backplane / ggml (median of "
+          "per-pair ratios); GFLOP/s medians" % (a.threads, a.pairs))
+    for shape in a.shapes.split(","):
+        M, K, N = (int(v) for v in shape.split("x"))
+        for wtype in a.types.split(","):
+            flops = 2.0 * M * K * N
+            g, o, r = [], [], []
+            where = "CPU"
+            for _ in range(a.pairs):
+                sec, where = time_ggml(wtype, M, K, N, a.threads, a.min_time, wtype == "q4_0")
+                g.append(flops / sec * 1e-9)
+                o.append(time_ours(a.bench_matmul, wtype, M, K, N, a.threads, a.min_time))
+                r.append(o[-1] / g[-1])
+            print("%-5s M=%d K=%d N=%d: backplane %.1f, ggml %.1f GFLOP/s (ggml weights in %s); "
+                  "ratio %.2f" % (wtype, M, K, N, statistics.median(o), statistics.median(g),
+                                  where, statistics.median(r)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
