@@ -464,6 +464,25 @@ bp_tensor *bp_mul_mat(bp_context *ctx, bp_tensor *a, bp_tensor *b)
     return t;
 }
 
+bp_tensor *bp_mul_mat_set_precision(bp_tensor *mm, enum bp_mm_precision precision)
+{
+    if (mm == NULL || mm->op != BP_OP_MUL_MAT)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_mul_mat_set_precision: %s is not a "
+                              "MUL_MAT node", mm ? bp__describe(mm).s : "NULL");
+    if (precision != BP_MM_PRECISION_DEFAULT && precision != BP_MM_PRECISION_HALF)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_mul_mat_set_precision: %d is not a "
+                              "precision (BP_MM_PRECISION_DEFAULT or _HALF)", (int)precision);
+    mm->op_params[0] = (int32_t)precision;
+    return mm;
+}
+
+enum bp_mm_precision bp_mul_mat_get_precision(const bp_tensor *mm)
+{
+    return mm != NULL && mm->op == BP_OP_MUL_MAT && mm->op_params[0] == BP_MM_PRECISION_HALF
+               ? BP_MM_PRECISION_HALF
+               : BP_MM_PRECISION_DEFAULT;
+}
+
 /* ---- Attention pieces ------------------------------------------------------------------- */
 
 bp_tensor *bp_soft_max(bp_context *ctx, bp_tensor *a)

@@ -222,6 +222,22 @@ START_TEST(test_mul_mat)
                        "activations");
     ck_assert_rejected(bp_mul_mat(ctx, i32(64, 2, 1), x), BP_ERR_TYPE, "weights");
     ck_assert_rejected(bp_mul_mat(ctx, NULL, x), BP_ERR_INVALID_ARG, "NULL");
+
+    /* Precision: the contract by default, half on request, only for MUL_MAT nodes. */
+    ck_assert_int_eq(bp_mul_mat_get_precision(r), BP_MM_PRECISION_DEFAULT);
+    ck_assert_ptr_eq(bp_mul_mat_set_precision(r, BP_MM_PRECISION_HALF), r);
+    ck_assert_int_eq(bp_mul_mat_get_precision(r), BP_MM_PRECISION_HALF);
+    ck_assert_int_eq(bp_get_op_param_i32(r, 0), BP_MM_PRECISION_HALF);
+    ck_assert_ptr_eq(bp_mul_mat_set_precision(r, BP_MM_PRECISION_DEFAULT), r);
+    ck_assert_int_eq(bp_mul_mat_get_precision(r), BP_MM_PRECISION_DEFAULT);
+    ck_assert_rejected(bp_mul_mat_set_precision(r, (enum bp_mm_precision)7), BP_ERR_INVALID_ARG,
+                       "not a precision");
+    ck_assert_rejected(bp_mul_mat_set_precision(x, BP_MM_PRECISION_HALF), BP_ERR_INVALID_ARG,
+                       "not a MUL_MAT");
+    ck_assert_rejected(bp_mul_mat_set_precision(NULL, BP_MM_PRECISION_HALF), BP_ERR_INVALID_ARG,
+                       "NULL");
+    ck_assert_int_eq(bp_mul_mat_get_precision(x), BP_MM_PRECISION_DEFAULT);
+    ck_assert_int_eq(bp_mul_mat_get_precision(NULL), BP_MM_PRECISION_DEFAULT);
 }
 END_TEST
 

@@ -173,7 +173,8 @@ enum bp_rope_mode {
  *              src[0] a. No parameters.
  *   NORM, RMS_NORM
  *              src[0] a. op_params[0] = eps (f32).
- *   MUL_MAT    src[0] a [K, M, A2, A3] (the weights), src[1] b F32 [K, N, B2, B3]. F32
+ *   MUL_MAT    src[0] a [K, M, A2, A3] (the weights), src[1] b F32 [K, N, B2, B3];
+ *              op_params[0] = precision (enum bp_mm_precision, bp_mul_mat_set_precision). F32
  *              [M, N, B2, B3]: r[m, n, i2, i3] = sum_k a[k, m, i2 / (B2 / A2), i3 / (B3 / A3)] *
  *              b[k, n, i2, i3]. a is broadcast by division, unlike the binary ops' modulo: each
  *              slice of a serves B2 / A2 consecutive slices of b (grouped-query attention: with
@@ -427,6 +428,26 @@ BP_API bp_tensor *bp_clamp(bp_context *ctx, bp_tensor *a, float lo, float hi);
  * r[m, n] = sum_k a[k, m] * b[k, n]; B2 % A2 == 0 and B3 % A3 == 0. a is broadcast by division:
  * slice i2 of b uses slice i2 / (B2 / A2) of a (not i2 % A2 as in the binary ops). */
 BP_API bp_tensor *bp_mul_mat(bp_context *ctx, bp_tensor *a, bp_tensor *b);
+
+/* How a MUL_MAT may round its activations. By default every device keeps the same contract, so
+ * that a model's results do not depend on which device runs it; HALF trades that for speed. */
+enum bp_mm_precision {
+    /* The contract on every device: the activations keep at least 16 significant bits and
+     * products accumulate in f32 (NMSE at most 1e-9 against a double reference for F32, F16
+     * and BF16 weights). */
+    BP_MM_PRECISION_DEFAULT = 0,
+    /* Permission, for BF16 and F16 weights, to round the activations once to the weights'
+     * 16-bit type, as ggml does (NMSE at most 1e-5; about 2e-6 for BF16): the CPU then uses
+     * AVX512_BF16 products for BF16 weights where the processor has them. A device may still
+     * compute more precisely; other weight types ignore it. */
+    BP_MM_PRECISION_HALF = 1,
+};
+
+/* Sets the precision of mm, a MUL_MAT node (op_params[0]); returns mm, or NULL with an error for
+ * another node or an unknown precision. */
+BP_API bp_tensor *bp_mul_mat_set_precision(bp_tensor *mm, enum bp_mm_precision precision);
+/* mm's precision; BP_MM_PRECISION_DEFAULT for anything but a MUL_MAT node. */
+BP_API enum bp_mm_precision bp_mul_mat_get_precision(const bp_tensor *mm);
 
 /* softmax along ne[0] of a*scale + mask. a F32; mask optional (NULL), F32 or F16 with
  * mask.ne[0] == a.ne[0], mask.ne[1] >= a.ne[1], and a.ne[2], a.ne[3] multiples of mask's.
