@@ -9,6 +9,7 @@
 
 #define NMSE_F32 1e-9   /* float kernels against the double reference */
 #define NMSE_QUANT 2e-4 /* MUL_MAT with Q8_0/Q4_0 weights: activations are quantised to Q8_0 */
+#define NMSE_HALF 1e-5  /* MUL_MAT under BP_MM_PRECISION_HALF: activations rounded to 16 bits */
 
 static bp_tensor *leaf(bp_context *ctx, enum bp_type t, int64_t a, int64_t b, int64_t c, int64_t d)
 {
@@ -413,6 +414,24 @@ static bp_tensor *mul_mat_random(bp_context *ctx, int v, bool quant)
 }
 
 static bp_tensor *b_mm_rand_float(bp_context *ctx, int v) { return mul_mat_random(ctx, v, false); }
+
+/* BF16 and F16 weights under BP_MM_PRECISION_HALF: every fixed shape, then the random ones with
+ * K made odd or past one 512-deep block on some variants (the CPU's BF16 kernel packs K in
+ * pairs and blocks of 512). */
+static bp_tensor *b_mm_half(bp_context *ctx, int v)
+{
+    const enum bp_type t = v % 2 ? BP_TYPE_F16 : BP_TYPE_BF16;
+    bp_tensor *r;
+    if (v < 2 * (N_MM_SHAPES + 5)) {
+        r = mul_mat_case(ctx, v / 2, t);
+    } else {
+        static const int64_t K[] = {63, 515, 1031, 96, 777, 1024};
+        const int u = v - 2 * (N_MM_SHAPES + 5);
+        r = bp_mul_mat(ctx, leaf(ctx, BP_TYPE_BF16, K[u % 6], 37 + 11 * u, 1, 1),
+                       f32(ctx, K[u % 6], 16 + 13 * u, 1, 1));
+    }
+    return bp_mul_mat_set_precision(r, BP_MM_PRECISION_HALF);
+}
 static bp_tensor *b_mm_rand_quant(bp_context *ctx, int v) { return mul_mat_random(ctx, v, true); }
 
 const struct conf_case conf_cases[] = {
@@ -443,5 +462,6 @@ const struct conf_case conf_cases[] = {
     {"mul_mat_odd_k", b_mm_odd_k, 15, NMSE_F32},
     {"mul_mat_random_f16_bf16", b_mm_rand_float, 12, NMSE_F32},
     {"mul_mat_random_q8_0_q4_0", b_mm_rand_quant, 12, NMSE_QUANT},
+    {"mul_mat_half", b_mm_half, 2 * (N_MM_SHAPES + 5) + 6, NMSE_HALF},
 };
 const int conf_n_cases = (int)(sizeof(conf_cases) / sizeof(conf_cases[0]));

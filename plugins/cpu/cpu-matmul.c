@@ -7,6 +7,8 @@
  *
  *   AMX           tile kernels (cpu-amx.c), avx512 build, when the CPU and kernel allow and
  *                 the weights have enough columns for their type (bp_cpu_amx_use)
+ *   GEMM_BF16     N >= 16, BF16 weights under BP_MM_PRECISION_HALF, avx512 build on a CPU
+ *                 with AVX512_BF16: activations rounded to BF16, vdpbf16ps (cpu-gemm-bf16.c)
  *   BCAST         16 <= N <= 48, AVX2/AVX-512 builds: B packed, A read in place (cpu-gemm.c)
  *   GEMM          N >= 16 otherwise: the packed, blocked GEMM (cpu-gemm.c)
  *   GEMV_FLOAT    N < 16, F32/F16/BF16 weights: dot-product tiles (cpu-gemv.c)
@@ -30,6 +32,9 @@
 enum mm_strategy {
 #if defined(BP_CPU_HAVE_AMX)
     MM_AMX,
+#endif
+#if defined(BP_CPU_HAVE_AVX512)
+    MM_GEMM_BF16,
 #endif
 #if defined(BP_CPU_HAVE_AVX2)
     MM_BCAST,
@@ -62,6 +67,10 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
         return MM_AMX;
 #endif
     if (N >= BP_CPU_GEMM_MIN_N && !repacked) {
+#if defined(BP_CPU_HAVE_AVX512)
+        if (bp_cpu_gemm_bf16_use(dst))
+            return MM_GEMM_BF16;
+#endif
 #if defined(BP_CPU_HAVE_AVX2)
         if (N <= BCAST_MAX_N)
             return MM_BCAST;
@@ -97,6 +106,11 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
         bp_cpu_amx_work_size(dst, per_thread, shared);
         break;
 #endif
+#if defined(BP_CPU_HAVE_AVX512)
+    case MM_GEMM_BF16:
+        bp_cpu_gemm_bf16_work_size(dst, per_thread, shared);
+        break;
+#endif
 #if defined(BP_CPU_HAVE_AVX2)
     case MM_BCAST:
         bp_cpu_bcast_work_size(dst, per_thread, shared);
@@ -119,6 +133,11 @@ static void run_batch(enum mm_strategy s, bp_tensor *dst, const char *abase, con
 #if defined(BP_CPU_HAVE_AMX)
     case MM_AMX:
         bp_cpu_amx_mul_mat(dst, abase, bbase, cbase, p);
+        break;
+#endif
+#if defined(BP_CPU_HAVE_AVX512)
+    case MM_GEMM_BF16:
+        bp_cpu_gemm_bf16_batch(dst, abase, bbase, cbase, p);
         break;
 #endif
 #if defined(BP_CPU_HAVE_AVX2)

@@ -23,6 +23,15 @@ void bp_cpu_bcast_batch(bp_tensor *dst, const char *abase, const char *bbase, ch
                         const struct bp_cpu_params *p);
 #endif
 
+#if defined(BP_CPU_HAVE_AVX512)
+/* BF16 weights under BP_MM_PRECISION_HALF on a processor with AVX512_BF16 (cpu-gemm-bf16.c):
+ * whether dst qualifies, and the kernel. */
+bool bp_cpu_gemm_bf16_use(const bp_tensor *dst);
+void bp_cpu_gemm_bf16_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared);
+void bp_cpu_gemm_bf16_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                            const struct bp_cpu_params *p);
+#endif
+
 /* ---- Matrix-vector products (cpu-gemv.c) ---------------------------------------------------- */
 
 /* One size for all the batches below. */
