@@ -7,7 +7,8 @@
  *                [--no-limits] [--no-dram]
  *   bench-matmul --device CUDA0 [--M 4096] [--K 4096] [--N 4096] [--min-time 1.0]
  *
- * A type name ending in _repack puts the weights in the CPU's CPU_REPACK buffer type (Q4_0, Q8_0).
+ * A type name ending in _repack puts the weights in the CPU's CPU_REPACK buffer type (Q4_0, Q8_0);
+ * one ending in _half (bf16_half, f16_half) computes under BP_MM_PRECISION_HALF.
  * --no-limits skips the FMA peak, triad and read-bandwidth measurements (quick comparisons
  * only). For N = 1 the benchmark prints the weights' effective bandwidth and, measured right
  * after, the read bandwidth of a working set of the same size (read_bw): the ceiling for that
@@ -101,12 +102,14 @@ typedef enum bp_status (*set_threads_fn)(bp_backend *, int);
 /* y = w x for the first N columns of x, at every thread count: throughput, and for N = 1 the
  * weights' bandwidth with the read-bandwidth limit of a working set of their size. */
 static void bench_product(bp_backend *be, set_threads_fn set_threads, const struct matmul_opts *o,
-                          const char *tn, bp_tensor *w, bp_tensor *x, long N)
+                          const char *tn, bool half, bp_tensor *w, bp_tensor *x, long N)
 {
     const long M = w->ne[1], K = w->ne[0];
     bp_context *ctx = bp_context_new(4);
     bp_tensor *xn = bp_view_2d(ctx, x, K, N, x->nb[1], 0);
     bp_tensor *y = bp_mul_mat(ctx, w, xn);
+    if (half)
+        bp_mul_mat_set_precision(y, BP_MM_PRECISION_HALF);
     bp_buffer *ybuf = bp_alloc_ctx_tensors(ctx, bp_host_buffer_type());
     bp_graph *g = bp_graph_new(4);
     bp_graph_build_forward(g, y);
@@ -147,7 +150,8 @@ static void bench_product(bp_backend *be, set_threads_fn set_threads, const stru
 /* M x K weights of type `type` in wbt and an f32 input of the widest N, filled once, then every
  * N. 0, or 1 after printing why the buffers could not be made. */
 static int bench_shape(bp_backend *be, set_threads_fn set_threads, const struct matmul_opts *o,
-                       const char *tn, enum bp_type type, bp_buffer_type *wbt, long M, long K)
+                       const char *tn, bool half, enum bp_type type, bp_buffer_type *wbt, long M,
+                       long K)
 {
     long maxN = 0;
     for (int ni = 0; ni < o->nN; ni++)
@@ -164,7 +168,7 @@ static int bench_shape(bp_backend *be, set_threads_fn set_threads, const struct 
         bench_fill(w, 1);
         bench_fill(x, 2);
         for (int ni = 0; ni < o->nN; ni++)
-            bench_product(be, set_threads, o, tn, w, x, o->Ns[ni]);
+            bench_product(be, set_threads, o, tn, half, w, x, o->Ns[ni]);
     }
     bp_buffer_free(xbuf);
     bp_buffer_free(wbuf);
@@ -183,7 +187,14 @@ static int bench_types(bp_backend *be, const struct matmul_opts *o, const char *
     for (char *save = NULL, *tn = strtok_r(tbuf, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
         enum bp_type type;
         bool repack;
-        if (!bench_weight_type(tn, &type, &repack)) {
+        /* "_half": the product under BP_MM_PRECISION_HALF (bf16_half, f16_half). */
+        char base[64];
+        snprintf(base, sizeof(base), "%s", tn);
+        const size_t len = strlen(base);
+        const bool half = len > 5 && strcmp(base + len - 5, "_half") == 0;
+        if (half)
+            base[len - 5] = '\0';
+        if (!bench_weight_type(base, &type, &repack)) {
             fprintf(stderr, "bench-matmul: '%s' is not a weight type\n", tn);
             continue;
         }
@@ -194,7 +205,8 @@ static int bench_types(bp_backend *be, const struct matmul_opts *o, const char *
         }
         for (int mi = 0; mi < o->nM; mi++)
             for (int ki = 0; ki < o->nK; ki++)
-                if (bench_shape(be, set_threads, o, tn, type, wbt, o->Ms[mi], o->Ks[ki]) != 0)
+                if (bench_shape(be, set_threads, o, tn, half, type, wbt, o->Ms[mi], o->Ks[ki]) !=
+                    0)
                     return 1;
     }
     return 0;

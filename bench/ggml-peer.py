@@ -4,7 +4,7 @@
 shapes and thread counts. Benchmark runs only: never CI, never the library.
 
   ggml-peer.py [--types bf16,f16,q8_0,q4_0] [--shapes 4096x4096x512,...] [--threads 2]
-               [--pairs 5] [--min-time 0.5] [--bench-matmul ./bench/bench-matmul]
+               [--pairs 5] [--min-time 0.5] [--bench-matmul ./bench/bench-matmul] [--half]
 
 A shape is MxKxN (weights M rows of K, N activation columns). Each pair times ggml, then
 bench-matmul (`--no-limits`, same type, shape and threads); the line printed per case gives both
@@ -13,7 +13,8 @@ llama.cpp places them on x86: Q4_0 in ggml's CPU_REPACK buffer type (this ggml r
 on ARM; a Q8_0 tensor put there crashes it, so Q8_0 stays in the plain CPU buffer), compared with
 bench-matmul's repacked types (q4_0_repack, q8_0_repack); ggml's F16/BF16
 products convert the activations to the weights' 16-bit type (its vec_dot_type), ours keep them
-in f32 (docs/decisions.md), so equal speed means more work done here.
+in f32 (docs/decisions.md), so equal speed means more work done here; --half gives ours the
+same permission (BP_MM_PRECISION_HALF: bench-matmul's bf16_half and f16_half).
 """
 import argparse
 import ctypes
@@ -142,9 +143,12 @@ def time_ggml(wtype, M, K, N, threads, min_time, use_repack):
     return statistics.median(times), (buft_name(rb).decode() if rb else "CPU")
 
 
-def time_ours(tool, wtype, M, K, N, threads, min_time):
-    """bench-matmul's GFLOP/s for the same case (repacked types for Q8_0/Q4_0)."""
+def time_ours(tool, wtype, M, K, N, threads, min_time, half):
+    """bench-matmul's GFLOP/s for the same case (repacked types for Q8_0/Q4_0; with half,
+    BF16/F16 products under BP_MM_PRECISION_HALF, ggml's precision)."""
     t = wtype + "_repack" if wtype in ("q8_0", "q4_0") else wtype
+    if half and wtype in ("bf16", "f16"):
+        t += "_half"
     out = subprocess.run([tool, "--types", t, "--M", str(M), "--K", str(K), "--N", str(N),
                           "--threads", str(threads), "--min-time", str(min_time), "--no-limits",
                           "--no-peer"], check=True, capture_output=True, text=True).stdout
@@ -163,9 +167,12 @@ def main():
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.5)
     ap.add_argument("--bench-matmul", default="./bench/bench-matmul")
+    ap.add_argument("--half", action="store_true",
+                    help="our BF16/F16 products under BP_MM_PRECISION_HALF (ggml's rounding)")
     a = ap.parse_args()
     print("# MUL_MAT, %d threads, %d interleaved pairs; ratio = backplane / ggml (median of "
-          "per-pair ratios); GFLOP/s medians" % (a.threads, a.pairs))
+          "per-pair ratios); GFLOP/s medians%s" % (a.threads, a.pairs,
+                                                  "; ours at half precision" if a.half else ""))
     for shape in a.shapes.split(","):
         M, K, N = (int(v) for v in shape.split("x"))
         for wtype in a.types.split(","):
@@ -175,7 +182,8 @@ def main():
             for _ in range(a.pairs):
                 sec, where = time_ggml(wtype, M, K, N, a.threads, a.min_time, wtype == "q4_0")
                 g.append(flops / sec * 1e-9)
-                o.append(time_ours(a.bench_matmul, wtype, M, K, N, a.threads, a.min_time))
+                o.append(time_ours(a.bench_matmul, wtype, M, K, N, a.threads, a.min_time,
+                                   a.half))
                 r.append(o[-1] / g[-1])
             print("%-5s M=%d K=%d N=%d: backplane %.1f, ggml %.1f GFLOP/s (ggml weights in %s); "
                   "ratio %.2f" % (wtype, M, K, N, statistics.median(o), statistics.median(g),
