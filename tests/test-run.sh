@@ -118,6 +118,8 @@ check "--kv-type q8_0 keeps the cache in q8_0 and agrees with the CPU" sh -c "'$
 check "--kv-type q8_0 on Meta(CPU0,CPU1) agrees with the CPU" env BP_CPU_DEVICES=2 sh -c "'$tool' run --model tiny -n 6 -d 'Meta(CPU0,CPU1)' --kv-type q8_0 --check | grep -q 'check: .*pass'"
 check "--kv-type q8_0 without fused attention is refused" usage "needs --flash-attn on or auto" "$tool" run --kv-type q8_0 --flash-attn off
 check "--kv-type takes f16 or q8_0" usage "takes f16 or q8_0, not 'q4_0'" "$tool" run --kv-type q4_0
+check "--precision takes full or half" usage "takes full or half, not 'quarter'" "$tool" run --precision quarter
+check "--precision half: bf16 on the accelerator (full precision) agrees within 2e-3, reported" sh -c "'$tool' run --model tiny -n 6 --wtype bf16 -d ACCEL0,CPU --precision half --check --json | grep -q '\"matmul_precision\": \"half\"' && '$tool' run --model tiny -n 6 --wtype bf16 -d ACCEL0,CPU --precision half --check | grep -q 'NMSE [0-9.e-]* (bound 2e-03): pass'"
 # GGUF files: --save-gguf writes the seeded models as llama files (q and k rows reordered for
 # llama's rope), and --gguf serves them with the same tokens and logits
 for w in f32 q8_0; do

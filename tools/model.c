@@ -389,6 +389,11 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
     bp_set_output(st->logits);
     if (bp_graph_build_forward(st->graph, st->logits) != BP_OK)
         goto fail;
+    for (int i = 0; m->half_precision && i < bp_graph_get_n_nodes(st->graph); i++) {
+        bp_tensor *n = bp_graph_get_node(st->graph, i);
+        if (n->op == BP_OP_MUL_MAT)
+            bp_mul_mat_set_precision(n, BP_MM_PRECISION_HALF);
+    }
     return BP_OK;
 fail:;
     enum bp_status s = bp_last_status() != BP_OK ? bp_last_status() : BP_ERR_OUT_OF_MEMORY;

@@ -49,6 +49,7 @@ struct model {
     bp_tensor *tok_embd, *out_norm, *output;
     struct model_layer *layers;
     bool weights_in_place; /* a file's weights used in its mapping (model_init_gguf) */
+    bool half_precision; /* every MUL_MAT under BP_MM_PRECISION_HALF; set before building */
     bool flash_attn; /* attention as one FLASH_ATTN_EXT (no mask input) rather than MUL_MAT,
                       * SOFT_MAX, MUL_MAT; set before building steps */
 };

@@ -54,6 +54,7 @@ struct run_opts {
     uint64_t seed;
     bool check, json;
     bool no_repack; /* keep Q4_0/Q8_0 weights on a CPU device in its default buffer type */
+    bool half;      /* --precision half: products may round activations to 16 bits */
     const char *dot; /* --dot FILE, opened by cmd_run as dot_file before anything runs */
     FILE *dot_file;
 };
@@ -432,6 +433,7 @@ static bool load_model(struct run *run)
     if (run->show)
         fprintf(stderr, "\r%*s\r", 60, "");
     run->m.flash_attn = r->flash_attn;
+    run->m.half_precision = o->half;
     record_model_buffers(run);
     return true;
 }
@@ -619,6 +621,8 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
     printf("attention:  %s, %s KV cache\n",
            r->flash_attn ? "fused (FLASH_ATTN_EXT)" : "MUL_MAT, SOFT_MAX, MUL_MAT",
            bp_type_name(o->cfg->kv_type));
+    if (o->half)
+        printf("products:   half precision (activations may be rounded to 16 bits)\n");
     printf("prompt:     %d tokens in one graph, %d split%s, %.1f tokens/s (%.1f ms)\n", o->n_prompt,
            r->prompt_splits, r->prompt_splits == 1 ? "" : "s",
            o->n_prompt / r->prompt_seconds, r->prompt_seconds * 1e3);
@@ -672,6 +676,7 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
     json_member_string(&w, "embedding_on", or_unknown(r->names[r->embd_on]));
     json_member_string(&w, "kv_cache_on", or_unknown(r->names[r->kv_on]));
     json_member_bool(&w, "flash_attn", r->flash_attn);
+    json_member_string(&w, "matmul_precision", o->half ? "half" : "full");
     json_member_string(&w, "kv_type", bp_type_name(o->cfg->kv_type));
     json_key(&w, "devices");
     json_begin_array(&w);
@@ -720,7 +725,7 @@ static void run_usage(FILE *f)
     fprintf(f, "usage: backplane run [--model tiny|small|base] [--wtype f32|f16|bf16|q8_0|q4_0]\n"
                "                     [--gguf FILE] [--tokens ID,ID,...] [--ctx N]\n"
                "                     [--flash-attn on|off|auto] [--kv-type f16|q8_0]\n"
-               "                     [--logits FILE]\n"
+               "                     [--logits FILE] [--precision full|half]\n"
                "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
                "                     [--seed N] [--check] [--json] [--dot FILE] [--no-repack]\n"
                "       backplane run --model M [--wtype T] [--seed N] --save-gguf FILE\n"
@@ -746,7 +751,10 @@ static void run_usage(FILE *f)
                "  --check     also run on the CPU alone; compare the logits (NMSE within the weight\n"
                "              type's bound, else exit status 1) and the generated tokens\n"
                "  --no-repack Q4_0/Q8_0 weights on a CPU device stay in host memory as they are\n"
-               "              (default: the CPU's CPU_REPACK buffer type, row-interleaved)\n");
+               "              (default: the CPU's CPU_REPACK buffer type, row-interleaved)\n"
+               "  --precision half lets the products of BF16/F16 weights round the activations\n"
+               "              to 16 bits, as ggml does (BP_MM_PRECISION_HALF); full (default)\n"
+               "              keeps at least 16 significant bits on every device\n");
 }
 
 static const char run_cmd[] = "backplane run";
@@ -793,6 +801,12 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
                 return 2;
             }
             o->kv_type = v;
+        } else if (strcmp(a, "--precision") == 0 && v) {
+            if (strcmp(v, "full") != 0 && strcmp(v, "half") != 0) {
+                fprintf(stderr, "%s: --precision takes full or half, not '%s'\n", run_cmd, v);
+                return 2;
+            }
+            o->half = strcmp(v, "half") == 0;
         } else if (strcmp(a, "--logits") == 0 && v) {
             o->logits_path = v;
         } else if (strcmp(a, "--ctx") == 0 && v) {
@@ -968,9 +982,11 @@ static int run_main(struct run_opts *o, struct run_result *r)
  * activations to Q8_0 and other devices need not. The bounds leave a factor of ten or more for
  * other devices' order of summation and are far below what a wrong result gives (NMSE near 1);
  * the precision of each op is the conformance suite's to check, against tighter bounds. */
-static double check_bound(enum bp_type wtype)
+static double check_bound(const struct run_opts *o)
 {
-    return wtype == BP_TYPE_Q8_0 || wtype == BP_TYPE_Q4_0 ? 2e-3 : 1e-6;
+    /* Half precision rounds every product's activations to 16 bits on the devices that take
+     * the permission (the CPU with AVX512_BF16) and not on others. */
+    return o->wtype == BP_TYPE_Q8_0 || o->wtype == BP_TYPE_Q4_0 || o->half ? 2e-3 : 1e-6;
 }
 
 /* Logits are comparable while both runs have seen the same tokens: steps are compared up to
@@ -980,7 +996,7 @@ static double check_bound(enum bp_type wtype)
 static struct run_check compare_runs(const struct run_opts *o, const struct run_result *r,
                                      const struct run_result *ref)
 {
-    struct run_check c = {.agree = true, .first_diff = -1, .bound = check_bound(o->wtype)};
+    struct run_check c = {.agree = true, .first_diff = -1, .bound = check_bound(o)};
     double err = 0.0, norm = 0.0;
     for (int i = 0; i < o->n_gen; i++) {
         const float *a = r->logits + (size_t)i * o->cfg->n_vocab;
