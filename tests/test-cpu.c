@@ -714,9 +714,57 @@ START_TEST(test_repack_buffer)
 }
 END_TEST
 
+/* Every F16 bit pattern converted to f32 by the CPU (a CPY node), in each variant's own way
+ * (F16C, or integer SSE2 operations in the baseline), equals the runtime's scalar conversion:
+ * bit for bit, NaNs as NaNs. */
+START_TEST(test_every_half_converts_exactly)
+{
+    static const char *const disable[] = {"", "avx512f", "avx512f,avx2"};
+    use_cpu_plugin();
+    if (disable[_i][0])
+        setenv("BP_CPU_DISABLE", disable[_i], 1);
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    ck_assert_ptr_nonnull(be);
+    bp_context *ctx = bp_context_new(4);
+    bp_tensor *h = bp_new_tensor_1d(ctx, BP_TYPE_F16, 65536);
+    bp_tensor *f = bp_cpy(ctx, h, bp_new_tensor_1d(ctx, BP_TYPE_F32, 65536));
+    ck_assert_ptr_nonnull(f);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+    ck_assert_ptr_nonnull(buf);
+    uint16_t *bits = malloc(65536 * sizeof(uint16_t));
+    float *got = malloc(65536 * sizeof(float));
+    for (int i = 0; i < 65536; i++)
+        bits[i] = (uint16_t)i;
+    ck_assert_int_eq(bp_tensor_set(h, bits, 0, 65536 * sizeof(uint16_t)), BP_OK);
+    bp_graph *g = bp_graph_new(4);
+    bp_graph_build_forward(g, f);
+    ck_assert_int_eq(bp_backend_graph_compute(be, g), BP_OK);
+    ck_assert_int_eq(bp_tensor_get(f, got, 0, 65536 * sizeof(float)), BP_OK);
+    int wrong = 0, first = -1;
+    for (int i = 0; i < 65536; i++) {
+        const float want = bp_fp16_to_fp32((uint16_t)i);
+        const bool ok = isnan(want) ? isnan(got[i]) : memcmp(&want, &got[i], 4) == 0;
+        if (!ok && first < 0)
+            first = i;
+        wrong += !ok;
+    }
+    ck_assert_msg(wrong == 0, "%s: %d halves convert wrongly, the first 0x%04x",
+                  bp_device_get_description(bp_backend_get_device(be)), wrong, (unsigned)first);
+    bp_graph_free(g);
+    free(bits);
+    free(got);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+    bp_backend_free(be);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cpu");
+    TCase *halves = tcase_create("test_every_half_converts_exactly");
+    tcase_add_loop_test(halves, test_every_half_converts_exactly, 0, 3);
+    suite_add_tcase(s, halves);
     BP_TCASE(s, test_best_variant_loads, 30);
     BP_TCASE(s, test_variant_masked_by_cpu_disable, 30);
     BP_TCASE(s, test_device, 30);

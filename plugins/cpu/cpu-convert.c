@@ -17,6 +17,9 @@ static void f16_row(const uint16_t *x, float *y, int64_t n)
 #elif defined(BP_CPU_HAVE_F16C)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+#elif defined(BP_CPU_HAVE_SSE2)
+    for (; i + 4 <= n; i += 4)
+        _mm_storeu_ps(y + i, bp_cpu_half4_sse2(x + i));
 #endif
     for (; i < n; i++)
         y[i] = bp_fp16_to_fp32(x[i]);

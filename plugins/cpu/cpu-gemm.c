@@ -7,8 +7,9 @@
  * weight type reaches the same micro-kernel), and the micro-kernel keeps an MR x NR tile of C in
  * registers: per k, MR/16 vector loads of A and NR broadcasts of B feed MR/16 * NR fused
  * multiply-adds. Panels are contiguous, so the loads stream from L1/L2. The micro-kernel comes
- * in three widths (AVX-512 32 x 12, AVX2 16 x 6, portable C 8 x 4), kept side by side because
- * they are one algorithm; the AVX-512 build also packs A with register transposes.
+ * in four widths (AVX-512 32 x 12, AVX2 16 x 6, SSE2 8 x 6, portable C 8 x 4), kept side by
+ * side because they are one algorithm; the AVX-512 build also packs A with register
+ * transposes.
  *
  * Broadcast (medium N, AVX2 and AVX-512 builds): B is small, so it is packed (transposed) and
  * A is read in place; see the comment above bcast_kernel. One body serves both vector widths
@@ -25,6 +26,9 @@
 #define NR 12
 #elif defined(BP_CPU_HAVE_AVX2)
 #define MR 16
+#define NR 6
+#elif defined(BP_CPU_HAVE_SSE2)
+#define MR 8
 #define NR 6
 #else
 #define MR 8
@@ -82,6 +86,28 @@ static void micro_kernel(int64_t kc, const float *restrict ap, const float *rest
         _mm256_storeu_ps(c + j * ldc, acc0[j]);
         _mm256_storeu_ps(c + j * ldc + 8, acc1[j]);
     }
+#elif defined(BP_CPU_HAVE_SSE2)
+    /* 8 x 6: twelve accumulators, two A vectors and a broadcast in the sixteen registers. */
+    __m128 acc0[NR], acc1[NR];
+#pragma GCC unroll 6
+    for (int j = 0; j < NR; j++) {
+        acc0[j] = accumulate ? _mm_loadu_ps(c + j * ldc) : _mm_setzero_ps();
+        acc1[j] = accumulate ? _mm_loadu_ps(c + j * ldc + 4) : _mm_setzero_ps();
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const __m128 a0 = _mm_load_ps(ap + k * MR), a1 = _mm_load_ps(ap + k * MR + 4);
+#pragma GCC unroll 6
+        for (int j = 0; j < NR; j++) {
+            const __m128 b = _mm_set1_ps(bp[k * NR + j]);
+            acc0[j] = _mm_add_ps(acc0[j], _mm_mul_ps(a0, b));
+            acc1[j] = _mm_add_ps(acc1[j], _mm_mul_ps(a1, b));
+        }
+    }
+#pragma GCC unroll 6
+    for (int j = 0; j < NR; j++) {
+        _mm_storeu_ps(c + j * ldc, acc0[j]);
+        _mm_storeu_ps(c + j * ldc + 4, acc1[j]);
+    }
 #else
     float acc[NR][MR];
     for (int j = 0; j < NR; j++)
@@ -107,13 +133,23 @@ static void pack_a(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc
 {
     const size_t row_bytes_per_block = bp_type_size(a->type);
     const int64_t blck = bp_type_block_size(a->type);
+    /* Repacked Q8_0/Q4_0 rows (builds without a kernel for that layout) come back block by
+     * block into plain rows first; K blocks and k0 are whole quant blocks for these types. */
+    const bool repacked = bp_cpu_repacked_base(a) != NULL;
+    char plain[KC / 32 * sizeof(struct bp_block_q8_0)];
     for (int64_t p = 0; p < mc; p += MR) {
         float *panel = out + p * kc;
         const int64_t rows = mc - p < MR ? mc - p : MR;
         for (int64_t i = 0; i < rows; i++) {
             const char *row = abase + (m0 + p + i) * (int64_t)a->nb[1];
             const float *src;
-            if (a->type == BP_TYPE_F32) {
+            if (repacked) {
+                for (int64_t kb = 0; kb < kc / 32; kb++)
+                    bp_cpu_repack_get_block(a, m0 + p + i, k0 / 32 + kb,
+                                            plain + kb * (int64_t)row_bytes_per_block);
+                bp_cpu_to_float(a->type, plain, tmp, kc);
+                src = tmp;
+            } else if (a->type == BP_TYPE_F32) {
                 src = (const float *)row + k0;
             } else {
                 bp_cpu_to_float(a->type, row + k0 / blck * (int64_t)row_bytes_per_block, tmp, kc);

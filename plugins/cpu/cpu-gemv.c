@@ -35,7 +35,7 @@ BP_CPU_INLINE float hsum512(__m512 v)
 #define PF_ROW_MAX 3072
 #endif
 
-/* Loads 16 (AVX-512) or 8 (AVX2) elements of an A row of type T as f32. */
+/* Loads 16 (AVX-512), 8 (AVX2) or 4 (SSE2) elements of an A row of type T as f32. */
 #if defined(BP_CPU_HAVE_AVX512)
 #define VW 16
 typedef __m512 vf;
@@ -58,6 +58,25 @@ typedef __m256 vf;
 #define LOAD_BF16(p, k)                                                                        \
     _mm256_castsi256_ps(_mm256_slli_epi32(                                                     \
         _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)(p) + (k)))), 16))
+#elif defined(BP_CPU_HAVE_SSE2)
+/* The baseline: 128-bit SSE2, multiply then add (no FMA), F16 through bp_cpu_half4_sse2. */
+BP_CPU_INLINE float sse2_hsum(__m128 v)
+{
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    v = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
+    return _mm_cvtss_f32(v);
+}
+
+#define VW 4
+typedef __m128 vf;
+#define VZERO() _mm_setzero_ps()
+#define VFMA(a, b, c) _mm_add_ps(_mm_mul_ps(a, b), c)
+#define VHSUM(v) sse2_hsum(v)
+#define LOAD_F32(p, k) _mm_loadu_ps((const float *)(p) + (k))
+#define LOAD_F16(p, k) bp_cpu_half4_sse2((const uint16_t *)(p) + (k))
+#define LOAD_BF16(p, k)                                                                        \
+    _mm_castsi128_ps(_mm_unpacklo_epi16(                                                       \
+        _mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)((const uint16_t *)(p) + (k)))))
 #endif
 
 static float scalar_a(enum bp_type t, const void *p, int64_t k)

@@ -6,6 +6,7 @@
  * for, and nothing else in plugins/cpu/ tests the compiler's macros directly. The levels are
  * cumulative, so code for a level may use everything below it:
  *
+ *   BP_CPU_HAVE_SSE2         128-bit SSE2, part of x86-64 itself: the x86_64 (baseline) variant
  *   BP_CPU_HAVE_F16C         half <-> float conversions (F16C, with AVX's 256-bit registers)
  *   BP_CPU_HAVE_AVX2         AVX2 + FMA + F16C: the avx2 variant
  *   BP_CPU_HAVE_AVX512       AVX-512 F/BW/VL/DQ on top of AVX2
@@ -18,7 +19,11 @@
 #ifndef BP_CPU_ISA_H
 #define BP_CPU_ISA_H
 
-#if defined(__F16C__) && defined(__AVX__)
+#if defined(__SSE2__)
+#define BP_CPU_HAVE_SSE2 1
+#endif
+
+#if defined(BP_CPU_HAVE_SSE2) && defined(__F16C__) && defined(__AVX__)
 #define BP_CPU_HAVE_F16C 1
 #endif
 
@@ -49,6 +54,8 @@
 
 #if defined(BP_CPU_HAVE_F16C)
 #include <immintrin.h>
+#elif defined(BP_CPU_HAVE_SSE2)
+#include <emmintrin.h>
 #endif
 
 #endif

@@ -14,7 +14,8 @@
  *   GEMV_FLOAT    N < 16, F32/F16/BF16 weights: dot-product tiles (cpu-gemv.c)
  *   GEMV_QUANT    N < 16, Q8_0/Q4_0 weights: integer dot products against B quantised to Q8_0
  *   GEMV_REPACK   weights in the CPU_REPACK layout (cpu-repack.c), any N without AMX: that
- *                 file's kernel, or (GEMV_UNPACK, baseline build) eight rows unpacked at a time
+ *                 file's kernel, or (GEMV_UNPACK, baseline build, N < 16; the GEMM above for
+ *                 more columns, unpacking while it packs A) eight rows unpacked at a time
  *
  * Every thread calls bp_cpu_mul_mat for every node and must take the same strategy, since the
  * kernels meet at barriers; pick_strategy depends on the node alone. */
@@ -55,8 +56,8 @@ static bool quantized(enum bp_type t)
 }
 
 /* The strategy for node dst: the same answer for every thread, every batch and the work size.
- * Repacked weights take neither the GEMM nor the broadcast kernel: they have their own, or
- * AMX. */
+ * Repacked weights take neither the GEMM nor the broadcast kernel where the build has a kernel
+ * for their layout (or AMX); without one (the baseline), N >= 16 takes the GEMM. */
 static enum mm_strategy pick_strategy(const bp_tensor *dst)
 {
     const bp_tensor *a = dst->src[0];
@@ -66,7 +67,12 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
     if (bp_cpu_amx_use(dst))
         return MM_AMX;
 #endif
-    if (N >= BP_CPU_GEMM_MIN_N && !repacked) {
+#if defined(BP_CPU_REPACK_KERNEL)
+    const bool gemm_reads_a = !repacked;
+#else
+    const bool gemm_reads_a = true; /* the GEMM unpacks repacked rows while packing A */
+#endif
+    if (N >= BP_CPU_GEMM_MIN_N && gemm_reads_a) {
 #if defined(BP_CPU_HAVE_AVX512)
         if (bp_cpu_gemm_bf16_use(dst))
             return MM_GEMM_BF16;
