@@ -1043,7 +1043,8 @@ static enum bp_status set_split_graphs(bp_sched *s, bp_graph *g)
         if (len > keep_cap) {
             bp_tensor **k = realloc(keep, (size_t)len * sizeof(*k));
             if (k == NULL) {
-                st = BP_ERR_OUT_OF_MEMORY;
+                st = bp__error(BP_ERR_OUT_OF_MEMORY, "scheduler: out of memory for the node "
+                               "list of a split of %d nodes", len);
                 break;
             }
             keep = k;
@@ -1266,31 +1267,54 @@ static enum bp_status compute_observed(bp_sched *s, struct split *sp, bool *stop
     return BP_OK;
 }
 
-/* What identifies a computed graph as unchanged: its nodes and leafs, in order, with their ops,
- * types and memory. A graph rebuilt from new tensors differs (other pointers, or memory not
- * allocated yet); shapes and sources are left out, since the API has no way to change them on
- * an existing tensor. Each value is multiplied apart from the running hash, so the chain from one
- * to the next is an xor and a rotate (a few ns per node). */
+/* What identifies a computed graph as unchanged: its nodes and leafs, in order, with everything
+ * of each that decides placement and memory: op, type, shape and strides, op parameters,
+ * flags (an output marked since), sources, view and memory. A graph rebuilt from new tensors
+ * differs in pointers or in unallocated memory, one rebuilt at the same addresses in its
+ * shapes, sources or memory. Four independent lanes of a multiply-xorshift mix keep it to a
+ * few ns per node. Called with the sources as the user set them (not swapped for copies). */
+static uint64_t rotl64(uint64_t x, int r)
+{
+    return x << r | x >> (64 - r);
+}
+
 static uint64_t fingerprint(const bp_graph *g)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-#define MIX(v) (h = ((h ^ ((uint64_t)(v) * 0x9e3779b97f4a7c15ull)) << 7) | (h >> 57))
+    uint64_t h[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull,
+                     0x082efa98ec4e6c89ull};
+    /* Each lane takes one value per tensor, folded from several fields with distinct rotations
+     * (cheap, independent operations); only the mix itself is a chain. */
+#define MIX(l, v)                                                                              \
+    do {                                                                                       \
+        h[l] = (h[l] ^ (v)) * 0x9e3779b97f4a7c15ull;                                           \
+        h[l] ^= h[l] >> 29;                                                                    \
+    } while (0)
     const int n = bp_graph_get_n_nodes(g), nl = bp_graph_get_n_leafs(g);
     bp_tensor *const *nodes = bp__graph_nodes(g), *const *leafs = bp__graph_leafs(g);
-    MIX(n);
-    MIX(nl);
-    for (int i = 0; i < n; i++) {
-        const bp_tensor *t = nodes[i];
-        MIX((uintptr_t)t);
-        MIX((uintptr_t)t->data);
-        MIX((uint64_t)t->op << 32 | (uint64_t)t->type);
-    }
-    for (int i = 0; i < nl; i++) {
-        MIX((uintptr_t)leafs[i]);
-        MIX((uintptr_t)leafs[i]->data);
+    MIX(0, (uint64_t)n);
+    MIX(1, (uint64_t)nl);
+    enum { N_PARAMS = sizeof(((bp_tensor *)0)->op_params) / sizeof(int32_t) }; /* even */
+    for (int i = 0; i < n + nl; i++) {
+        const bp_tensor *t = i < n ? nodes[i] : leafs[i - n];
+        const uint64_t where = (uintptr_t)t ^ rotl64((uintptr_t)t->data, 17) ^
+                               rotl64((uintptr_t)t->view_src, 31) ^ rotl64(t->view_offs, 47);
+        uint64_t what = (uint64_t)t->op << 40 ^ (uint64_t)t->type << 20 ^ t->flags;
+        uint64_t params[N_PARAMS / 2];
+        memcpy(params, t->op_params, sizeof(params));
+        for (int k = 0; k < N_PARAMS / 2; k++)
+            what ^= rotl64(params[k], 3 + 8 * k);
+        uint64_t srcs = 0, shape = 0;
+        for (int k = 0; k < BP_MAX_SRC; k++)
+            srcs ^= rotl64((uintptr_t)t->src[k], 1 + 13 * k);
+        for (int d = 0; d < BP_MAX_DIMS; d++)
+            shape ^= rotl64((uint64_t)t->ne[d], 1 + 7 * d) ^ rotl64(t->nb[d], 33 + 7 * d);
+        MIX(0, where);
+        MIX(1, what);
+        MIX(2, srcs);
+        MIX(3, shape);
     }
 #undef MIX
-    return h;
+    return h[0] ^ rotl64(h[1], 16) ^ rotl64(h[2], 32) ^ rotl64(h[3], 48);
 }
 
 /* Makes the kept graph's source swaps again; false (nothing swapped) when a swapped source is
@@ -1307,9 +1331,9 @@ static bool reswap(bp_sched *s)
     return true;
 }
 
-/* Remembers g (fingerprint print), being computed with its sources swapped, for computing
- * again unchanged. */
-static void keep_graph(bp_sched *s, const bp_graph *g, uint64_t print)
+/* Remembers g, being computed with its sources swapped, for computing again unchanged; print is
+ * its fingerprint when have_print, else it is taken here. */
+static void keep_graph(bp_sched *s, const bp_graph *g, bool have_print, uint64_t print)
 {
     s->kept = NULL;
     if (s->parallel) /* the input copies alternate between copy sets */
@@ -1324,6 +1348,12 @@ static void keep_graph(bp_sched *s, const bp_graph *g, uint64_t print)
         s->kept_subst[i] = (struct kept_subst){x->node, x->orig, x->node->src[x->slot], x->slot};
     }
     s->n_kept_subst = s->n_subst;
+    if (!have_print) { /* with the user's sources: undo the swaps, hash, make them again */
+        restore_sources(s);
+        print = fingerprint(g);
+        if (!reswap(s)) /* cannot fail: the swap list already had room for them all */
+            return;
+    }
     s->kept_print = print;
     s->kept = g;
 }
@@ -1338,7 +1368,7 @@ static enum bp_status graph_compute_async(bp_sched *s, bp_graph *g)
             st = alloc_graph(s, g);
         if (st != BP_OK)
             return st;
-        keep_graph(s, g, fingerprint(g));
+        keep_graph(s, g, false, 0);
     }
     s->allocated = NULL;
     bool stop = false;
@@ -1388,6 +1418,8 @@ enum bp_status bp_sched_synchronize(bp_sched *s)
     if (!sched_enter(s, __func__))
         return BP_ERR_BUSY;
     enum bp_status st = synchronize(s);
+    if (st != BP_OK)
+        s->kept = NULL;
     sched_leave(s);
     return st;
 }
@@ -1396,6 +1428,8 @@ static enum bp_status graph_compute(bp_sched *s, bp_graph *g)
 {
     enum bp_status st = graph_compute_async(s, g);
     enum bp_status sy = synchronize(s);
+    if (sy != BP_OK) /* a failure reported only now: split again next time */
+        s->kept = NULL;
     return st != BP_OK ? st : sy;
 }
 

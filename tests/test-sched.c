@@ -546,6 +546,37 @@ START_TEST(test_recompute_unchanged_graph)
         ck_assert_int_eq(bp_tensor_get(tg.logits, got, 0, sizeof(got)), BP_OK);
         assert_close(got, ref[round % 3], N_LOGITS(tiny));
     }
+
+    /* Marking an intermediate node as an output changes the graph: its memory must no longer be
+     * handed on to later nodes. Allocated again (inputs are set after that), the node holds its
+     * value afterwards: the same node of a fresh graph on the CPU alone. */
+    const int mid = bp_graph_get_n_nodes(g) / 2;
+    bp_tensor *t = bp_graph_get_node(g, mid);
+    bp_set_output(t);
+    ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+    set_inputs(&tg, &tiny, 7);
+    ck_assert_msg(bp_sched_graph_compute(s, g) == BP_OK, "%s", bp_last_error());
+    const size_t tb = bp_nbytes(t);
+    float *tv = malloc(tb), *tr = malloc(tb);
+    ck_assert_int_eq(bp_tensor_get(t, tv, 0, tb), BP_OK);
+    bp_context *ctx2;
+    struct tf_graph tg2;
+    bp_graph *g2 = build_graph(&m, &tiny, &ctx2, &tg2);
+    bp_tensor *t2 = bp_graph_get_node(g2, mid);
+    ck_assert_int_eq(t2->op, t->op);
+    bp_set_output(t2);
+    bp_sched *s2 = bp_sched_new(alone, NULL, 1, 4096, false);
+    ck_assert_int_eq(bp_sched_alloc_graph(s2, g2), BP_OK);
+    set_inputs(&tg2, &tiny, 7);
+    ck_assert_int_eq(bp_sched_graph_compute(s2, g2), BP_OK);
+    ck_assert_int_eq(bp_tensor_get(t2, tr, 0, tb), BP_OK);
+    assert_close(tv, tr, (int64_t)(tb / sizeof(float)));
+    free(tv);
+    free(tr);
+    bp_sched_free(s2);
+    bp_graph_free(g2);
+    bp_context_free(ctx2);
+
     bp_sched_free(s);
     bp_graph_free(g);
     bp_context_free(ctx);

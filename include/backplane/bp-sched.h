@@ -40,9 +40,11 @@ BP_API enum bp_status bp_sched_reserve(bp_sched *sched, bp_graph *measure_graph)
 /* Assigns, splits and allocates graph (bp_sched_graph_compute does this itself when needed). */
 BP_API enum bp_status bp_sched_alloc_graph(bp_sched *sched, bp_graph *graph);
 /* Computes graph and waits for it. The graph computed last stays split and allocated: computing
- * it again unchanged (the same nodes and leafs in the same memory; only the data of inputs may
- * differ) reuses that split and allocation instead of making them again, until
- * bp_sched_alloc_graph, bp_sched_reserve, bp_sched_reset or a pin. A pipelined (parallel)
+ * it again unchanged (the same nodes and leafs, with the same sources, shapes, parameters, flags
+ * and memory; only the data of inputs may differ) reuses that split and allocation instead of
+ * making them again, until bp_sched_alloc_graph, bp_sched_reserve, bp_sched_reset or a pin. A
+ * graph that changed is split and allocated again here, which may move its inputs: after
+ * changing a graph, call bp_sched_alloc_graph and then set the inputs. A pipelined (parallel)
  * scheduler splits every time. */
 BP_API enum bp_status bp_sched_graph_compute(bp_sched *sched, bp_graph *graph);
 /* Queues graph; call bp_sched_synchronize before reading results. */
