@@ -191,14 +191,14 @@ static void dot_rows_float(const bp_tensor *a, const char *abase, const bp_tenso
     const int64_t row_bytes = (int64_t)a->nb[1];
     const bool stream = N == 1 && row_bytes <= PF_ROW_MAX &&
                         row_bytes == K * (int64_t)bp_type_size(a->type);
-    const char *run_end = abase + m1 * row_bytes;
+    const int64_t run_end = m1 * row_bytes; /* byte offsets from abase: no pointer past it */
     for (int64_t m = m0; m < m1; m += RD) {
         const int64_t rows = m1 - m < RD ? m1 - m : RD;
         if (stream) {
-            const char *p0 = abase + (m + PF_TILES * RD) * row_bytes;
-            const char *p1 = p0 + RD * row_bytes < run_end ? p0 + RD * row_bytes : run_end;
-            for (const char *pf = p0; pf < p1; pf += 64)
-                __builtin_prefetch(pf, 0, PF_LOCALITY);
+            const int64_t o0 = (m + PF_TILES * RD) * row_bytes;
+            const int64_t o1 = o0 + RD * row_bytes < run_end ? o0 + RD * row_bytes : run_end;
+            for (int64_t o = o0; o < o1; o += 64)
+                __builtin_prefetch(abase + o, 0, PF_LOCALITY);
         }
         const void *ar[RD];
         for (int64_t r = 0; r < RD; r++)

@@ -114,8 +114,11 @@ BP_CPU_INLINE float bp_cpu_half_to_float(uint16_t h)
 }
 
 #if defined(BP_CPU_HAVE_SSE2) && !defined(BP_CPU_HAVE_F16C)
-/* Four halves at p as floats with SSE2 alone (the baseline variant has no F16C), exactly: the exponent and mantissa moved into place and scaled by 2^112 (exact for normal
- * and subnormal halves alike), infinities and NaNs given the f32 exponent, the sign put back. */
+/* Four halves at p as floats with SSE2 alone (the baseline variant has no F16C), exactly:
+ * normal halves have exponent and mantissa moved into place and scaled by 2^112, subnormal ones
+ * (and zero) are their integer mantissa times 2^-24, which never makes an f32 denormal (so a
+ * caller's denormals-are-zero mode changes nothing); infinities and NaNs get the f32 exponent;
+ * the sign is put back last. */
 BP_CPU_INLINE __m128 bp_cpu_half4_sse2(const uint16_t *p)
 {
     const __m128i h = _mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)p), _mm_setzero_si128());
@@ -123,6 +126,10 @@ BP_CPU_INLINE __m128 bp_cpu_half4_sse2(const uint16_t *p)
     const __m128i sign = _mm_slli_epi32(_mm_xor_si128(h, em), 16);
     __m128 f = _mm_mul_ps(_mm_castsi128_ps(_mm_slli_epi32(em, 13)),
                           _mm_castsi128_ps(_mm_set1_epi32(0x77800000))); /* 2^112 */
+    const __m128i sub = _mm_cmplt_epi32(em, _mm_set1_epi32(0x400)); /* subnormal or zero */
+    const __m128 fs = _mm_mul_ps(_mm_cvtepi32_ps(em),
+                                 _mm_castsi128_ps(_mm_set1_epi32(0x33800000))); /* 2^-24 */
+    f = _mm_or_ps(_mm_andnot_ps(_mm_castsi128_ps(sub), f), _mm_and_ps(_mm_castsi128_ps(sub), fs));
     const __m128i special = _mm_cmpgt_epi32(em, _mm_set1_epi32(0x7bff)); /* inf or NaN */
     const __m128i naninf = _mm_or_si128(_mm_slli_epi32(em, 13), _mm_set1_epi32(0x7f800000));
     f = _mm_or_ps(_mm_andnot_ps(_mm_castsi128_ps(special), f),

@@ -67,10 +67,12 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
     if (bp_cpu_amx_use(dst))
         return MM_AMX;
 #endif
-#if defined(BP_CPU_REPACK_KERNEL)
+#if defined(BP_CPU_REPACK_KERNEL) || defined(BP_CPU_HAVE_AVX2)
+    /* The layout's own kernel; or (AVX-512 without VNNI, a generic build) the broadcast kernel
+     * and the AVX-512 packing, which read rows as plain blocks: the unpacking kernel. */
     const bool gemm_reads_a = !repacked;
 #else
-    const bool gemm_reads_a = true; /* the GEMM unpacks repacked rows while packing A */
+    const bool gemm_reads_a = true; /* the scalar packing unpacks repacked rows */
 #endif
     if (N >= BP_CPU_GEMM_MIN_N && gemm_reads_a) {
 #if defined(BP_CPU_HAVE_AVX512)
