@@ -221,8 +221,10 @@ static void dot_rows_float(const bp_tensor *a, const char *abase, const bp_tenso
 /* ---- Q8_0 and Q4_0 weights --------------------------------------------------------------- */
 
 #if !defined(BP_CPU_HAVE_AVX2)
-void bp_cpu_dot_q8_cols(enum bp_type type, const void *xrow, const struct bp_block_q8_0 *const y[4],
-                        int nc, int64_t nb, float out[4])
+/* Block by block in plain C (which the compiler vectorises as far as it can). */
+static void dot_q8_cols_scalar(enum bp_type type, const void *xrow,
+                               const struct bp_block_q8_0 *const y[4], int nc, int64_t nb,
+                               float out[4])
 {
     for (int c = 0; c < nc; c++) {
         float sum = 0.0f;
@@ -245,6 +247,79 @@ void bp_cpu_dot_q8_cols(enum bp_type type, const void *xrow, const struct bp_blo
         }
         out[c] = sum;
     }
+}
+
+#if !defined(BP_CPU_HAVE_SSE2)
+void bp_cpu_dot_q8_cols(enum bp_type type, const void *xrow, const struct bp_block_q8_0 *const y[4],
+                        int nc, int64_t nb, float out[4])
+{
+    dot_q8_cols_scalar(type, xrow, y, nc, nb, out);
+}
+#endif
+#endif
+
+#if !defined(BP_CPU_HAVE_AVX2) && defined(BP_CPU_HAVE_SSE2)
+/* The sum of a[i] * b[i] over 16 signed bytes, as four 32-bit lanes: SSE2 has no byte products,
+ * so both are widened to 16 bits (sign from a compare) and multiplied in pairs. */
+BP_CPU_INLINE __m128i dot16_i8(__m128i a, __m128i b)
+{
+    const __m128i z = _mm_setzero_si128();
+    const __m128i sa = _mm_cmpgt_epi8(z, a), sb = _mm_cmpgt_epi8(z, b);
+    return _mm_add_epi32(_mm_madd_epi16(_mm_unpacklo_epi8(a, sa), _mm_unpacklo_epi8(b, sb)),
+                         _mm_madd_epi16(_mm_unpackhi_epi8(a, sa), _mm_unpackhi_epi8(b, sb)));
+}
+
+/* The baseline's integer dot products: four blocks at a time, their eight scales (weights and
+ * each column) converted together, each block's sum widened to f32 and scaled into a vector
+ * accumulator per column. */
+void bp_cpu_dot_q8_cols(enum bp_type type, const void *xrow, const struct bp_block_q8_0 *const y[4],
+                        int nc, int64_t nb, float out[4])
+{
+    /* One column: the plain loop is faster (19 against 26 GFLOP/s, 4096^2, 2 threads); the
+     * vector form pays for its scale conversions and widening once per block for every column,
+     * and wins from two columns on (N = 8: 26 -> 50). */
+    if (nc == 1) {
+        dot_q8_cols_scalar(type, xrow, y, nc, nb, out);
+        return;
+    }
+    const size_t bs = bp_type_size(type);
+    const __m128i low = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    __m128 acc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t i = 0; i < nb; i += 4) {
+        const int nbk = nb - i < 4 ? (int)(nb - i) : 4;
+        uint16_t xd[4] = {0}, yd[4][4] = {{0}};
+        for (int k = 0; k < nbk; k++) {
+            memcpy(&xd[k], (const char *)xrow + (size_t)(i + k) * bs, 2);
+            for (int c = 0; c < nc; c++)
+                yd[c][k] = y[c][i + k].d;
+        }
+        const __m128 dx = bp_cpu_half4_sse2(xd);
+        float scale[4][4];
+        for (int c = 0; c < nc; c++)
+            _mm_storeu_ps(scale[c], _mm_mul_ps(dx, bp_cpu_half4_sse2(yd[c])));
+        for (int k = 0; k < nbk; k++) {
+            const char *xb = (const char *)xrow + (size_t)(i + k) * bs + 2;
+            __m128i x0, x1;
+            if (type == BP_TYPE_Q8_0) {
+                x0 = _mm_loadu_si128((const __m128i *)xb);
+                x1 = _mm_loadu_si128((const __m128i *)(xb + 16));
+            } else { /* Q4_0: low nibbles are values 0-15, high nibbles 16-31, both less 8 */
+                const __m128i q = _mm_loadu_si128((const __m128i *)xb);
+                x0 = _mm_sub_epi8(_mm_and_si128(q, low), eight);
+                x1 = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), eight);
+            }
+            for (int c = 0; c < nc; c++) {
+                const int8_t *yq = y[c][i + k].qs;
+                const __m128i s = _mm_add_epi32(
+                    dot16_i8(x0, _mm_loadu_si128((const __m128i *)yq)),
+                    dot16_i8(x1, _mm_loadu_si128((const __m128i *)(yq + 16))));
+                acc[c] = _mm_add_ps(acc[c], _mm_mul_ps(_mm_cvtepi32_ps(s),
+                                                       _mm_set1_ps(scale[c][k])));
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++)
+        out[c] = sse2_hsum(acc[c]);
 }
 #endif
 
