@@ -5,6 +5,7 @@ shapes and thread counts. Benchmark runs only: never CI, never the library.
 
   ggml-peer.py [--types bf16,f16,q8_0,q4_0] [--shapes 4096x4096x512,...] [--threads 2]
                [--pairs 5] [--min-time 0.5] [--bench-matmul ./bench/bench-matmul] [--half]
+               [--ggml-lib DIR --disable FEATURES [--no-ggml-repack]]
 
 A shape is MxKxN (weights M rows of K, N activation columns). Each pair times ggml, then
 bench-matmul (`--no-limits`, same type, shape and threads); the line printed per case gives both
@@ -15,6 +16,10 @@ bench-matmul's repacked types (q4_0_repack, q8_0_repack); ggml's F16/BF16
 products convert the activations to the weights' 16-bit type (its vec_dot_type), ours keep them
 in f32 (docs/decisions.md), so equal speed means more work done here; --half gives ours the
 same permission (BP_MM_PRECISION_HALF: bench-matmul's bf16_half and f16_half).
+
+Other instruction-set levels: build ggml for that level (cmake -DGGML_NATIVE=OFF with its
+GGML_AVX2/... switches) and pass its library directory with --ggml-lib, and our plugin's variant of
+the same level with --disable (BP_CPU_DISABLE).
 """
 import argparse
 import ctypes
@@ -27,12 +32,23 @@ import time
 
 import numpy as np
 
-try:
-    import llama_cpp
-except ImportError:
-    sys.exit("ggml-peer.py: llama_cpp is not installed (pip install llama-cpp-python)")
-
-LIB = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+# --ggml-lib DIR (read before any library loads): another ggml build's libggml*.so, e.g. one
+# built for AVX2 only or the x86-64 baseline to compare with our variant of the same level. The
+# llama_cpp package is then not imported at all: it would load its own libggml-cpu.so.0 first,
+# and the dynamic linker would hand that same soname to the other build's libggml.so.
+LIB = None
+for _i, _a in enumerate(sys.argv):
+    if _a == "--ggml-lib" and _i + 1 < len(sys.argv):
+        LIB = sys.argv[_i + 1]
+if LIB is None:
+    try:
+        import importlib.util
+        _spec = importlib.util.find_spec("llama_cpp")
+    except ImportError:
+        _spec = None
+    if _spec is None or _spec.origin is None:
+        sys.exit("ggml-peer.py: llama_cpp is not installed (pip install llama-cpp-python)")
+    LIB = os.path.join(os.path.dirname(_spec.origin), "lib")
 base = ctypes.CDLL(os.path.join(LIB, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
 ggml = ctypes.CDLL(os.path.join(LIB, "libggml.so"), mode=ctypes.RTLD_GLOBAL)
 cpu = ctypes.CDLL(os.path.join(LIB, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
@@ -143,7 +159,7 @@ def time_ggml(wtype, M, K, N, threads, min_time, use_repack):
     return statistics.median(times), (buft_name(rb).decode() if rb else "CPU")
 
 
-def time_ours(tool, wtype, M, K, N, threads, min_time, half):
+def time_ours(tool, wtype, M, K, N, threads, min_time, half, disable=None):
     """bench-matmul's GFLOP/s for the same case (repacked types for Q8_0/Q4_0; with half,
     BF16/F16 products under BP_MM_PRECISION_HALF, ggml's precision)."""
     t = wtype + "_repack" if wtype in ("q8_0", "q4_0") else wtype
@@ -151,7 +167,8 @@ def time_ours(tool, wtype, M, K, N, threads, min_time, half):
         t += "_half"
     out = subprocess.run([tool, "--types", t, "--M", str(M), "--K", str(K), "--N", str(N),
                           "--threads", str(threads), "--min-time", str(min_time), "--no-limits",
-                          "--no-peer"], check=True, capture_output=True, text=True).stdout
+                          "--no-peer"], check=True, capture_output=True, text=True,
+                         env=dict(os.environ, BP_CPU_DISABLE=disable) if disable else None).stdout
     m = re.search(r"^mul_mat_%s M=%d,K=%d,N=%d %d ([0-9.]+) GFLOP/s" % (t, M, K, N, threads),
                   out, re.M)
     if not m:
@@ -167,12 +184,18 @@ def main():
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.5)
     ap.add_argument("--bench-matmul", default="./bench/bench-matmul")
+    ap.add_argument("--ggml-lib", help="directory of another ggml build's libraries")
+    ap.add_argument("--no-ggml-repack", action="store_true",
+                    help="Q4_0 in ggml's plain CPU buffer (builds whose CPU_REPACK cannot take it)")
+    ap.add_argument("--disable", help="BP_CPU_DISABLE for our side (avx512f: the avx2 variant; "
+                    "avx2: the baseline)")
     ap.add_argument("--half", action="store_true",
                     help="our BF16/F16 products under BP_MM_PRECISION_HALF (ggml's rounding)")
     a = ap.parse_args()
     print("# MUL_MAT, %d threads, %d interleaved pairs; ratio = backplane / ggml (median of "
-          "per-pair ratios); GFLOP/s medians%s" % (a.threads, a.pairs,
-                                                  "; ours at half precision" if a.half else ""))
+          "per-pair ratios); GFLOP/s medians%s; ggml from %s%s" % (
+              a.threads, a.pairs, "; ours at half precision" if a.half else "", LIB,
+              "; ours with BP_CPU_DISABLE=" + a.disable if a.disable else ""))
     for shape in a.shapes.split(","):
         M, K, N = (int(v) for v in shape.split("x"))
         for wtype in a.types.split(","):
@@ -180,10 +203,11 @@ def main():
             g, o, r = [], [], []
             where = "CPU"
             for _ in range(a.pairs):
-                sec, where = time_ggml(wtype, M, K, N, a.threads, a.min_time, wtype == "q4_0")
+                sec, where = time_ggml(wtype, M, K, N, a.threads, a.min_time,
+                                       wtype == "q4_0" and not a.no_ggml_repack)
                 g.append(flops / sec * 1e-9)
                 o.append(time_ours(a.bench_matmul, wtype, M, K, N, a.threads, a.min_time,
-                                   a.half))
+                                   a.half, a.disable))
                 r.append(o[-1] / g[-1])
             print("%-5s M=%d K=%d N=%d: backplane %.1f, ggml %.1f GFLOP/s (ggml weights in %s); "
                   "ratio %.2f" % (wtype, M, K, N, statistics.median(o), statistics.median(g),

@@ -420,7 +420,11 @@ typedef __m256 bvf;
 #define BV_SET1(x) _mm256_set1_ps(x)
 #define BV_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #endif
-#define BM 12          /* rows of A per block */
+#if defined(BP_CPU_HAVE_AVX512)
+#define BM 12 /* rows of A per block: 24 accumulators of the 32 registers */
+#else
+#define BM 6 /* AVX2 has 16 registers: 12 accumulators, two of B, one broadcast */
+#endif
 #define BN (2 * BVW)   /* columns of B per chunk: two vectors */
 #define BKC 256 /* K chunk: the B panel (BKC x BN floats, 32 KiB) stays in L1 */
 
