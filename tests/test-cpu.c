@@ -430,8 +430,8 @@ END_TEST
 
 /* ---- CPU_REPACK: Q4_0 and Q8_0 weights stored row-interleaved --------------------------------
  * Run once per kernel and type: the best variant with AMX (where the machine has it), the avx512
- * variant without (its VNNI kernel for every N), the avx2 variant (its own kernel) and the
- * baseline (rows unpacked for its ordinary code). */
+ * variant without (its VNNI kernel for every N), the avx2 variant (its own kernel for Q4_0; its
+ * Q8_0 stays plain) and the baseline (which repacks nothing: the buffer type holds plain rows). */
 static const char *const repack_configs[][2] = {
     {"", ""}, {"BP_CPU_AMX", "0"}, {"BP_CPU_DISABLE", "avx512f"}, {"BP_CPU_DISABLE", "avx512f,avx2"}};
 #define N_REPACK_CONFIGS 4
@@ -499,8 +499,8 @@ START_TEST(test_repack_mul_mat)
     ck_assert(!bp_buffer_type_is_host(bt));
     ck_assert(bp_backend_supports_buft(be, bt));
 
-    /* N = 96, in a second pass so the first draws the same data as before: the avx2 variant's
-     * repacked Q8_0 takes the packed GEMM from 80 columns. */
+    /* N = 96 (past the broadcast kernel's columns) in a second pass, so the first draws the same
+     * data as before. */
     static const int64_t ks[] = {32, 96, 544}, ms[] = {1, 7, 8, 37, 64},
                          ns[] = {1, 3, 5, 8, 17, 64, 96};
     unsigned seed = 7;

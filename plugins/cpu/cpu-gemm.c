@@ -133,23 +133,13 @@ static void pack_a(const bp_tensor *a, const char *abase, int64_t m0, int64_t mc
 {
     const size_t row_bytes_per_block = bp_type_size(a->type);
     const int64_t blck = bp_type_block_size(a->type);
-    /* Repacked Q8_0/Q4_0 rows (builds without a kernel for that layout) come back block by
-     * block into plain rows first; K blocks and k0 are whole quant blocks for these types. */
-    const bool repacked = bp_cpu_repacked_base(a) != NULL;
-    char plain[KC / 32 * sizeof(struct bp_block_q8_0)];
     for (int64_t p = 0; p < mc; p += MR) {
         float *panel = out + p * kc;
         const int64_t rows = mc - p < MR ? mc - p : MR;
         for (int64_t i = 0; i < rows; i++) {
             const char *row = abase + (m0 + p + i) * (int64_t)a->nb[1];
             const float *src;
-            if (repacked) {
-                for (int64_t kb = 0; kb < kc / 32; kb++)
-                    bp_cpu_repack_get_block(a, m0 + p + i, k0 / 32 + kb,
-                                            plain + kb * (int64_t)row_bytes_per_block);
-                bp_cpu_to_float(a->type, plain, tmp, kc);
-                src = tmp;
-            } else if (a->type == BP_TYPE_F32) {
+            if (a->type == BP_TYPE_F32) {
                 src = (const float *)row + k0;
             } else {
                 bp_cpu_to_float(a->type, row + k0 / blck * (int64_t)row_bytes_per_block, tmp, kc);

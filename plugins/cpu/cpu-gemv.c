@@ -483,25 +483,4 @@ void bp_cpu_gemv_repack_batch(bp_tensor *dst, const char *bbase, char *cbase,
     bp_cpu_repack_mul_mat(a, q.bq, q.ysum, yd, (float *)cbase, ldc_of(dst), g0, g1, N);
     bp_cpu_pool_barrier(p->pool);
 }
-#else
-void bp_cpu_gemv_unpack_batch(bp_tensor *dst, const char *bbase, char *cbase,
-                              const struct bp_cpu_params *p)
-{
-    const bp_tensor *a = dst->src[0];
-    const int64_t M = dst->ne[0];
-    const struct q8_columns q = quantize_columns(dst, bbase, p);
-    /* Eight rows at a time back in their type's own layout (this thread's scratch), then the
-     * ordinary kernels. */
-    void *rows8 = p->wdata;
-    int64_t g0, g1;
-    bp_cpu_split((M + 7) / 8, p->ith, p->nth, &g0, &g1);
-    bp_cpu_pool_barrier(p->pool);
-    for (int64_t g = g0; g < g1; g++) {
-        const int rows = M - g * 8 < 8 ? (int)(M - g * 8) : 8;
-        bp_cpu_repack_unpack_group(a, g, rows, rows8);
-        dot_rows_quant(a, (const char *)rows8, q.bq, q.ysum,
-                       cbase + g * 8 * (int64_t)sizeof(float), ldc_of(dst), 0, rows, dst->ne[1]);
-    }
-    bp_cpu_pool_barrier(p->pool);
-}
 #endif

@@ -205,13 +205,10 @@ const bp_tensor *bp_cpu_repacked_base(const bp_tensor *t);
 bool bp_cpu_repack_supports_op(const bp_tensor *op);
 /* Row r, block kb of repacked t in its type's layout (one Q4_0 or Q8_0 block). */
 void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *out);
-/* Rows 8 g .. 8 g + rows - 1 of repacked t in its type's layout: block j * nblk + kb of out. */
-void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int rows, void *out);
 /* What the kernels want each activation block's quant sum multiplied by, per lane (ycorr). */
 int32_t bp_cpu_repack_ycorr(enum bp_type type);
 /* Kernels for the repacked layout, where BP_CPU_REPACK_KERNEL (cpu-isa.h) says there are: AVX-512
- * VNNI, and AVX2. The baseline variant unpacks eight rows at a time and uses its ordinary
- * Q4_0/Q8_0 kernels (cpu-gemv.c). */
+ * VNNI (Q4_0 and Q8_0), and AVX2 (Q4_0). Other builds repack nothing. */
 /* Groups of eight rows [g0, g1) of repacked a against N columns quantised to Q8_0 (bq; per
  * block: ycorr = bp_cpu_repack_ycorr(a->type) times the sum of its quants, yd = its scale as
  * float), into c (column n at

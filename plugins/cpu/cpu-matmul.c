@@ -14,8 +14,7 @@
  *   GEMV_FLOAT    N < 16, F32/F16/BF16 weights: dot-product tiles (cpu-gemv.c)
  *   GEMV_QUANT    N < 16, Q8_0/Q4_0 weights: integer dot products against B quantised to Q8_0
  *   GEMV_REPACK   weights in the CPU_REPACK layout (cpu-repack.c), any N without AMX: that
- *                 file's kernel, or (GEMV_UNPACK, baseline build, N < 16; the GEMM above for
- *                 more columns, unpacking while it packs A) eight rows unpacked at a time
+ *                 file's kernel (only builds that have one repack anything)
  *
  * Every thread calls bp_cpu_mul_mat for every node and must take the same strategy, since the
  * kernels meet at barriers; pick_strategy depends on the node alone. */
@@ -28,7 +27,6 @@
 
 #define BP_CPU_GEMM_MIN_N 16 /* below this, dot-product tiles (no packing) */
 #define BCAST_MAX_N 48       /* up to this, the broadcast kernel where there is one */
-#define REPACK_Q8_GEMM_MIN_N 80 /* avx2: repacked Q8_0 from here on takes the packed GEMM */
 
 /* The strategies this build has (see the top of the file). */
 enum mm_strategy {
@@ -46,8 +44,6 @@ enum mm_strategy {
     MM_GEMV_QUANT,
 #if defined(BP_CPU_REPACK_KERNEL)
     MM_GEMV_REPACK,
-#else
-    MM_GEMV_UNPACK,
 #endif
 };
 
@@ -57,8 +53,8 @@ static bool quantized(enum bp_type t)
 }
 
 /* The strategy for node dst: the same answer for every thread, every batch and the work size.
- * Repacked weights take neither the GEMM nor the broadcast kernel where the build has a kernel
- * for their layout (or AMX); without one (the baseline), N >= 16 takes the GEMM. */
+ * Repacked weights take neither the GEMM nor the broadcast kernel: they have their own kernel, or
+ * AMX (builds without such a kernel repack nothing). */
 static enum mm_strategy pick_strategy(const bp_tensor *dst)
 {
     const bp_tensor *a = dst->src[0];
@@ -68,14 +64,7 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
     if (bp_cpu_amx_use(dst))
         return MM_AMX;
 #endif
-#if defined(BP_CPU_REPACK_KERNEL) || defined(BP_CPU_HAVE_AVX2)
-    /* The layout's own kernel; or (AVX-512 without VNNI, a generic build) the broadcast kernel
-     * and the AVX-512 packing, which read rows as plain blocks: the unpacking kernel. */
-    const bool gemm_reads_a = !repacked;
-#else
-    const bool gemm_reads_a = true; /* the scalar packing unpacks repacked rows */
-#endif
-    if (N >= BP_CPU_GEMM_MIN_N && gemm_reads_a) {
+    if (N >= BP_CPU_GEMM_MIN_N && !repacked) {
 #if defined(BP_CPU_HAVE_AVX512)
         if (bp_cpu_gemm_bf16_use(dst))
             return MM_GEMM_BF16;
@@ -86,13 +75,6 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
 #endif
         return MM_GEMM;
     }
-#if defined(BP_CPU_HAVE_AVX2) && !defined(BP_CPU_HAVE_AVX512)
-    /* The avx2 variant's repacked Q8_0 kernel holds 165 GFLOP/s at any N (4096^2, 2 threads);
-     * the packed GEMM, which unpacks the rows while it packs A, passes it from about 80 columns
-     * (N = 96: 192, 512: 230; N = 64: 165, 32: 124). Q4_0's kernel (360) stays ahead. */
-    if (repacked && a->type == BP_TYPE_Q8_0 && N >= REPACK_Q8_GEMM_MIN_N)
-        return MM_GEMM;
-#endif
     if (!quantized(a->type))
         return MM_GEMV_FLOAT;
     if (!repacked)
@@ -100,7 +82,7 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
 #if defined(BP_CPU_REPACK_KERNEL)
     return MM_GEMV_REPACK;
 #else
-    return MM_GEMV_UNPACK;
+    return MM_GEMV_QUANT; /* unreachable: such builds repack nothing */
 #endif
 }
 
@@ -173,10 +155,6 @@ static void run_batch(enum mm_strategy s, bp_tensor *dst, const char *abase, con
 #if defined(BP_CPU_REPACK_KERNEL)
     case MM_GEMV_REPACK:
         bp_cpu_gemv_repack_batch(dst, bbase, cbase, p);
-        break;
-#else
-    case MM_GEMV_UNPACK:
-        bp_cpu_gemv_unpack_batch(dst, bbase, cbase, p);
         break;
 #endif
     }

@@ -42,13 +42,10 @@ void bp_cpu_gemv_float_batch(bp_tensor *dst, const char *abase, const char *bbas
 /* Q8_0 and Q4_0 weights. */
 void bp_cpu_gemv_quant_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
                              const struct bp_cpu_params *p);
-/* Repacked Q8_0 and Q4_0 weights (a 2-D tensor: no abase): cpu-repack.c's kernel where the build
- * has one, else unpacked eight rows at a time into the ordinary kernels. */
+/* Repacked Q8_0 and Q4_0 weights (a 2-D tensor: no abase): cpu-repack.c's kernel. Builds
+ * without one repack nothing (cpu-repack.c, repacked_type). */
 #if defined(BP_CPU_REPACK_KERNEL)
 void bp_cpu_gemv_repack_batch(bp_tensor *dst, const char *bbase, char *cbase,
-                              const struct bp_cpu_params *p);
-#else
-void bp_cpu_gemv_unpack_batch(bp_tensor *dst, const char *bbase, char *cbase,
                               const struct bp_cpu_params *p);
 #endif
 
