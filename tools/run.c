@@ -751,7 +751,8 @@ static void run_usage(FILE *f)
                "  --check     also run on the CPU alone; compare the logits (NMSE within the weight\n"
                "              type's bound, else exit status 1) and the generated tokens\n"
                "  --no-repack Q4_0/Q8_0 weights on a CPU device stay in host memory as they are\n"
-               "              (default: the CPU's CPU_REPACK buffer type, row-interleaved)\n"
+               "              (default: the CPU's CPU_REPACK buffer type, row-interleaved\n"
+               "              where the CPU variant has a kernel for that layout)\n"
                "  --precision half lets the products of BF16/F16 weights round the activations\n"
                "              to 16 bits, as ggml does (BP_MM_PRECISION_HALF); full (default)\n"
                "              keeps at least 16 significant bits on every device\n");
