@@ -18,11 +18,14 @@ static void f16_row(const uint16_t *x, float *y, int64_t n)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
 #elif defined(BP_CPU_HAVE_SSE2)
+    /* Whole rows convert faster with integer operations than through the table (f16 4096^2
+     * N = 512 on the baseline: 88 against 58 GFLOP/s); four values inside a dot-product tile
+     * the other way round (cpu-gemv.c). */
     for (; i + 4 <= n; i += 4)
         _mm_storeu_ps(y + i, bp_cpu_half4_sse2(x + i));
 #endif
     for (; i < n; i++)
-        y[i] = bp_fp16_to_fp32(x[i]);
+        y[i] = bp_cpu_half_to_float(x[i]);
 }
 
 static void bf16_row(const uint16_t *x, float *y, int64_t n)
@@ -88,6 +91,16 @@ static void q4_0_row(const struct bp_block_q4_0 *b, float *y, int64_t n)
 #endif
     }
 }
+
+#if !defined(BP_CPU_HAVE_F16C)
+float bp_cpu_half_table[65536];
+
+void bp_cpu_half_table_init(void)
+{
+    for (uint32_t h = 0; h < 65536; h++)
+        bp_cpu_half_table[h] = bp_fp16_to_fp32((uint16_t)h);
+}
+#endif
 
 void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n)
 {

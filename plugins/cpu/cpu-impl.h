@@ -103,13 +103,21 @@ void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n);
 /* n floats to a row of type (the runtime's conversions, bit for bit; F16 with F16C). */
 void bp_cpu_from_float(enum bp_type type, const float *src, void *dst, int64_t n);
 
+#if !defined(BP_CPU_HAVE_F16C)
+/* Every half as float, filled once when the plugin initialises (cpu_plugin_init): without F16C
+ * the scalar conversion is a 256 KiB table, as ggml keeps, instead of the runtime's bit
+ * manipulation per value (the baseline's Q8_0/Q4_0 dot products convert two scales a block). */
+extern float bp_cpu_half_table[65536];
+void bp_cpu_half_table_init(void);
+#endif
+
 /* One f16 value as float: the plugin's one scalar half conversion. */
 BP_CPU_INLINE float bp_cpu_half_to_float(uint16_t h)
 {
 #if defined(BP_CPU_HAVE_F16C)
     return _cvtsh_ss(h);
 #else
-    return bp_fp16_to_fp32(h);
+    return bp_cpu_half_table[h];
 #endif
 }
 

@@ -607,6 +607,9 @@ static bp_registry *cpu_plugin_init(void)
         bp_set_error(BP_ERR_BUSY, "CPU: the plugin is already initialised");
         return NULL;
     }
+#if !defined(BP_CPU_HAVE_F16C)
+    bp_cpu_half_table_init(); /* before any kernel can run: the loader calls init first */
+#endif
     struct cpu_registry *c = calloc(1, sizeof(*c));
     if (c == NULL) {
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "CPU: out of memory");
