@@ -16,10 +16,11 @@ extern "C" {
 #endif
 
 /* A CPU device's "CPU_REPACK" buffer type, for weights only the CPU multiplies: 2-D Q4_0 and
- * Q8_0 tensors placed there are stored row-interleaved for faster MUL_MAT (other tensors are
- * stored as they are). They are set and read in whole blocks, used directly only by MUL_MAT and
- * GET_ROWS, and copied (unpacked) for anything else. NULL for a device that is not a CPU
- * device of this plugin. */
+ * Q8_0 tensors placed there are stored row-interleaved for faster MUL_MAT where the loaded CPU
+ * variant has a faster kernel for that layout (Q4_0 and Q8_0 with AVX-512 VNNI, Q4_0 with AVX2;
+ * none on the baseline); other tensors are stored as they are. Interleaved tensors are set and
+ * read in whole blocks, used directly only by MUL_MAT and GET_ROWS, and copied (unpacked) for
+ * anything else. NULL for a device that is not a CPU device of this plugin. */
 typedef bp_buffer_type *(*bp_cpu_repack_buffer_type_fn)(bp_device *dev);
 
 #ifdef __cplusplus
