@@ -304,6 +304,11 @@ static bool owns_buffer(const bp_gallocr *ga, const bp_buffer *buf)
     return false;
 }
 
+bool bp__gallocr_owns(const bp_gallocr *ga, const bp_buffer *buf)
+{
+    return ga != NULL && owns_buffer(ga, buf);
+}
+
 /* Memory of its own that this allocator must provide (not a view, not placed elsewhere). */
 static bool needs_memory(const bp_gallocr *ga, const bp_tensor *t)
 {

@@ -94,6 +94,9 @@ enum bp_status bp__graph_set(bp_graph *g, bp_tensor *const *nodes, int n_nodes,
 
 /* The node and leaf arrays of g, for the runtime's own loops (no bounds checks). */
 bp_tensor **bp__graph_nodes(const bp_graph *g);
+/* Whether buf is (or was: freed when it grew) one of ga's compute buffers; compares pointers
+ * only, so a freed buffer is never read. */
+bool bp__gallocr_owns(const bp_gallocr *ga, const bp_buffer *buf);
 bp_tensor **bp__graph_leafs(const bp_graph *g);
 
 /* Like bp__error but returns NULL, for constructors and builders. */

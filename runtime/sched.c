@@ -222,9 +222,14 @@ static bool is_view_op(const bp_tensor *t)
     return bp_op_is_view(t->op);
 }
 
-static bp_buffer *buffer_of(const bp_tensor *t)
+/* The buffer t was placed in before scheduling, or NULL: memory this scheduler's allocator gave
+ * it on an earlier split (a node computed before, now pinned elsewhere or split anew) counts as
+ * none, since the allocator places it again; and such a buffer may have been freed when it
+ * grew, so it is compared, never read. */
+static bp_buffer *buffer_of(const bp_sched *s, const bp_tensor *t)
 {
-    return t->view_src ? t->view_src->buffer : t->buffer;
+    bp_buffer *buf = t->view_src ? t->view_src->buffer : t->buffer;
+    return bp__gallocr_owns(s->galloc, buf) ? NULL : buf;
 }
 
 /* The highest-priority backend that can use buf's type (and runs op, when given). */
@@ -458,7 +463,7 @@ static void assign_from_current(bp_sched *s, const bp_tensor *t)
         assign(s, t, b, WHY_PINNED);
         return;
     }
-    const bp_buffer *buf = buffer_of(t);
+    const bp_buffer *buf = buffer_of(s, t);
     const bp_tensor *op = t->op == BP_OP_NONE || is_view_op(t) ? NULL : t;
     if (buf != NULL) {
         b = backend_for_buffer(s, buf, op);
@@ -477,7 +482,7 @@ static void assign_from_current(bp_sched *s, const bp_tensor *t)
         return;
     for (int i = 0; i < BP_MAX_SRC; i++) {
         const bp_tensor *src = t->src[i];
-        const bp_buffer *sb = src ? buffer_of(src) : NULL;
+        const bp_buffer *sb = src ? buffer_of(s, src) : NULL;
         if (sb == NULL || sb->usage != BP_BUFFER_USAGE_WEIGHTS)
             continue;
         int wb = backend_for_buffer(s, sb, t);
@@ -520,11 +525,11 @@ static void expand(bp_sched *s, bp_graph *g, bool up, bool include_cpu)
 /* Whether backend b can use the memory of every placed tensor node touches. */
 static bool can_use_buffers(const bp_sched *s, int b, const bp_tensor *node)
 {
-    const bp_buffer *own = buffer_of(node);
+    const bp_buffer *own = buffer_of(s, node);
     if (own != NULL && !bp_backend_supports_buft(s->backends[b], own->buft))
         return false;
     for (int i = 0; i < BP_MAX_SRC; i++) {
-        const bp_buffer *sb = node->src[i] ? buffer_of(node->src[i]) : NULL;
+        const bp_buffer *sb = node->src[i] ? buffer_of(s, node->src[i]) : NULL;
         if (sb != NULL && !bp_backend_supports_buft(s->backends[b], sb->buft))
             return false;
     }
@@ -558,7 +563,7 @@ static enum bp_status check_assignments(bp_sched *s, bp_graph *g)
         if (is_view_op(node))
             continue;
         const int b = ti->backend;
-        const bp_buffer *own = buffer_of(node);
+        const bp_buffer *own = buffer_of(s, node);
         if (b >= 0 && supports(s, ti, node, b) &&
             (own == NULL || bp_backend_supports_buft(s->backends[b], own->buft)))
             continue;
@@ -754,7 +759,7 @@ static enum bp_status assign_all(bp_sched *s, bp_graph *g)
  * is assigned to), so that no copy is needed. */
 static bool readable_by(bp_sched *s, const bp_tensor *t, int b)
 {
-    const bp_buffer *buf = buffer_of(t);
+    const bp_buffer *buf = buffer_of(s, t);
     bp_buffer_type *bt = buf ? buf->buft : s->bufts[info(s, t)->backend];
     return bp_backend_supports_buft(s->backends[b], bt);
 }

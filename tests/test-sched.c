@@ -586,6 +586,51 @@ START_TEST(test_recompute_unchanged_graph)
 }
 END_TEST
 
+/* A node computed once lives in memory the scheduler placed; pinning it to another backend
+ * afterwards (or splitting anew) must place it again, not treat that memory as the caller's. */
+START_TEST(test_pin_after_compute)
+{
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    float *ref = run(alone, 1, false, bp_host_buffer_type(), &tiny, 9, NULL);
+    struct model m;
+    model_init(&m, &tiny, bp_host_buffer_type());
+    bp_context *ctx;
+    struct tf_graph tg;
+    bp_graph *g = build_graph(&m, &tiny, &ctx, &tg);
+    bp_sched *s = bp_sched_new(both, NULL, 2, 4096, false);
+    ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+    set_inputs(&tg, &tiny, 9);
+    ck_assert_int_eq(bp_sched_graph_compute(s, g), BP_OK);
+    /* Every node the accelerator ran, pinned to the CPU now; then back to no pins. */
+    for (int round = 0; round < 2; round++) {
+        if (round == 0) {
+            int pinned = 0;
+            for (int i = 0; i < bp_graph_get_n_nodes(g); i++) {
+                bp_tensor *t = bp_graph_get_node(g, i);
+                if (bp_sched_get_tensor_backend(s, t) == accel && t->op == BP_OP_MUL_MAT) {
+                    ck_assert_int_eq(bp_sched_set_tensor_backend(s, t, cpu), BP_OK);
+                    pinned++;
+                }
+            }
+            ck_assert_int_gt(pinned, 0);
+        } else {
+            bp_sched_reset(s);
+        }
+        ck_assert_msg(bp_sched_alloc_graph(s, g) == BP_OK, "round %d: %s", round, bp_last_error());
+        set_inputs(&tg, &tiny, 9);
+        ck_assert_msg(bp_sched_graph_compute(s, g) == BP_OK, "%s", bp_last_error());
+        float got[50 * 5];
+        ck_assert_int_eq(bp_tensor_get(tg.logits, got, 0, sizeof(got)), BP_OK);
+        assert_close(got, ref, N_LOGITS(tiny));
+    }
+    bp_sched_free(s);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+    model_free(&m);
+    free(ref);
+}
+END_TEST
+
 START_TEST(test_more_inputs_than_a_split_holds)
 {
     bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
@@ -748,6 +793,7 @@ int main(void)
         {test_more_inputs_than_a_split_holds, "many_split_inputs"},
         {test_foreign_view_inside_a_split, "foreign_view_inside_a_split"},
         {test_recompute_unchanged_graph, "recompute_unchanged"},
+        {test_pin_after_compute, "pin_after_compute"},
         {test_destination_must_be_supported, "destination_supported"},
         {test_errors, "errors"},
         {test_debug_output, "debug_output"},

@@ -43,9 +43,13 @@ BP_API enum bp_status bp_sched_alloc_graph(bp_sched *sched, bp_graph *graph);
  * it again unchanged (the same nodes and leafs, with the same sources, shapes, parameters, flags
  * and memory; only the data of inputs may differ) reuses that split and allocation instead of
  * making them again, until bp_sched_alloc_graph, bp_sched_reserve, bp_sched_reset or a pin. A
- * graph that changed is split and allocated again here, which may move its inputs: after
- * changing a graph, call bp_sched_alloc_graph and then set the inputs. A pipelined (parallel)
- * scheduler splits every time. */
+ * graph that changed, or any graph other than the one computed last, is split and allocated
+ * again here, which may move its inputs: call bp_sched_alloc_graph first and then set the
+ * inputs. The tensors the scheduler places point into its compute buffers, which it replaces
+ * when a larger graph needs more and frees in bp_sched_free: a graph allocated before either
+ * must be allocated again before its tensors are written or read, and after bp_sched_free it
+ * can only be built anew (its tensors point at freed memory). A pipelined (parallel) scheduler
+ * splits every time. */
 BP_API enum bp_status bp_sched_graph_compute(bp_sched *sched, bp_graph *graph);
 /* Queues graph; call bp_sched_synchronize before reading results. */
 BP_API enum bp_status bp_sched_graph_compute_async(bp_sched *sched, bp_graph *graph);
