@@ -622,7 +622,8 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
            r->flash_attn ? "fused (FLASH_ATTN_EXT)" : "MUL_MAT, SOFT_MAX, MUL_MAT",
            bp_type_name(o->cfg->kv_type));
     if (o->half)
-        printf("products:   half precision (activations may be rounded to 16 bits)\n");
+        printf("products:   half precision (activations of BF16/F16 products may be rounded "
+               "to 16 bits)\n");
     printf("prompt:     %d tokens in one graph, %d split%s, %.1f tokens/s (%.1f ms)\n", o->n_prompt,
            r->prompt_splits, r->prompt_splits == 1 ? "" : "s",
            o->n_prompt / r->prompt_seconds, r->prompt_seconds * 1e3);
@@ -987,7 +988,8 @@ static double check_bound(const struct run_opts *o)
 {
     /* Half precision rounds every product's activations to 16 bits on the devices that take
      * the permission (the CPU with AVX512_BF16) and not on others. */
-    return o->wtype == BP_TYPE_Q8_0 || o->wtype == BP_TYPE_Q4_0 || o->half ? 2e-3 : 1e-6;
+    const bool half = o->half && (o->wtype == BP_TYPE_BF16 || o->wtype == BP_TYPE_F16);
+    return o->wtype == BP_TYPE_Q8_0 || o->wtype == BP_TYPE_Q4_0 || half ? 2e-3 : 1e-6;
 }
 
 /* Logits are comparable while both runs have seen the same tokens: steps are compared up to
