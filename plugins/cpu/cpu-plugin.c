@@ -260,9 +260,17 @@ static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g)
         if (!computes(node))
             continue;
         char desc[BP_TENSOR_DESC_SIZE];
-        if (!bp_cpu_supports_op(node))
-            return bp_set_error(BP_ERR_UNSUPPORTED, "CPU: no kernel for %s node %s",
-                                bp_op_name(node->op), bp_describe_tensor(node, desc, sizeof(desc)));
+        if (!bp_cpu_supports_op(node)) {
+            const bool mm_rows = node->op == BP_OP_MUL_MAT &&
+                                 (node->src[0]->nb[0] != bp_type_size(node->src[0]->type) ||
+                                  node->src[1]->nb[0] != sizeof(float));
+            return bp_set_error(BP_ERR_UNSUPPORTED, "CPU: no kernel for %s node %s%s",
+                                bp_op_name(node->op), bp_describe_tensor(node, desc, sizeof(desc)),
+                                mm_rows ? " (MUL_MAT reads both operands along K, their dimension "
+                                          "0, which must be contiguous: make a transposed "
+                                          "operand contiguous with bp_cont first)"
+                                        : "");
+        }
         if (node->data == NULL)
             return bp_set_error(BP_ERR_INVALID_ARG, "CPU: %s node %s has no memory",
                                 bp_op_name(node->op), bp_describe_tensor(node, desc, sizeof(desc)));
