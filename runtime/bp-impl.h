@@ -94,6 +94,8 @@ enum bp_status bp__graph_set(bp_graph *g, bp_tensor *const *nodes, int n_nodes,
 
 /* The node and leaf arrays of g, for the runtime's own loops (no bounds checks). */
 bp_tensor **bp__graph_nodes(const bp_graph *g);
+/* A hash of everything about g's nodes and leafs that decides placement and memory (graph.c). */
+uint64_t bp__graph_fingerprint(const bp_graph *g);
 /* Whether buf is (or was: freed when it grew) one of ga's compute buffers; compares pointers
  * only, so a freed buffer is never read. */
 bool bp__gallocr_owns(const bp_gallocr *ga, const bp_buffer *buf);

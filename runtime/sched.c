@@ -1272,56 +1272,6 @@ static enum bp_status compute_observed(bp_sched *s, struct split *sp, bool *stop
     return BP_OK;
 }
 
-/* What identifies a computed graph as unchanged: its nodes and leafs, in order, with everything
- * of each that decides placement and memory: op, type, shape and strides, op parameters,
- * flags (an output marked since), sources, view and memory. A graph rebuilt from new tensors
- * differs in pointers or in unallocated memory, one rebuilt at the same addresses in its
- * shapes, sources or memory. Four independent lanes of a multiply-xorshift mix keep it to a
- * few ns per node. Called with the sources as the user set them (not swapped for copies). */
-static uint64_t rotl64(uint64_t x, int r)
-{
-    return x << r | x >> (64 - r);
-}
-
-static uint64_t fingerprint(const bp_graph *g)
-{
-    uint64_t h[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull,
-                     0x082efa98ec4e6c89ull};
-    /* Each lane takes one value per tensor, folded from several fields with distinct rotations
-     * (cheap, independent operations); only the mix itself is a chain. */
-#define MIX(l, v)                                                                              \
-    do {                                                                                       \
-        h[l] = (h[l] ^ (v)) * 0x9e3779b97f4a7c15ull;                                           \
-        h[l] ^= h[l] >> 29;                                                                    \
-    } while (0)
-    const int n = bp_graph_get_n_nodes(g), nl = bp_graph_get_n_leafs(g);
-    bp_tensor *const *nodes = bp__graph_nodes(g), *const *leafs = bp__graph_leafs(g);
-    MIX(0, (uint64_t)n);
-    MIX(1, (uint64_t)nl);
-    enum { N_PARAMS = sizeof(((bp_tensor *)0)->op_params) / sizeof(int32_t) }; /* even */
-    for (int i = 0; i < n + nl; i++) {
-        const bp_tensor *t = i < n ? nodes[i] : leafs[i - n];
-        const uint64_t where = (uintptr_t)t ^ rotl64((uintptr_t)t->data, 17) ^
-                               rotl64((uintptr_t)t->view_src, 31) ^ rotl64(t->view_offs, 47);
-        uint64_t what = (uint64_t)t->op << 40 ^ (uint64_t)t->type << 20 ^ t->flags;
-        uint64_t params[N_PARAMS / 2];
-        memcpy(params, t->op_params, sizeof(params));
-        for (int k = 0; k < N_PARAMS / 2; k++)
-            what ^= rotl64(params[k], 3 + 8 * k);
-        uint64_t srcs = 0, shape = 0;
-        for (int k = 0; k < BP_MAX_SRC; k++)
-            srcs ^= rotl64((uintptr_t)t->src[k], 1 + 13 * k);
-        for (int d = 0; d < BP_MAX_DIMS; d++)
-            shape ^= rotl64((uint64_t)t->ne[d], 1 + 7 * d) ^ rotl64(t->nb[d], 33 + 7 * d);
-        MIX(0, where);
-        MIX(1, what);
-        MIX(2, srcs);
-        MIX(3, shape);
-    }
-#undef MIX
-    return h[0] ^ rotl64(h[1], 16) ^ rotl64(h[2], 32) ^ rotl64(h[3], 48);
-}
-
 /* Makes the kept graph's source swaps again; false (nothing swapped) when a swapped source is
  * not what it was. */
 static bool reswap(bp_sched *s)
@@ -1355,7 +1305,7 @@ static void keep_graph(bp_sched *s, const bp_graph *g, bool have_print, uint64_t
     s->n_kept_subst = s->n_subst;
     if (!have_print) { /* with the user's sources: undo the swaps, hash, make them again */
         restore_sources(s);
-        print = fingerprint(g);
+        print = bp__graph_fingerprint(g);
         if (!reswap(s)) /* cannot fail: the swap list already had room for them all */
             return;
     }
@@ -1367,7 +1317,7 @@ static enum bp_status graph_compute_async(bp_sched *s, bp_graph *g)
 {
     enum bp_status st = BP_OK;
     const bool again = s->allocated != g && s->kept == g && s->n_subst == 0;
-    const uint64_t print = again ? fingerprint(g) : 0;
+    const uint64_t print = again ? bp__graph_fingerprint(g) : 0;
     if (!(again && print == s->kept_print && reswap(s))) {
         if (s->allocated != g)
             st = alloc_graph(s, g);
