@@ -187,11 +187,9 @@ BF16_TARGET void bp_cpu_gemm_bf16_batch(bp_tensor *dst, const char *abase, const
                         micro_kernel(kp, apack + i0 * kp, bpanel, c, ldc, k0 > 0);
                     } else {
                         float edge[NR * MR];
-                        for (int64_t j = 0; j < nc && k0 > 0; j++)
-                            memcpy(edge + j * MR, c + j * ldc, (size_t)mr * sizeof(float));
+                        bp_cpu_edge_in(edge, MR, c, ldc, mr, nc, k0 > 0);
                         micro_kernel(kp, apack + i0 * kp, bpanel, edge, MR, k0 > 0);
-                        for (int64_t j = 0; j < nc; j++)
-                            memcpy(c + j * ldc, edge + j * MR, (size_t)mr * sizeof(float));
+                        bp_cpu_edge_out(c, ldc, edge, MR, mr, nc);
                     }
                 }
             }

@@ -428,11 +428,9 @@ static void gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, cha
                     } else {
                         /* Edge tile: compute into a full tile, copy back the valid part. */
                         float edge[NR * MR];
-                        for (int64_t j = 0; j < nc && k0 > 0; j++)
-                            memcpy(edge + j * MR, c + j * ldc, (size_t)mr * sizeof(float));
+                        bp_cpu_edge_in(edge, MR, c, ldc, mr, nc, k0 > 0);
                         micro_kernel(kc, apack + i0 * kc, bpanel, edge, MR, k0 > 0);
-                        for (int64_t j = 0; j < nc; j++)
-                            memcpy(c + j * ldc, edge + j * MR, (size_t)mr * sizeof(float));
+                        bp_cpu_edge_out(c, ldc, edge, MR, mr, nc);
                     }
                 }
             }

@@ -9,9 +9,29 @@
 #ifndef BP_CPU_MATMUL_H
 #define BP_CPU_MATMUL_H
 
+#include <string.h>
+
 #include "cpu-impl.h"
 
 /* ---- Packed GEMM and broadcast kernel (cpu-gemm.c) ------------------------------------------ */
+
+/* Edge tiles of the packed GEMMs (cpu-gemm.c, cpu-gemm-bf16.c): a micro-kernel always writes a
+ * full mr_full x nr_full tile, so a ragged one (mr rows, nc columns of C at c, column stride
+ * ldc) is computed into edge (column stride mr_full) and copied back. In: the part of C the
+ * tile accumulates onto (only when accumulate); out: the valid part. */
+BP_CPU_INLINE void bp_cpu_edge_in(float *edge, int64_t mr_full, const float *c, int64_t ldc,
+                                  int64_t mr, int64_t nc, bool accumulate)
+{
+    for (int64_t j = 0; j < nc && accumulate; j++)
+        memcpy(edge + j * mr_full, c + j * ldc, (size_t)mr * sizeof(float));
+}
+
+BP_CPU_INLINE void bp_cpu_edge_out(float *c, int64_t ldc, const float *edge, int64_t mr_full,
+                                   int64_t mr, int64_t nc)
+{
+    for (int64_t j = 0; j < nc; j++)
+        memcpy(c + j * ldc, edge + j * mr_full, (size_t)mr * sizeof(float));
+}
 
 void bp_cpu_gemm_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared);
 void bp_cpu_gemm_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
