@@ -425,10 +425,13 @@ static bp_tensor *b_mm_half(bp_context *ctx, int v)
     if (v < 2 * (N_MM_SHAPES + 5)) {
         r = mul_mat_case(ctx, v / 2, t);
     } else {
-        static const int64_t K[] = {63, 515, 1031, 96, 777, 1024};
+        /* BF16's own kernels: odd K (a partial last step of 32 or pair), few and many
+         * columns. */
+        static const int64_t K[] = {63, 515, 1031, 96, 777, 1024, 33, 70, 5};
+        static const int64_t N[] = {16, 29, 42, 55, 68, 81, 1, 3, 7};
         const int u = v - 2 * (N_MM_SHAPES + 5);
-        r = bp_mul_mat(ctx, leaf(ctx, BP_TYPE_BF16, K[u % 6], 37 + 11 * u, 1, 1),
-                       f32(ctx, K[u % 6], 16 + 13 * u, 1, 1));
+        r = bp_mul_mat(ctx, leaf(ctx, BP_TYPE_BF16, K[u], 37 + 11 * u, 1, 1),
+                       f32(ctx, K[u], N[u], 1, 1));
     }
     return bp_mul_mat_set_precision(r, BP_MM_PRECISION_HALF);
 }
@@ -462,6 +465,6 @@ const struct conf_case conf_cases[] = {
     {"mul_mat_odd_k", b_mm_odd_k, 15, NMSE_F32},
     {"mul_mat_random_f16_bf16", b_mm_rand_float, 12, NMSE_F32},
     {"mul_mat_random_q8_0_q4_0", b_mm_rand_quant, 12, NMSE_QUANT},
-    {"mul_mat_half", b_mm_half, 2 * (N_MM_SHAPES + 5) + 6, NMSE_HALF},
+    {"mul_mat_half", b_mm_half, 2 * (N_MM_SHAPES + 5) + 9, NMSE_HALF},
 };
 const int conf_n_cases = (int)(sizeof(conf_cases) / sizeof(conf_cases[0]));

@@ -198,4 +198,113 @@ BF16_TARGET void bp_cpu_gemm_bf16_batch(bp_tensor *dst, const char *abase, const
     }
 }
 
+/* ---- Few columns: dot-product tiles on rows in place ---------------------------------------
+ *
+ * For N up to DOT_MAX_N, packing A costs more than it saves: each weight feeds only N products.
+ * Both operands are K-contiguous, so vdpbf16ps can take their pairs as they lie: B's columns
+ * are rounded once to BF16 (zero-padded to a multiple of 32 values, shared by all threads),
+ * and each DR x DC tile of dot products loads DR rows' and DC columns' 32 values per step for
+ * DR * DC instructions, summed across lanes at the end. A row's last partial step is a masked
+ * load, so nothing past a row is read. */
+
+#define DOT_MAX_N 48
+#define DR 4 /* rows per tile */
+#define DC 4 /* most columns per tile */
+
+bool bp_cpu_dot_bf16_use(const bp_tensor *dst)
+{
+    return dst->ne[1] <= DOT_MAX_N && bp_cpu_gemm_bf16_use(dst);
+}
+
+static int64_t padded_k(int64_t K)
+{
+    return round_up(K, 32);
+}
+
+void bp_cpu_dot_bf16_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared)
+{
+    *per_thread = 0;
+    *shared = (size_t)(dst->ne[1] * padded_k(dst->src[0]->ne[0])) * sizeof(uint16_t) + 64;
+}
+
+#define DEFINE_BF16_DOT_TILE(NAME, NC)                                                         \
+    BF16_TARGET static void NAME(const uint16_t *const a[DR], const uint16_t *b, int64_t ldb,   \
+                                 int64_t K, float out[DR][DC])                                 \
+    {                                                                                          \
+        __m512 acc[DR][NC];                                                                    \
+        _Pragma("GCC unroll 4") for (int r = 0; r < DR; r++)                                   \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                               \
+                acc[r][c] = _mm512_setzero_ps();                                               \
+        for (int64_t k = 0; k < K; k += 32) {                                                  \
+            const __mmask32 m = K - k >= 32 ? ~(__mmask32)0                                    \
+                                            : (__mmask32)((1u << (K - k)) - 1u);               \
+            __m512bh va[DR];                                                                   \
+            _Pragma("GCC unroll 4") for (int r = 0; r < DR; r++)                               \
+                va[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, a[r] + k);                       \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                             \
+                const __m512bh vb = (__m512bh)_mm512_load_si512(b + c * ldb + k);              \
+                _Pragma("GCC unroll 4") for (int r = 0; r < DR; r++)                           \
+                    acc[r][c] = _mm512_dpbf16_ps(acc[r][c], va[r], vb);                        \
+            }                                                                                  \
+        }                                                                                      \
+        _Pragma("GCC unroll 4") for (int r = 0; r < DR; r++)                                   \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                               \
+                out[r][c] = _mm512_reduce_add_ps(acc[r][c]);                                   \
+    }
+DEFINE_BF16_DOT_TILE(bf16_tile_1, 1)
+DEFINE_BF16_DOT_TILE(bf16_tile_2, 2)
+DEFINE_BF16_DOT_TILE(bf16_tile_4, 4)
+
+BF16_TARGET void bp_cpu_dot_bf16_batch(bp_tensor *dst, const char *abase, const char *bbase,
+                                       char *cbase, const struct bp_cpu_params *p)
+{
+    const bp_tensor *a = dst->src[0], *b = dst->src[1];
+    const int64_t M = dst->ne[0], N = dst->ne[1], K = a->ne[0], Kp = padded_k(K);
+    const int64_t ldc = (int64_t)(dst->nb[1] / sizeof(float));
+    uint16_t *bq = (uint16_t *)(((uintptr_t)p->wshared + 63) & ~(uintptr_t)63);
+
+    int64_t n0, n1;
+    bp_cpu_split(N, p->ith, p->nth, &n0, &n1);
+    for (int64_t n = n0; n < n1; n++) {
+        const float *src = (const float *)(bbase + n * (int64_t)b->nb[1]);
+        uint16_t *out = bq + n * Kp;
+        for (int64_t k = 0; k < Kp; k += 16) {
+            const int64_t left = K - k;
+            const __mmask16 m = left >= 16 ? (__mmask16)0xffff
+                                : left <= 0 ? (__mmask16)0
+                                            : (__mmask16)((1u << left) - 1u);
+            _mm256_store_si256((__m256i *)(out + k),
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + k)));
+        }
+    }
+    bp_cpu_pool_barrier(p->pool);
+
+    int64_t g0, g1;
+    bp_cpu_split((M + DR - 1) / DR, p->ith, p->nth, &g0, &g1);
+    const int64_t m_end = g1 * DR < M ? g1 * DR : M;
+    for (int64_t m = g0 * DR; m < m_end; m += DR) {
+        const int64_t rows = m_end - m < DR ? m_end - m : DR;
+        const uint16_t *ar[DR];
+        for (int64_t r = 0; r < DR; r++)
+            ar[r] = (const uint16_t *)(abase + (m + (r < rows ? r : rows - 1)) *
+                                                   (int64_t)a->nb[1]);
+        for (int64_t n = 0; n < N;) {
+            const int nc = N - n >= DC ? DC : N - n >= 2 ? 2 : 1;
+            float out[DR][DC];
+            if (nc == 4)
+                bf16_tile_4(ar, bq + n * Kp, Kp, K, out);
+            else if (nc == 2)
+                bf16_tile_2(ar, bq + n * Kp, Kp, K, out);
+            else
+                bf16_tile_1(ar, bq + n * Kp, Kp, K, out);
+            for (int c = 0; c < nc; c++)
+                for (int64_t r = 0; r < rows; r++)
+                    ((float *)cbase)[(n + c) * ldc + m + r] = out[r][c];
+            n += nc;
+        }
+    }
+    /* The next batch rewrites bq: no thread may still be reading it. */
+    bp_cpu_pool_barrier(p->pool);
+}
+
 #endif /* BP_CPU_HAVE_AVX512 */

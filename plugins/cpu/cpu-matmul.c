@@ -7,8 +7,10 @@
  *
  *   AMX           tile kernels (cpu-amx.c), avx512 build, when the CPU and kernel allow and
  *                 the weights have enough columns for their type (bp_cpu_amx_use)
- *   GEMM_BF16     N >= 16, BF16 weights under BP_MM_PRECISION_HALF, avx512 build on a CPU
- *                 with AVX512_BF16: activations rounded to BF16, vdpbf16ps (cpu-gemm-bf16.c)
+ *   DOT_BF16      N <= 48, BF16 weights under BP_MM_PRECISION_HALF, avx512 build on a CPU
+ *                 with AVX512_BF16: activations rounded to BF16, vdpbf16ps dot-product tiles
+ *                 on the weights' rows in place (cpu-gemm-bf16.c)
+ *   GEMM_BF16     N > 48 otherwise: the same rounding, packed and blocked (cpu-gemm-bf16.c)
  *   BCAST         16 <= N <= 48, AVX2/AVX-512 builds: B packed, A read in place (cpu-gemm.c)
  *   GEMM          N >= 16 otherwise: the packed, blocked GEMM (cpu-gemm.c)
  *   GEMV_FLOAT    N < 16, F32/F16/BF16 weights: dot-product tiles (cpu-gemv.c)
@@ -35,6 +37,7 @@ enum mm_strategy {
 #endif
 #if defined(BP_CPU_HAVE_AVX512)
     MM_GEMM_BF16,
+    MM_DOT_BF16,
 #endif
 #if defined(BP_CPU_HAVE_AVX2)
     MM_BCAST,
@@ -63,6 +66,10 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
 #if defined(BP_CPU_HAVE_AMX)
     if (bp_cpu_amx_use(dst))
         return MM_AMX;
+#endif
+#if defined(BP_CPU_HAVE_AVX512)
+    if (bp_cpu_dot_bf16_use(dst))
+        return MM_DOT_BF16;
 #endif
     if (N >= BP_CPU_GEMM_MIN_N && !repacked) {
 #if defined(BP_CPU_HAVE_AVX512)
@@ -108,6 +115,9 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
     case MM_GEMM_BF16:
         bp_cpu_gemm_bf16_work_size(dst, per_thread, shared);
         break;
+    case MM_DOT_BF16:
+        bp_cpu_dot_bf16_work_size(dst, per_thread, shared);
+        break;
 #endif
 #if defined(BP_CPU_HAVE_AVX2)
     case MM_BCAST:
@@ -136,6 +146,9 @@ static void run_batch(enum mm_strategy s, bp_tensor *dst, const char *abase, con
 #if defined(BP_CPU_HAVE_AVX512)
     case MM_GEMM_BF16:
         bp_cpu_gemm_bf16_batch(dst, abase, bbase, cbase, p);
+        break;
+    case MM_DOT_BF16:
+        bp_cpu_dot_bf16_batch(dst, abase, bbase, cbase, p);
         break;
 #endif
 #if defined(BP_CPU_HAVE_AVX2)

@@ -50,6 +50,12 @@ bool bp_cpu_gemm_bf16_use(const bp_tensor *dst);
 void bp_cpu_gemm_bf16_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared);
 void bp_cpu_gemm_bf16_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
                             const struct bp_cpu_params *p);
+/* The same permission for few columns (N up to 48, any N >= 1): dot-product tiles on A's rows
+ * in place. */
+bool bp_cpu_dot_bf16_use(const bp_tensor *dst);
+void bp_cpu_dot_bf16_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared);
+void bp_cpu_dot_bf16_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                           const struct bp_cpu_params *p);
 #endif
 
 /* ---- Matrix-vector products (cpu-gemv.c) ---------------------------------------------------- */
