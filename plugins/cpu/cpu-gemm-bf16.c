@@ -208,8 +208,8 @@ BF16_TARGET void bp_cpu_gemm_bf16_batch(bp_tensor *dst, const char *abase, const
  * load, so nothing past a row is read. */
 
 #define DOT_MAX_N 48
-#define DR 4 /* rows per tile */
-#define DC 4 /* most columns per tile */
+#define DR_MAX 8 /* most rows per tile */
+#define DC 4     /* most columns per tile */
 
 bool bp_cpu_dot_bf16_use(const bp_tensor *dst)
 {
@@ -227,33 +227,39 @@ void bp_cpu_dot_bf16_work_size(const bp_tensor *dst, size_t *per_thread, size_t 
     *shared = (size_t)(dst->ne[1] * padded_k(dst->src[0]->ne[0])) * sizeof(uint16_t) + 64;
 }
 
-#define DEFINE_BF16_DOT_TILE(NAME, NC)                                                         \
-    BF16_TARGET static void NAME(const uint16_t *const a[DR], const uint16_t *b, int64_t ldb,   \
-                                 int64_t K, float out[DR][DC])                                 \
+/* An NR x NC tile: the NC columns' vectors stay in registers for the step, each row's vector is
+ * loaded once and feeds NC instructions (NR * NC accumulators + NC + 1 registers). */
+#define DEFINE_BF16_DOT_TILE(NAME, NR, NC)                                                     \
+    BF16_TARGET static void NAME(const uint16_t *const a[], const uint16_t *b, int64_t ldb,     \
+                                 int64_t K, float out[][DC])                                   \
     {                                                                                          \
-        __m512 acc[DR][NC];                                                                    \
-        _Pragma("GCC unroll 4") for (int r = 0; r < DR; r++)                                   \
+        __m512 acc[NR][NC];                                                                    \
+        _Pragma("GCC unroll 8") for (int r = 0; r < NR; r++)                                   \
             _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                               \
                 acc[r][c] = _mm512_setzero_ps();                                               \
         for (int64_t k = 0; k < K; k += 32) {                                                  \
             const __mmask32 m = K - k >= 32 ? ~(__mmask32)0                                    \
                                             : (__mmask32)((1u << (K - k)) - 1u);               \
-            __m512bh va[DR];                                                                   \
-            _Pragma("GCC unroll 4") for (int r = 0; r < DR; r++)                               \
-                va[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, a[r] + k);                       \
-            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                             \
-                const __m512bh vb = (__m512bh)_mm512_load_si512(b + c * ldb + k);              \
-                _Pragma("GCC unroll 4") for (int r = 0; r < DR; r++)                           \
-                    acc[r][c] = _mm512_dpbf16_ps(acc[r][c], va[r], vb);                        \
+            __m512bh vb[NC];                                                                   \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                               \
+                vb[c] = (__m512bh)_mm512_load_si512(b + c * ldb + k);                          \
+            _Pragma("GCC unroll 8") for (int r = 0; r < NR; r++) {                             \
+                const __m512bh va = (__m512bh)_mm512_maskz_loadu_epi16(m, a[r] + k);           \
+                _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                           \
+                    acc[r][c] = _mm512_dpbf16_ps(acc[r][c], va, vb[c]);                        \
             }                                                                                  \
         }                                                                                      \
-        _Pragma("GCC unroll 4") for (int r = 0; r < DR; r++)                                   \
+        _Pragma("GCC unroll 8") for (int r = 0; r < NR; r++)                                   \
             _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++)                               \
                 out[r][c] = _mm512_reduce_add_ps(acc[r][c]);                                   \
     }
-DEFINE_BF16_DOT_TILE(bf16_tile_1, 1)
-DEFINE_BF16_DOT_TILE(bf16_tile_2, 2)
-DEFINE_BF16_DOT_TILE(bf16_tile_4, 4)
+/* One or two columns take eight rows (more rows in flight stream weights faster), four
+ * columns six. */
+DEFINE_BF16_DOT_TILE(bf16_tile_8x1, 8, 1)
+DEFINE_BF16_DOT_TILE(bf16_tile_8x2, 8, 2)
+DEFINE_BF16_DOT_TILE(bf16_tile_6x1, 6, 1)
+DEFINE_BF16_DOT_TILE(bf16_tile_6x2, 6, 2)
+DEFINE_BF16_DOT_TILE(bf16_tile_6x4, 6, 4)
 
 BF16_TARGET void bp_cpu_dot_bf16_batch(bp_tensor *dst, const char *abase, const char *bbase,
                                        char *cbase, const struct bp_cpu_params *p)
@@ -279,24 +285,26 @@ BF16_TARGET void bp_cpu_dot_bf16_batch(bp_tensor *dst, const char *abase, const 
     }
     bp_cpu_pool_barrier(p->pool);
 
+    const int64_t dr = N >= DC ? 6 : 8; /* rows per tile, the same for the whole node */
     int64_t g0, g1;
-    bp_cpu_split((M + DR - 1) / DR, p->ith, p->nth, &g0, &g1);
-    const int64_t m_end = g1 * DR < M ? g1 * DR : M;
-    for (int64_t m = g0 * DR; m < m_end; m += DR) {
-        const int64_t rows = m_end - m < DR ? m_end - m : DR;
-        const uint16_t *ar[DR];
-        for (int64_t r = 0; r < DR; r++)
+    bp_cpu_split((M + dr - 1) / dr, p->ith, p->nth, &g0, &g1);
+    const int64_t m_end = g1 * dr < M ? g1 * dr : M;
+    for (int64_t m = g0 * dr; m < m_end; m += dr) {
+        const int64_t rows = m_end - m < dr ? m_end - m : dr;
+        const uint16_t *ar[DR_MAX];
+        for (int64_t r = 0; r < dr; r++) /* a short tile repeats its last row */
             ar[r] = (const uint16_t *)(abase + (m + (r < rows ? r : rows - 1)) *
                                                    (int64_t)a->nb[1]);
         for (int64_t n = 0; n < N;) {
             const int nc = N - n >= DC ? DC : N - n >= 2 ? 2 : 1;
-            float out[DR][DC];
+            const uint16_t *bn = bq + n * Kp;
+            float out[DR_MAX][DC];
             if (nc == 4)
-                bf16_tile_4(ar, bq + n * Kp, Kp, K, out);
-            else if (nc == 2)
-                bf16_tile_2(ar, bq + n * Kp, Kp, K, out);
+                bf16_tile_6x4(ar, bn, Kp, K, out);
+            else if (dr == 8)
+                (nc == 2 ? bf16_tile_8x2 : bf16_tile_8x1)(ar, bn, Kp, K, out);
             else
-                bf16_tile_1(ar, bq + n * Kp, Kp, K, out);
+                (nc == 2 ? bf16_tile_6x2 : bf16_tile_6x1)(ar, bn, Kp, K, out);
             for (int c = 0; c < nc; c++)
                 for (int64_t r = 0; r < rows; r++)
                     ((float *)cbase)[(n + c) * ldc + m + r] = out[r][c];
