@@ -375,6 +375,33 @@ static bp_tensor *mul_mat_case(bp_context *ctx, int v, enum bp_type t)
     }
 }
 
+/* MUL_MAT_ID, four shapes per weight type: (K, M, experts, slots, tokens, activations shared by
+ * a token's slots). Random ids give each expert about slots * tokens / experts columns: the
+ * dot-product kernels, the broadcast kernel and the packed GEMM (K across a 512 block, the
+ * activations a permuted view); some experts may get none. */
+static bp_tensor *mul_mat_id_case(bp_context *ctx, int v, enum bp_type t)
+{
+    static const int64_t s[][6] = {
+        {64, 13, 4, 2, 3, 0}, {96, 37, 8, 2, 40, 1}, {64, 33, 3, 2, 50, 0}, {544, 20, 2, 2, 70, 0},
+    };
+    const int64_t *c = s[v];
+    bp_tensor *as = leaf(ctx, t, c[0], c[1], c[2], 1);
+    bp_tensor *ids = leaf(ctx, BP_TYPE_I32, c[3], c[4], 1, 1);
+    bp_tensor *b = v == 3 ? bp_permute(ctx, f32(ctx, c[0], c[4], c[3], 1), 0, 2, 1, 3)
+                          : f32(ctx, c[0], c[5] ? 1 : c[3], c[4], 1);
+    return bp_mul_mat_id(ctx, as, b, ids);
+}
+
+static bp_tensor *b_mm_id_float(bp_context *ctx, int v)
+{
+    return mul_mat_id_case(ctx, v / 3, all_types[v % 3]);
+}
+
+static bp_tensor *b_mm_id_quant(bp_context *ctx, int v)
+{
+    return mul_mat_id_case(ctx, v / 2, all_types[3 + v % 2]);
+}
+
 static bp_tensor *b_mm_f32(bp_context *ctx, int v) { return mul_mat_case(ctx, v, BP_TYPE_F32); }
 static bp_tensor *b_mm_f16(bp_context *ctx, int v) { return mul_mat_case(ctx, v, BP_TYPE_F16); }
 static bp_tensor *b_mm_bf16(bp_context *ctx, int v) { return mul_mat_case(ctx, v, BP_TYPE_BF16); }
@@ -465,6 +492,8 @@ const struct conf_case conf_cases[] = {
     {"mul_mat_odd_k", b_mm_odd_k, 15, NMSE_F32},
     {"mul_mat_random_f16_bf16", b_mm_rand_float, 12, NMSE_F32},
     {"mul_mat_random_q8_0_q4_0", b_mm_rand_quant, 12, NMSE_QUANT},
+    {"mul_mat_id", b_mm_id_float, 12, NMSE_F32},
+    {"mul_mat_id_quant", b_mm_id_quant, 8, NMSE_QUANT},
     {"mul_mat_half", b_mm_half, 2 * (N_MM_SHAPES + 5) + 9, NMSE_HALF},
 };
 const int conf_n_cases = (int)(sizeof(conf_cases) / sizeof(conf_cases[0]));

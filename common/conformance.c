@@ -95,6 +95,8 @@ static void fill_leaf(bp_graph *g, bp_tensor *t, uint64_t seed)
         for (int64_t i = 0; i < n; i++) {
             if (use && use->op == BP_OP_GET_ROWS)
                 ids[i] = (int32_t)(rng_next(&s) % (uint64_t)use->src[0]->ne[1]);
+            else if (use && use->op == BP_OP_MUL_MAT_ID) /* expert ids */
+                ids[i] = (int32_t)(rng_next(&s) % (uint64_t)use->src[0]->ne[2]);
             else if (use && use->op == BP_OP_SET_ROWS) /* distinct rows: no write races */
                 ids[i] = (int32_t)((i * 7 + 3) % use->src[0]->ne[1]);
             else

@@ -436,6 +436,35 @@ static bool rope(bp_tensor *r)
     return true;
 }
 
+/* MUL_MAT_ID: false for an id outside [0, n_expert). */
+static bool mul_mat_id(bp_tensor *r)
+{
+    const bp_tensor *as = r->src[0], *b = r->src[1], *ids = r->src[2];
+    const int64_t K = as->ne[0];
+    float *arow = malloc((size_t)(K > 0 ? K : 1) * sizeof(float));
+    float *brow = malloc((size_t)(K > 0 ? K : 1) * sizeof(float));
+    bool ok = true;
+    for (int64_t t = 0; t < r->ne[2] && ok; t++)
+        for (int64_t u = 0; u < r->ne[1] && ok; u++) {
+            const int64_t e = (int64_t)ref_get(ids, u, t, 0, 0);
+            if (e < 0 || e >= as->ne[2]) {
+                ok = false;
+                break;
+            }
+            get_row(b, u % b->ne[1], t, 0, brow);
+            for (int64_t m = 0; m < r->ne[0]; m++) {
+                get_row(as, m, e, 0, arow);
+                double sum = 0;
+                for (int64_t k = 0; k < K; k++)
+                    sum += (double)arow[k] * (double)brow[k];
+                ref_set(r, m, u, t, 0, sum);
+            }
+        }
+    free(arow);
+    free(brow);
+    return ok;
+}
+
 static bool get_rows(bp_tensor *r)
 {
     const bp_tensor *a = r->src[0], *ids = r->src[1];
@@ -543,6 +572,8 @@ bool ref_compute_node(bp_tensor *r)
         return row_op(r);
     case BP_OP_MUL_MAT:
         return mul_mat(r);
+    case BP_OP_MUL_MAT_ID:
+        return mul_mat_id(r);
     case BP_OP_SOFT_MAX:
         return soft_max(r);
     case BP_OP_ROPE:

@@ -464,6 +464,45 @@ bp_tensor *bp_mul_mat(bp_context *ctx, bp_tensor *a, bp_tensor *b)
     return t;
 }
 
+bp_tensor *bp_mul_mat_id(bp_context *ctx, bp_tensor *as, bp_tensor *b, bp_tensor *ids)
+{
+    REQUIRE_SRC("bp_mul_mat_id", as);
+    REQUIRE_SRC("bp_mul_mat_id", b);
+    REQUIRE_SRC("bp_mul_mat_id", ids);
+    if (as->type == BP_TYPE_I32)
+        return bp__error_null(BP_ERR_TYPE, "bp_mul_mat_id: expert weights %s must be a float or "
+                              "quantised type", bp__describe(as).s);
+    if (!require_type("bp_mul_mat_id", "activations", b, BP_TYPE_F32) ||
+        !require_type("bp_mul_mat_id", "ids", ids, BP_TYPE_I32))
+        return NULL;
+    if (as->ne[3] != 1 || as->ne[2] < 1)
+        return bp__error_null(BP_ERR_SHAPE, "bp_mul_mat_id: expert weights %s must be [K, M, "
+                              "n_expert, 1] with at least one expert", bp__describe(as).s);
+    const size_t bs = bp_type_size(as->type);
+    if (as->nb[0] != bs || as->nb[1] % bs != 0 || as->nb[2] % bs != 0)
+        return bp__error_null(BP_ERR_SHAPE, "bp_mul_mat_id: expert weights %s must have rows "
+                              "contiguous along K, and row and expert strides of whole %s blocks",
+                              bp__describe(as).s, bp_type_name(as->type));
+    if (ids->ne[2] != 1 || ids->ne[3] != 1)
+        return bp__error_null(BP_ERR_SHAPE, "bp_mul_mat_id: ids %s must be [n_used, n_tokens, 1, "
+                              "1]", bp__describe(ids).s);
+    if (b->ne[0] != as->ne[0] || (b->ne[1] != 1 && b->ne[1] != ids->ne[0]) ||
+        b->ne[2] != ids->ne[1] || b->ne[3] != 1)
+        return bp__error_null(BP_ERR_SHAPE,
+                              "bp_mul_mat_id: activations %s must be [%lld, %lld or 1, %lld, 1] "
+                              "for expert weights %s and ids %s",
+                              bp__describe(b).s, (long long)as->ne[0], (long long)ids->ne[0],
+                              (long long)ids->ne[1], bp__describe(as).s, bp__describe(ids).s);
+    bp_tensor *t = make(ctx, "bp_mul_mat_id", BP_OP_MUL_MAT_ID, BP_TYPE_F32, as->ne[1],
+                        ids->ne[0], ids->ne[1], 1);
+    if (t == NULL)
+        return NULL;
+    t->src[0] = as;
+    t->src[1] = b;
+    t->src[2] = ids;
+    return t;
+}
+
 bp_tensor *bp_mul_mat_set_precision(bp_tensor *mm, enum bp_mm_precision precision)
 {
     if (mm == NULL || mm->op != BP_OP_MUL_MAT)

@@ -214,6 +214,68 @@ START_TEST(test_argmax_nan_and_ties)
 }
 END_TEST
 
+/* Ids out of range fail the compute with a sentence naming the node, and read nothing outside
+ * the table (under ASan/valgrind a wild read would show): GET_ROWS, SET_ROWS and MUL_MAT_ID,
+ * whose valid slots still get their products. */
+START_TEST(test_ids_out_of_range)
+{
+    use_cpu_plugin();
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    bp_context *ctx = bp_context_new(16);
+    bp_tensor *table = bp_new_tensor_2d(ctx, BP_TYPE_F32, 3, 4);
+    bp_tensor *rid = bp_new_tensor_1d(ctx, BP_TYPE_I32, 2);
+    bp_tensor *rows = bp_get_rows(ctx, table, rid);
+    bp_tensor *as = bp_new_tensor_3d(ctx, BP_TYPE_F32, 2, 3, 4); /* 4 experts of 3 x 2 */
+    bp_tensor *x = bp_new_tensor_3d(ctx, BP_TYPE_F32, 2, 1, 2);  /* 2 tokens, shared by slots */
+    bp_tensor *eid = bp_new_tensor_2d(ctx, BP_TYPE_I32, 2, 2);   /* 2 slots per token */
+    bp_tensor *y = bp_mul_mat_id(ctx, as, x, eid);
+    ck_assert_ptr_nonnull(y);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_host_buffer_type());
+    ck_assert_ptr_nonnull(buf);
+    float tv[12], av[24], xv[4] = {1, 2, -1, 0.5f};
+    for (int i = 0; i < 12; i++)
+        tv[i] = (float)i;
+    for (int i = 0; i < 24; i++)
+        av[i] = (float)(i % 7) - 3.0f;
+    ck_assert_int_eq(bp_tensor_set(table, tv, 0, sizeof(tv)), BP_OK);
+    ck_assert_int_eq(bp_tensor_set(as, av, 0, sizeof(av)), BP_OK);
+    ck_assert_int_eq(bp_tensor_set(x, xv, 0, sizeof(xv)), BP_OK);
+
+    const int32_t bad_rows[2] = {1, 4};
+    ck_assert_int_eq(bp_tensor_set(rid, bad_rows, 0, sizeof(bad_rows)), BP_OK);
+    bp_graph *g = bp_graph_new(8);
+    ck_assert_int_eq(bp_graph_build_forward(g, rows), BP_OK);
+    ck_assert_int_eq(bp_backend_graph_compute(be, g), BP_ERR_OUT_OF_BOUNDS);
+    ck_assert_error_has(BP_ERR_OUT_OF_BOUNDS, "GET_ROWS");
+    ck_assert_error_has(BP_ERR_OUT_OF_BOUNDS, "rows 0..3");
+    const int32_t good_rows[2] = {1, 3};
+    ck_assert_int_eq(bp_tensor_set(rid, good_rows, 0, sizeof(good_rows)), BP_OK);
+    ck_assert_int_eq(bp_backend_graph_compute(be, g), BP_OK); /* the failure did not stick */
+    bp_graph_free(g);
+
+    /* Token 0 uses experts 3 and 4 (out of range), token 1 experts -1 and 0. */
+    const int32_t ids[4] = {3, 4, -1, 0};
+    ck_assert_int_eq(bp_tensor_set(eid, ids, 0, sizeof(ids)), BP_OK);
+    g = bp_graph_new(8);
+    ck_assert_int_eq(bp_graph_build_forward(g, y), BP_OK);
+    ck_assert_int_eq(bp_backend_graph_compute(be, g), BP_ERR_OUT_OF_BOUNDS);
+    ck_assert_error_has(BP_ERR_OUT_OF_BOUNDS, "MUL_MAT_ID");
+    ck_assert_error_has(BP_ERR_OUT_OF_BOUNDS, "expert ids");
+    float out[12];
+    ck_assert_int_eq(bp_tensor_get(y, out, 0, sizeof(out)), BP_OK);
+    for (int m = 0; m < 3; m++) { /* the valid slots: (u 0, t 0) expert 3, (u 1, t 1) expert 0 */
+        const float e3 = av[18 + 2 * m] * xv[0] + av[18 + 2 * m + 1] * xv[1];
+        const float e0 = av[2 * m] * xv[2] + av[2 * m + 1] * xv[3];
+        ck_assert_float_eq_tol(out[m], e3, 1e-6f);
+        ck_assert_float_eq_tol(out[9 + m], e0, 1e-6f);
+    }
+    bp_graph_free(g);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+    bp_backend_free(be);
+}
+END_TEST
+
 START_TEST(test_events_and_unsupported_graph)
 {
     use_cpu_plugin();
@@ -780,6 +842,7 @@ int main(void)
     BP_TCASE(s, test_set_n_threads, 30);
     BP_TCASE(s, test_events_and_unsupported_graph, 30);
     BP_TCASE(s, test_argmax_nan_and_ties, 30);
+    BP_TCASE(s, test_ids_out_of_range, 30);
     BP_TCASE(s, test_mul_mat_empty_k, 60);
     BP_TCASE(s, test_graph_allocator_and_threads_agree, 60);
     BP_TCASE(s, test_several_devices, 30);

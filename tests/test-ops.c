@@ -413,6 +413,38 @@ START_TEST(test_argsort_top_k)
 }
 END_TEST
 
+START_TEST(test_mul_mat_id)
+{
+    bp_tensor *as = bp_new_tensor_4d(ctx, BP_TYPE_Q8_0, 64, 5, 8, 1);
+    bp_tensor *ids = i32(2, 7, 1);
+    bp_tensor *r = bp_mul_mat_id(ctx, as, f32(64, 2, 7, 1), ids);
+    ck_assert_shape(r, 5, 2, 7, 1);
+    ck_assert_int_eq(r->op, BP_OP_MUL_MAT_ID);
+    ck_assert_int_eq(r->type, BP_TYPE_F32);
+    ck_assert_ptr_eq(r->src[2], ids);
+    ck_assert_str_eq(bp_op_name(BP_OP_MUL_MAT_ID), "MUL_MAT_ID");
+    ck_assert_ptr_nonnull(bp_mul_mat_id(ctx, as, f32(64, 1, 7, 1), ids)); /* shared by slots */
+    ck_assert_rejected(bp_mul_mat_id(ctx, as, f32(64, 3, 7, 1), ids), BP_ERR_SHAPE,
+                       "[64, 2 or 1, 7, 1]");
+    ck_assert_rejected(bp_mul_mat_id(ctx, as, f32(64, 2, 6, 1), ids), BP_ERR_SHAPE, "bp_mul_mat_id");
+    ck_assert_rejected(bp_mul_mat_id(ctx, as, f32(32, 2, 7, 1), ids), BP_ERR_SHAPE, "bp_mul_mat_id");
+    ck_assert_rejected(bp_mul_mat_id(ctx, as, f32(64, 2, 7, 1), f32(2, 7, 1, 1)), BP_ERR_TYPE,
+                       "ids");
+    ck_assert_rejected(bp_mul_mat_id(ctx, i32(64, 5, 8), f32(64, 2, 7, 1), ids), BP_ERR_TYPE,
+                       "expert weights");
+    ck_assert_rejected(bp_mul_mat_id(ctx, bp_new_tensor_4d(ctx, BP_TYPE_F32, 64, 5, 2, 2),
+                                     f32(64, 2, 7, 1), ids),
+                       BP_ERR_SHAPE, "n_expert, 1");
+    /* An expert stride that is not a whole number of blocks (views cannot make one; a caller
+     * writing the public strides can). */
+    bp_tensor *odd = bp_new_tensor_4d(ctx, BP_TYPE_Q8_0, 64, 5, 8, 1);
+    odd->nb[2] += 16;
+    ck_assert_rejected(bp_mul_mat_id(ctx, odd, f32(64, 2, 7, 1), ids), BP_ERR_SHAPE,
+                       "whole q8_0 blocks");
+    ck_assert_rejected(bp_mul_mat_id(ctx, as, NULL, ids), BP_ERR_INVALID_ARG, "NULL");
+}
+END_TEST
+
 START_TEST(test_flash_attn_ext)
 {
     bp_tensor *q = f32(64, 5, 8, 1);
@@ -472,6 +504,7 @@ int main(void)
         {test_clamp_l2_norm, "clamp_l2_norm"},
         {test_rope_ext, "rope_ext"},
         {test_argsort_top_k, "argsort_top_k"},
+        {test_mul_mat_id, "mul_mat_id"},
         {test_soft_max_sinks, "soft_max_sinks"},
         {test_set_rows, "set_rows"},     {test_binary_broadcast, "binary"},
         {test_scale_and_unary, "unary"}, {test_reductions_and_norms, "reductions"},

@@ -105,7 +105,8 @@ BP_API uint16_t bp_fp32_to_bf16(float f);
     X(CLAMP, 1, false)          \
     X(L2_NORM, 1, false)        \
     X(ARGSORT, 1, false)        \
-    X(TOP_K, 1, false)
+    X(TOP_K, 1, false)          \
+    X(MUL_MAT_ID, 3, false)
 
 enum bp_op {
 #define BP_OP_ENUM(name, n_src, is_view) BP_OP_##name,
@@ -179,6 +180,11 @@ enum bp_rope_mode {
  *              b[k, n, i2, i3]. a is broadcast by division, unlike the binary ops' modulo: each
  *              slice of a serves B2 / A2 consecutive slices of b (grouped-query attention: with
  *              A2 = 2 and B2 = 8, a's head 0 serves b's heads 0..3).
+ *   MUL_MAT_ID src[0] as [K, M, E, 1] (E experts' weights stacked), src[1] b F32 [K, U or 1, T, 1],
+ *              src[2] ids I32 [U, T, 1, 1]. F32 [M, U, T, 1]: r[m, u, t] = sum_k
+ *              as[k, m, ids[u, t]] * b[k, u % b.ne1, t]. No parameters. An id outside [0, E)
+ *              makes the compute fail with BP_ERR_OUT_OF_BOUNDS (that slot's results are
+ *              undefined); nothing outside as is read.
  *   SOFT_MAX   src[0] a, src[1] mask or NULL, src[2] sinks or NULL. op_params[0] = scale
  *              (f32). Along ne[0] of a[:, i1, i2, i3] * scale + mask[:, i1, i2 % mask.ne2,
  *              i3 % mask.ne3], with sinks[i2] weighed in (bp_soft_max_add_sinks).
@@ -428,6 +434,14 @@ BP_API bp_tensor *bp_clamp(bp_context *ctx, bp_tensor *a, float lo, float hi);
  * r[m, n] = sum_k a[k, m] * b[k, n]; B2 % A2 == 0 and B3 % A3 == 0. a is broadcast by division:
  * slice i2 of b uses slice i2 / (B2 / A2) of a (not i2 % A2 as in the binary ops). */
 BP_API bp_tensor *bp_mul_mat(bp_context *ctx, bp_tensor *a, bp_tensor *b);
+
+/* mul_mat_id: the expert products of a mixture-of-experts layer (ggml's conventions). as holds E
+ * experts' weights [K, M, E, 1] (any type but I32, rows contiguous along K), b the activations
+ * F32 [K, U, T, 1] (one per used expert slot) or [K, 1, T, 1] (one per token, shared by its U
+ * slots), ids I32 [U, T, 1, 1] the expert each slot of each token uses. -> F32 [M, U, T, 1]:
+ * r[:, u, t] = as[:, :, ids[u, t]]^T b[:, u or 0, t]. Ids are read when the graph computes: one
+ * outside [0, E) fails that compute with BP_ERR_OUT_OF_BOUNDS, never a read outside as. */
+BP_API bp_tensor *bp_mul_mat_id(bp_context *ctx, bp_tensor *as, bp_tensor *b, bp_tensor *ids);
 
 /* How a MUL_MAT may round its activations. By default every device keeps the same contract, so
  * that a model's results do not depend on which device runs it; HALF trades that for speed. */

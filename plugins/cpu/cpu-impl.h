@@ -44,7 +44,18 @@ struct bp_cpu_params {
     void *wdata;      /* this thread's scratch, wsize_thread bytes */
     void *wshared;    /* scratch shared by all threads of the node, wsize_shared bytes */
     struct bp_cpu_pool *pool;
+    /* The first node of this compute that met data it cannot use (an id out of range): set
+     * with bp_cpu_fault; the compute then fails with BP_ERR_OUT_OF_BOUNDS naming it. */
+    _Atomic(const bp_tensor *) *fault;
 };
+
+/* Records node as the compute's first fault (later ones are dropped). The kernel goes on and
+ * must still read and write nothing out of bounds. */
+BP_CPU_INLINE void bp_cpu_fault(const struct bp_cpu_params *p, const bp_tensor *node)
+{
+    const bp_tensor *none = NULL;
+    atomic_compare_exchange_strong(p->fault, &none, node);
+}
 
 /* CALL(c) with c the constant 1, 2, 3 or 4 for nc = 1, 2, 3 or more: each call inlines its own
  * copy of a kernel whose loops over columns then unroll. */
@@ -91,6 +102,11 @@ bool bp_cpu_flash_attn_supported(const bp_tensor *dst);
 void bp_cpu_flash_attn_work_size(const bp_tensor *dst, int nth, size_t *per_thread);
 
 void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p);
+/* MUL_MAT_ID (cpu-matmul.c): pairs grouped by expert, then the MUL_MAT kernels per group. */
+void bp_cpu_mul_mat_id(bp_tensor *node, const struct bp_cpu_params *p);
+bool bp_cpu_mul_mat_id_supported(const bp_tensor *node);
+void bp_cpu_mul_mat_id_work_size(const bp_tensor *node, int nth, size_t *per_thread,
+                                 size_t *shared);
 bool bp_cpu_mul_mat_supported(const bp_tensor *dst);
 void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread, size_t *shared);
 

@@ -228,9 +228,11 @@ static void op_get_rows(bp_tensor *dst, const struct bp_cpu_params *p)
                                         i2 * (int64_t)ids->nb[1] + i3 * (int64_t)ids->nb[2]);
         float *out = bp_cpu_row(dst, i1, i2, i3);
         if (id < 0 || id >= a->ne[1]) {
-            /* An id out of range reads nothing: the row becomes NaN, never a wild read. */
+            /* An id out of range reads nothing: the row becomes NaN, never a wild read, and
+             * the compute fails. */
             for (int64_t i = 0; i < dst->ne[0]; i++)
                 out[i] = NAN;
+            bp_cpu_fault(p, dst);
             continue;
         }
         if (repacked) { /* the row's blocks in their usual order first (wdata: 2 ne[0] floats) */
@@ -259,8 +261,10 @@ static void op_set_rows(bp_tensor *dst, const struct bp_cpu_params *p)
         int32_t id = *(const int32_t *)((const char *)ids->data + i1 * (int64_t)ids->nb[0] +
                                         (i2 % ids->ne[1]) * (int64_t)ids->nb[1] +
                                         (i3 % ids->ne[2]) * (int64_t)ids->nb[2]);
-        if (id < 0 || id >= dst->ne[1])
-            continue; /* out of range: nothing is written */
+        if (id < 0 || id >= dst->ne[1]) {
+            bp_cpu_fault(p, dst); /* nothing is written; the compute fails */
+            continue;
+        }
         const float *x = row_f32(src, i1, i2, i3, tmp);
         write_row(dst, id, i2, i3, x);
     }
@@ -771,6 +775,9 @@ void bp_cpu_compute_node(bp_tensor *node, const struct bp_cpu_params *p)
     case BP_OP_MUL_MAT:
         bp_cpu_mul_mat(node, p);
         break;
+    case BP_OP_MUL_MAT_ID:
+        bp_cpu_mul_mat_id(node, p);
+        break;
     case BP_OP_FLASH_ATTN_EXT:
         bp_cpu_flash_attn(node, p);
         break;
@@ -786,6 +793,10 @@ void bp_cpu_work_size(const bp_tensor *node, int nth, size_t *per_thread, size_t
     *shared = 0;
     if (node->op == BP_OP_MUL_MAT) {
         bp_cpu_mul_mat_work_size(node, nth, per_thread, shared);
+        return;
+    }
+    if (node->op == BP_OP_MUL_MAT_ID) {
+        bp_cpu_mul_mat_id_work_size(node, nth, per_thread, shared);
         return;
     }
     if (node->op == BP_OP_FLASH_ATTN_EXT) {
@@ -870,6 +881,8 @@ bool bp_cpu_supports_op(const bp_tensor *op)
         return bp_type_block_size(op->type) == 1 && rows_contiguous(op);
     case BP_OP_MUL_MAT:
         return bp_cpu_mul_mat_supported(op);
+    case BP_OP_MUL_MAT_ID:
+        return bp_cpu_mul_mat_id_supported(op);
     case BP_OP_FLASH_ATTN_EXT:
         return bp_cpu_flash_attn_supported(op);
     default:

@@ -110,6 +110,7 @@ struct graph_job {
     struct cpu_backend *cb;
     size_t per_thread;    /* bytes, multiple of 64 */
     const bool *barrier; /* per node: whether all threads meet before it */
+    _Atomic(const bp_tensor *) fault; /* bp_cpu_fault */
 };
 
 static bool computes(const bp_tensor *t)
@@ -198,6 +199,7 @@ static void graph_job_run(void *arg, int ith, int nth)
         .wdata = job->cb->work + (size_t)ith * job->per_thread,
         .wshared = job->cb->work + (size_t)nth * job->per_thread,
         .pool = job->cb->pool,
+        .fault = &job->fault,
     };
     const int n = bp_graph_get_n_nodes(job->graph);
     bool started = false;
@@ -295,8 +297,20 @@ static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g)
             return bp_set_error(BP_ERR_OUT_OF_MEMORY, "CPU: out of memory for %zu bytes of "
                                 "scratch", need);
     }
-    struct graph_job job = {g, cb, per_thread, planned ? cb->barrier : NULL};
+    struct graph_job job = {g, cb, per_thread, planned ? cb->barrier : NULL, NULL};
     bp_cpu_pool_run(cb->pool, graph_job_run, &job);
+    const bp_tensor *bad = atomic_load(&job.fault);
+    if (bad != NULL) {
+        char desc[BP_TENSOR_DESC_SIZE];
+        return bp_set_error(BP_ERR_OUT_OF_BOUNDS, "CPU: %s node %s: an id in %s is out of range "
+                            "(rows 0..%lld; the results of those rows are undefined)",
+                            bp_op_name(bad->op), bp_describe_tensor(bad, desc, sizeof(desc)),
+                            bad->op == BP_OP_SET_ROWS ? "src[2]"
+                            : bad->op == BP_OP_MUL_MAT_ID ? "src[2] (expert ids)" : "src[1]",
+                            (long long)(bad->op == BP_OP_MUL_MAT_ID ? bad->src[0]->ne[2]
+                                        : bad->op == BP_OP_SET_ROWS ? bad->ne[1]
+                                                                    : bad->src[0]->ne[1]) - 1);
+    }
     return BP_OK;
 }
 
