@@ -7,6 +7,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 #include <strings.h>
 
@@ -94,7 +95,23 @@ uint16_t bp_fp32_to_bf16(float f)
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
 }
 
-/* ---- Row conversions -------------------------------------------------------------------- */
+/* ---- Row conversions --------------------------------------------------------------------
+ *
+ * The packed side of every conversion is read and written byte-wise (memcpy of each 16-bit
+ * value or scale): rows may sit at any address, such as a tensor of a GGUF file whose
+ * general.alignment is 1. Compilers turn the 2-byte memcpy into a plain load or store. */
+
+static uint16_t load16(const unsigned char *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static void store16(unsigned char *p, uint16_t v)
+{
+    memcpy(p, &v, sizeof(v));
+}
 
 static void f32_to_float(const void *src, float *dst, int64_t n)
 {
@@ -108,91 +125,103 @@ static void f32_from_float(const float *src, void *dst, int64_t n)
 
 static void f16_to_float(const void *src, float *dst, int64_t n)
 {
-    const uint16_t *s = src;
+    const unsigned char *s = src;
     for (int64_t i = 0; i < n; i++)
-        dst[i] = bp_fp16_to_fp32(s[i]);
+        dst[i] = bp_fp16_to_fp32(load16(s + 2 * i));
 }
 
 static void f16_from_float(const float *src, void *dst, int64_t n)
 {
-    uint16_t *d = dst;
+    unsigned char *d = dst;
     for (int64_t i = 0; i < n; i++)
-        d[i] = bp_fp32_to_fp16(src[i]);
+        store16(d + 2 * i, bp_fp32_to_fp16(src[i]));
 }
 
 static void bf16_to_float(const void *src, float *dst, int64_t n)
 {
-    const uint16_t *s = src;
+    const unsigned char *s = src;
     for (int64_t i = 0; i < n; i++)
-        dst[i] = bp_bf16_to_fp32(s[i]);
+        dst[i] = bp_bf16_to_fp32(load16(s + 2 * i));
 }
 
 static void bf16_from_float(const float *src, void *dst, int64_t n)
 {
-    uint16_t *d = dst;
+    unsigned char *d = dst;
     for (int64_t i = 0; i < n; i++)
-        d[i] = bp_fp32_to_bf16(src[i]);
+        store16(d + 2 * i, bp_fp32_to_bf16(src[i]));
 }
 
 static void i32_to_float(const void *src, float *dst, int64_t n)
 {
-    const int32_t *s = src;
-    for (int64_t i = 0; i < n; i++)
-        dst[i] = (float)s[i];
+    const unsigned char *s = src;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t v;
+        memcpy(&v, s + 4 * i, sizeof(v));
+        dst[i] = (float)v;
+    }
 }
 
 /* Nearest integer, saturating at the int32 range; NaN becomes 0. */
 static void i32_from_float(const float *src, void *dst, int64_t n)
 {
-    int32_t *d = dst;
+    unsigned char *d = dst;
     for (int64_t i = 0; i < n; i++) {
         float v = src[i];
+        int32_t r;
         if (isnan(v))
-            d[i] = 0;
+            r = 0;
         else if (v >= 2147483647.0f)
-            d[i] = INT32_MAX;
+            r = INT32_MAX;
         else if (v <= -2147483648.0f)
-            d[i] = INT32_MIN;
+            r = INT32_MIN;
         else
-            d[i] = (int32_t)lrintf(v);
+            r = (int32_t)lrintf(v);
+        memcpy(d + 4 * i, &r, sizeof(r));
     }
 }
 
+/* Blocks as bytes: the f16 scale at offsetof(..., d), the quants at offsetof(..., qs). */
+#define Q8_BYTES sizeof(struct bp_block_q8_0)
+#define Q4_BYTES sizeof(struct bp_block_q4_0)
+
 static void q8_0_to_float(const void *src, float *dst, int64_t n)
 {
-    const struct bp_block_q8_0 *b = src;
-    for (int64_t i = 0; i < n / BP_QK8_0; i++) {
-        float d = bp_fp16_to_fp32(b[i].d);
+    const unsigned char *b = src;
+    for (int64_t i = 0; i < n / BP_QK8_0; i++, b += Q8_BYTES) {
+        const float d = bp_fp16_to_fp32(load16(b + offsetof(struct bp_block_q8_0, d)));
+        const int8_t *qs = (const int8_t *)(b + offsetof(struct bp_block_q8_0, qs));
         for (int j = 0; j < BP_QK8_0; j++)
-            dst[i * BP_QK8_0 + j] = d * (float)b[i].qs[j];
+            dst[i * BP_QK8_0 + j] = d * (float)qs[j];
     }
 }
 
 /* Symmetric 8-bit: d = max|x| / 127, q = round(x / d). */
 static void q8_0_from_float(const float *src, void *dst, int64_t n)
 {
-    struct bp_block_q8_0 *b = dst;
-    for (int64_t i = 0; i < n / BP_QK8_0; i++) {
+    unsigned char *b = dst;
+    for (int64_t i = 0; i < n / BP_QK8_0; i++, b += Q8_BYTES) {
         const float *x = src + i * BP_QK8_0;
         float amax = 0.0f;
         for (int j = 0; j < BP_QK8_0; j++)
             amax = fmaxf(amax, fabsf(x[j]));
         float d = amax / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
-        b[i].d = bp_fp32_to_fp16(d);
+        store16(b + offsetof(struct bp_block_q8_0, d), bp_fp32_to_fp16(d));
+        int8_t *qs = (int8_t *)(b + offsetof(struct bp_block_q8_0, qs));
         for (int j = 0; j < BP_QK8_0; j++)
-            b[i].qs[j] = (int8_t)lrintf(x[j] * id);
+            qs[j] = (int8_t)lrintf(x[j] * id);
     }
 }
 
 static void q4_0_to_float(const void *src, float *dst, int64_t n)
 {
-    const struct bp_block_q4_0 *b = src;
-    for (int64_t i = 0; i < n / BP_QK4_0; i++) {
-        float d = bp_fp16_to_fp32(b[i].d);
+    const unsigned char *b = src;
+    for (int64_t i = 0; i < n / BP_QK4_0; i++, b += Q4_BYTES) {
+        const float d = bp_fp16_to_fp32(load16(b + offsetof(struct bp_block_q4_0, d)));
+        const uint8_t *qs = b + offsetof(struct bp_block_q4_0, qs);
         for (int j = 0; j < BP_QK4_0 / 2; j++) {
-            dst[i * BP_QK4_0 + j] = d * (float)((b[i].qs[j] & 0x0f) - 8);
-            dst[i * BP_QK4_0 + j + BP_QK4_0 / 2] = d * (float)((b[i].qs[j] >> 4) - 8);
+            dst[i * BP_QK4_0 + j] = d * (float)((qs[j] & 0x0f) - 8);
+            dst[i * BP_QK4_0 + j + BP_QK4_0 / 2] = d * (float)((qs[j] >> 4) - 8);
         }
     }
 }
@@ -201,8 +230,8 @@ static void q4_0_to_float(const void *src, float *dst, int64_t n)
  * gives one more level on its side than a symmetric scale would. */
 static void q4_0_from_float(const float *src, void *dst, int64_t n)
 {
-    struct bp_block_q4_0 *b = dst;
-    for (int64_t i = 0; i < n / BP_QK4_0; i++) {
+    unsigned char *b = dst;
+    for (int64_t i = 0; i < n / BP_QK4_0; i++, b += Q4_BYTES) {
         const float *x = src + i * BP_QK4_0;
         float amax = 0.0f, max = 0.0f;
         for (int j = 0; j < BP_QK4_0; j++) {
@@ -213,13 +242,14 @@ static void q4_0_from_float(const float *src, void *dst, int64_t n)
         }
         float d = max / -8.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
-        b[i].d = bp_fp32_to_fp16(d);
+        store16(b + offsetof(struct bp_block_q4_0, d), bp_fp32_to_fp16(d));
+        uint8_t *qs = b + offsetof(struct bp_block_q4_0, qs);
         for (int j = 0; j < BP_QK4_0 / 2; j++) {
             int q0 = (int)(x[j] * id + 8.5f);
             int q1 = (int)(x[j + BP_QK4_0 / 2] * id + 8.5f);
             q0 = q0 < 0 ? 0 : q0 > 15 ? 15 : q0;
             q1 = q1 < 0 ? 0 : q1 > 15 ? 15 : q1;
-            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+            qs[j] = (uint8_t)(q0 | (q1 << 4));
         }
     }
 }

@@ -38,7 +38,8 @@ struct bp_block_q4_0 {
     uint8_t qs[BP_QK4_0 / 2]; /* element j in the low nibble of qs[j], element j+16 in the high */
 };
 
-/* Converts n elements (n a multiple of the block size) of a row to or from float. */
+/* Converts n elements (n a multiple of the block size) of a row to or from float. The packed
+ * side (src of to_float, dst of from_float) may be at any address, aligned or not. */
 typedef void (*bp_to_float_fn)(const void *src, float *dst, int64_t n);
 typedef void (*bp_from_float_fn)(const float *src, void *dst, int64_t n);
 
