@@ -148,6 +148,10 @@ check "--gguf with --wtype is refused" usage "does not apply" "$tool" run --gguf
 check "--tokens outside the vocabulary is refused" usage "token 2 ('96') is not an id in \[0, 96)" "$tool" run --gguf "$gguf_dir/llama-gqa.gguf" --tokens 1,96
 check "--tokens that are not numbers are refused" usage "token 1 ('x') is not an id" "$tool" run --tokens x,1
 check "--tokens longer than the context is refused" usage "do not fit the context" "$tool" run --gguf "$gguf_dir/llama-gqa.gguf" --ctx 4 --tokens 1,2,3,4,5
+# mixture of experts: the router, MUL_MAT_ID and the weighted sum, on the CPU and across a meta device
+check "moe on Meta(CPU0,CPU1) agrees with the CPU" env BP_CPU_DEVICES=2 sh -c "'$tool' run --model moe -p 6 -n 4 --wtype q8_0 -d 'Meta(CPU0,CPU1)' --check | grep -q 'check: .*pass'"
+check "moe --save-gguf then --gguf: the same tokens (q4_0)" sh -c "'$tool' run --model moe --wtype q4_0 --save-gguf '$tmp/moe.gguf' > /dev/null && test \"\$('$tool' run --model moe --wtype q4_0 -n 6 -t 1 | grep '^tokens:')\" = \"\$('$tool' run --gguf '$tmp/moe.gguf' -n 6 -t 1 | grep '^tokens:')\""
+check "moe on a device without MUL_MAT_ID is refused with the reason" sh -c "'$tool' run --model moe -n 2 -d ACCEL0,CPU 2>&1 | grep -q 'ACCEL0 cannot run MUL_MAT_ID of f32 weights'"
 check "--logits writes n_gen x n_vocab f32" sh -c "'$tool' run --model tiny -n 3 --logits '$tmp/l.bin' > /dev/null && test \$(wc -c < '$tmp/l.bin') -eq 12288"
 check "--logits to a missing directory exits 1 with the reason" sh -c "'$tool' run --model tiny -n 2 --logits /nonexistent/l.bin 2>&1 >/dev/null | grep -q \"cannot write --logits file '/nonexistent/l.bin'\""
 check "every CPU case passes with graphs run on the calling thread alone (the pool's contention mode)" env BP_CPU_FORCE_SOLO=1 sh -c "'$tool' conformance CPU -t 2 | grep -q '^CPU: [0-9]* passed, 0 failed, 0 not supported'"

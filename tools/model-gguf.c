@@ -262,6 +262,14 @@ enum bp_status model_gguf_config(const bp_gguf *g, struct model_config *cfg, cha
     };
     if (yarn && (st = yarn_params(g, an, ctx, cfg)) != BP_OK)
         return st;
+    /* Mixture of experts (Mixtral: llama with expert_count). */
+    int64_t experts = 0, used = 0;
+    if ((st = get_int(g, an, "expert_count", false, 0, 0, 4096, &experts)) != BP_OK ||
+        (experts > 0 &&
+         (st = get_int(g, an, "expert_used_count", true, 0, 1, experts, &used)) != BP_OK))
+        return st;
+    cfg->n_expert = (int)experts;
+    cfg->n_expert_used = (int)used;
     *wtype = q.type;
     return BP_OK;
 }
@@ -306,6 +314,29 @@ static bp_tensor *from_file(const bp_gguf *g, bp_context *ctx, int64_t ne0, int6
     return t != NULL ? bp_set_name(t, name) : NULL;
 }
 
+/* The stacked expert tensor "<fmt % il>" [ne0, ne1, ne2], as from_file; NULL after bp_set_error. */
+static bp_tensor *experts_from_file(const bp_gguf *g, bp_context *ctx, int64_t ne0, int64_t ne1,
+                                    int64_t ne2, const char *fmt, int il)
+{
+    char name[96];
+    snprintf(name, sizeof(name), fmt, il);
+    struct bp_gguf_tensor info;
+    enum bp_status st = BP_OK;
+    if (tensor(g, name, &info, &st) < 0) {
+        if (st == BP_OK)
+            bp_set_error(BP_ERR_INVALID_ARG, "the file has no tensor %s", name);
+        return NULL;
+    }
+    if (info.n_dims > 3 || info.ne[0] != ne0 || info.ne[1] != ne1 || info.ne[2] != ne2) {
+        bp_set_error(BP_ERR_SHAPE, "tensor %s is [%lld, %lld, %lld]; the metadata asks for "
+                     "[%lld, %lld, %lld]", name, (long long)info.ne[0], (long long)info.ne[1],
+                     (long long)info.ne[2], (long long)ne0, (long long)ne1, (long long)ne2);
+        return NULL;
+    }
+    bp_tensor *t = bp_new_tensor_3d(ctx, info.type, ne0, ne1, ne2);
+    return t != NULL ? bp_set_name(t, name) : NULL;
+}
+
 /* Norms are multiplied into f32 activations: they must be f32. */
 static bool f32_vector(bp_tensor *t)
 {
@@ -346,12 +377,25 @@ static bool describe_from_file(struct model *m, const bp_gguf *g, bool *tied)
                 NULL ||
             (l->ffn_norm = from_file(g, w, E, 0, false, NULL, "blk.%d.ffn_norm.weight", il)) ==
                 NULL ||
-            !f32_vector(l->ffn_norm) ||
-            (l->w_gate = from_file(g, w, E, F, false, NULL, "blk.%d.ffn_gate.weight", il)) ==
-                NULL ||
-            (l->w_up = from_file(g, w, E, F, false, NULL, "blk.%d.ffn_up.weight", il)) == NULL ||
-            (l->w_down = from_file(g, w, F, E, false, NULL, "blk.%d.ffn_down.weight", il)) ==
-                NULL)
+            !f32_vector(l->ffn_norm))
+            return false;
+        const int64_t X = c->n_expert;
+        if (X > 0 &&
+            ((l->ffn_gate_inp = from_file(g, w, E, X, false, NULL, "blk.%d.ffn_gate_inp.weight",
+                                          il)) == NULL ||
+             (l->ffn_gate_exps = experts_from_file(g, w, E, F, X, "blk.%d.ffn_gate_exps.weight",
+                                                   il)) == NULL ||
+             (l->ffn_up_exps = experts_from_file(g, w, E, F, X, "blk.%d.ffn_up_exps.weight",
+                                                 il)) == NULL ||
+             (l->ffn_down_exps = experts_from_file(g, w, F, E, X, "blk.%d.ffn_down_exps.weight",
+                                                   il)) == NULL))
+            return false;
+        if (X == 0 &&
+            ((l->w_gate = from_file(g, w, E, F, false, NULL, "blk.%d.ffn_gate.weight", il)) ==
+                 NULL ||
+             (l->w_up = from_file(g, w, E, F, false, NULL, "blk.%d.ffn_up.weight", il)) == NULL ||
+             (l->w_down = from_file(g, w, F, E, false, NULL, "blk.%d.ffn_down.weight", il)) ==
+                 NULL))
             return false;
         if (il == 0)
             m->wtype = l->wq->type;
@@ -610,6 +654,10 @@ static enum bp_status add_metadata(bp_gguf_writer *w, const struct model *m)
     SET(bp_gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)c->n_ff));
     SET(bp_gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)c->n_head));
     SET(bp_gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)c->n_head_kv));
+    if (c->n_expert > 0) {
+        SET(bp_gguf_writer_set_u32(w, "llama.expert_count", (uint32_t)c->n_expert));
+        SET(bp_gguf_writer_set_u32(w, "llama.expert_used_count", (uint32_t)c->n_expert_used));
+    }
     SET(bp_gguf_writer_set_u32(w, "llama.rope.dimension_count",
                                (uint32_t)(c->rope_dims > 0 ? c->rope_dims : c->n_embd / c->n_head)));
     SET(bp_gguf_writer_set_f32(w, "llama.rope.freq_base", c->rope_base));
@@ -687,6 +735,8 @@ static enum bp_status add_tensors(bp_gguf_writer *w, const struct model *m)
             {"attn_v.bias", l->bv},             {"attn_output.weight", l->wo},
             {"ffn_norm.weight", l->ffn_norm},   {"ffn_gate.weight", l->w_gate},
             {"ffn_up.weight", l->w_up},         {"ffn_down.weight", l->w_down},
+            {"ffn_gate_inp.weight", l->ffn_gate_inp},   {"ffn_gate_exps.weight", l->ffn_gate_exps},
+            {"ffn_up_exps.weight", l->ffn_up_exps},     {"ffn_down_exps.weight", l->ffn_down_exps},
         };
         for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]) && st == BP_OK; i++) {
             if (parts[i].t == NULL)

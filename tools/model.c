@@ -20,6 +20,12 @@ static const struct model_config configs[] = {
     SEEDED("tiny", 2, 128, 352, 4, 1024, 256),
     SEEDED("small", 8, 512, 1408, 8, 8192, 512),
     SEEDED("base", 16, 2048, 5632, 16, 32000, 512),
+    /* Mixtral's shape, scaled down: eight experts, two per token (about 20 M parameters, 6 M
+     * of them used per token). */
+    {.name = "moe", .n_layer = 4, .n_embd = 256, .n_ff = 704, .n_head = 4, .n_vocab = 4096,
+     .n_ctx = 512, .n_head_kv = 4, .rope_mode = BP_ROPE_NEOX, .rope_base = 10000.0f,
+     .rope_scale = 1.0f, .norm_eps = 1e-5f, .kv_type = BP_TYPE_F16, .n_expert = 8,
+     .n_expert_used = 2},
 };
 
 const struct model_config *model_config_by_name(const char *name)
@@ -32,7 +38,7 @@ const struct model_config *model_config_by_name(const char *name)
 
 const char *model_config_names(void)
 {
-    return "tiny, small, base";
+    return "tiny, small, base, moe";
 }
 
 /* Width of the keys and values: n_head_kv heads of n_embd / n_head. */
@@ -44,18 +50,21 @@ static int64_t kv_width(const struct model_config *c)
 int64_t model_n_params(const struct model_config *c)
 {
     const int64_t E = c->n_embd, F = c->n_ff, EK = kv_width(c);
+    const int64_t mlps = c->n_expert > 0 ? c->n_expert : 1, router = (int64_t)c->n_expert * E;
     return 2 * (int64_t)c->n_vocab * E + E +
-           (int64_t)c->n_layer * (2 * E * E + 2 * E * EK + 3 * E * F + 2 * E);
+           (int64_t)c->n_layer * (2 * E * E + 2 * E * EK + 3 * E * F * mlps + router + 2 * E);
 }
 
 size_t model_weight_bytes(const struct model_config *c, enum bp_type wtype)
 {
     const int64_t E = c->n_embd, F = c->n_ff, EK = kv_width(c);
+    const size_t mlps = c->n_expert > 0 ? (size_t)c->n_expert : 1;
     const size_t mat = 2 * (size_t)c->n_vocab * bp_row_size(wtype, E) +
                        (size_t)c->n_layer * ((2 * (size_t)E + 2 * (size_t)EK) * bp_row_size(wtype, E) +
-                                             2 * (size_t)F * bp_row_size(wtype, E) +
-                                             (size_t)E * bp_row_size(wtype, F));
-    return mat + (size_t)(1 + 2 * c->n_layer) * (size_t)E * sizeof(float);
+                                             mlps * (2 * (size_t)F * bp_row_size(wtype, E) +
+                                                     (size_t)E * bp_row_size(wtype, F)));
+    const size_t router = (size_t)c->n_layer * (size_t)c->n_expert * (size_t)E * sizeof(float);
+    return mat + router + (size_t)(1 + 2 * c->n_layer) * (size_t)E * sizeof(float);
 }
 
 size_t model_kv_bytes(const struct model_config *c)
@@ -109,6 +118,13 @@ static bp_tensor *matrix(bp_context *ctx, enum bp_type type, int64_t cols, int64
     return t ? bp_format_name(t, fmt, il) : NULL;
 }
 
+static bp_tensor *stacked(bp_context *ctx, enum bp_type type, int64_t cols, int64_t rows,
+                          int64_t n, const char *fmt, int il)
+{
+    bp_tensor *t = bp_new_tensor_3d(ctx, type, cols, rows, n);
+    return t ? bp_format_name(t, fmt, il) : NULL;
+}
+
 static bool describe(struct model *m)
 {
     const struct model_config *c = &m->cfg;
@@ -128,13 +144,24 @@ static bool describe(struct model *m)
         l->wv = matrix(w, wt, E, kv_width(c), "blk.%d.attn_v", il);
         l->wo = matrix(w, wt, E, E, "blk.%d.attn_output", il);
         l->ffn_norm = matrix(w, BP_TYPE_F32, E, 1, "blk.%d.ffn_norm", il);
-        l->w_gate = matrix(w, wt, E, F, "blk.%d.ffn_gate", il);
-        l->w_up = matrix(w, wt, E, F, "blk.%d.ffn_up", il);
-        l->w_down = matrix(w, wt, F, E, "blk.%d.ffn_down", il);
+        if (c->n_expert > 0) {
+            l->ffn_gate_inp = matrix(w, BP_TYPE_F32, E, c->n_expert, "blk.%d.ffn_gate_inp", il);
+            l->ffn_gate_exps = stacked(w, wt, E, F, c->n_expert, "blk.%d.ffn_gate_exps", il);
+            l->ffn_up_exps = stacked(w, wt, E, F, c->n_expert, "blk.%d.ffn_up_exps", il);
+            l->ffn_down_exps = stacked(w, wt, F, E, c->n_expert, "blk.%d.ffn_down_exps", il);
+            if (!l->ffn_gate_inp || !l->ffn_gate_exps || !l->ffn_up_exps || !l->ffn_down_exps)
+                return false;
+        } else {
+            l->w_gate = matrix(w, wt, E, F, "blk.%d.ffn_gate", il);
+            l->w_up = matrix(w, wt, E, F, "blk.%d.ffn_up", il);
+            l->w_down = matrix(w, wt, F, E, "blk.%d.ffn_down", il);
+            if (!l->w_gate || !l->w_up || !l->w_down)
+                return false;
+        }
         l->k_cache = matrix(m->kvctx, c->kv_type, kv_width(c), c->n_ctx, "blk.%d.cache_k", il);
         l->v_cache = matrix(m->kvctx, c->kv_type, kv_width(c), c->n_ctx, "blk.%d.cache_v", il);
-        if (!l->attn_norm || !l->wq || !l->wk || !l->wv || !l->wo || !l->ffn_norm || !l->w_gate ||
-            !l->w_up || !l->w_down || !l->k_cache || !l->v_cache)
+        if (!l->attn_norm || !l->wq || !l->wk || !l->wv || !l->wo || !l->ffn_norm ||
+            !l->k_cache || !l->v_cache)
             return false;
     }
     return true;
@@ -152,14 +179,19 @@ static enum bp_status fill_all(struct model *m, uint64_t seed)
         st = fill(m->output, ++k, 0.0f, se);
     for (int il = 0; il < c->n_layer && st == BP_OK; il++) {
         const struct model_layer *l = &m->layers[il];
-        bp_tensor *const mats[] = {l->wq, l->wk, l->wv, l->wo, l->w_gate, l->w_up};
+        const bool moe = l->ffn_gate_exps != NULL;
+        bp_tensor *const mats[] = {l->wq, l->wk, l->wv, l->wo,
+                                   moe ? l->ffn_gate_inp : l->w_gate,
+                                   moe ? l->ffn_gate_exps : l->w_up,
+                                   moe ? l->ffn_up_exps : NULL};
         st = fill(l->attn_norm, ++k, 1.0f, 0.1f);
         if (st == BP_OK)
             st = fill(l->ffn_norm, ++k, 1.0f, 0.1f);
-        for (int i = 0; i < 6 && st == BP_OK; i++)
-            st = fill(mats[i], ++k, 0.0f, se);
+        for (int i = 0; i < 7 && st == BP_OK; i++)
+            if (mats[i] != NULL)
+                st = fill(mats[i], ++k, 0.0f, se);
         if (st == BP_OK)
-            st = fill(l->w_down, ++k, 0.0f, sf);
+            st = fill(moe ? l->ffn_down_exps : l->w_down, ++k, 0.0f, sf);
     }
     return st;
 }
@@ -264,6 +296,39 @@ bool model_step_reuse(struct model_step *st, const struct model *m, int n_tok, i
     return true;
 }
 
+/* Mixtral's MLP over cur [E, T]: the router's softmax over the experts, the n_expert_used
+ * most probable per token with their probabilities renormalised to sum to one, each chosen
+ * expert's SwiGLU MLP (MUL_MAT_ID), and the weighted sum over the chosen ones. NULL with the
+ * error of the op that failed. */
+static bp_tensor *moe_ffn(bp_context *ctx, const struct model_config *c,
+                          const struct model_layer *l, bp_tensor *cur)
+{
+    const int64_t E = c->n_embd, T = cur->ne[1], U = c->n_expert_used;
+    bp_tensor *probs, *sel, *w, *x3, *gate, *up, *h, *out;
+    if (!(probs = bp_soft_max(ctx, bp_mul_mat(ctx, l->ffn_gate_inp, cur)))) /* [n_expert, T] */
+        return NULL;
+    if (!(sel = bp_top_k(ctx, probs, (int)U))) /* I32 [U, T] */
+        return NULL;
+    /* The chosen experts' probabilities [1, U, T], renormalised. */
+    if (!(w = bp_get_rows(ctx, bp_reshape_3d(ctx, probs, 1, c->n_expert, T), sel)))
+        return NULL;
+    bp_tensor *wsum = bp_sum_rows(ctx, bp_reshape_2d(ctx, w, U, T)); /* [1, T] */
+    if (!wsum || !(w = bp_div(ctx, w, bp_reshape_3d(ctx, wsum, 1, 1, T))))
+        return NULL;
+    if (!(x3 = bp_reshape_3d(ctx, cur, E, 1, T))) /* one activation per token, for every slot */
+        return NULL;
+    if (!(gate = bp_mul_mat_id(ctx, l->ffn_gate_exps, x3, sel)) || /* [F, U, T] */
+        !(up = bp_mul_mat_id(ctx, l->ffn_up_exps, x3, sel)) || !(h = bp_swiglu(ctx, gate, up)) ||
+        !(out = bp_mul_mat_id(ctx, l->ffn_down_exps, h, sel)) || /* [E, U, T] */
+        !(out = bp_mul(ctx, out, w)))
+        return NULL;
+    /* The sum over the U slots: slot 0 plus each of the others, as [E, T] views. */
+    bp_tensor *sum = bp_view_2d(ctx, out, E, T, out->nb[2], 0);
+    for (int64_t u = 1; u < U && sum != NULL; u++)
+        sum = bp_add(ctx, sum, bp_view_2d(ctx, out, E, T, out->nb[2], (size_t)u * out->nb[1]));
+    return sum != NULL ? bp_cont(ctx, sum) : NULL;
+}
+
 enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, struct model_step *st)
 {
     const struct model_config *c = &m->cfg;
@@ -278,7 +343,7 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
     const int64_t E = c->n_embd, H = c->n_head, D = E / H, HK = c->n_head_kv, T = n_tok;
     const int64_t KV = step_kv(c, n_tok, pos0);
     const float eps = c->norm_eps, kq_scale = 1.0f / sqrtf((float)D);
-    const size_t n_nodes = 64 + 48 * (size_t)c->n_layer;
+    const size_t n_nodes = 64 + (c->n_expert > 0 ? 64 : 48) * (size_t)c->n_layer;
     st->n_tok = n_tok;
     st->pos0 = pos0;
     st->kv = (int)KV;
@@ -374,13 +439,18 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
 
         CHECK(cur = bp_rms_norm(ctx, x, eps));
         CHECK(cur = bp_mul(ctx, cur, l->ffn_norm));
-        bp_tensor *gate, *up;
-        CHECK(gate = bp_mul_mat(ctx, l->w_gate, cur));
-        CHECK(up = bp_mul_mat(ctx, l->w_up, cur));
-        EXPAND(gate);
-        EXPAND(up);
-        CHECK(cur = bp_swiglu(ctx, gate, up));
-        CHECK(cur = bp_mul_mat(ctx, l->w_down, cur));
+        if (l->ffn_gate_exps != NULL) {
+            CHECK(cur = moe_ffn(ctx, c, l, cur));
+            EXPAND(cur);
+        } else {
+            bp_tensor *gate, *up;
+            CHECK(gate = bp_mul_mat(ctx, l->w_gate, cur));
+            CHECK(up = bp_mul_mat(ctx, l->w_up, cur));
+            EXPAND(gate);
+            EXPAND(up);
+            CHECK(cur = bp_swiglu(ctx, gate, up));
+            CHECK(cur = bp_mul_mat(ctx, l->w_down, cur));
+        }
         CHECK(x = bp_add(ctx, x, cur));
     }
     CHECK(cur = bp_rms_norm(ctx, x, eps));

@@ -22,11 +22,15 @@ struct model_config {
     float yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
     int yarn_n_ctx_orig;
     enum bp_type kv_type; /* of the KV cache: BP_TYPE_F16, or BP_TYPE_Q8_0 (fused attention only) */
+    /* Mixture of experts (Mixtral): n_expert MLPs of n_ff per layer, n_expert_used of them per
+     * token chosen by a router (softmax, top k, weights renormalised); 0: one dense MLP. */
+    int n_expert, n_expert_used;
 };
 
-/* "tiny", "small" or "base" (about 1B parameters); NULL for anything else. */
+/* "tiny", "small", "base" (about 1B parameters) or "moe" (8 experts, 2 used); NULL for
+ * anything else. */
 const struct model_config *model_config_by_name(const char *name);
-/* Names of the configurations, for messages: "tiny, small, base". */
+/* Names of the configurations, for messages: "tiny, small, base, moe". */
 const char *model_config_names(void);
 /* Parameters and weight bytes of cfg with 2-D weights of type wtype (norms are f32). */
 int64_t model_n_params(const struct model_config *cfg);
@@ -37,7 +41,10 @@ size_t model_kv_bytes(const struct model_config *cfg);
 struct model_layer {
     bp_tensor *attn_norm, *wq, *wk, *wv, *wo;
     bp_tensor *bq, *bk, *bv; /* biases of q, k, v (qwen2), else NULL */
-    bp_tensor *ffn_norm, *w_gate, *w_up, *w_down;
+    bp_tensor *ffn_norm, *w_gate, *w_up, *w_down; /* dense MLP, else NULL */
+    /* Mixture of experts, else NULL: the router F32 [n_embd, n_expert] and the experts' stacked
+     * matrices [n_embd, n_ff, n_expert] (gate, up) and [n_ff, n_embd, n_expert] (down). */
+    bp_tensor *ffn_gate_inp, *ffn_gate_exps, *ffn_up_exps, *ffn_down_exps;
     bp_tensor *k_cache, *v_cache; /* kv_type [n_embd_kv, n_ctx]: row p holds position p */
 };
 

@@ -118,6 +118,7 @@ enum model_op {
     OP_MUL_MAT,  /* by the weights (type t) */
     OP_GET_ROWS, /* of the token embedding table (type t) */
     OP_SET_ROWS, /* into the KV cache (type t, its destination) */
+    OP_MUL_MAT_ID, /* by stacked expert weights (type t) */
 };
 
 static bool runs_op(bp_backend *be, enum model_op op, enum bp_type t, int64_t n_embd)
@@ -132,7 +133,10 @@ static bool runs_op(bp_backend *be, enum model_op op, enum bp_type t, int64_t n_
     if (w && x && ids)
         r = op == OP_MUL_MAT    ? bp_mul_mat(ctx, w, x)
             : op == OP_GET_ROWS ? bp_get_rows(ctx, w, ids)
-                                : bp_set_rows(ctx, w, x, ids);
+            : op == OP_SET_ROWS ? bp_set_rows(ctx, w, x, ids)
+                                : bp_mul_mat_id(ctx, bp_reshape_3d(ctx, w, n_embd, 4, 2),
+                                                bp_reshape_3d(ctx, x, n_embd, 1, 1),
+                                                bp_reshape_2d(ctx, ids, 1, 1));
     bool ok = r != NULL && bp_backend_supports_op(be, r);
     bp_context_free(ctx);
     return ok;
@@ -274,6 +278,13 @@ static bool place_weights(struct run *run)
                          bp_type_name(weight_types[t]));
         if (can[0] != '\0')
             break;
+    }
+    if (w < run->nb && run->cfg->n_expert > 0 &&
+        !runs_op(run->be[w], OP_MUL_MAT_ID, run->o->wtype, n_embd)) {
+        fprintf(stderr, "backplane run: %s cannot run MUL_MAT_ID of %s weights, which the "
+                "model's experts need\n", or_unknown(run->r->names[w]),
+                bp_type_name(run->o->wtype));
+        return false;
     }
     if (w == run->nb || !runs_op(run->be[w], OP_MUL_MAT, run->o->wtype, n_embd)) {
         fprintf(stderr, "backplane run: %s cannot run %s weights; it can run: %s\n",
@@ -723,7 +734,7 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
 
 static void run_usage(FILE *f)
 {
-    fprintf(f, "usage: backplane run [--model tiny|small|base] [--wtype f32|f16|bf16|q8_0|q4_0]\n"
+    fprintf(f, "usage: backplane run [--model tiny|small|base|moe] [--wtype f32|f16|bf16|q8_0|q4_0]\n"
                "                     [--gguf FILE] [--tokens ID,ID,...] [--ctx N]\n"
                "                     [--flash-attn on|off|auto] [--kv-type f16|q8_0]\n"
                "                     [--logits FILE] [--precision full|half]\n"
