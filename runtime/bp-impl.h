@@ -96,6 +96,15 @@ enum bp_status bp__graph_set(bp_graph *g, bp_tensor *const *nodes, int n_nodes,
 bp_tensor **bp__graph_nodes(const bp_graph *g);
 /* A hash of everything about g's nodes and leafs that decides placement and memory (graph.c). */
 uint64_t bp__graph_fingerprint(const bp_graph *g);
+
+/* sched-experts.c: whether copy (of src, an input of the split whose graph is sg) is read only
+ * as the stacked experts of MUL_MAT_ID nodes; then copies into it only the experts their ids
+ * choose (waiting for every backend first: the ids come from any of them), adding the bytes
+ * copied to *bytes. */
+bool bp__sched_experts_only(const bp_graph *sg, const bp_tensor *src, const bp_tensor *copy);
+enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backends,
+                                      const bp_graph *sg, bp_tensor *src, bp_tensor *copy,
+                                      size_t *bytes);
 /* Whether buf is (or was: freed when it grew) one of ga's compute buffers; compares pointers
  * only, so a freed buffer is never read. */
 bool bp__gallocr_owns(const bp_gallocr *ga, const bp_buffer *buf);

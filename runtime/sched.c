@@ -106,6 +106,8 @@ struct bp_sched {
                                          * chose, given up when it cannot be allocated */
     bp_gallocr *galloc;
     bool parallel;
+    bool used_experts; /* copy only the experts MUL_MAT_ID's ids choose (sched-experts.c) */
+    size_t copied_bytes, expert_bytes_copied, expert_bytes_total; /* of the last compute */
     int n_copies;
     int cur_copy;
     bp_event *events[BP_SCHED_MAX_BACKENDS][BP_SCHED_MAX_COPIES];
@@ -328,6 +330,7 @@ bp_sched *bp_sched_new(bp_backend *const *backends, bp_buffer_type *const *bufts
     s->graph_size = graph_size;
     s->parallel = parallel;
     s->n_copies = parallel ? BP_SCHED_MAX_COPIES : 1;
+    s->used_experts = true;
     for (int i = 0; i < n; i++) {
         s->backends[i] = backends[i];
         s->bufts[i] = bufts && bufts[i] ? bufts[i] : default_buft(backends, n, i);
@@ -1205,6 +1208,11 @@ enum bp_status bp_sched_alloc_graph(bp_sched *s, bp_graph *g)
 
 /* ---- Compute ---------------------------------------------------------------------------- */
 
+static bp_graph *graph_of(bp_sched *s, struct split *sp)
+{
+    return s->direct ? s->direct : sp->graph;
+}
+
 static enum bp_status copy_inputs(bp_sched *s, struct split *sp)
 {
     bp_backend *be = s->backends[sp->backend];
@@ -1215,10 +1223,25 @@ static enum bp_status copy_inputs(bp_sched *s, struct split *sp)
         if (st != BP_OK)
             return st;
     }
+    bool deferred[BP_SCHED_MAX_SPLIT_INPUTS];
+    int n_deferred = 0;
     for (int j = 0; j < sp->n_inputs; j++) {
         bp_tensor *src = sp->inputs[j];
         bp_tensor *dst = copy_for(s, src, sp->backend);
         enum bp_status st;
+        /* Stacked experts read only by MUL_MAT_ID: after the rest, once the ids are known. */
+        const bool experts = !(src->flags & BP_TENSOR_FLAG_INPUT) &&
+                             bp__sched_experts_only(graph_of(s, sp), src, dst);
+        deferred[j] = experts && s->used_experts;
+        if (deferred[j]) {
+            n_deferred++;
+            continue;
+        }
+        s->copied_bytes += bp_nbytes(src);
+        if (experts) {
+            s->expert_bytes_copied += bp_nbytes(src);
+            s->expert_bytes_total += bp_nbytes(src);
+        }
         if (src->flags & BP_TENSOR_FLAG_INPUT) {
             /* User data may change right after this call: copy it now. */
             st = bp_backend_synchronize(be);
@@ -1231,12 +1254,20 @@ static enum bp_status copy_inputs(bp_sched *s, struct split *sp)
         if (st != BP_OK)
             return st;
     }
+    for (int j = 0; j < sp->n_inputs && n_deferred > 0; j++) {
+        if (!deferred[j])
+            continue;
+        bp_tensor *src = sp->inputs[j];
+        size_t bytes = 0;
+        enum bp_status st = bp__sched_copy_experts(s->backends, s->n_backends, graph_of(s, sp), src,
+                                                   copy_for(s, src, sp->backend), &bytes);
+        s->copied_bytes += bytes;
+        s->expert_bytes_copied += bytes;
+        s->expert_bytes_total += bp_nbytes(src);
+        if (st != BP_OK)
+            return st;
+    }
     return BP_OK;
-}
-
-static bp_graph *graph_of(bp_sched *s, struct split *sp)
-{
-    return s->direct ? s->direct : sp->graph;
 }
 
 /* Runs nodes [i0, i1) of split sp with the eval callback asking about each. Returns false in
@@ -1326,6 +1357,7 @@ static enum bp_status graph_compute_async(bp_sched *s, bp_graph *g)
         keep_graph(s, g, false, 0);
     }
     s->allocated = NULL;
+    s->copied_bytes = s->expert_bytes_copied = s->expert_bytes_total = 0;
     bool stop = false;
     for (int i = 0; i < s->n_splits && st == BP_OK && !stop; i++) {
         struct split *sp = &s->splits[i];
@@ -1455,6 +1487,23 @@ bp_backend *bp_sched_get_split_backend(bp_sched *s, int i, int *n_nodes, int *n_
     if (n_inputs != NULL)
         *n_inputs = sp->n_inputs;
     return s->backends[sp->backend];
+}
+
+size_t bp_sched_get_copied_bytes(bp_sched *s, size_t *expert_bytes, size_t *expert_bytes_whole)
+{
+    if (expert_bytes != NULL)
+        *expert_bytes = s ? s->expert_bytes_copied : 0;
+    if (expert_bytes_whole != NULL)
+        *expert_bytes_whole = s ? s->expert_bytes_total : 0;
+    return s ? s->copied_bytes : 0;
+}
+
+enum bp_status bp_sched_set_used_experts(bp_sched *s, bool on)
+{
+    if (s == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_set_used_experts: the scheduler is NULL");
+    s->used_experts = on;
+    return BP_OK;
 }
 
 int bp_sched_get_n_copies(bp_sched *s)

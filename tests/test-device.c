@@ -409,8 +409,13 @@ static const char *dev_desc(bp_device *dev)
 static void dev_memory(bp_device *dev, size_t *f, size_t *t)
 {
     (void)dev;
+#ifdef MODE_OP_SUBSET /* the accel plugin: room for the models `backplane run` tests */
+    *f = (size_t)1 << 30;
+    *t = (size_t)2 << 30;
+#else
     *f = 3u << 20;
     *t = 4u << 20;
+#endif
 }
 
 static enum bp_device_type dev_type(bp_device *dev)
@@ -456,6 +461,7 @@ static bool dev_supports_op(bp_device *dev, const bp_tensor *op)
     case BP_OP_TRANSPOSE:
         return true;
     case BP_OP_MUL_MAT: /* like a device without 4-bit kernels */
+    case BP_OP_MUL_MAT_ID:
         return op->src[0]->type != BP_TYPE_Q4_0;
     case BP_OP_ADD:
     case BP_OP_MUL:
@@ -467,6 +473,14 @@ static bool dev_supports_op(bp_device *dev, const bp_tensor *op)
     default:
         return false;
     }
+}
+
+/* Like a GPU: the expert products are worth running here even when the stacked weights live in
+ * host memory (the scheduler then copies the experts in use). */
+static bool dev_offload_op(bp_device *dev, const bp_tensor *op)
+{
+    (void)dev;
+    return op->op == BP_OP_MUL_MAT_ID;
 }
 
 static bool dev_supports_buft(bp_device *dev, bp_buffer_type *buft)
@@ -502,6 +516,7 @@ static const struct bp_device_iface accel_device_iface = {
     .get_buffer_type = dev_buft,
     .supports_op = dev_supports_op,
     .supports_buft = dev_supports_buft,
+    .offload_op = dev_offload_op,
     .event_new = dev_event_new,
     .event_free = dev_event_free,
     .event_synchronize = dev_event_sync,
@@ -519,6 +534,7 @@ static const struct bp_device_iface accel_device_host_iface = {
     .get_host_buffer_type = dev_host_buft,
     .supports_op = dev_supports_op,
     .supports_buft = dev_supports_buft,
+    .offload_op = dev_offload_op,
     .event_new = dev_event_new,
     .event_free = dev_event_free,
     .event_synchronize = dev_event_sync,

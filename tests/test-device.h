@@ -24,9 +24,10 @@ bp_registry *test_device_registry_new(size_t max_buffer);
 /* The same with another registry name and n_devices devices named <dev_prefix>0, 1, ... */
 bp_registry *test_device_registry_new_named(const char *reg_name, const char *dev_prefix,
                                             int n_devices, size_t max_buffer);
-/* Makes the devices of this process support only views, MUL_MAT (not with Q4_0 weights), ADD,
- * MUL, SCALE, RMS_NORM, SOFT_MAX and CONT (not ROPE, GET_ROWS, GLU, ...), like an accelerator
- * with a partial op set, so the scheduler has to split graphs around it. */
+/* Makes the devices of this process support only views, MUL_MAT and MUL_MAT_ID (not with Q4_0
+ * weights), ADD, MUL, SCALE, RMS_NORM, SOFT_MAX and CONT (not ROPE, GET_ROWS, GLU, ...), like an
+ * accelerator with a partial op set, so the scheduler has to split graphs around it. In either
+ * mode the devices ask to run MUL_MAT_ID wherever its weights live (offload_op). */
 void test_device_set_op_subset(bool on);
 
 /* Makes the next n direct or queued copies of this process's test devices fail with an error

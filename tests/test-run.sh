@@ -59,7 +59,7 @@ check "q4_0 weights on the CPU are repacked (CPU_REPACK), --no-repack keeps host
 check "repacked and host q4_0 weights generate the same tokens" sh -c "test \"\$('$tool' run --wtype q4_0 -p 12 -n 10 | grep tokens:)\" = \"\$('$tool' run --wtype q4_0 -p 12 -n 10 --no-repack | grep tokens:)\""
 check "q8_0 weights are repacked too, with the same tokens as in host memory" sh -c "'$tool' run --wtype q8_0 -n 2 | grep -q 'on CPU (CPU_REPACK)' && test \"\$('$tool' run --wtype q8_0 -p 12 -n 10 | grep tokens:)\" = \"\$('$tool' run --wtype q8_0 -p 12 -n 10 --no-repack | grep tokens:)\""
 check "a weight type the device cannot run, with the ones it can" sh -c "'$tool' run -d ACCEL0 --wtype q4_0 2>&1 | grep -q 'ACCEL0 cannot run q4_0 weights; it can run: f32, f16, bf16, q8_0'"
-check "a model larger than the device's memory" sh -c "'$tool' run -d ACCEL0 --model small 2>&1 | grep -q \"model 'small' with f32 weights needs .* GiB for weights and KV cache; ACCEL0 has\""
+check "a model larger than the device's memory" sh -c "'$tool' run -d ACCEL0 --model base 2>&1 | grep -q \"model 'base' with f32 weights needs .* GiB for weights and KV cache; ACCEL0 has\""
 check "an unknown model exits 2 with the names" sh -c "'$tool' run --model huge 2>&1 | grep -q 'models: tiny, small, base'; '$tool' run --model huge 2>/dev/null; test \$? -eq 2"
 check "a prompt longer than the context is refused" sh -c "'$tool' run -p 300 2>&1 | grep -q 'context of'"
 check "the CPU must come last" sh -c "'$tool' run -d CPU,ACCEL0 2>&1 | grep -q 'must come last'"
@@ -151,7 +151,10 @@ check "--tokens longer than the context is refused" usage "do not fit the contex
 # mixture of experts: the router, MUL_MAT_ID and the weighted sum, on the CPU and across a meta device
 check "moe on Meta(CPU0,CPU1) agrees with the CPU" env BP_CPU_DEVICES=2 sh -c "'$tool' run --model moe -p 6 -n 4 --wtype q8_0 -d 'Meta(CPU0,CPU1)' --check | grep -q 'check: .*pass'"
 check "moe --save-gguf then --gguf: the same tokens (q4_0)" sh -c "'$tool' run --model moe --wtype q4_0 --save-gguf '$tmp/moe.gguf' > /dev/null && test \"\$('$tool' run --model moe --wtype q4_0 -n 6 -t 1 | grep '^tokens:')\" = \"\$('$tool' run --gguf '$tmp/moe.gguf' -n 6 -t 1 | grep '^tokens:')\""
-check "moe on a device without MUL_MAT_ID is refused with the reason" sh -c "'$tool' run --model moe -n 2 -d ACCEL0,CPU 2>&1 | grep -q 'ACCEL0 cannot run MUL_MAT_ID of f32 weights'"
+check "moe with its experts on the CPU, MUL_MAT_ID on the accelerator: a quarter copied, agrees" sh -c "'$tool' run --model moe -n 4 -d ACCEL0,CPU --experts-on CPU --check > '$tmp/m' && grep -q 'experts: .*66.00 MiB on CPU (Host); copied per generated token: 16.5[01][0-9] MiB of experts (the ones used; whole tensors: 66.000 MiB)' '$tmp/m' && grep -q 'check: .*pass' '$tmp/m'"
+check "moe --expert-copies all copies the whole stacked experts" sh -c "'$tool' run --model moe -n 3 -d ACCEL0,CPU --experts-on CPU --expert-copies all --json | grep -q '\"expert_bytes_copied_per_token\": 69206016,'"
+check "--experts-on names a device of the run, for a model with experts" sh -c "'$tool' run --model moe -n 2 --experts-on NOPE 2>&1 | grep -q \"'NOPE', which is not one of the devices\" && '$tool' run --model tiny --experts-on CPU 2>&1 | grep -q 'has none'"
+check "--expert-copies takes used or all" usage "--expert-copies is used or all, not 'some'" "$tool" run --expert-copies some
 check "--logits writes n_gen x n_vocab f32" sh -c "'$tool' run --model tiny -n 3 --logits '$tmp/l.bin' > /dev/null && test \$(wc -c < '$tmp/l.bin') -eq 12288"
 check "--logits to a missing directory exits 1 with the reason" sh -c "'$tool' run --model tiny -n 2 --logits /nonexistent/l.bin 2>&1 >/dev/null | grep -q \"cannot write --logits file '/nonexistent/l.bin'\""
 check "every CPU case passes with graphs run on the calling thread alone (the pool's contention mode)" env BP_CPU_FORCE_SOLO=1 sh -c "'$tool' conformance CPU -t 2 | grep -q '^CPU: [0-9]* passed, 0 failed, 0 not supported'"

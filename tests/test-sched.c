@@ -631,6 +631,118 @@ START_TEST(test_pin_after_compute)
 }
 END_TEST
 
+/* A mixture-of-experts layer with its weights in host memory: the router (MUL_MAT, TOP_K) runs on
+ * the CPU, MUL_MAT_ID on the accelerator (it asks for it), and the scheduler copies only the
+ * experts the router chose, in runs with up to 512 bytes of padding after each; turned off, the
+ * whole stacked tensor. Results equal the CPU alone's either way. */
+struct moe_case {
+    bp_context *wctx, *ctx;
+    bp_buffer *wbuf;
+    bp_tensor *router, *exps, *x, *ids, *y;
+    bp_graph *g;
+};
+
+enum { MOE_K = 64, MOE_M = 24, MOE_E = 8, MOE_U = 2, MOE_T = 2 };
+
+static void moe_case_new(struct moe_case *c)
+{
+    c->wctx = bp_context_new(4);
+    c->router = bp_new_tensor_2d(c->wctx, BP_TYPE_F32, MOE_K, MOE_E);
+    c->exps = bp_new_tensor_3d(c->wctx, BP_TYPE_F32, MOE_K, MOE_M, MOE_E);
+    c->wbuf = bp_alloc_ctx_tensors(c->wctx, bp_host_buffer_type());
+    ck_assert_ptr_nonnull(c->wbuf);
+    bp_buffer_set_usage(c->wbuf, BP_BUFFER_USAGE_WEIGHTS);
+    float *v = malloc(bp_nbytes(c->exps));
+    for (int64_t i = 0; i < bp_nelements(c->exps); i++)
+        v[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    ck_assert_int_eq(bp_tensor_set(c->exps, v, 0, bp_nbytes(c->exps)), BP_OK);
+    for (int64_t i = 0; i < bp_nelements(c->router); i++)
+        v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
+    ck_assert_int_eq(bp_tensor_set(c->router, v, 0, bp_nbytes(c->router)), BP_OK);
+    free(v);
+    c->ctx = bp_context_new(16);
+    c->x = bp_new_tensor_2d(c->ctx, BP_TYPE_F32, MOE_K, MOE_T);
+    bp_set_input(c->x);
+    bp_tensor *logits = bp_mul_mat(c->ctx, c->router, c->x);       /* [E, T] */
+    c->ids = bp_top_k(c->ctx, logits, MOE_U);                       /* [U, T] */
+    bp_tensor *x3 = bp_reshape_3d(c->ctx, c->x, MOE_K, 1, MOE_T);
+    c->y = bp_mul_mat_id(c->ctx, c->exps, x3, c->ids);             /* [M, U, T] */
+    c->y = bp_scale(c->ctx, c->y, 0.5f);
+    bp_set_output(c->y);
+    bp_set_output(c->ids);
+    c->g = bp_graph_new(32);
+    ck_assert_int_eq(bp_graph_build_forward(c->g, c->y), BP_OK);
+    ck_assert_int_eq(bp_graph_build_forward(c->g, c->ids), BP_OK);
+}
+
+static void moe_case_free(struct moe_case *c)
+{
+    bp_graph_free(c->g);
+    bp_context_free(c->ctx);
+    bp_buffer_free(c->wbuf);
+    bp_context_free(c->wctx);
+}
+
+/* Computes the case through s with inputs from salt; y and ids out. */
+static void moe_compute(struct moe_case *c, bp_sched *s, int salt, float *y, int32_t *ids)
+{
+    ck_assert_int_eq(bp_sched_alloc_graph(s, c->g), BP_OK);
+    float xv[MOE_K * MOE_T];
+    for (int i = 0; i < MOE_K * MOE_T; i++)
+        xv[i] = (float)(((i + 1) * (salt + 3)) % 29) / 14.0f - 1.0f;
+    ck_assert_int_eq(bp_tensor_set(c->x, xv, 0, sizeof(xv)), BP_OK);
+    ck_assert_msg(bp_sched_graph_compute(s, c->g) == BP_OK, "%s", bp_last_error());
+    ck_assert_int_eq(bp_tensor_get(c->y, y, 0, bp_nbytes(c->y)), BP_OK);
+    ck_assert_int_eq(bp_tensor_get(c->ids, ids, 0, bp_nbytes(c->ids)), BP_OK);
+}
+
+START_TEST(test_used_experts_copied)
+{
+    struct moe_case c1, c; /* the same case twice: a graph belongs to one scheduler */
+    moe_case_new(&c1);
+    moe_case_new(&c);
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    bp_sched *s1 = bp_sched_new(alone, NULL, 1, 64, false);
+    bp_sched *s2 = bp_sched_new(both, NULL, 2, 64, false);
+    ck_assert_ptr_nonnull(s1);
+    ck_assert_ptr_nonnull(s2);
+    const size_t stride = (size_t)MOE_K * MOE_M * sizeof(float), whole = stride * MOE_E;
+    for (int salt = 0; salt < 6; salt++) {
+        float ref[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
+        int32_t ids[MOE_U * MOE_T], ids2[MOE_U * MOE_T];
+        moe_compute(&c1, s1, salt, ref, ids);
+        size_t eb = 1, ew = 1;
+        ck_assert_uint_eq(bp_sched_get_copied_bytes(s1, &eb, &ew), 0); /* one backend: none */
+        ck_assert_uint_eq(eb, 0);
+        const bool used_only = salt % 2 == 0;
+        ck_assert_int_eq(bp_sched_set_used_experts(s2, used_only), BP_OK);
+        moe_compute(&c, s2, salt, got, ids2);
+        ck_assert_mem_eq(ids2, ids, sizeof(ids));
+        assert_close_nmse(got, ref, MOE_M * MOE_U * MOE_T, 1e-12);
+        ck_assert_ptr_eq(bp_sched_get_tensor_backend(s2, c.y->src[0]), accel);
+        /* What the used experts take: runs of consecutive ones, 512 bytes after each run
+         * unless it ends with the last expert. */
+        bool used[MOE_E] = {false};
+        for (int i = 0; i < MOE_U * MOE_T; i++)
+            used[ids[i]] = true;
+        size_t want = 0;
+        for (int e = 0; e < MOE_E; e++)
+            if (used[e])
+                want += stride + ((e + 1 < MOE_E && !used[e + 1]) ? 512 : 0);
+        const size_t total = bp_sched_get_copied_bytes(s2, &eb, &ew);
+        ck_assert_uint_eq(ew, whole);
+        ck_assert_uint_eq(eb, used_only ? want : whole);
+        ck_assert_uint_lt(want, whole);
+        ck_assert_uint_ge(total, eb + (size_t)MOE_K * MOE_T * sizeof(float)); /* and x, ids */
+    }
+    ck_assert_int_eq(bp_sched_set_used_experts(NULL, true), BP_ERR_INVALID_ARG);
+    bp_sched_free(s1);
+    bp_sched_free(s2);
+    moe_case_free(&c);
+    moe_case_free(&c1);
+}
+END_TEST
+
 START_TEST(test_more_inputs_than_a_split_holds)
 {
     bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
@@ -791,6 +903,7 @@ int main(void)
         {test_graph_larger_than_reserved, "larger_than_reserved"},
         {test_repeated_compute_same_graph, "repeated_compute"},
         {test_more_inputs_than_a_split_holds, "many_split_inputs"},
+        {test_used_experts_copied, "used_experts_copied"},
         {test_foreign_view_inside_a_split, "foreign_view_inside_a_split"},
         {test_recompute_unchanged_graph, "recompute_unchanged"},
         {test_pin_after_compute, "pin_after_compute"},

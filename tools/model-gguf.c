@@ -351,7 +351,7 @@ static bool describe_from_file(struct model *m, const bp_gguf *g, bool *tied)
 {
     const struct model_config *c = &m->cfg;
     const int64_t E = c->n_embd, F = c->n_ff, EK = (int64_t)E / c->n_head * c->n_head_kv;
-    bp_context *w = m->wctx;
+    bp_context *w = m->wctx, *x = m->xctx;
     m->tok_embd = from_file(g, m->ectx, E, c->n_vocab, false, NULL, "token_embd.weight", 0);
     m->out_norm = from_file(g, w, E, 0, false, NULL, "output_norm.weight", 0);
     if (m->tok_embd == NULL || m->out_norm == NULL || !f32_vector(m->out_norm))
@@ -383,11 +383,11 @@ static bool describe_from_file(struct model *m, const bp_gguf *g, bool *tied)
         if (X > 0 &&
             ((l->ffn_gate_inp = from_file(g, w, E, X, false, NULL, "blk.%d.ffn_gate_inp.weight",
                                           il)) == NULL ||
-             (l->ffn_gate_exps = experts_from_file(g, w, E, F, X, "blk.%d.ffn_gate_exps.weight",
+             (l->ffn_gate_exps = experts_from_file(g, x, E, F, X, "blk.%d.ffn_gate_exps.weight",
                                                    il)) == NULL ||
-             (l->ffn_up_exps = experts_from_file(g, w, E, F, X, "blk.%d.ffn_up_exps.weight",
+             (l->ffn_up_exps = experts_from_file(g, x, E, F, X, "blk.%d.ffn_up_exps.weight",
                                                  il)) == NULL ||
-             (l->ffn_down_exps = experts_from_file(g, w, F, E, X, "blk.%d.ffn_down_exps.weight",
+             (l->ffn_down_exps = experts_from_file(g, x, F, E, X, "blk.%d.ffn_down_exps.weight",
                                                    il)) == NULL))
             return false;
         if (X == 0 &&
@@ -465,6 +465,8 @@ static enum bp_status all_tensors_used(const struct model *m, const bp_gguf *g)
         bool used = strcmp(info.name, m->tok_embd->name) == 0;
         for (size_t j = 0; !used && j < bp_context_get_n_tensors(m->wctx); j++)
             used = strcmp(info.name, bp_context_get_tensor(m->wctx, j)->name) == 0;
+        for (size_t j = 0; !used && m->xctx != NULL && j < bp_context_get_n_tensors(m->xctx); j++)
+            used = strcmp(info.name, bp_context_get_tensor(m->xctx, j)->name) == 0;
         if (!used)
             return bp_set_error(BP_ERR_UNSUPPORTED, "the file holds tensor %s, which this "
                                 "decoder has no use for: the model is not one it computes "
@@ -483,7 +485,8 @@ static bool in_place(struct model *m, const bp_gguf *g, const struct model_place
 {
     bp_buffer_type *host = bp_host_buffer_type();
     *st = BP_OK;
-    if (where->weights != host || where->embedding != host)
+    if (where->weights != host || where->embedding != host ||
+        (where->experts != NULL && where->experts != host))
         return false;
     const char *base = NULL;
     size_t end = 0;
@@ -502,9 +505,13 @@ static bool in_place(struct model *m, const bp_gguf *g, const struct model_place
         return true;
     }
     bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
-    /* The embedding table first, then every tensor of the weights' context. */
-    for (size_t j = 0; *st == BP_OK && j <= bp_context_get_n_tensors(m->wctx); j++) {
-        bp_tensor *t = j == 0 ? m->tok_embd : bp_context_get_tensor(m->wctx, j - 1);
+    /* The embedding table first, then every tensor of the weights' context and the experts'. */
+    const size_t nw = bp_context_get_n_tensors(m->wctx);
+    const size_t nx = m->xctx != NULL ? bp_context_get_n_tensors(m->xctx) : 0;
+    for (size_t j = 0; *st == BP_OK && j <= nw + nx; j++) {
+        bp_tensor *t = j == 0    ? m->tok_embd
+                       : j <= nw ? bp_context_get_tensor(m->wctx, j - 1)
+                                 : bp_context_get_tensor(m->xctx, j - 1 - nw);
         const char *from = t == m->output && tied ? "token_embd.weight" : t->name;
         struct bp_gguf_tensor info;
         const int64_t i = bp_gguf_find_tensor(g, from);
@@ -551,6 +558,10 @@ enum bp_status model_init_gguf(struct model *m, const bp_gguf *g, const struct m
         bp_tensor *t = bp_context_get_tensor(m->wctx, i);
         if (t != m->output)
             st = load_tensor(g, t, t->name);
+    }
+    for (size_t i = 0; st == BP_OK && m->xctx && i < bp_context_get_n_tensors(m->xctx); i++) {
+        bp_tensor *t = bp_context_get_tensor(m->xctx, i);
+        st = load_tensor(g, t, t->name);
     }
     if (st != BP_OK)
         model_free(m);

@@ -67,6 +67,13 @@ size_t model_weight_bytes(const struct model_config *c, enum bp_type wtype)
     return mat + router + (size_t)(1 + 2 * c->n_layer) * (size_t)E * sizeof(float);
 }
 
+size_t model_expert_bytes(const struct model_config *c, enum bp_type wtype)
+{
+    const int64_t E = c->n_embd, F = c->n_ff;
+    return (size_t)c->n_layer * (size_t)c->n_expert *
+           (2 * (size_t)F * bp_row_size(wtype, E) + (size_t)E * bp_row_size(wtype, F));
+}
+
 size_t model_kv_bytes(const struct model_config *c)
 {
     return 2 * (size_t)c->n_layer * (size_t)c->n_ctx * bp_row_size(c->kv_type, kv_width(c));
@@ -145,10 +152,11 @@ static bool describe(struct model *m)
         l->wo = matrix(w, wt, E, E, "blk.%d.attn_output", il);
         l->ffn_norm = matrix(w, BP_TYPE_F32, E, 1, "blk.%d.ffn_norm", il);
         if (c->n_expert > 0) {
+            bp_context *x = m->xctx;
             l->ffn_gate_inp = matrix(w, BP_TYPE_F32, E, c->n_expert, "blk.%d.ffn_gate_inp", il);
-            l->ffn_gate_exps = stacked(w, wt, E, F, c->n_expert, "blk.%d.ffn_gate_exps", il);
-            l->ffn_up_exps = stacked(w, wt, E, F, c->n_expert, "blk.%d.ffn_up_exps", il);
-            l->ffn_down_exps = stacked(w, wt, F, E, c->n_expert, "blk.%d.ffn_down_exps", il);
+            l->ffn_gate_exps = stacked(x, wt, E, F, c->n_expert, "blk.%d.ffn_gate_exps", il);
+            l->ffn_up_exps = stacked(x, wt, E, F, c->n_expert, "blk.%d.ffn_up_exps", il);
+            l->ffn_down_exps = stacked(x, wt, F, E, c->n_expert, "blk.%d.ffn_down_exps", il);
             if (!l->ffn_gate_inp || !l->ffn_gate_exps || !l->ffn_up_exps || !l->ffn_down_exps)
                 return false;
         } else {
@@ -204,7 +212,9 @@ enum bp_status model_prepare(struct model *m, const struct model_config *cfg)
     m->wctx = bp_context_new(3 + 12 * (size_t)cfg->n_layer);
     m->ectx = bp_context_new(1);
     m->kvctx = bp_context_new(2 * (size_t)cfg->n_layer);
-    if (m->layers == NULL || m->wctx == NULL || m->ectx == NULL || m->kvctx == NULL) {
+    m->xctx = cfg->n_expert > 0 ? bp_context_new(3 * (size_t)cfg->n_layer) : NULL;
+    if (m->layers == NULL || m->wctx == NULL || m->ectx == NULL || m->kvctx == NULL ||
+        (cfg->n_expert > 0 && m->xctx == NULL)) {
         model_free(m);
         return bp_set_error(BP_ERR_OUT_OF_MEMORY, "out of memory describing the model");
     }
@@ -224,6 +234,14 @@ enum bp_status model_allocate(struct model *m, const struct model_placement *whe
         return bp_last_status();
     bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
     bp_buffer_set_usage(m->ebuf, BP_BUFFER_USAGE_WEIGHTS);
+    if (m->xctx != NULL) {
+        for (size_t i = 0; i < bp_context_get_n_tensors(m->xctx); i++)
+            bp_set_param(bp_context_get_tensor(m->xctx, i));
+        m->xbuf = bp_alloc_ctx_tensors(m->xctx, where->experts ? where->experts : where->weights);
+        if (m->xbuf == NULL)
+            return bp_last_status();
+        bp_buffer_set_usage(m->xbuf, BP_BUFFER_USAGE_WEIGHTS);
+    }
     m->kvbuf = bp_alloc_ctx_tensors(m->kvctx, where->kv);
     if (m->kvbuf == NULL)
         return bp_last_status();
@@ -252,6 +270,8 @@ void model_free(struct model *m)
     bp_buffer_free(m->wbuf);
     bp_buffer_free(m->ebuf);
     bp_buffer_free(m->kvbuf);
+    bp_buffer_free(m->xbuf);
+    bp_context_free(m->xctx);
     bp_context_free(m->wctx);
     bp_context_free(m->ectx);
     bp_context_free(m->kvctx);

@@ -35,6 +35,8 @@ const char *model_config_names(void);
 /* Parameters and weight bytes of cfg with 2-D weights of type wtype (norms are f32). */
 int64_t model_n_params(const struct model_config *cfg);
 size_t model_weight_bytes(const struct model_config *cfg, enum bp_type wtype);
+/* Bytes of the stacked expert matrices of cfg with weights of type wtype (0 without experts). */
+size_t model_expert_bytes(const struct model_config *cfg, enum bp_type wtype);
 /* Bytes of the KV cache (keys and values of cfg->kv_type for every layer and position). */
 size_t model_kv_bytes(const struct model_config *cfg);
 
@@ -51,8 +53,9 @@ struct model_layer {
 struct model {
     struct model_config cfg;
     enum bp_type wtype;
-    bp_context *wctx, *ectx, *kvctx;
-    bp_buffer *wbuf, *ebuf, *kvbuf; /* weights, the token embedding table, the KV cache */
+    bp_context *wctx, *ectx, *kvctx, *xctx;
+    /* weights, the token embedding table, the KV cache, the stacked experts (NULL without) */
+    bp_buffer *wbuf, *ebuf, *kvbuf, *xbuf;
     bp_tensor *tok_embd, *out_norm, *output;
     struct model_layer *layers;
     bool weights_in_place; /* a file's weights used in its mapping (model_init_gguf) */
@@ -66,6 +69,7 @@ struct model {
  * GET_ROWS runs, the KV cache where SET_ROWS writes it (a destination is never copied). */
 struct model_placement {
     bp_buffer_type *weights, *embedding, *kv;
+    bp_buffer_type *experts; /* the stacked expert matrices; NULL: with the weights */
 };
 
 /* Describes, allocates (the weight and embedding buffers marked as weights) and fills the

@@ -55,6 +55,9 @@ struct run_opts {
     bool check, json;
     bool no_repack; /* keep Q4_0/Q8_0 weights on a CPU device in its default buffer type */
     bool half;      /* --precision half: products may round activations to 16 bits */
+    const char *experts_on; /* --experts-on DEVICE: the stacked experts' device (NULL: with the
+                             * weights) */
+    bool expert_copies_all; /* --expert-copies all: copy whole stacked experts between devices */
     const char *dot; /* --dot FILE, opened by cmd_run as dot_file before anything runs */
     FILE *dot_file;
 };
@@ -76,6 +79,12 @@ struct run_result {
     size_t weight_bytes, kv_bytes;
     char weight_buft[64];
     int weights_on; /* index of the backend that holds the weights */
+    int experts_on; /* ... the stacked experts (a model with experts) */
+    size_t expert_bytes;
+    char expert_buft[64];
+    /* Bytes the scheduler copied between devices over the generation steps: in all, of stacked
+     * experts, and what those experts would have taken whole. */
+    double gen_copied, gen_expert_copied, gen_expert_whole;
     int embd_on, kv_on; /* ... the token embedding table, the KV cache */
     bool flash_attn;    /* attention as FLASH_ATTN_EXT */
     size_t weight_part_bytes[MAX_BACKENDS]; /* weights on a meta device: what each part holds */
@@ -304,6 +313,24 @@ static enum bp_type embedding_type(const struct run_opts *o)
     return i >= 0 && bp_gguf_get_tensor(o->gguf, i, &info) == BP_OK ? info.type : o->wtype;
 }
 
+/* The stacked experts: with the weights, or on --experts-on's device (not in the --check run
+ * on the CPU alone, which keeps them with the weights). */
+static bool place_experts(struct run *run)
+{
+    struct run_result *r = run->r;
+    r->experts_on = r->weights_on;
+    if (run->o->experts_on == NULL || run->quiet)
+        return true;
+    for (int i = 0; i < run->nb; i++)
+        if (r->names[i] != NULL && strcmp(r->names[i], run->o->experts_on) == 0) {
+            r->experts_on = i;
+            return true;
+        }
+    fprintf(stderr, "backplane run: --experts-on names '%s', which is not one of the devices "
+            "of this run\n", run->o->experts_on);
+    return false;
+}
+
 /* The embedding table and the KV cache stay with the weights when that device also runs their
  * ops (GET_ROWS of the weight type, SET_ROWS into the f16 cache), else they go to the first
  * device that does: a node's destination cannot be copied to where it runs. */
@@ -327,6 +354,20 @@ static bool place_embedding_and_kv(struct run *run)
 static size_t weight_bytes(const struct run_opts *o)
 {
     return o->gguf != NULL ? model_gguf_weight_bytes(o->gguf) : model_weight_bytes(o->cfg, o->wtype);
+}
+
+/* Bytes of the model's stacked experts: a file's "*_exps.weight" tensors, or the seeded ones. */
+static size_t expert_bytes(const struct run_opts *o)
+{
+    if (o->gguf == NULL)
+        return model_expert_bytes(o->cfg, o->wtype);
+    size_t sum = 0;
+    for (int64_t i = 0; i < bp_gguf_get_n_tensors(o->gguf); i++) {
+        struct bp_gguf_tensor info;
+        if (bp_gguf_get_tensor(o->gguf, i, &info) == BP_OK && strstr(info.name, "_exps.") != NULL)
+            sum += info.size;
+    }
+    return sum;
 }
 
 /* Whether be runs the model's fused attention: F32 queries over the cache. */
@@ -372,7 +413,9 @@ static bool check_memory(struct run *run)
     const int w = r->weights_on;
     size_t mem_free = 0, mem_total = 0;
     bp_device_get_memory(bp_backend_get_device(run->be[w]), &mem_free, &mem_total);
-    const size_t need = weight_bytes(run->o) + (r->kv_on == w ? model_kv_bytes(cfg) : 0);
+    size_t need = weight_bytes(run->o) + (r->kv_on == w ? model_kv_bytes(cfg) : 0);
+    if (r->experts_on != w) /* the stacked experts live elsewhere */
+        need -= expert_bytes(run->o);
     if (mem_total > 0 && need > mem_free) {
         fprintf(stderr, "backplane run: model '%s' with %s weights needs %.2f GiB for weights "
                 "and KV cache; %s has %.2f GiB free of %.2f GiB\n", cfg->name,
@@ -413,6 +456,12 @@ static void record_model_buffers(struct run *run)
             r->n_weight_parts = p + 1;
     }
     r->kv_bytes = bp_buffer_get_size(run->m.kvbuf);
+    if (run->m.xbuf != NULL) {
+        r->expert_bytes = bp_buffer_get_size(run->m.xbuf);
+        snprintf(r->expert_buft, sizeof(r->expert_buft), "%s%s",
+                 bp_buffer_type_get_name(bp_buffer_get_type(run->m.xbuf)),
+                 run->m.weights_in_place ? ", in place in the mapped file" : "");
+    }
     snprintf(r->weight_buft, sizeof(r->weight_buft), "%s%s", bp_buffer_type_get_name(run->wbuft),
              run->m.weights_in_place ? ", in place in the mapped file" : "");
 }
@@ -433,6 +482,8 @@ static bool load_model(struct run *run)
         .embedding = r->embd_on == w ? run->wbuft
                                      : bp_backend_get_default_buffer_type(run->be[r->embd_on]),
         .kv = bp_backend_get_default_buffer_type(run->be[r->kv_on]),
+        .experts = r->experts_on == w ? run->wbuft
+                                      : bp_backend_get_default_buffer_type(run->be[r->experts_on]),
     };
     const enum bp_status st = o->gguf != NULL ? model_init_gguf(&run->m, o->gguf, cfg, &where)
                                               : model_init(&run->m, cfg, o->wtype, &where, o->seed);
@@ -455,6 +506,8 @@ static bool new_scheduler(struct run *run)
     const struct run_opts *o = run->o;
     struct run_result *r = run->r;
     run->s = bp_sched_new(run->be, NULL, run->nb, 128 + 64 * (size_t)run->cfg->n_layer, false);
+    if (run->s != NULL)
+        bp_sched_set_used_experts(run->s, !o->expert_copies_all);
     run->prompt = malloc((size_t)o->n_prompt * sizeof(int32_t));
     r->tokens = malloc((size_t)o->n_gen * sizeof(int32_t));
     r->logits = malloc((size_t)o->n_gen * (size_t)run->cfg->n_vocab * sizeof(float));
@@ -539,6 +592,10 @@ static bool generate(struct run *run)
         }
         run->times[i - 1] = bench_now() - t0;
         r->gen_reused += reused;
+        size_t eb = 0, ew = 0;
+        r->gen_copied += (double)bp_sched_get_copied_bytes(run->s, &eb, &ew);
+        r->gen_expert_copied += (double)eb;
+        r->gen_expert_whole += (double)ew;
         r->tokens[i] = argmax(logits, n_vocab);
         progress(run->show, run->started, "generating", i + 1, o->n_gen);
         if (last && !record_last_step(run, &run->st))
@@ -573,7 +630,7 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     run.show = !quiet && !o->json && isatty(2);
     run.started = bench_now();
     record_devices(&run);
-    const bool ok = place_weights(&run) && place_embedding_and_kv(&run) &&
+    const bool ok = place_weights(&run) && place_experts(&run) && place_embedding_and_kv(&run) &&
                     choose_attention(&run) && check_memory(&run) &&
                     load_model(&run) && new_scheduler(&run) && run_prompt(&run) &&
                     generate(&run);
@@ -629,6 +686,18 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
     for (int i = 0; i < r->n_backends; i++)
         printf("; compute %s %.2f MiB", or_unknown(r->names[i]), mib(r->compute_bytes[i]));
     printf("\n");
+    if (c->n_expert > 0) {
+        printf("experts:    %d per layer, %d used per token; %.2f MiB on %s (%s)", c->n_expert,
+               c->n_expert_used, mib(r->expert_bytes), or_unknown(r->names[r->experts_on]),
+               r->expert_buft);
+        if (o->n_gen > 1 && r->gen_expert_whole > 0)
+            printf("; copied per generated token: %.3f MiB of experts (%s; whole tensors: %.3f "
+                   "MiB), %.3f MiB in all", r->gen_expert_copied / (o->n_gen - 1) / 1048576.0,
+                   o->expert_copies_all ? "--expert-copies all" : "the ones used",
+                   r->gen_expert_whole / (o->n_gen - 1) / 1048576.0,
+                   r->gen_copied / (o->n_gen - 1) / 1048576.0);
+        printf("\n");
+    }
     printf("attention:  %s, %s KV cache\n",
            r->flash_attn ? "fused (FLASH_ATTN_EXT)" : "MUL_MAT, SOFT_MAX, MUL_MAT",
            bp_type_name(o->cfg->kv_type));
@@ -703,6 +772,17 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
     json_member_uint(&w, "weight_bytes", r->weight_bytes);
     json_member_uint(&w, "kv_bytes", r->kv_bytes);
     json_member_string(&w, "weight_buffer_type", r->weight_buft);
+    if (c->n_expert > 0) {
+        const int steps = o->n_gen > 1 ? o->n_gen - 1 : 1;
+        json_member_int(&w, "experts", c->n_expert);
+        json_member_int(&w, "experts_used", c->n_expert_used);
+        json_member_string(&w, "experts_on", or_unknown(r->names[r->experts_on]));
+        json_member_uint(&w, "expert_bytes", r->expert_bytes);
+        json_member_string(&w, "expert_copies", o->expert_copies_all ? "all" : "used");
+        json_member_double(&w, "expert_bytes_copied_per_token", r->gen_expert_copied / steps, 10);
+        json_member_double(&w, "expert_bytes_whole_per_token", r->gen_expert_whole / steps, 10);
+        json_member_double(&w, "bytes_copied_per_token", r->gen_copied / steps, 10);
+    }
     json_member_int(&w, "prompt_tokens", o->n_prompt);
     json_member_int(&w, "prompt_splits", r->prompt_splits);
     json_member_double(&w, "prompt_tokens_per_s", o->n_prompt / r->prompt_seconds, 10);
@@ -740,6 +820,7 @@ static void run_usage(FILE *f)
                "                     [--logits FILE] [--precision full|half]\n"
                "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
                "                     [--seed N] [--check] [--json] [--dot FILE] [--no-repack]\n"
+               "                     [--experts-on DEVICE] [--expert-copies used|all]\n"
                "       backplane run --model M [--wtype T] [--seed N] --save-gguf FILE\n"
                "\n"
                "  --gguf FILE the model of a llama-architecture GGUF file (llama, mistral, qwen2)\n"
@@ -767,7 +848,12 @@ static void run_usage(FILE *f)
                "              where the CPU variant has a kernel for that layout)\n"
                "  --precision half lets the products of BF16/F16 weights round the activations\n"
                "              to 16 bits, as ggml does (BP_MM_PRECISION_HALF); full (default)\n"
-               "              keeps at least 16 significant bits on every device\n");
+               "              keeps at least 16 significant bits on every device\n"
+               "  --experts-on DEVICE where a model's stacked expert matrices live (one of -d;\n"
+               "              default: with the weights); a device that asks for MUL_MAT_ID\n"
+               "              runs it anyway, the scheduler copying the experts over\n"
+               "  --expert-copies used (default) copies only the experts the router chose;\n"
+               "              all copies the whole stacked tensors\n");
 }
 
 static const char run_cmd[] = "backplane run";
@@ -849,6 +935,14 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
                 return 2;
         } else if (strcmp(a, "--dot") == 0 && v) {
             o->dot = v;
+        } else if (strcmp(a, "--experts-on") == 0 && v) {
+            o->experts_on = v;
+        } else if (strcmp(a, "--expert-copies") == 0 && v) {
+            if (strcmp(v, "used") != 0 && strcmp(v, "all") != 0) {
+                fprintf(stderr, "backplane run: --expert-copies is used or all, not '%s'\n", v);
+                return 2;
+            }
+            o->expert_copies_all = strcmp(v, "all") == 0;
         } else {
             takes = false;
             if (strcmp(a, "--check") == 0) {
@@ -943,6 +1037,11 @@ static int check_run_opts(struct run_opts *o)
     if (o->cfg->kv_type == BP_TYPE_Q8_0 && (o->cfg->n_embd / o->cfg->n_head) % 32 != 0) {
         fprintf(stderr, "%s: --kv-type q8_0 needs heads of a multiple of 32 values; '%s' has "
                 "%d\n", run_cmd, o->cfg->name, o->cfg->n_embd / o->cfg->n_head);
+        return 2;
+    }
+    if (o->experts_on != NULL && o->cfg->n_expert == 0) {
+        fprintf(stderr, "%s: --experts-on applies to a model with experts; '%s' has none\n",
+                run_cmd, o->cfg->name);
         return 2;
     }
     if (o->cfg->kv_type == BP_TYPE_Q8_0 && o->flash_attn == 0) {
@@ -1052,7 +1151,7 @@ static int save_model(const struct run_opts *o)
 {
     struct model m;
     bp_buffer_type *host = bp_host_buffer_type();
-    const struct model_placement where = {host, host, host};
+    const struct model_placement where = {host, host, host, NULL};
     enum bp_status st = model_init(&m, o->cfg, o->wtype, &where, o->seed);
     if (st == BP_OK) {
         st = model_save_gguf(&m, o->save_gguf);

@@ -71,6 +71,17 @@ BP_API int bp_sched_get_n_splits(bp_sched *sched);
 BP_API bp_backend *bp_sched_get_split_backend(bp_sched *sched, int i, int *n_nodes,
                                               int *n_inputs);
 BP_API int bp_sched_get_n_copies(bp_sched *sched);
+/* Bytes the last compute copied between backends (every split's inputs); with expert_bytes, of
+ * those the bytes of stacked expert weights, and with expert_bytes_whole what copying those
+ * tensors whole would have taken. Zero before any compute. */
+BP_API size_t bp_sched_get_copied_bytes(bp_sched *sched, size_t *expert_bytes,
+                                        size_t *expert_bytes_whole);
+/* Stacked expert weights [K, M, n_expert] that a split reads only as src[0] of MUL_MAT_ID nodes
+ * and that live on another backend: with on (the default), each compute copies only the experts
+ * the nodes' ids choose, consecutive ones in one copy followed by up to 512 bytes of the next
+ * (so kernels reading a little past an expert find finite values); the scheduler then waits for
+ * every backend once per such split to read the ids. Off: the whole tensor, as any input. */
+BP_API enum bp_status bp_sched_set_used_experts(bp_sched *sched, bool on);
 /* Bytes of backend's compute buffer (0 when it has none yet). */
 BP_API size_t bp_sched_get_buffer_size(bp_sched *sched, bp_backend *backend);
 /* The buffer type of backend's compute buffer (as bufts in bp_sched_new chose it); NULL when
