@@ -543,6 +543,89 @@ static bp_buffer_type *repack_buft(bp_backend *be)
 /* MUL_MAT and GET_ROWS with repacked weights against the definition of the type (double sums of
  * the activation as given: the kernel quantises it to Q8_0, hence the conformance tolerance), and
  * against the same product with the weights in host memory. */
+/* MUL_MAT_ID over stacked experts [K, M, E] in CPU_REPACK (each expert's rows whole groups of
+ * the layout) against the definition of the type, with one token (one column per expert) and
+ * with many (groups of several columns); the bytes come back as they went in. */
+START_TEST(test_repack_mul_mat_id)
+{
+    const char *const *config = repack_configs[_i % N_REPACK_CONFIGS];
+    const enum bp_type type = repack_types[_i / N_REPACK_CONFIGS];
+    const size_t bs = bp_type_size(type);
+    use_cpu_plugin();
+    if (config[0][0])
+        setenv(config[0], config[1], 1);
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    ck_assert_ptr_nonnull(be);
+    bp_buffer_type *bt = repack_buft(be);
+    enum { K = 96, M = 16, E = 5, U = 2, nblk = K / 32 };
+    static const int64_t ts[] = {1, 3, 40};
+    unsigned seed = 11;
+    for (size_t ti = 0; ti < 3; ti++) {
+        const int64_t T = ts[ti];
+        bp_context *wctx = bp_context_new(2), *ctx = bp_context_new(16);
+        bp_tensor *as = bp_new_tensor_3d(wctx, type, K, M, E);
+        bp_tensor *x = bp_new_tensor_3d(ctx, BP_TYPE_F32, K, U, T);
+        bp_tensor *ids = bp_new_tensor_2d(ctx, BP_TYPE_I32, U, T);
+        bp_tensor *y = bp_mul_mat_id(ctx, as, x, ids);
+        ck_assert_ptr_nonnull(y);
+        bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, bt);
+        bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+        ck_assert_ptr_nonnull(wbuf);
+        ck_assert_ptr_nonnull(buf);
+        const size_t wbytes = (size_t)(E * M * nblk) * bs;
+        ck_assert_uint_eq(bp_nbytes(as), wbytes);
+        uint8_t *w = malloc(wbytes), *back = malloc(wbytes);
+        random_blocks(type, w, E * M * nblk, &seed);
+        ck_assert_int_eq(bp_tensor_set(as, w, 0, wbytes), BP_OK);
+        ck_assert_int_eq(bp_tensor_get(as, back, 0, wbytes), BP_OK);
+        ck_assert(memcmp(w, back, wbytes) == 0);
+        float *xv = malloc((size_t)(K * U * T) * sizeof(float));
+        for (int64_t i = 0; i < K * U * T; i++)
+            xv[i] = (float)(rand_r(&seed) % 2001 - 1000) / 1000.0f;
+        ck_assert_int_eq(bp_tensor_set(x, xv, 0, bp_nbytes(x)), BP_OK);
+        int32_t *iv = malloc((size_t)(U * T) * sizeof(int32_t));
+        for (int64_t t = 0; t < T; t++) { /* a token's experts differ, as top-k gives them */
+            iv[t * U] = (int32_t)(rand_r(&seed) % E);
+            iv[t * U + 1] = (iv[t * U] + 1 + (int32_t)(rand_r(&seed) % (E - 1))) % E;
+        }
+        ck_assert_int_eq(bp_tensor_set(ids, iv, 0, bp_nbytes(ids)), BP_OK);
+        ck_assert(bp_backend_supports_op(be, y));
+        bp_graph *g = bp_graph_new(8);
+        bp_graph_build_forward(g, y);
+        ck_assert_msg(bp_backend_graph_compute(be, g) == BP_OK, "%s", bp_last_error());
+        bp_graph_free(g);
+        float *got = malloc((size_t)(M * U * T) * sizeof(float));
+        ck_assert_int_eq(bp_tensor_get(y, got, 0, bp_nbytes(y)), BP_OK);
+        double err = 0, ref2 = 0;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t u = 0; u < U; u++)
+                for (int64_t m = 0; m < M; m++) {
+                    const uint8_t *row = w + (size_t)((iv[t * U + u] * M + m) * nblk) * bs;
+                    double r = 0;
+                    for (int64_t k = 0; k < K; k++)
+                        r += block_value(type, row, k) * xv[(t * U + u) * K + k];
+                    const double gv = got[(t * U + u) * M + m];
+                    err += (gv - r) * (gv - r);
+                    ref2 += r * r;
+                }
+        ck_assert_msg(err <= 2e-4 * ref2, "%s T %lld: NMSE %g", bp_type_name(type), (long long)T,
+                      err / ref2);
+        free(w);
+        free(back);
+        free(xv);
+        free(iv);
+        free(got);
+        bp_buffer_free(buf);
+        bp_buffer_free(wbuf);
+        bp_context_free(ctx);
+        bp_context_free(wctx);
+    }
+    bp_backend_free(be);
+    if (config[0][0])
+        unsetenv(config[0]);
+}
+END_TEST
+
 START_TEST(test_repack_mul_mat)
 {
     const char *const *config = repack_configs[_i % N_REPACK_CONFIGS];
@@ -852,6 +935,8 @@ int main(void)
     TCase *tc = tcase_create("test_repack_mul_mat");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_repack_mul_mat, 0,
+                        N_REPACK_CONFIGS * (int)(sizeof(repack_types) / sizeof(repack_types[0])));
+    tcase_add_loop_test(tc, test_repack_mul_mat_id, 0,
                         N_REPACK_CONFIGS * (int)(sizeof(repack_types) / sizeof(repack_types[0])));
     suite_add_tcase(s, tc);
     return bp_test_run(s);

@@ -203,15 +203,24 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
 
 /* ---- MUL_MAT_ID ------------------------------------------------------------------------------
  *
- * The (slot, token) pairs are grouped by expert; each expert's activation columns are gathered
- * into one contiguous matrix, multiplied by that expert's weights with the MUL_MAT strategies
- * above (a node of its own, so each group gets the kernel for its column count), and the
- * results are scattered to their places. Shared scratch: the pairs in expert order, where each
- * expert's pairs start (and a running position per expert), the gathered B (K floats per pair), the products (M floats per pair),
- * then the MUL_MAT kernels' own shared scratch. */
+ * The (slot, token) pairs are grouped by expert (a counting sort over the ids, which every
+ * thread makes for itself: no meeting), and each expert with pairs becomes a MUL_MAT node of its
+ * own over that expert's 2-D slice, so each group gets the kernel for its column count. An
+ * expert with one pair (every expert when generating one token: a token's experts differ)
+ * multiplies the activation row where it lies into the result column where it goes, with its
+ * own part of the shared scratch, so such experts follow one another without meeting. Experts
+ * with more pairs gather their activation rows into one contiguous matrix first (one meeting),
+ * share one part of the scratch (a meeting between them) and scatter their products to their
+ * places at the end (one more).
+ *
+ * Per-thread scratch: the MUL_MAT kernels' own, then the sort (pairs in expert order, where each
+ * expert's start, a running position per expert). Shared: the gathered rows (K floats per pair),
+ * the products (M floats per pair), the kernels' shared scratch for the experts with several
+ * pairs, then one such part per expert with one pair (at most min(experts, pairs)). */
 
 struct mm_id_layout {
-    size_t order, start, b, c, inner, total; /* byte offsets into the shared scratch */
+    size_t inner_pt, order, start, per_thread;         /* per-thread scratch */
+    size_t b, c, inner, single, single_size, shared; /* shared scratch */
 };
 
 static size_t align64(size_t x)
@@ -219,10 +228,10 @@ static size_t align64(size_t x)
     return (x + 63) & ~(size_t)63;
 }
 
-/* The MUL_MAT node for expert e over n gathered columns: a is that expert's 2-D slice (no
- * buffer, so never taken for repacked data), b and c contiguous F32 columns. */
-static void expert_node(const bp_tensor *node, int64_t e, int64_t n, float *bdata, float *cdata,
-                        bp_tensor *a, bp_tensor *b, bp_tensor *c)
+/* The MUL_MAT node for expert e over n columns of B at bdata (contiguous rows of K floats) into
+ * columns of C at cdata (ldc floats apart): a is that expert's 2-D slice. */
+static void expert_node(const bp_tensor *node, int64_t e, int64_t n, const float *bdata,
+                        float *cdata, int64_t ldc, bp_tensor *a, bp_tensor *b, bp_tensor *c)
 {
     const bp_tensor *as = node->src[0];
     const int64_t K = as->ne[0], M = as->ne[1];
@@ -235,33 +244,63 @@ static void expert_node(const bp_tensor *node, int64_t e, int64_t n, float *bdat
     a->nb[0] = as->nb[0], a->nb[1] = as->nb[1];
     a->nb[2] = a->nb[3] = as->nb[1] * (size_t)M;
     a->data = (char *)as->data + e * (int64_t)as->nb[2];
+    /* Stacked experts in the CPU_REPACK layout: each expert's rows are whole groups of that
+     * layout, starting where its plain rows would, so the slice reads as a repacked matrix. */
+    a->buffer = bp_cpu_repacked_base(as) != NULL ? as->buffer : NULL;
     b->type = BP_TYPE_F32;
     b->ne[0] = K, b->ne[1] = n, b->ne[2] = b->ne[3] = 1;
     b->nb[0] = sizeof(float), b->nb[1] = (size_t)K * sizeof(float);
     b->nb[2] = b->nb[3] = b->nb[1] * (size_t)(n > 0 ? n : 1);
-    b->data = bdata;
+    b->data = (void *)bdata;
     c->type = BP_TYPE_F32;
     c->op = BP_OP_MUL_MAT;
     c->ne[0] = M, c->ne[1] = n, c->ne[2] = c->ne[3] = 1;
-    c->nb[0] = sizeof(float), c->nb[1] = (size_t)M * sizeof(float);
+    c->nb[0] = sizeof(float), c->nb[1] = (size_t)ldc * sizeof(float);
     c->nb[2] = c->nb[3] = c->nb[1] * (size_t)(n > 0 ? n : 1);
     c->src[0] = a;
     c->src[1] = b;
     c->data = cdata;
 }
 
-static struct mm_id_layout mm_id_layout(const bp_tensor *node, size_t inner_shared)
+/* The MUL_MAT kernels' scratch for an expert with n columns. */
+static void inner_work(const bp_tensor *node, int64_t n, int nth, size_t *pt, size_t *sh)
+{
+    bp_tensor a, b, c;
+    expert_node(node, 0, n, NULL, NULL, node->src[0]->ne[1], &a, &b, &c);
+    bp_cpu_mul_mat_work_size(&c, nth, pt, sh);
+}
+
+static struct mm_id_layout mm_id_layout(const bp_tensor *node, int nth)
 {
     const bp_tensor *as = node->src[0];
     const int64_t K = as->ne[0], M = as->ne[1], E = as->ne[2];
     const int64_t pairs = node->ne[1] * node->ne[2];
+    /* The most a group of several can need: each strategy's scratch grows with the columns, so
+     * ask at every column count where the strategy changes and at the largest. */
+    const int64_t ns[] = {2, 15, 16, 48, 49, pairs};
+    size_t pt = 0, sh = 0, pt1 = 0, sh1 = 0;
+    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
+        const int64_t n = ns[i] < pairs ? ns[i] : pairs;
+        size_t p1, s1;
+        if (n < 2)
+            continue;
+        inner_work(node, n, nth, &p1, &s1);
+        pt = p1 > pt ? p1 : pt;
+        sh = s1 > sh ? s1 : sh;
+    }
+    if (pairs > 0)
+        inner_work(node, 1, nth, &pt1, &sh1);
     struct mm_id_layout l;
-    l.order = 0;
-    l.start = align64((size_t)pairs * sizeof(int32_t));
-    l.b = l.start + align64((size_t)(2 * E + 1) * sizeof(int64_t)); /* start, then pos */
-    l.c = l.b + align64((size_t)(pairs * K) * sizeof(float));
+    l.inner_pt = align64(pt > pt1 ? pt : pt1);
+    l.order = l.inner_pt;
+    l.start = l.order + align64((size_t)pairs * sizeof(int32_t));
+    l.per_thread = l.start + align64((size_t)(2 * E + 1) * sizeof(int64_t)); /* start, pos */
+    l.b = 0;
+    l.c = align64((size_t)(pairs * K) * sizeof(float));
     l.inner = l.c + align64((size_t)(pairs * M) * sizeof(float));
-    l.total = l.inner + inner_shared;
+    l.single = l.inner + align64(sh);
+    l.single_size = align64(sh1);
+    l.shared = l.single + l.single_size * (size_t)(E < pairs ? E : pairs);
     return l;
 }
 
@@ -270,32 +309,21 @@ bool bp_cpu_mul_mat_id_supported(const bp_tensor *node)
     const bp_tensor *as = node->src[0], *b = node->src[1], *ids = node->src[2];
     return as->type != BP_TYPE_I32 && b->type == BP_TYPE_F32 && ids->type == BP_TYPE_I32 &&
            node->type == BP_TYPE_F32 && as->nb[0] == bp_type_size(as->type) &&
-           b->nb[0] == sizeof(float) && node->nb[0] == sizeof(float) &&
-           bp_cpu_repacked_base(as) == NULL;
+           b->nb[0] == sizeof(float) && node->nb[0] == sizeof(float);
 }
 
 void bp_cpu_mul_mat_id_work_size(const bp_tensor *node, int nth, size_t *per_thread,
                                  size_t *shared)
 {
-    /* The most any group can need: each strategy's scratch grows with the columns, and a group
-     * has from 1 to all pairs' columns, so ask at every column count where the strategy changes
-     * and at the largest. */
-    const int64_t pairs = node->ne[1] * node->ne[2];
-    const int64_t ns[] = {1, 15, 16, 48, 49, pairs};
-    size_t pt = 0, sh = 0;
-    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
-        const int64_t n = ns[i] < pairs ? ns[i] : pairs;
-        if (n < 1)
-            continue;
-        bp_tensor a, b, c;
-        expert_node(node, 0, n, NULL, NULL, &a, &b, &c);
-        size_t p1, s1;
-        bp_cpu_mul_mat_work_size(&c, nth, &p1, &s1);
-        pt = p1 > pt ? p1 : pt;
-        sh = s1 > sh ? s1 : sh;
-    }
-    *per_thread = pt;
-    *shared = mm_id_layout(node, sh).total;
+    const struct mm_id_layout l = mm_id_layout(node, nth);
+    *per_thread = l.per_thread;
+    *shared = l.shared;
+}
+
+static int32_t id_of(const bp_tensor *ids, int64_t j, int64_t U)
+{
+    return *(const int32_t *)((const char *)ids->data + (j % U) * (int64_t)ids->nb[0] +
+                              (j / U) * (int64_t)ids->nb[1]);
 }
 
 void bp_cpu_mul_mat_id(bp_tensor *node, const struct bp_cpu_params *p)
@@ -305,70 +333,91 @@ void bp_cpu_mul_mat_id(bp_tensor *node, const struct bp_cpu_params *p)
     const int64_t U = node->ne[1], T = node->ne[2], pairs = U * T;
     if (pairs == 0 || M == 0)
         return;
-    char *sh = p->wshared;
-    const struct mm_id_layout l = mm_id_layout(node, 0);
-    int32_t *order = (int32_t *)(sh + l.order);
-    int64_t *start = (int64_t *)(sh + l.start), *pos = start + E + 1;
+    const struct mm_id_layout l = mm_id_layout(node, p->nth);
+    char *mine = p->wdata, *sh = p->wshared;
+    int32_t *order = (int32_t *)(mine + l.order);
+    int64_t *start = (int64_t *)(mine + l.start), *pos = start + E + 1;
     float *bg = (float *)(sh + l.b), *cg = (float *)(sh + l.c);
 
-    /* The pairs (u + U t) in expert order, by one thread; an id out of range joins no group. */
-    if (p->ith == 0) {
-        for (int64_t e = 0; e <= E; e++)
-            start[e] = 0;
-        bool bad = false;
-        for (int64_t j = 0; j < pairs; j++) {
-            const int32_t e = *(const int32_t *)((const char *)ids->data +
-                                                 (j % U) * (int64_t)ids->nb[0] +
-                                                 (j / U) * (int64_t)ids->nb[1]);
-            if (e < 0 || e >= E)
-                bad = true;
-            else
-                start[e + 1]++;
-        }
-        for (int64_t e = 0; e < E; e++) {
-            start[e + 1] += start[e];
-            pos[e] = start[e];
-        }
-        for (int64_t j = 0; j < pairs; j++) {
-            const int32_t e = *(const int32_t *)((const char *)ids->data +
-                                                 (j % U) * (int64_t)ids->nb[0] +
-                                                 (j / U) * (int64_t)ids->nb[1]);
-            if (e >= 0 && e < E)
-                order[pos[e]++] = (int32_t)j;
-        }
-        if (bad)
-            bp_cpu_fault(p, node);
+    /* The pairs j = u + U t in expert order; an id out of range joins no group (and fails the
+     * compute: thread 0 says so). */
+    for (int64_t e = 0; e <= E; e++)
+        start[e] = 0;
+    bool bad = false;
+    for (int64_t j = 0; j < pairs; j++) {
+        const int32_t e = id_of(ids, j, U);
+        if (e < 0 || e >= E)
+            bad = true;
+        else
+            start[e + 1]++;
     }
-    bp_cpu_pool_barrier(p->pool);
+    for (int64_t e = 0; e < E; e++) {
+        start[e + 1] += start[e];
+        pos[e] = start[e];
+    }
+    for (int64_t j = 0; j < pairs; j++) {
+        const int32_t e = id_of(ids, j, U);
+        if (e >= 0 && e < E)
+            order[pos[e]++] = (int32_t)j;
+    }
+    if (bad && p->ith == 0)
+        bp_cpu_fault(p, node);
 
-    /* Gather: column i of bg is b[:, u % b.ne1, t] of the i-th pair in expert order. */
-    const int64_t n_ok = start[E];
+    /* The rows of the experts with several pairs, gathered in expert order. */
+    bool several = false;
+    for (int64_t e = 0; e < E; e++)
+        several = several || start[e + 1] - start[e] > 1;
     int64_t i0, i1;
-    bp_cpu_split(n_ok, p->ith, p->nth, &i0, &i1);
-    for (int64_t i = i0; i < i1; i++) {
-        const int64_t j = order[i], u = j % U, t = j / U;
-        memcpy(bg + i * K,
-               (const char *)b->data + (u % b->ne[1]) * (int64_t)b->nb[1] + t * (int64_t)b->nb[2],
-               (size_t)K * sizeof(float));
+    bp_cpu_split(start[E], p->ith, p->nth, &i0, &i1);
+    if (several) {
+        for (int64_t i = i0; i < i1; i++) {
+            const int64_t j = order[i], u = j % U, t = j / U;
+            memcpy(bg + i * K,
+                   (const char *)b->data + (u % b->ne[1]) * (int64_t)b->nb[1] +
+                       t * (int64_t)b->nb[2],
+                   (size_t)K * sizeof(float));
+        }
+        bp_cpu_pool_barrier(p->pool);
     }
-    bp_cpu_pool_barrier(p->pool);
 
     struct bp_cpu_params q = *p;
-    q.wshared = sh + l.inner;
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t n = start[e + 1] - start[e];
-        if (n == 0)
+    q.wdata = mine; /* the kernels' per-thread scratch comes first */
+    int64_t n_single = 0, n_multi = 0;
+    for (int64_t e = 0; e < E; e++) { /* one pair each: in place, own scratch, no meetings */
+        if (start[e + 1] - start[e] != 1)
             continue;
+        const int64_t j = order[start[e]], u = j % U, t = j / U;
+        const float *row = (const float *)((const char *)b->data +
+                                           (u % b->ne[1]) * (int64_t)b->nb[1] +
+                                           t * (int64_t)b->nb[2]);
+        float *col = (float *)((char *)node->data + u * (int64_t)node->nb[1] +
+                               t * (int64_t)node->nb[2]);
         bp_tensor a, bt, c;
-        expert_node(node, e, n, bg + start[e] * K, cg + start[e] * M, &a, &bt, &c);
+        expert_node(node, e, 1, row, col, M, &a, &bt, &c);
+        q.wshared = sh + l.single + l.single_size * (size_t)n_single++;
         bp_cpu_mul_mat(&c, &q);
-        bp_cpu_pool_barrier(p->pool); /* the kernels' shared scratch is reused by the next */
     }
-
-    /* Scatter the products to r[:, u, t]. */
-    for (int64_t i = i0; i < i1; i++) {
+    q.wshared = sh + l.inner;
+    for (int64_t e = 0; e < E; e++) { /* several pairs: gathered rows, shared scratch */
+        const int64_t n = start[e + 1] - start[e];
+        if (n < 2)
+            continue;
+        if (n_multi++ > 0)
+            bp_cpu_pool_barrier(p->pool); /* the kernels' shared scratch is reused */
+        bp_tensor a, bt, c;
+        expert_node(node, e, n, bg + start[e] * K, cg + start[e] * M, M, &a, &bt, &c);
+        bp_cpu_mul_mat(&c, &q);
+    }
+    if (!several)
+        return;
+    bp_cpu_pool_barrier(p->pool);
+    for (int64_t i = i0; i < i1; i++) { /* the products of the groups of several, in place */
         const int64_t j = order[i], u = j % U, t = j / U;
-        memcpy((char *)node->data + u * (int64_t)node->nb[1] + t * (int64_t)node->nb[2],
-               cg + i * M, (size_t)M * sizeof(float));
+        int64_t e = 0;
+        while (start[e + 1] <= i)
+            e++;
+        if (start[e + 1] - start[e] > 1)
+            memcpy((char *)node->data + u * (int64_t)node->nb[1] + t * (int64_t)node->nb[2],
+                   cg + i * M, (size_t)M * sizeof(float));
     }
 }

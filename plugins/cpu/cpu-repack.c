@@ -25,8 +25,9 @@
  * load. The quants keep their values (Q8_0 stays signed), so every byte of a block stays a byte of
  * the same block: memset and clear mean the same in either layout.
  *
- * Operations on repacked data: MUL_MAT (as src[0]) and GET_ROWS (as src[0]) of the tensor
- * itself; views of it and any other op are refused by supports_op, so the scheduler copies the
+ * Operations on repacked data: MUL_MAT (as src[0]) and GET_ROWS (as src[0]) of a 2-D tensor
+ * itself, MUL_MAT_ID (as src[0]) of stacked ones; views of it and any other op are refused by
+ * supports_op, so the scheduler copies the
  * tensor (through get_tensor, which unpacks) wherever something else needs it. Reads and writes
  * go in whole blocks. */
 #include "config.h"
@@ -79,12 +80,22 @@ static bool repacked_type(enum bp_type type)
 #endif
 }
 
+/* A 2-D tensor, or stacked matrices [K, M, n, 1] (MUL_MAT_ID's experts) whose M is a multiple
+ * of the group: their M * n rows are grouped as one matrix's, and no group spans two of them,
+ * so matrix e starts e * nb[2] bytes in, as in the plain layout. Contiguous, whole blocks. */
 static bool eligible(const bp_tensor *t)
 {
     return repacked_type(t->type) && t->view_src == NULL &&
-           t->ne[2] == 1 && t->ne[3] == 1 && t->ne[0] % 32 == 0 &&
+           (t->ne[2] == 1 || t->ne[1] % GROUP == 0) && t->ne[3] == 1 && t->ne[0] % 32 == 0 &&
            t->nb[0] == (size_t)block_bytes(t->type) &&
-           t->nb[1] == (size_t)(t->ne[0] / 32 * block_bytes(t->type));
+           t->nb[1] == (size_t)(t->ne[0] / 32 * block_bytes(t->type)) &&
+           t->nb[2] == t->nb[1] * (size_t)t->ne[1];
+}
+
+/* Rows of a repacked tensor, all its matrices'. */
+static int64_t n_rows(const bp_tensor *t)
+{
+    return t->ne[1] * t->ne[2];
 }
 
 const bp_tensor *bp_cpu_repacked_base(const bp_tensor *t)
@@ -107,7 +118,9 @@ bool bp_cpu_repack_supports_op(const bp_tensor *op)
         const bp_tensor *s = op->src[i];
         if (s == NULL || bp_cpu_repacked_base(s) == NULL)
             continue;
-        if (i != 0 || s->view_src != NULL || (op->op != BP_OP_MUL_MAT && op->op != BP_OP_GET_ROWS))
+        /* MUL_MAT and GET_ROWS read one matrix, MUL_MAT_ID stacked ones. */
+        const bool one = s->ne[2] == 1 && (op->op == BP_OP_MUL_MAT || op->op == BP_OP_GET_ROWS);
+        if (i != 0 || s->view_src != NULL || !(one || op->op == BP_OP_MUL_MAT_ID))
             return false;
     }
     return true;
@@ -149,7 +162,7 @@ static void put_block(const bp_tensor *t, int64_t r, int64_t kb, const void *in)
 
 static size_t repacked_size(const bp_tensor *t)
 {
-    const int64_t rows = (t->ne[1] + GROUP - 1) / GROUP * GROUP;
+    const int64_t rows = (n_rows(t) + GROUP - 1) / GROUP * GROUP;
     return (size_t)rows * (size_t)(t->ne[0] / 32 * block_bytes(t->type));
 }
 
@@ -179,7 +192,7 @@ static enum bp_status rb_init_tensor(bp_buffer *buf, bp_tensor *t)
     if (eligible(t)) {
         const int64_t nblk = t->ne[0] / 32;
         const char zero[34] = {0};
-        for (int64_t r = t->ne[1]; r % GROUP != 0; r++)
+        for (int64_t r = n_rows(t); r % GROUP != 0; r++)
             for (int64_t kb = 0; kb < nblk; kb++)
                 put_block(t, r, kb, zero);
     }
