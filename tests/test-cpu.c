@@ -544,8 +544,9 @@ static bp_buffer_type *repack_buft(bp_backend *be)
  * the activation as given: the kernel quantises it to Q8_0, hence the conformance tolerance), and
  * against the same product with the weights in host memory. */
 /* MUL_MAT_ID over stacked experts [K, M, E] in CPU_REPACK (each expert's rows whole groups of
- * the layout) against the definition of the type, with one token (one column per expert) and
- * with many (groups of several columns); the bytes come back as they went in. */
+ * the layout) against the definition of the type, the activations shared by a token's slots as
+ * a Mixtral layer has them, with one token (one column per expert) and with many (groups of
+ * several columns, up to the broadcast kernel's widths); the bytes come back as they went in. */
 START_TEST(test_repack_mul_mat_id)
 {
     const char *const *config = repack_configs[_i % N_REPACK_CONFIGS];
@@ -557,14 +558,14 @@ START_TEST(test_repack_mul_mat_id)
     bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
     ck_assert_ptr_nonnull(be);
     bp_buffer_type *bt = repack_buft(be);
-    enum { K = 96, M = 16, E = 5, U = 2, nblk = K / 32 };
-    static const int64_t ts[] = {1, 3, 40};
+    enum { K = 256, M = 704, E = 8, U = 2, nblk = K / 32 };
+    static const int64_t ts[] = {1, 3, 8, 16, 32, 40};
     unsigned seed = 11;
-    for (size_t ti = 0; ti < 3; ti++) {
+    for (size_t ti = 0; ti < sizeof(ts) / sizeof(ts[0]); ti++) {
         const int64_t T = ts[ti];
         bp_context *wctx = bp_context_new(2), *ctx = bp_context_new(16);
         bp_tensor *as = bp_new_tensor_3d(wctx, type, K, M, E);
-        bp_tensor *x = bp_new_tensor_3d(ctx, BP_TYPE_F32, K, U, T);
+        bp_tensor *x = bp_new_tensor_3d(ctx, BP_TYPE_F32, K, 1, T);
         bp_tensor *ids = bp_new_tensor_2d(ctx, BP_TYPE_I32, U, T);
         bp_tensor *y = bp_mul_mat_id(ctx, as, x, ids);
         ck_assert_ptr_nonnull(y);
@@ -580,7 +581,7 @@ START_TEST(test_repack_mul_mat_id)
         ck_assert_int_eq(bp_tensor_get(as, back, 0, wbytes), BP_OK);
         ck_assert(memcmp(w, back, wbytes) == 0);
         float *xv = malloc((size_t)(K * U * T) * sizeof(float));
-        for (int64_t i = 0; i < K * U * T; i++)
+        for (int64_t i = 0; i < K * T; i++)
             xv[i] = (float)(rand_r(&seed) % 2001 - 1000) / 1000.0f;
         ck_assert_int_eq(bp_tensor_set(x, xv, 0, bp_nbytes(x)), BP_OK);
         int32_t *iv = malloc((size_t)(U * T) * sizeof(int32_t));
@@ -603,7 +604,7 @@ START_TEST(test_repack_mul_mat_id)
                     const uint8_t *row = w + (size_t)((iv[t * U + u] * M + m) * nblk) * bs;
                     double r = 0;
                     for (int64_t k = 0; k < K; k++)
-                        r += block_value(type, row, k) * xv[(t * U + u) * K + k];
+                        r += block_value(type, row, k) * xv[t * K + k];
                     const double gv = got[(t * U + u) * M + m];
                     err += (gv - r) * (gv - r);
                     ref2 += r * r;

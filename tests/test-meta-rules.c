@@ -263,6 +263,39 @@ START_TEST(test_mul_mat_row_parallel)
 }
 END_TEST
 
+/* MUL_MAT_ID: the experts' rows split give the result split along M; the experts and the
+ * activations split along K give partial sums; ids stay whole; experts stored whole take the
+ * default even split of their rows, and the split policy is asked first. */
+START_TEST(test_mul_mat_id)
+{
+    bp_tensor *as = bp_new_tensor_3d(ctx, BP_TYPE_Q8_0, 64, 6, 4); /* [K, M, n_expert] */
+    bp_tensor *x = bp_new_tensor_3d(ctx, BP_TYPE_F32, 64, 1, 5);   /* [K, 1, T] */
+    bp_tensor *ids = bp_new_tensor_2d(ctx, BP_TYPE_I32, 2, 5);     /* [U, T] */
+    bp_tensor *y = bp_mul_mat_id(ctx, as, x, ids);                 /* [M, U, T] */
+    ck_assert_ptr_nonnull(y);
+    struct bp_meta_decision d = decide_n(y, 2, split2(1, 2, 4), MIRRORED, true);
+    assert_applies(&d, split2(0, 2, 4), split2(1, 2, 4), MIRRORED, 2);
+    ck_assert_int_eq(d.want[2].state, BP_META_MIRRORED);
+    const struct bp_meta_split k = split2(0, 32, 32);
+    d = decide_n(y, 2, MIRRORED, k, true);
+    assert_applies(&d, PARTIAL, k, k, 2);
+    d = decide_n(y, 2, k, k, false);
+    assert_applies(&d, PARTIAL, k, k, 2);
+    d = decide_n(y, 2, MIRRORED, split2(0, 16, 48), true); /* not whole blocks: rows instead */
+    assert_applies(&d, split2(0, 4, 2), split2(1, 4, 2), MIRRORED, 2);
+    d = decide_n(y, 2, MIRRORED, MIRRORED, true);
+    assert_applies(&d, split2(0, 4, 2), split2(1, 4, 2), MIRRORED, 2);
+    struct bp_meta_rule_in in = {.node = y, .n = 2, .src = {MIRRORED, MIRRORED, MIRRORED},
+                                 .src0_weight = true};
+    ck_assert(bp_meta_rules_ask_policy(&in));
+    /* experts split across parts is no rule; activations that are partial sums neither */
+    d = decide_n(y, 2, split2(2, 2, 2), MIRRORED, true);
+    assert_fallback(&d);
+    d = decide_n(y, 2, MIRRORED, PARTIAL, false);
+    assert_fallback(&d);
+}
+END_TEST
+
 START_TEST(test_mul_mat_batch_axes)
 {
     /* attention: k [head_dim, T, heads] . q [head_dim, T, heads], split per head */
@@ -531,6 +564,7 @@ int main(void)
     tcase_add_test(tc, test_glu_of_one_source);
     tcase_add_test(tc, test_mul_mat_column_parallel);
     tcase_add_test(tc, test_mul_mat_row_parallel);
+    tcase_add_test(tc, test_mul_mat_id);
     tcase_add_test(tc, test_mul_mat_batch_axes);
     tcase_add_test(tc, test_rowwise_ops_refuse_axis_0);
     tcase_add_test(tc, test_soft_max_per_head);

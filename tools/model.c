@@ -527,7 +527,8 @@ void model_step_free(struct model_step *st)
 /* ---- Split over a meta device ---------------------------------------------------------------- */
 
 /* The split the meta backend stores the model's matrices in (Megatron): attention q/k/v and the
- * MLP's gate/up by output rows, the attention output and the MLP's down by input columns, the
+ * MLP's gate/up by output rows, the attention output and the MLP's down by input columns (each
+ * expert's alike, for a mixture of experts), the
  * output projection by vocabulary rows; whole heads (or blocks of 32) per device. Embeddings
  * and norms stay whole. Each device then holds about 1/n of the model. */
 bool model_meta_split(const bp_tensor *w, int n, struct bp_meta_split *out, void *user)
@@ -551,10 +552,11 @@ bool model_meta_split(const bp_tensor *w, int n, struct bp_meta_split *out, void
         axis = 0;
         unit = c->n_embd / c->n_head;
     } else if (strcmp(kind, "ffn_gate") == 0 || strcmp(kind, "ffn_up") == 0 ||
+               strcmp(kind, "ffn_gate_exps") == 0 || strcmp(kind, "ffn_up_exps") == 0 ||
                strcmp(name, "output") == 0) {
-        axis = 1;
+        axis = 1; /* of every expert, for the stacked ones */
         unit = 32;
-    } else if (strcmp(kind, "ffn_down") == 0) {
+    } else if (strcmp(kind, "ffn_down") == 0 || strcmp(kind, "ffn_down_exps") == 0) {
         axis = 0;
         unit = 32;
     } else {

@@ -81,6 +81,7 @@ struct run_result {
     int weights_on; /* index of the backend that holds the weights */
     int experts_on; /* ... the stacked experts (a model with experts) */
     size_t expert_bytes;
+    size_t expert_part_bytes[MAX_BACKENDS]; /* experts on a meta device: what each part holds */
     char expert_buft[64];
     /* Bytes the scheduler copied between devices over the generation steps: in all, of stacked
      * experts, and what those experts would have taken whole. */
@@ -454,6 +455,8 @@ static void record_model_buffers(struct run *run)
         r->weight_part_bytes[p] = part_bytes(run->m.wbuf, p);
         if (r->weight_part_bytes[p] > 0)
             r->n_weight_parts = p + 1;
+        if (run->m.xbuf != NULL && r->experts_on == r->weights_on)
+            r->expert_part_bytes[p] = part_bytes(run->m.xbuf, p);
     }
     r->kv_bytes = bp_buffer_get_size(run->m.kvbuf);
     if (run->m.xbuf != NULL) {
@@ -690,6 +693,10 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
         printf("experts:    %d per layer, %d used per token; %.2f MiB on %s (%s)", c->n_expert,
                c->n_expert_used, mib(r->expert_bytes), or_unknown(r->names[r->experts_on]),
                r->expert_buft);
+        for (int p = 0; p < r->n_weight_parts && r->experts_on == r->weights_on; p++)
+            printf("%s%.2f", p == 0 ? "; per part: " : " + ", mib(r->expert_part_bytes[p]));
+        if (r->n_weight_parts > 0 && r->experts_on == r->weights_on)
+            printf(" MiB");
         if (o->n_gen > 1 && r->gen_expert_whole > 0)
             printf("; copied per generated token: %.3f MiB of experts (%s; whole tensors: %.3f "
                    "MiB), %.3f MiB in all", r->gen_expert_copied / (o->n_gen - 1) / 1048576.0,

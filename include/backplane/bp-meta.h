@@ -27,8 +27,9 @@ struct bp_meta_split {
 /* Chooses how a weight (a tensor in a buffer with usage BP_BUFFER_USAGE_WEIGHTS) is split over
  * the n devices: fill *out and return true, or return false for the default policy. It is
  * asked when the weight is first written: a split along the rows (axis 1) or, in whole blocks,
- * the columns (axis 0) of a 2-D weight is then how the weight is stored - each device holds
- * only its slice - and every graph uses it split that way (a graph that needs it otherwise gets
+ * the columns (axis 0) of a 2-D weight, or of a contiguous stack of matrices [K, M, n, 1]
+ * (MUL_MAT_ID's experts, every matrix split alike), is then how the weight is stored - each
+ * device holds only its slice - and every graph uses it split that way (a graph that needs it otherwise gets
  * a whole copy per device for that computation). *out is zeroed before the call.
  *
  * Accepted answers: state BP_META_MIRRORED (the weight stays whole, as with false), or state

@@ -176,14 +176,15 @@ enum bp_status bp_meta_ask_split(struct meta_dev *md, const bp_tensor *w,
     return BP_OK;
 }
 
-/* Whether weight w is stored sliced, and in which split: when the split callback splits a 2-D
- * tensor with contiguous rows along its rows (axis 1) or, in whole blocks, its columns (axis 0).
- * An invalid answer is an error, so a bad callback never gets a weight stored or computed. */
+/* Whether weight w is stored sliced, and in which split: when the split callback splits a
+ * contiguous matrix, or stack of matrices [K, M, n, 1] (MUL_MAT_ID's experts), along its rows
+ * (axis 1: the same rows of every matrix) or, in whole blocks, its columns (axis 0). An invalid
+ * answer is an error, so a bad callback never gets a weight stored or computed. */
 static enum bp_status sliced_split(struct meta_dev *md, const bp_tensor *w, bool *sliced,
                                    struct bp_meta_split *out)
 {
     *sliced = false;
-    if (md->split_fn == NULL || w->ne[2] != 1 || w->ne[3] != 1 || !bp_is_contiguous(w))
+    if (md->split_fn == NULL || w->ne[3] != 1 || !bp_is_contiguous(w))
         return BP_OK;
     struct bp_meta_split s;
     bool given;
@@ -195,11 +196,11 @@ static enum bp_status sliced_split(struct meta_dev *md, const bp_tensor *w, bool
     return BP_OK;
 }
 
-/* Bytes of part p's packed slice. */
+/* Bytes of part p's packed slice: its rows (of every matrix), or its columns of every row. */
 static size_t slice_bytes(const bp_tensor *w, const struct bp_meta_split *s, int p)
 {
-    return s->axis == 1 ? (size_t)s->sizes[p] * w->nb[1]
-                        : (size_t)w->ne[1] * bp_row_size(w->type, s->sizes[p]);
+    return s->axis == 1 ? (size_t)s->sizes[p] * w->nb[1] * (size_t)w->ne[2]
+                        : (size_t)(w->ne[1] * w->ne[2]) * bp_row_size(w->type, s->sizes[p]);
 }
 
 /* The slot of weight t's owner, made (and its part buffers allocated, zeroed) when missing. */
@@ -486,8 +487,10 @@ static enum bp_status scatter(struct meta_buf *mb, const struct meta_slot *sl, c
         start[p] = acc;
         acc += sl->s.sizes[p];
     }
+    const int64_t M = w->ne[1]; /* rows of each matrix: a row split takes the same of each */
     for (int64_t r = (int64_t)(off / row); r < (int64_t)((off + n) / row) && st == BP_OK; r++) {
         const char *src = d ? d + ((size_t)r * row - off) : NULL;
+        const int64_t mat = r / M, m = r % M;
         for (int p = 0; p < mb->md->n && st == BP_OK; p++) {
             bp_tensor dst = *w;
             dst.view_src = NULL;
@@ -495,9 +498,9 @@ static enum bp_status scatter(struct meta_buf *mb, const struct meta_slot *sl, c
             dst.data = bp_buffer_get_base(sl->part[p]);
             size_t to, from, len;
             if (sl->s.axis == 1) {
-                if (r < start[p] || r >= start[p] + sl->s.sizes[p])
+                if (m < start[p] || m >= start[p] + sl->s.sizes[p])
                     continue;
-                to = (size_t)(r - start[p]) * row;
+                to = (size_t)(mat * sl->s.sizes[p] + m - start[p]) * row;
                 from = 0;
                 len = row;
             } else {

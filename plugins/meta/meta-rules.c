@@ -234,6 +234,41 @@ static const char *binary_rule(const struct bp_meta_rule_in *in, struct bp_meta_
 /* ---- Products ---------------------------------------------------------------------------- */
 
 /* The parts of a product along M, K and N, with a weight or activations as src[0]. */
+/* MUL_MAT_ID: the experts' rows split (axis 1, the same rows of every expert) give the result
+ * split along M; the experts and the activations split alike along K give partial sums. The
+ * ids and any other source stay whole. Experts split across parts (expert parallelism) are not
+ * a rule: an id would then name an expert some parts do not hold. */
+static const char *matmul_id_rule(const struct bp_meta_rule_in *in, struct bp_meta_decision *d)
+{
+    const bp_tensor *a = in->node->src[0];
+    const struct bp_meta_split sa = src_state(in, 0), sb = src_state(in, 1);
+    const int n = in->n;
+    if (src_state(in, 2).state == BP_META_PARTIAL)
+        return "the expert ids are partial sums";
+    if (is_split(&sa) && sa.axis == 1 && sb.state != BP_META_PARTIAL) {
+        d->want[0] = sa;
+        d->out = split_on(&sa, 0);
+        return NULL;
+    }
+    if (is_split(&sb) && sb.axis == 0 &&
+        ((sa.state == BP_META_MIRRORED && in->src0_weight) || bp_meta_same_state(&sa, &sb, n))) {
+        bool blocks = true;
+        for (int p = 0; p < n; p++)
+            blocks &= sb.sizes[p] % bp_type_block_size(a->type) == 0;
+        if (blocks) {
+            d->want[0] = d->want[1] = sb;
+            d->out = PARTIAL;
+            return NULL;
+        }
+    }
+    if (in->src0_weight && sa.state == BP_META_MIRRORED && sb.state != BP_META_PARTIAL) {
+        d->want[0] = even_split(a, 1, n);
+        d->out = split_on(&d->want[0], 0);
+        return NULL;
+    }
+    return "no expert product rule fits these states";
+}
+
 static const char *matmul_rule(const struct bp_meta_rule_in *in, struct bp_meta_decision *d)
 {
     const bp_tensor *a = in->node->src[0], *b = in->node->src[1];
@@ -396,6 +431,8 @@ static rule_fn *rule_of(const bp_tensor *node)
         return binary ? binary_rule : NULL;
     case BP_OP_MUL_MAT:
         return binary ? matmul_rule : NULL;
+    case BP_OP_MUL_MAT_ID:
+        return binary && node->src[2] ? matmul_id_rule : NULL;
     case BP_OP_FLASH_ATTN_EXT:
         return node->src[0] && node->src[1] && node->src[2] ? attn_rule : NULL;
     default:
@@ -436,6 +473,7 @@ enum bp_meta_verdict bp_meta_rules_decide(const struct bp_meta_rule_in *in,
 bool bp_meta_rules_ask_policy(const struct bp_meta_rule_in *in)
 {
     const bp_tensor *a = in->node->src[0];
-    return in->node->op == BP_OP_MUL_MAT && a != NULL && in->src0_weight && a->ne[2] == 1 &&
-           a->ne[3] == 1 && in->src[0].state == BP_META_MIRRORED;
+    const bool stacked = in->node->op == BP_OP_MUL_MAT_ID; /* [K, M, n_expert] */
+    return (in->node->op == BP_OP_MUL_MAT || stacked) && a != NULL && in->src0_weight &&
+           (a->ne[2] == 1 || stacked) && a->ne[3] == 1 && in->src[0].state == BP_META_MIRRORED;
 }

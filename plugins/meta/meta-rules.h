@@ -45,7 +45,7 @@ enum bp_meta_verdict bp_meta_rules_decide(const struct bp_meta_rule_in *in,
                                           struct bp_meta_decision *d);
 
 /* Whether a split policy may choose how in's src[0] is split: a MUL_MAT whose src[0] is a 2-D
- * weight that is MIRRORED. The caller asks the policy and, when it gives a split, puts that in
+ * weight, or a MUL_MAT_ID whose src[0] is stacked weights, that is MIRRORED. The caller asks the policy and, when it gives a split, puts that in
  * src[0] before deciding. */
 bool bp_meta_rules_ask_policy(const struct bp_meta_rule_in *in);
 
