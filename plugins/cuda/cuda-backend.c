@@ -50,8 +50,9 @@ static enum bp_status cbe_sync(bp_backend *be)
     const int flag = *(volatile int *)cb->err_host;
     if (flag != CU_ERR_NONE) {
         *(volatile int *)cb->err_host = CU_ERR_NONE;
-        return bp_set_error(BP_ERR_OUT_OF_BOUNDS, "%s: a GET_ROWS or SET_ROWS row id was out of "
-                            "range (those rows were left as zero or not written)", cb->cd->name);
+        return bp_set_error(BP_ERR_OUT_OF_BOUNDS, "%s: a GET_ROWS, SET_ROWS or MUL_MAT_ID id was "
+                            "out of range (those rows were left as zero, not written, or "
+                            "undefined)", cb->cd->name);
     }
     return BP_OK;
 }
@@ -64,6 +65,8 @@ static void cbe_free(bp_backend *be)
     cublasDestroy(cb->blas);
     cudaStreamDestroy(cb->stream);
     cudaFree(cb->scratch);
+    cudaFree(cb->moe_dev);
+    free(cb->moe_host);
     cudaFreeHost(cb->err_host);
     free(cb);
 }

@@ -196,6 +196,143 @@ static enum bp_status mul_mat(struct cuda_backend *cb, bp_tensor *d)
     return st;
 }
 
+/* ---- MUL_MAT_ID ---------------------------------------------------------------------------
+ * The ids come to the host (the stream waits for the router), which groups the (slot, token)
+ * pairs by expert as the CPU does; each pair's activation row is gathered into one dense matrix
+ * in expert order (GET_ROWS' kernel), each expert with pairs runs MUL_MAT's path on its slice
+ * of the stacked weights (the matrix-vector kernel for few columns, the split-precision GEMMs
+ * otherwise: the same precision contract), and the products go to their places (SET_ROWS'
+ * kernel). An id out of range joins no group and raises the backend's error flag. */
+
+static enum bp_status moe_reserve(struct cuda_backend *cb, size_t host, size_t dev)
+{
+    if (host > cb->moe_host_size) {
+        void *h = realloc(cb->moe_host, host);
+        if (h == NULL)
+            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes of "
+                                "MUL_MAT_ID lists", cb->cd->name, host);
+        cb->moe_host = h;
+        cb->moe_host_size = host;
+    }
+    if (dev > cb->moe_dev_size) {
+        if (cb->moe_dev != NULL)
+            cudaFree(cb->moe_dev); /* waits for the work still using it */
+        cb->moe_dev = NULL;
+        cb->moe_dev_size = 0;
+        cudaError_t e = cudaMalloc(&cb->moe_dev, dev);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            cb->moe_dev = NULL;
+            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of scratch "
+                                "memory for MUL_MAT_ID: %s", cb->cd->name, dev,
+                                cudaGetErrorString(e));
+        }
+        cb->moe_dev_size = dev;
+    }
+    return BP_OK;
+}
+
+/* A contiguous 2-D cu_t of rows of ne0 values of type at data. */
+static struct cu_t dense2(void *data, int type, int64_t ne0, int64_t ne1, int64_t esz)
+{
+    struct cu_t c = {.data = data, .type = type};
+    c.ne[0] = ne0, c.ne[1] = ne1, c.ne[2] = c.ne[3] = 1;
+    c.nb[0] = esz, c.nb[1] = ne0 * esz, c.nb[2] = c.nb[3] = ne0 * ne1 * esz;
+    return c;
+}
+
+/* t as a contiguous 2-D tensor of shape [ne0, ne1] (no sources). */
+static void dense_tensor(bp_tensor *t, enum bp_type type, void *data, int64_t ne0, int64_t ne1,
+                         size_t row_bytes)
+{
+    memset(t, 0, sizeof(*t));
+    t->type = type;
+    t->ne[0] = ne0, t->ne[1] = ne1, t->ne[2] = t->ne[3] = 1;
+    t->nb[0] = bp_type_size(type);
+    t->nb[1] = row_bytes;
+    t->nb[2] = t->nb[3] = row_bytes * (size_t)(ne1 > 0 ? ne1 : 1);
+    t->data = data;
+}
+
+static enum bp_status mul_mat_id(struct cuda_backend *cb, bp_tensor *d)
+{
+    const bp_tensor *as = d->src[0], *b = d->src[1], *ids = d->src[2];
+    const int64_t K = as->ne[0], M = as->ne[1], E = as->ne[2];
+    const int64_t U = d->ne[1], T = d->ne[2], P = U * T, B1 = b->ne[1];
+    cudaStream_t s = cb->stream;
+    const char *who = cb->cd->name;
+    if (P == 0 || M == 0)
+        return BP_OK;
+    const size_t lists = align_up((size_t)P * sizeof(int32_t));
+    enum bp_status st = moe_reserve(cb, 3 * (size_t)P * sizeof(int32_t) +
+                                            (size_t)(E + 1) * sizeof(int64_t),
+                                    2 * lists + align_up((size_t)(P * K) * sizeof(float)) +
+                                        align_up((size_t)(P * M) * sizeof(float)));
+    if (st != BP_OK)
+        return st;
+    int32_t *id_h = cb->moe_host, *brow_h = id_h + P, *drow_h = brow_h + P;
+    int64_t *start = (int64_t *)(drow_h + P);
+    char *dev = cb->moe_dev;
+    int32_t *brow_d = (int32_t *)dev, *drow_d = (int32_t *)(dev + lists);
+    float *bg = (float *)(dev + 2 * lists);
+    float *cg = (float *)(dev + 2 * lists + align_up((size_t)(P * K) * sizeof(float)));
+
+    cudaError_t e = cudaMemcpyAsync(id_h, ids->data, (size_t)P * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess)
+        return bp_cuda_fail(e, who, "reading the MUL_MAT_ID ids");
+    for (int64_t x = 0; x <= E; x++)
+        start[x] = 0;
+    for (int64_t j = 0; j < P; j++) {
+        if (id_h[j] >= 0 && id_h[j] < E)
+            start[id_h[j] + 1]++;
+        else
+            *(volatile int *)cb->err_host = CU_ERR_ROW_ID; /* reported at synchronisation */
+    }
+    for (int64_t x = 0; x < E; x++)
+        start[x + 1] += start[x];
+    int64_t n_ok = 0;
+    for (int64_t x = 0; x < E; x++) /* rows of b and of d, pair by pair in expert order */
+        for (int64_t j = 0; j < P; j++)
+            if (id_h[j] == x) {
+                brow_h[n_ok] = (int32_t)((j % U) % B1 + B1 * (j / U));
+                drow_h[n_ok++] = (int32_t)j;
+            }
+    if (n_ok == 0)
+        return BP_OK;
+    /* From pageable memory: the copies have taken the lists when they return. */
+    e = cudaMemcpyAsync(brow_d, brow_h, (size_t)n_ok * sizeof(int32_t), cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(drow_d, drow_h, (size_t)n_ok * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess)
+        return bp_cuda_fail(e, who, "copying the MUL_MAT_ID lists");
+    int k = bp_cu_get_rows(dense2(bg, CU_F32, K, n_ok, 4), dense2(b->data, CU_F32, K, B1 * T, 4),
+                           dense2(brow_d, CU_I32, n_ok, 1, 4), cb->err_dev, s);
+    if (k != 0)
+        return bp_cuda_fail((cudaError_t)k, who, "gathering MUL_MAT_ID activations");
+    for (int64_t x = 0; x < E && st == BP_OK; x++) {
+        const int64_t n = start[x + 1] - start[x];
+        if (n == 0)
+            continue;
+        bp_tensor a, bx, c;
+        dense_tensor(&a, as->type, (char *)as->data + x * (int64_t)as->nb[2], K, M, as->nb[1]);
+        dense_tensor(&bx, BP_TYPE_F32, bg + start[x] * K, K, n, (size_t)K * sizeof(float));
+        dense_tensor(&c, BP_TYPE_F32, cg + start[x] * M, M, n, (size_t)M * sizeof(float));
+        c.op = BP_OP_MUL_MAT;
+        c.src[0] = &a;
+        c.src[1] = &bx;
+        st = mul_mat(cb, &c);
+    }
+    if (st != BP_OK)
+        return st;
+    k = bp_cu_set_rows(dense2(d->data, CU_F32, M, P, 4), dense2(cg, CU_F32, M, n_ok, 4),
+                       dense2(drow_d, CU_I32, n_ok, 1, 4), cb->err_dev, s);
+    return k == 0 ? BP_OK : bp_cuda_fail((cudaError_t)k, who, "placing MUL_MAT_ID products");
+}
+
 static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)
 {
     cudaStream_t s = cb->stream;
@@ -300,6 +437,8 @@ static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)
     }
     case BP_OP_MUL_MAT:
         return mul_mat(cb, n);
+    case BP_OP_MUL_MAT_ID:
+        return mul_mat_id(cb, n);
     default:
         return bp_set_error(BP_ERR_UNSUPPORTED, "%s: no kernel for %s node %s", cb->cd->name,
                             bp_op_name(n->op), bp_describe_tensor(n, desc, sizeof(desc)));

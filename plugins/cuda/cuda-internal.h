@@ -74,6 +74,12 @@ struct cuda_backend {
     int *err_dev;
     void *scratch; /* GEMM inputs converted to F16/BF16 */
     size_t scratch_size;
+    /* MUL_MAT_ID: the ids and the pair lists on the host, the lists, gathered activations and
+     * products on the device */
+    void *moe_host;
+    size_t moe_host_size;
+    void *moe_dev;
+    size_t moe_dev_size;
 };
 
 /* ---- Between the plugin and its implementation library ---------------------------------- */

@@ -100,6 +100,11 @@ bool bp_cuda_supports(const bp_tensor *op)
         return op->type == BP_TYPE_F32 && b->type == BP_TYPE_F32 &&
                (bp_cuda_float_type(a->type) || quant_type(a->type)) &&
                a->nb[0] == bp_type_size(a->type);
+    case BP_OP_MUL_MAT_ID: /* gathered per expert, then MUL_MAT's path (cuda-compute.c) */
+        return op->type == BP_TYPE_F32 && b->type == BP_TYPE_F32 &&
+               (bp_cuda_float_type(a->type) || quant_type(a->type)) &&
+               a->nb[0] == bp_type_size(a->type) && bp_is_contiguous(b) &&
+               bp_is_contiguous(op->src[2]) && bp_is_contiguous(op);
     default:
         return false;
     }
