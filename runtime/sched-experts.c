@@ -3,8 +3,8 @@
  *
  * The ids are known only once the router has run, so the scheduler waits for every backend
  * (the ids may come from any of them, or from this split's own input copies) and reads them. The
- * used experts are copied in runs of consecutive ones, each run followed by up to 512 bytes of
- * the next expert (as ggml does), so that a kernel reading a little past an expert finds
+ * used experts are copied in runs of consecutive ones, each run followed by the rows of the next
+ * expert that cover 512 bytes (as ggml pads with 512 bytes), so that a kernel reading a little past an expert finds
  * finite weights rather than whatever the copy's memory held. Experts no id names are not
  * copied at all: their part of the copy keeps what it held, which no kernel reads. */
 #include "config.h"
@@ -77,11 +77,30 @@ static enum bp_status copy_range(const bp_tensor *src, bp_tensor *copy, size_t o
     return st;
 }
 
+/* Whether t (or what it views) is computed by a node of sg: then it is not known before the
+ * split runs. */
+static bool made_in(const bp_graph *sg, const bp_tensor *t)
+{
+    for (int i = 0; i < bp_graph_get_n_nodes(sg); i++) {
+        const bp_tensor *node = bp_graph_get_node(sg, i);
+        if (node == t || (t->view_src != NULL && node == t->view_src))
+            return true;
+    }
+    return false;
+}
+
 bool bp__sched_experts_only(const bp_graph *sg, const bp_tensor *src, const bp_tensor *copy)
 {
     bp_tensor *users[MAX_USERS];
-    return src->ne[2] >= 2 && src->ne[3] == 1 && bp_is_contiguous(src) &&
-           expert_users(sg, copy, users) > 0;
+    const int n = src->ne[2] >= 2 && src->ne[3] == 1 && bp_is_contiguous(src)
+                      ? expert_users(sg, copy, users)
+                      : 0;
+    /* The ids must be known when the split's inputs are copied: made by an earlier split (or
+     * copied in as an input), not by the router inside this one. */
+    for (int u = 0; u < n; u++)
+        if (made_in(sg, users[u]->src[2]))
+            return false;
+    return n > 0;
 }
 
 enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backends,
@@ -104,8 +123,11 @@ enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backend
     enum bp_status st = BP_OK;
     for (int u = 0; u < n_users && st == BP_OK; u++)
         st = mark_used(users[u], used, n_expert);
-    const size_t stride = src->nb[2], total = bp_nbytes(src);
-    const size_t pad = stride < EXPERT_PAD ? stride : EXPERT_PAD;
+    /* The padding in whole rows: a source in a layout read in whole blocks (CPU_REPACK) takes
+     * only such ranges. */
+    const size_t stride = src->nb[2], total = bp_nbytes(src), row = src->nb[1];
+    const size_t pad_rows = (EXPERT_PAD + row - 1) / row * row;
+    const size_t pad = stride < pad_rows ? stride : pad_rows;
     for (int64_t e0 = 0; e0 < n_expert && st == BP_OK;) {
         if (!used[e0]) {
             e0++;

@@ -611,6 +611,40 @@ START_TEST(test_repack_mul_mat_id)
                 }
         ck_assert_msg(err <= 2e-4 * ref2, "%s T %lld: NMSE %g", bp_type_name(type), (long long)T,
                       err / ref2);
+        /* MUL_MAT of the stacked tensor (a batched product) reads one matrix per batch: where
+         * it is stored repacked the CPU declines it, in supports_op and when asked to compute it
+         * anyway, rather than read matrix 0 for every batch; where it computes it, the result
+         * is each expert's. */
+        bp_tensor *xb = bp_new_tensor_3d(ctx, BP_TYPE_F32, K, 1, E);
+        bp_tensor *mm = bp_mul_mat(ctx, as, xb);
+        bp_buffer *buf2 = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+        float xe[K * E];
+        for (int64_t i = 0; i < K * E; i++)
+            xe[i] = (float)(rand_r(&seed) % 2001 - 1000) / 1000.0f;
+        ck_assert_int_eq(bp_tensor_set(xb, xe, 0, sizeof(xe)), BP_OK);
+        bp_graph *g2 = bp_graph_new(8);
+        bp_graph_build_forward(g2, mm);
+        const bool claimed = bp_backend_supports_op(be, mm);
+        const enum bp_status mst = bp_backend_graph_compute(be, g2);
+        bp_graph_free(g2);
+        ck_assert_int_eq(mst, claimed ? BP_OK : BP_ERR_UNSUPPORTED);
+        if (mst == BP_OK) {
+            float mv[M * E];
+            ck_assert_int_eq(bp_tensor_get(mm, mv, 0, sizeof(mv)), BP_OK);
+            double e2 = 0, r2 = 0;
+            for (int64_t ex = 0; ex < E; ex++)
+                for (int64_t m = 0; m < M; m++) {
+                    const uint8_t *row = w + (size_t)((ex * M + m) * nblk) * bs;
+                    double r = 0;
+                    for (int64_t k = 0; k < K; k++)
+                        r += block_value(type, row, k) * xe[ex * K + k];
+                    e2 += (mv[ex * M + m] - r) * (mv[ex * M + m] - r);
+                    r2 += r * r;
+                }
+            ck_assert_msg(e2 <= 2e-4 * r2, "batched MUL_MAT of stacked %s: NMSE %g",
+                          bp_type_name(type), e2 / r2);
+        }
+        bp_buffer_free(buf2);
         free(w);
         free(back);
         free(xv);

@@ -644,18 +644,22 @@ struct moe_case {
 
 enum { MOE_K = 64, MOE_M = 24, MOE_E = 8, MOE_U = 2, MOE_T = 2 };
 
-static void moe_case_new(struct moe_case *c)
+/* The case with experts of type t in buffers of type bt (the router stays F32). */
+static void moe_case_new_in(struct moe_case *c, enum bp_type t, bp_buffer_type *bt)
 {
     c->wctx = bp_context_new(4);
     c->router = bp_new_tensor_2d(c->wctx, BP_TYPE_F32, MOE_K, MOE_E);
-    c->exps = bp_new_tensor_3d(c->wctx, BP_TYPE_F32, MOE_K, MOE_M, MOE_E);
-    c->wbuf = bp_alloc_ctx_tensors(c->wctx, bp_host_buffer_type());
+    c->exps = bp_new_tensor_3d(c->wctx, t, MOE_K, MOE_M, MOE_E);
+    c->wbuf = bp_alloc_ctx_tensors(c->wctx, bt);
     ck_assert_ptr_nonnull(c->wbuf);
     bp_buffer_set_usage(c->wbuf, BP_BUFFER_USAGE_WEIGHTS);
-    float *v = malloc(bp_nbytes(c->exps));
+    float *v = malloc((size_t)bp_nelements(c->exps) * sizeof(float));
     for (int64_t i = 0; i < bp_nelements(c->exps); i++)
         v[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
-    ck_assert_int_eq(bp_tensor_set(c->exps, v, 0, bp_nbytes(c->exps)), BP_OK);
+    void *q = malloc(bp_nbytes(c->exps));
+    bp_type_get_traits(t)->from_float(v, q, bp_nelements(c->exps));
+    ck_assert_int_eq(bp_tensor_set(c->exps, q, 0, bp_nbytes(c->exps)), BP_OK);
+    free(q);
     for (int64_t i = 0; i < bp_nelements(c->router); i++)
         v[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
     ck_assert_int_eq(bp_tensor_set(c->router, v, 0, bp_nbytes(c->router)), BP_OK);
@@ -673,6 +677,11 @@ static void moe_case_new(struct moe_case *c)
     c->g = bp_graph_new(32);
     ck_assert_int_eq(bp_graph_build_forward(c->g, c->y), BP_OK);
     ck_assert_int_eq(bp_graph_build_forward(c->g, c->ids), BP_OK);
+}
+
+static void moe_case_new(struct moe_case *c)
+{
+    moe_case_new_in(c, BP_TYPE_F32, bp_host_buffer_type());
 }
 
 static void moe_case_free(struct moe_case *c)
@@ -740,6 +749,94 @@ START_TEST(test_used_experts_copied)
     bp_sched_free(s2);
     moe_case_free(&c);
     moe_case_free(&c1);
+}
+END_TEST
+
+/* Ids computed inside the split of MUL_MAT_ID itself (here a CONT pinned there) are not known
+ * when the split's inputs are copied: the experts are then copied whole, and every compute
+ * follows the ids of its own inputs. */
+/* Q8_0 experts in the CPU's CPU_REPACK buffer (stored repacked, read in whole blocks), MUL_MAT_ID
+ * on the accelerator: the used experts, padding in whole rows, come over unpacked, and the
+ * results equal the CPU alone's. */
+START_TEST(test_used_experts_from_repacked)
+{
+    bp_device *dev = bp_backend_get_device(cpu);
+    bp_cpu_repack_buffer_type_fn get = (bp_cpu_repack_buffer_type_fn)bp_registry_get_proc_address(
+        bp_device_get_registry(dev), "bp_cpu_repack_buffer_type");
+    ck_assert_ptr_nonnull(get);
+    struct moe_case c1, c;
+    moe_case_new_in(&c1, BP_TYPE_Q8_0, get(dev));
+    moe_case_new_in(&c, BP_TYPE_Q8_0, get(dev));
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    bp_sched *s1 = bp_sched_new(alone, NULL, 1, 64, false), *s2 = bp_sched_new(both, NULL, 2, 64,
+                                                                                 false);
+    for (int salt = 0; salt < 3; salt++) {
+        float ref[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
+        int32_t ids[MOE_U * MOE_T], ids2[MOE_U * MOE_T];
+        moe_compute(&c1, s1, salt, ref, ids);
+        moe_compute(&c, s2, salt, got, ids2);
+        ck_assert_mem_eq(ids2, ids, sizeof(ids));
+        ck_assert_ptr_eq(bp_sched_get_tensor_backend(s2, c.y->src[0]), accel);
+        size_t eb = 0, ew = 0;
+        bp_sched_get_copied_bytes(s2, &eb, &ew);
+        ck_assert_uint_gt(eb, 0);
+        ck_assert_uint_lt(eb, ew);
+        /* the CPU quantises the activations to Q8_0, the accelerator's reference does not */
+        assert_close_nmse(got, ref, MOE_M * MOE_U * MOE_T, 2e-4);
+    }
+    bp_sched_free(s1);
+    bp_sched_free(s2);
+    moe_case_free(&c);
+    moe_case_free(&c1);
+}
+END_TEST
+
+START_TEST(test_ids_made_in_the_split)
+{
+    struct moe_case c;
+    moe_case_new(&c);
+    bp_tensor *idin = bp_new_tensor_2d(c.ctx, BP_TYPE_I32, MOE_U, MOE_T);
+    bp_set_input(idin);
+    bp_tensor *ids = bp_cont(c.ctx, idin);
+    bp_tensor *x3 = bp_reshape_3d(c.ctx, c.x, MOE_K, 1, MOE_T);
+    bp_tensor *y = bp_mul_mat_id(c.ctx, c.exps, x3, ids);
+    bp_set_output(y);
+    bp_graph *g = bp_graph_new(16);
+    ck_assert_int_eq(bp_graph_build_forward(g, y), BP_OK);
+    bp_backend *both[2] = {accel, cpu};
+    bp_sched *s = bp_sched_new(both, NULL, 2, 64, false);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(bp_sched_set_tensor_backend(s, ids, accel), BP_OK);
+    float xv[MOE_K * MOE_T], ev[MOE_K * MOE_M * MOE_E];
+    for (int i = 0; i < MOE_K * MOE_T; i++)
+        xv[i] = (float)(i % 13) / 6.0f - 1.0f;
+    ck_assert_int_eq(bp_tensor_get(c.exps, ev, 0, sizeof(ev)), BP_OK);
+    for (int round = 0; round < 3; round++) {
+        const int32_t iv[MOE_U * MOE_T] = {round, 7 - round, 3 + round, 2};
+        ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_OK);
+        ck_assert_ptr_eq(bp_sched_get_tensor_backend(s, ids), accel);
+        ck_assert_ptr_eq(bp_sched_get_tensor_backend(s, y), accel);
+        ck_assert_int_eq(bp_tensor_set(c.x, xv, 0, sizeof(xv)), BP_OK);
+        ck_assert_int_eq(bp_tensor_set(idin, iv, 0, sizeof(iv)), BP_OK);
+        ck_assert_msg(bp_sched_graph_compute(s, g) == BP_OK, "%s", bp_last_error());
+        float got[MOE_M * MOE_U * MOE_T];
+        ck_assert_int_eq(bp_tensor_get(y, got, 0, sizeof(got)), BP_OK);
+        for (int t = 0; t < MOE_T; t++)
+            for (int u = 0; u < MOE_U; u++)
+                for (int m = 0; m < MOE_M; m++) {
+                    double r = 0;
+                    for (int k = 0; k < MOE_K; k++)
+                        r += (double)ev[(iv[t * MOE_U + u] * MOE_M + m) * MOE_K + k] *
+                             xv[t * MOE_K + k];
+                    ck_assert_double_eq_tol(got[(t * MOE_U + u) * MOE_M + m], r, 1e-4);
+                }
+        size_t eb = 0, ew = 0;
+        bp_sched_get_copied_bytes(s, &eb, &ew);
+        ck_assert_uint_eq(eb, 0); /* copied whole, as any input */
+    }
+    bp_sched_free(s);
+    bp_graph_free(g);
+    moe_case_free(&c);
 }
 END_TEST
 
@@ -904,6 +1001,8 @@ int main(void)
         {test_repeated_compute_same_graph, "repeated_compute"},
         {test_more_inputs_than_a_split_holds, "many_split_inputs"},
         {test_used_experts_copied, "used_experts_copied"},
+        {test_ids_made_in_the_split, "ids_made_in_the_split"},
+        {test_used_experts_from_repacked, "used_experts_from_repacked"},
         {test_foreign_view_inside_a_split, "foreign_view_inside_a_split"},
         {test_recompute_unchanged_graph, "recompute_unchanged"},
         {test_pin_after_compute, "pin_after_compute"},

@@ -29,8 +29,9 @@ struct bp_meta_split {
  * asked when the weight is first written: a split along the rows (axis 1) or, in whole blocks,
  * the columns (axis 0) of a 2-D weight, or of a contiguous stack of matrices [K, M, n, 1]
  * (MUL_MAT_ID's experts, every matrix split alike), is then how the weight is stored - each
- * device holds only its slice - and every graph uses it split that way (a graph that needs it otherwise gets
- * a whole copy per device for that computation). *out is zeroed before the call.
+ * device holds only its slice - and every graph uses it split that way (a graph that needs it
+ * otherwise gets a whole copy per device for that computation). *out is zeroed before the
+ * call.
  *
  * Accepted answers: state BP_META_MIRRORED (the weight stays whole, as with false), or state
  * BP_META_SPLIT with axis 0..3 and sizes[0..n) each >= 0 (0: that device takes no part),

@@ -78,9 +78,11 @@ BP_API size_t bp_sched_get_copied_bytes(bp_sched *sched, size_t *expert_bytes,
                                         size_t *expert_bytes_whole);
 /* Stacked expert weights [K, M, n_expert] that a split reads only as src[0] of MUL_MAT_ID nodes
  * and that live on another backend: with on (the default), each compute copies only the experts
- * the nodes' ids choose, consecutive ones in one copy followed by up to 512 bytes of the next
- * (so kernels reading a little past an expert find finite values); the scheduler then waits for
- * every backend once per such split to read the ids. Off: the whole tensor, as any input. */
+ * the nodes' ids choose, consecutive ones in one copy followed by the next expert's rows that
+ * cover 512 bytes (so kernels reading a little past an expert find finite values); the
+ * scheduler then waits for every backend once per such split to read the ids. Ids computed in
+ * that same split are not known yet: those experts are copied whole. Off: the whole tensor, as
+ * any input. */
 BP_API enum bp_status bp_sched_set_used_experts(bp_sched *sched, bool on);
 /* Bytes of backend's compute buffer (0 when it has none yet). */
 BP_API size_t bp_sched_get_buffer_size(bp_sched *sched, bp_backend *backend);

@@ -96,10 +96,11 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
 bool bp_cpu_mul_mat_supported(const bp_tensor *dst)
 {
     const bp_tensor *a = dst->src[0], *b = dst->src[1];
-    /* Rows of A and B contiguous along K, and C contiguous along M. */
+    /* Rows of A and B contiguous along K, and C contiguous along M; repacked weights one
+     * matrix (stacked ones are MUL_MAT_ID's). */
     return a->type != BP_TYPE_I32 && b->type == BP_TYPE_F32 && dst->type == BP_TYPE_F32 &&
            a->nb[0] == bp_type_size(a->type) && b->nb[0] == sizeof(float) &&
-           dst->nb[0] == sizeof(float);
+           dst->nb[0] == sizeof(float) && (a->ne[2] == 1 || bp_cpu_repacked_base(a) == NULL);
 }
 
 void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread, size_t *shared)
@@ -208,19 +209,20 @@ void bp_cpu_mul_mat(bp_tensor *dst, const struct bp_cpu_params *p)
  * own over that expert's 2-D slice, so each group gets the kernel for its column count. An
  * expert with one pair (every expert when generating one token: a token's experts differ)
  * multiplies the activation row where it lies into the result column where it goes, with its
- * own part of the shared scratch, so such experts follow one another without meeting. Experts
+ * own part of the shared scratch, so such experts need no meeting between them beyond their
+ * kernels' own. Experts
  * with more pairs gather their activation rows into one contiguous matrix first (one meeting),
  * share one part of the scratch (a meeting between them) and scatter their products to their
  * places at the end (one more).
  *
- * Per-thread scratch: the MUL_MAT kernels' own, then the sort (pairs in expert order, where each
- * expert's start, a running position per expert). Shared: the gathered rows (K floats per pair),
- * the products (M floats per pair), the kernels' shared scratch for the experts with several
- * pairs, then one such part per expert with one pair (at most min(experts, pairs)). */
+ * Per-thread scratch: the sort (pairs in expert order, where each expert's start, a running
+ * position per expert), then the MUL_MAT kernels' own. Shared: the gathered rows (K floats per
+ * pair), the products (M floats per pair), one part of the kernels' shared scratch per expert
+ * with one pair (at most min(experts, pairs)), then the part the experts with several share. */
 
 struct mm_id_layout {
-    size_t inner_pt, order, start, per_thread;         /* per-thread scratch */
-    size_t b, c, inner, single, single_size, shared; /* shared scratch */
+    size_t order, start, inner_pt; /* per-thread scratch: the sort, then the kernels' own */
+    size_t b, c, single, single_size, inner; /* shared: rows, products, one-pair parts, the rest */
 };
 
 static size_t align64(size_t x)
@@ -270,37 +272,25 @@ static void inner_work(const bp_tensor *node, int64_t n, int nth, size_t *pt, si
     bp_cpu_mul_mat_work_size(&c, nth, pt, sh);
 }
 
+/* Where everything lies; the kernels' scratch sizes are not needed to find any of it (the work
+ * size adds them at the ends). */
 static struct mm_id_layout mm_id_layout(const bp_tensor *node, int nth)
 {
     const bp_tensor *as = node->src[0];
     const int64_t K = as->ne[0], M = as->ne[1], E = as->ne[2];
     const int64_t pairs = node->ne[1] * node->ne[2];
-    /* The most a group of several can need: each strategy's scratch grows with the columns, so
-     * ask at every column count where the strategy changes and at the largest. */
-    const int64_t ns[] = {2, 15, 16, 48, 49, pairs};
-    size_t pt = 0, sh = 0, pt1 = 0, sh1 = 0;
-    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
-        const int64_t n = ns[i] < pairs ? ns[i] : pairs;
-        size_t p1, s1;
-        if (n < 2)
-            continue;
-        inner_work(node, n, nth, &p1, &s1);
-        pt = p1 > pt ? p1 : pt;
-        sh = s1 > sh ? s1 : sh;
-    }
-    if (pairs > 0)
-        inner_work(node, 1, nth, &pt1, &sh1);
     struct mm_id_layout l;
-    l.inner_pt = align64(pt > pt1 ? pt : pt1);
-    l.order = l.inner_pt;
-    l.start = l.order + align64((size_t)pairs * sizeof(int32_t));
-    l.per_thread = l.start + align64((size_t)(2 * E + 1) * sizeof(int64_t)); /* start, pos */
+    l.order = 0;
+    l.start = align64((size_t)pairs * sizeof(int32_t));
+    l.inner_pt = l.start + align64((size_t)(2 * E + 1) * sizeof(int64_t)); /* start, pos */
     l.b = 0;
     l.c = align64((size_t)(pairs * K) * sizeof(float));
-    l.inner = l.c + align64((size_t)(pairs * M) * sizeof(float));
-    l.single = l.inner + align64(sh);
+    l.single = l.c + align64((size_t)(pairs * M) * sizeof(float));
+    size_t pt1 = 0, sh1 = 0;
+    if (pairs > 0)
+        inner_work(node, 1, nth, &pt1, &sh1);
     l.single_size = align64(sh1);
-    l.shared = l.single + l.single_size * (size_t)(E < pairs ? E : pairs);
+    l.inner = l.single + l.single_size * (size_t)(E < pairs ? E : pairs);
     return l;
 }
 
@@ -316,8 +306,23 @@ void bp_cpu_mul_mat_id_work_size(const bp_tensor *node, int nth, size_t *per_thr
                                  size_t *shared)
 {
     const struct mm_id_layout l = mm_id_layout(node, nth);
-    *per_thread = l.per_thread;
-    *shared = l.shared;
+    const int64_t pairs = node->ne[1] * node->ne[2];
+    /* The kernels' scratch: for one column, and the most a group of several can need: every
+     * column count up to 64, past every point where the strategy changes (the broadcast
+     * kernel's 48, AMX's 4 and 64), and the largest, since each strategy's scratch grows with
+     * the columns. */
+    size_t pt = 0, sh = 0;
+    if (pairs > 0)
+        inner_work(node, 1, nth, &pt, &sh);
+    sh = 0; /* one column's shared scratch has its own parts (l.single) */
+    for (int64_t n = 2; n <= pairs; n = n < 64 ? n + 1 : (n < pairs ? pairs : n + 1)) {
+        size_t p1, s1;
+        inner_work(node, n, nth, &p1, &s1);
+        pt = p1 > pt ? p1 : pt;
+        sh = s1 > sh ? s1 : sh;
+    }
+    *per_thread = l.inner_pt + pt;
+    *shared = l.inner + sh;
 }
 
 static int32_t id_of(const bp_tensor *ids, int64_t j, int64_t U)
@@ -381,7 +386,7 @@ void bp_cpu_mul_mat_id(bp_tensor *node, const struct bp_cpu_params *p)
     }
 
     struct bp_cpu_params q = *p;
-    q.wdata = mine; /* the kernels' per-thread scratch comes first */
+    q.wdata = mine + l.inner_pt; /* the kernels' per-thread scratch follows the sort */
     int64_t n_single = 0, n_multi = 0;
     for (int64_t e = 0; e < E; e++) { /* one pair each: in place, own scratch, no meetings */
         if (start[e + 1] - start[e] != 1)

@@ -848,8 +848,9 @@ bool bp_cpu_supports_op(const bp_tensor *op)
         if (bp_are_same_shape(a, op))
             return rows_contiguous(op) || bp_type_block_size(op->type) == 1;
         return bp_is_contiguous(op) && bp_type_block_size(op->type) == 1;
-    case BP_OP_GET_ROWS:
-        return a->type != BP_TYPE_I32 && op->type == BP_TYPE_F32 && rows_contiguous(op);
+    case BP_OP_GET_ROWS: /* repacked tables one matrix (stacked ones are MUL_MAT_ID's) */
+        return a->type != BP_TYPE_I32 && op->type == BP_TYPE_F32 && rows_contiguous(op) &&
+               (a->ne[2] == 1 || bp_cpu_repacked_base(a) == NULL);
     case BP_OP_SET_ROWS:
         return op->type != BP_TYPE_I32 && rows_contiguous(op) && op->src[1]->type == BP_TYPE_F32;
     case BP_OP_ADD:

@@ -264,14 +264,14 @@ static enum bp_status mul_mat_id(struct cuda_backend *cb, bp_tensor *d)
     if (P == 0 || M == 0)
         return BP_OK;
     const size_t lists = align_up((size_t)P * sizeof(int32_t));
-    enum bp_status st = moe_reserve(cb, 3 * (size_t)P * sizeof(int32_t) +
-                                            (size_t)(E + 1) * sizeof(int64_t),
+    enum bp_status st = moe_reserve(cb, (size_t)(E + 1) * sizeof(int64_t) +
+                                            3 * (size_t)P * sizeof(int32_t),
                                     2 * lists + align_up((size_t)(P * K) * sizeof(float)) +
                                         align_up((size_t)(P * M) * sizeof(float)));
     if (st != BP_OK)
         return st;
-    int32_t *id_h = cb->moe_host, *brow_h = id_h + P, *drow_h = brow_h + P;
-    int64_t *start = (int64_t *)(drow_h + P);
+    int64_t *start = cb->moe_host; /* first: 8-byte aligned */
+    int32_t *id_h = (int32_t *)(start + E + 1), *brow_h = id_h + P, *drow_h = brow_h + P;
     char *dev = cb->moe_dev;
     int32_t *brow_d = (int32_t *)dev, *drow_d = (int32_t *)(dev + lists);
     float *bg = (float *)(dev + 2 * lists);
@@ -309,8 +309,14 @@ static enum bp_status mul_mat_id(struct cuda_backend *cb, bp_tensor *d)
                             cudaMemcpyHostToDevice, s);
     if (e != cudaSuccess)
         return bp_cuda_fail(e, who, "copying the MUL_MAT_ID lists");
-    int k = bp_cu_get_rows(dense2(bg, CU_F32, K, n_ok, 4), dense2(b->data, CU_F32, K, B1 * T, 4),
-                           dense2(brow_d, CU_I32, n_ok, 1, 4), cb->err_dev, s);
+    /* b and d as matrices of rows: one row stride across slots and tokens (rows_of_pairs). */
+    struct cu_t bt = dense2(b->data, CU_F32, K, B1 * T, 4), dt = dense2(d->data, CU_F32, M, P, 4);
+    bt.nb[1] = (int64_t)b->nb[1];
+    bt.nb[2] = bt.nb[3] = bt.nb[1] * B1 * T;
+    dt.nb[1] = (int64_t)d->nb[1];
+    dt.nb[2] = dt.nb[3] = dt.nb[1] * P;
+    int k = bp_cu_get_rows(dense2(bg, CU_F32, K, n_ok, 4), bt, dense2(brow_d, CU_I32, n_ok, 1, 4),
+                           cb->err_dev, s);
     if (k != 0)
         return bp_cuda_fail((cudaError_t)k, who, "gathering MUL_MAT_ID activations");
     for (int64_t x = 0; x < E && st == BP_OK; x++) {
@@ -328,8 +334,8 @@ static enum bp_status mul_mat_id(struct cuda_backend *cb, bp_tensor *d)
     }
     if (st != BP_OK)
         return st;
-    k = bp_cu_set_rows(dense2(d->data, CU_F32, M, P, 4), dense2(cg, CU_F32, M, n_ok, 4),
-                       dense2(drow_d, CU_I32, n_ok, 1, 4), cb->err_dev, s);
+    k = bp_cu_set_rows(dt, dense2(cg, CU_F32, M, n_ok, 4), dense2(drow_d, CU_I32, n_ok, 1, 4),
+                       cb->err_dev, s);
     return k == 0 ? BP_OK : bp_cuda_fail((cudaError_t)k, who, "placing MUL_MAT_ID products");
 }
 

@@ -7,6 +7,14 @@
 
 /* ---- Op support ------------------------------------------------------------------------------ */
 
+/* MUL_MAT_ID's activations and result: F32 rows, one stride between the rows of every token
+ * (a meta device's slices of contiguous tensors qualify). */
+static bool rows_of_pairs(const bp_tensor *t)
+{
+    return t->nb[0] == sizeof(float) && t->nb[2] == t->nb[1] * (size_t)t->ne[1] &&
+           t->nb[1] % sizeof(float) == 0;
+}
+
 bool bp_cuda_float_type(enum bp_type t)
 {
     return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16;
@@ -103,8 +111,8 @@ bool bp_cuda_supports(const bp_tensor *op)
     case BP_OP_MUL_MAT_ID: /* gathered per expert, then MUL_MAT's path (cuda-compute.c) */
         return op->type == BP_TYPE_F32 && b->type == BP_TYPE_F32 &&
                (bp_cuda_float_type(a->type) || quant_type(a->type)) &&
-               a->nb[0] == bp_type_size(a->type) && bp_is_contiguous(b) &&
-               bp_is_contiguous(op->src[2]) && bp_is_contiguous(op);
+               a->nb[0] == bp_type_size(a->type) && rows_of_pairs(b) && rows_of_pairs(op) &&
+               bp_is_contiguous(op->src[2]);
     default:
         return false;
     }
