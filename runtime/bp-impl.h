@@ -99,12 +99,18 @@ uint64_t bp__graph_fingerprint(const bp_graph *g);
 
 /* sched-experts.c: whether copy (of src, an input of the split whose graph is sg) is read only
  * as the stacked experts of MUL_MAT_ID nodes; then copies into it only the experts their ids
- * choose (waiting for every backend first: the ids come from any of them), adding the bytes
- * copied to *bytes. */
+ * choose (waiting for every backend first: the ids come from any of them). */
 bool bp__sched_experts_only(const bp_graph *sg, const bp_tensor *src, const bp_tensor *copy);
-enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backends,
+struct bp__expert_caches;
+struct bp__expert_caches *bp__expert_caches_new(void);
+void bp__expert_caches_free(struct bp__expert_caches *ec);
+void bp__expert_caches_clear(struct bp__expert_caches *ec); /* every cache emptied and freed */
+/* ... copying into copy on backend b, through ec's cache of `slots` experts for src there when
+ * slots > 0 (hits from it, misses from src and into it), counting into *stats. */
+enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backends, int b,
                                       const bp_graph *sg, bp_tensor *src, bp_tensor *copy,
-                                      size_t *bytes);
+                                      struct bp__expert_caches *ec, int slots,
+                                      struct bp_sched_expert_stats *stats);
 /* Whether buf is (or was: freed when it grew) one of ga's compute buffers; compares pointers
  * only, so a freed buffer is never read. */
 bool bp__gallocr_owns(const bp_gallocr *ga, const bp_buffer *buf);

@@ -6,13 +6,17 @@
  * used experts are copied in runs of consecutive ones, each run followed by the rows of the next
  * expert that cover 512 bytes (as ggml pads with 512 bytes), so that a kernel reading a little past an expert finds
  * finite weights rather than whatever the copy's memory held. Experts no id names are not
- * copied at all: their part of the copy keeps what it held, which no kernel reads. */
+ * copied at all: their part of the copy keeps what it held, which no kernel reads. With an
+ * expert cache (bp_sched_set_expert_cache), the used experts come from slots on the device
+ * where it holds them. */
 #include "config.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "bp-impl.h"
+
+#include <backplane/bp-sched.h>
 
 #define MAX_USERS 16 /* MUL_MAT_ID nodes of one split reading the same copy */
 #define EXPERT_PAD 512
@@ -103,16 +107,165 @@ bool bp__sched_experts_only(const bp_graph *sg, const bp_tensor *src, const bp_t
     return n > 0;
 }
 
-enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backends,
+/* ---- The expert cache ------------------------------------------------------------------------
+ * Per stacked tensor and backend, a buffer of `slots` experts on the backend's device and which
+ * expert each slot holds. A used expert held there is copied from the slot (within the device),
+ * any other from the source and then kept in the least recently used slot that this compute
+ * does not need. The weights are taken not to change while they are cached. */
+
+struct expert_cache {
+    const bp_tensor *src;
+    int backend;
+    int slots;
+    bp_buffer *buf;
+    int32_t *slot_expert; /* slots entries: the expert held, or -1 */
+    uint64_t *stamp;      /* slots entries: the compute that last used it */
+    int32_t *expert_slot; /* n_expert entries: the slot holding it, or -1 */
+};
+
+struct bp__expert_caches {
+    struct expert_cache *c;
+    size_t n, cap;
+    uint64_t clock;
+};
+
+struct bp__expert_caches *bp__expert_caches_new(void)
+{
+    return bp__calloc(1, sizeof(struct bp__expert_caches), "the scheduler's expert caches");
+}
+
+static void cache_free(struct expert_cache *c)
+{
+    bp_buffer_free(c->buf);
+    bp__free(c->slot_expert);
+    bp__free(c->stamp);
+    bp__free(c->expert_slot);
+}
+
+void bp__expert_caches_free(struct bp__expert_caches *ec)
+{
+    if (ec == NULL)
+        return;
+    for (size_t i = 0; i < ec->n; i++)
+        cache_free(&ec->c[i]);
+    bp__free(ec->c);
+    bp__free(ec);
+}
+
+void bp__expert_caches_clear(struct bp__expert_caches *ec)
+{
+    for (size_t i = 0; ec != NULL && i < ec->n; i++)
+        cache_free(&ec->c[i]);
+    if (ec != NULL)
+        ec->n = 0;
+}
+
+/* The cache of src on backend b with `slots` slots, made on first use; NULL when it cannot be
+ * had (no memory for it on the device: the experts are then copied from the source). */
+static struct expert_cache *cache_of(struct bp__expert_caches *ec, const bp_tensor *src, int b,
+                                     bp_backend *be, int slots)
+{
+    for (size_t i = 0; i < ec->n; i++)
+        if (ec->c[i].src == src && ec->c[i].backend == b)
+            return ec->c[i].slots == slots ? &ec->c[i] : NULL;
+    if (ec->n == ec->cap) {
+        size_t cap = ec->cap ? 2 * ec->cap : 16;
+        struct expert_cache *c = bp__realloc(ec->c, cap * sizeof(*c), "the expert caches");
+        if (c == NULL) {
+            bp_clear_error(); /* no cache: the experts come from the source */
+            return NULL;
+        }
+        ec->c = c;
+        ec->cap = cap;
+    }
+    struct expert_cache *c = &ec->c[ec->n];
+    memset(c, 0, sizeof(*c));
+    c->src = src;
+    c->backend = b;
+    c->slots = slots;
+    c->buf = bp_buffer_type_alloc(bp_backend_get_default_buffer_type(be),
+                                  (size_t)slots * src->nb[2]);
+    c->slot_expert = bp__malloc((size_t)slots * sizeof(int32_t), "an expert cache");
+    c->stamp = bp__calloc((size_t)slots, sizeof(uint64_t), "an expert cache");
+    c->expert_slot = bp__malloc((size_t)src->ne[2] * sizeof(int32_t), "an expert cache");
+    if (c->buf == NULL || c->slot_expert == NULL || c->stamp == NULL || c->expert_slot == NULL) {
+        cache_free(c);
+        bp_clear_error(); /* no cache: the experts come from the source */
+        return NULL;
+    }
+    for (int i = 0; i < slots; i++)
+        c->slot_expert[i] = -1;
+    for (int64_t e = 0; e < src->ne[2]; e++)
+        c->expert_slot[e] = -1;
+    ec->n++;
+    return c;
+}
+
+/* Expert e of a stacked tensor like src, as a tensor of its own at data in buf. */
+static bp_tensor expert_at(const bp_tensor *src, bp_buffer *buf, char *data)
+{
+    bp_tensor t = *src;
+    t.view_src = NULL;
+    t.view_offs = 0;
+    t.op = BP_OP_NONE;
+    memset(t.src, 0, sizeof(t.src));
+    t.ne[2] = t.ne[3] = 1;
+    t.nb[3] = t.nb[2];
+    t.buffer = buf;
+    t.data = data;
+    return t;
+}
+
+/* Expert e into copy: from the cache when it holds it, else from the source and into the
+ * cache's least recently used slot not needed by this compute. */
+static enum bp_status copy_cached(struct expert_cache *c, uint64_t now, const bp_tensor *src,
+                                  bp_tensor *copy, int64_t e,
+                                  struct bp_sched_expert_stats *stats)
+{
+    const size_t stride = src->nb[2];
+    bp_tensor to = expert_at(src, copy->buffer, (char *)copy->data + (size_t)e * stride);
+    const int held = c->expert_slot[e];
+    if (held >= 0) {
+        bp_tensor from = expert_at(src, c->buf, (char *)bp_buffer_get_base(c->buf) +
+                                                    (size_t)held * stride);
+        c->stamp[held] = now;
+        stats->hits++;
+        stats->bytes_from_cache += stride;
+        return bp_tensor_copy(&from, &to);
+    }
+    stats->misses++;
+    stats->bytes_from_source += stride;
+    enum bp_status st = copy_range(src, copy, (size_t)e * stride, stride);
+    int victim = -1;
+    for (int i = 0; i < c->slots; i++)
+        if (c->stamp[i] != now && (victim < 0 || c->stamp[i] < c->stamp[victim]))
+            victim = i;
+    if (st != BP_OK || victim < 0) /* every slot holds an expert this compute needs */
+        return st;
+    if (c->slot_expert[victim] >= 0)
+        c->expert_slot[c->slot_expert[victim]] = -1;
+    bp_tensor slot = expert_at(src, c->buf, (char *)bp_buffer_get_base(c->buf) +
+                                                (size_t)victim * stride);
+    st = bp_tensor_copy(&to, &slot);
+    if (st == BP_OK) {
+        c->slot_expert[victim] = (int32_t)e;
+        c->expert_slot[e] = victim;
+        c->stamp[victim] = now;
+    }
+    return st;
+}
+
+enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backends, int b,
                                       const bp_graph *sg, bp_tensor *src, bp_tensor *copy,
-                                      size_t *bytes)
+                                      struct bp__expert_caches *ec, int slots,
+                                      struct bp_sched_expert_stats *stats)
 {
     bp_tensor *users[MAX_USERS];
     const int n_users = expert_users(sg, copy, users);
     const int64_t n_expert = src->ne[2];
     /* The ids: produced by any backend, or copied in by this split's inputs. */
-    for (int b = 0; b < n_backends; b++) {
-        enum bp_status st = bp_backend_synchronize(backends[b]);
+    for (int i = 0; i < n_backends; i++) {
+        enum bp_status st = bp_backend_synchronize(backends[i]);
         if (st != BP_OK)
             return st;
     }
@@ -123,6 +276,13 @@ enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backend
     enum bp_status st = BP_OK;
     for (int u = 0; u < n_users && st == BP_OK; u++)
         st = mark_used(users[u], used, n_expert);
+    struct expert_cache *c =
+        slots > 0 && ec != NULL ? cache_of(ec, src, b, backends[b], slots) : NULL;
+    const uint64_t now = ec != NULL ? ++ec->clock : 0;
+    if (c != NULL) /* what this compute needs is not evicted by it */
+        for (int64_t e = 0; e < n_expert; e++)
+            if (used[e] && c->expert_slot[e] >= 0)
+                c->stamp[c->expert_slot[e]] = now;
     /* The padding in whole rows: a source in a layout read in whole blocks (CPU_REPACK) takes
      * only such ranges. */
     const size_t stride = src->nb[2], total = bp_nbytes(src), row = src->nb[1];
@@ -137,10 +297,20 @@ enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backend
         while (e1 < n_expert && used[e1])
             e1++;
         const size_t off = (size_t)e0 * stride;
-        size_t end = (size_t)e1 * stride + (e1 < n_expert ? pad : 0);
-        end = end < total ? end : total;
-        st = copy_range(src, copy, off, end - off);
-        *bytes += end - off;
+        const size_t after = e1 < n_expert ? (size_t)e1 * stride + pad : total;
+        const size_t end = after < total ? after : total;
+        if (c == NULL) {
+            st = copy_range(src, copy, off, end - off);
+            stats->misses += (uint64_t)(e1 - e0);
+            stats->bytes_from_source += end - off;
+        } else {
+            for (int64_t e = e0; e < e1 && st == BP_OK; e++)
+                st = copy_cached(c, now, src, copy, e, stats);
+            if (st == BP_OK && end > (size_t)e1 * stride) { /* the padding, from the source */
+                st = copy_range(src, copy, (size_t)e1 * stride, end - (size_t)e1 * stride);
+                stats->bytes_from_source += end - (size_t)e1 * stride;
+            }
+        }
         e0 = e1;
     }
     free(used);

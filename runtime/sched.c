@@ -107,6 +107,9 @@ struct bp_sched {
     bp_gallocr *galloc;
     bool parallel;
     bool used_experts; /* copy only the experts MUL_MAT_ID's ids choose (sched-experts.c) */
+    int expert_slots;  /* and through caches of this many experts per tensor and device */
+    struct bp__expert_caches *expert_caches;
+    struct bp_sched_expert_stats expert_stats; /* of the last compute */
     size_t copied_bytes, expert_bytes_copied, expert_bytes_total; /* of the last compute */
     int n_copies;
     int cur_copy;
@@ -397,6 +400,7 @@ void bp_sched_free(bp_sched *s)
     bp__free(s->kept_subst);
     bp__free(s->pins);
     bp__free(s->node_ti);
+    bp__expert_caches_free(s->expert_caches);
     bp__free(s);
 }
 
@@ -1258,9 +1262,11 @@ static enum bp_status copy_inputs(bp_sched *s, struct split *sp)
         if (!deferred[j])
             continue;
         bp_tensor *src = sp->inputs[j];
-        size_t bytes = 0;
-        enum bp_status st = bp__sched_copy_experts(s->backends, s->n_backends, graph_of(s, sp), src,
-                                                   copy_for(s, src, sp->backend), &bytes);
+        const size_t before = s->expert_stats.bytes_from_source;
+        enum bp_status st = bp__sched_copy_experts(
+            s->backends, s->n_backends, sp->backend, graph_of(s, sp), src,
+            copy_for(s, src, sp->backend), s->expert_caches, s->expert_slots, &s->expert_stats);
+        const size_t bytes = s->expert_stats.bytes_from_source - before;
         s->copied_bytes += bytes;
         s->expert_bytes_copied += bytes;
         s->expert_bytes_total += bp_nbytes(src);
@@ -1358,6 +1364,7 @@ static enum bp_status graph_compute_async(bp_sched *s, bp_graph *g)
     }
     s->allocated = NULL;
     s->copied_bytes = s->expert_bytes_copied = s->expert_bytes_total = 0;
+    memset(&s->expert_stats, 0, sizeof(s->expert_stats));
     bool stop = false;
     for (int i = 0; i < s->n_splits && st == BP_OK && !stop; i++) {
         struct split *sp = &s->splits[i];
@@ -1496,6 +1503,30 @@ size_t bp_sched_get_copied_bytes(bp_sched *s, size_t *expert_bytes, size_t *expe
     if (expert_bytes_whole != NULL)
         *expert_bytes_whole = s ? s->expert_bytes_total : 0;
     return s ? s->copied_bytes : 0;
+}
+
+enum bp_status bp_sched_set_expert_cache(bp_sched *s, int slots)
+{
+    if (s == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_set_expert_cache: the scheduler is NULL");
+    if (slots < 0)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_set_expert_cache: %d slots; give 0 (no "
+                         "cache) or more", slots);
+    if (s->expert_caches == NULL && slots > 0 &&
+        (s->expert_caches = bp__expert_caches_new()) == NULL)
+        return BP_ERR_OUT_OF_MEMORY;
+    bp__expert_caches_clear(s->expert_caches);
+    s->expert_slots = slots;
+    return BP_OK;
+}
+
+enum bp_status bp_sched_get_expert_stats(bp_sched *s, struct bp_sched_expert_stats *stats)
+{
+    if (s == NULL || stats == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_get_expert_stats: the scheduler and "
+                         "stats must not be NULL");
+    *stats = s->expert_stats;
+    return BP_OK;
 }
 
 enum bp_status bp_sched_set_used_experts(bp_sched *s, bool on)

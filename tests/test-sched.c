@@ -791,6 +791,61 @@ START_TEST(test_used_experts_from_repacked)
 }
 END_TEST
 
+/* An expert cache of three slots on the accelerator: a compute whose experts it holds copies them
+ * within the device (hits), others from the host (misses, then cached); results equal the CPU
+ * alone's every time. */
+START_TEST(test_expert_cache)
+{
+    struct moe_case c1, c;
+    moe_case_new(&c1);
+    moe_case_new(&c);
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    bp_sched *s1 = bp_sched_new(alone, NULL, 1, 64, false);
+    bp_sched *s2 = bp_sched_new(both, NULL, 2, 64, false);
+    ck_assert_int_eq(bp_sched_set_expert_cache(s2, 3), BP_OK);
+    ck_assert_int_eq(bp_sched_set_expert_cache(s2, -1), BP_ERR_INVALID_ARG);
+    const size_t stride = (size_t)MOE_K * MOE_M * sizeof(float);
+    uint64_t total_hits = 0;
+    static const int salts[] = {0, 0, 1, 1, 0, 2, 2, 1};
+    for (size_t r = 0; r < sizeof(salts) / sizeof(salts[0]); r++) {
+        float ref[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
+        int32_t ids[MOE_U * MOE_T], ids2[MOE_U * MOE_T];
+        moe_compute(&c1, s1, salts[r], ref, ids);
+        moe_compute(&c, s2, salts[r], got, ids2);
+        ck_assert_mem_eq(ids2, ids, sizeof(ids));
+        assert_close_nmse(got, ref, MOE_M * MOE_U * MOE_T, 1e-12);
+        bool used[MOE_E] = {false};
+        int n_used = 0;
+        for (int i = 0; i < MOE_U * MOE_T; i++)
+            if (!used[ids[i]])
+                used[ids[i]] = true, n_used++;
+        struct bp_sched_expert_stats st;
+        ck_assert_int_eq(bp_sched_get_expert_stats(s2, &st), BP_OK);
+        ck_assert_uint_eq(st.hits + st.misses, (uint64_t)n_used);
+        ck_assert_uint_eq(st.bytes_from_cache, st.hits * stride);
+        ck_assert_uint_ge(st.bytes_from_source, st.misses * stride);
+        ck_assert_uint_le(st.bytes_from_source, st.misses * stride + (size_t)n_used * 1024);
+        if (r > 0 && salts[r] == salts[r - 1] && n_used <= 3)
+            ck_assert_uint_eq(st.hits, (uint64_t)n_used); /* the same experts again: all held */
+        total_hits += st.hits;
+    }
+    ck_assert_uint_gt(total_hits, 0);
+    ck_assert_int_eq(bp_sched_set_expert_cache(s2, 0), BP_OK); /* off: every expert a miss */
+    float got[MOE_M * MOE_U * MOE_T];
+    int32_t ids[MOE_U * MOE_T];
+    moe_compute(&c, s2, 0, got, ids);
+    struct bp_sched_expert_stats st;
+    ck_assert_int_eq(bp_sched_get_expert_stats(s2, &st), BP_OK);
+    ck_assert_uint_eq(st.hits, 0);
+    ck_assert_uint_gt(st.misses, 0);
+    ck_assert_int_eq(bp_sched_get_expert_stats(NULL, &st), BP_ERR_INVALID_ARG);
+    bp_sched_free(s1);
+    bp_sched_free(s2);
+    moe_case_free(&c);
+    moe_case_free(&c1);
+}
+END_TEST
+
 START_TEST(test_ids_made_in_the_split)
 {
     struct moe_case c;
@@ -1002,6 +1057,7 @@ int main(void)
         {test_more_inputs_than_a_split_holds, "many_split_inputs"},
         {test_used_experts_copied, "used_experts_copied"},
         {test_ids_made_in_the_split, "ids_made_in_the_split"},
+        {test_expert_cache, "expert_cache"},
         {test_used_experts_from_repacked, "used_experts_from_repacked"},
         {test_foreign_view_inside_a_split, "foreign_view_inside_a_split"},
         {test_recompute_unchanged_graph, "recompute_unchanged"},

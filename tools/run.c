@@ -58,6 +58,8 @@ struct run_opts {
     const char *experts_on; /* --experts-on DEVICE: the stacked experts' device (NULL: with the
                              * weights) */
     bool expert_copies_all; /* --expert-copies all: copy whole stacked experts between devices */
+    int expert_cache;       /* --expert-cache N: experts cached per stacked tensor on the device
+                             * that runs MUL_MAT_ID (0: none) */
     const char *dot; /* --dot FILE, opened by cmd_run as dot_file before anything runs */
     FILE *dot_file;
 };
@@ -86,6 +88,7 @@ struct run_result {
     /* Bytes the scheduler copied between devices over the generation steps: in all, of stacked
      * experts, and what those experts would have taken whole. */
     double gen_copied, gen_expert_copied, gen_expert_whole;
+    double gen_hits, gen_misses; /* used experts copied from the cache, from their source */
     int embd_on, kv_on; /* ... the token embedding table, the KV cache */
     bool flash_attn;    /* attention as FLASH_ATTN_EXT */
     size_t weight_part_bytes[MAX_BACKENDS]; /* weights on a meta device: what each part holds */
@@ -509,8 +512,13 @@ static bool new_scheduler(struct run *run)
     const struct run_opts *o = run->o;
     struct run_result *r = run->r;
     run->s = bp_sched_new(run->be, NULL, run->nb, 128 + 64 * (size_t)run->cfg->n_layer, false);
-    if (run->s != NULL)
+    if (run->s != NULL) {
         bp_sched_set_used_experts(run->s, !o->expert_copies_all);
+        if (bp_sched_set_expert_cache(run->s, o->expert_cache) != BP_OK) {
+            fprintf(stderr, "backplane run: %s\n", bp_last_error());
+            return false;
+        }
+    }
     run->prompt = malloc((size_t)o->n_prompt * sizeof(int32_t));
     r->tokens = malloc((size_t)o->n_gen * sizeof(int32_t));
     r->logits = malloc((size_t)o->n_gen * (size_t)run->cfg->n_vocab * sizeof(float));
@@ -599,6 +607,11 @@ static bool generate(struct run *run)
         r->gen_copied += (double)bp_sched_get_copied_bytes(run->s, &eb, &ew);
         r->gen_expert_copied += (double)eb;
         r->gen_expert_whole += (double)ew;
+        struct bp_sched_expert_stats xs;
+        if (bp_sched_get_expert_stats(run->s, &xs) == BP_OK) {
+            r->gen_hits += (double)xs.hits;
+            r->gen_misses += (double)xs.misses;
+        }
         r->tokens[i] = argmax(logits, n_vocab);
         progress(run->show, run->started, "generating", i + 1, o->n_gen);
         if (last && !record_last_step(run, &run->st))
@@ -703,6 +716,10 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
                    o->expert_copies_all ? "--expert-copies all" : "the ones used",
                    r->gen_expert_whole / (o->n_gen - 1) / 1048576.0,
                    r->gen_copied / (o->n_gen - 1) / 1048576.0);
+        if (o->expert_cache > 0 && r->gen_hits + r->gen_misses > 0)
+            printf("; cache of %d per tensor: %.0f hits, %.0f misses (%.1f%% hits)",
+                   o->expert_cache, r->gen_hits, r->gen_misses,
+                   100.0 * r->gen_hits / (r->gen_hits + r->gen_misses));
         printf("\n");
     }
     printf("attention:  %s, %s KV cache\n",
@@ -789,6 +806,9 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
         json_member_double(&w, "expert_bytes_copied_per_token", r->gen_expert_copied / steps, 10);
         json_member_double(&w, "expert_bytes_whole_per_token", r->gen_expert_whole / steps, 10);
         json_member_double(&w, "bytes_copied_per_token", r->gen_copied / steps, 10);
+        json_member_int(&w, "expert_cache", o->expert_cache);
+        json_member_double(&w, "expert_cache_hits", r->gen_hits, 10);
+        json_member_double(&w, "expert_cache_misses", r->gen_misses, 10);
     }
     json_member_int(&w, "prompt_tokens", o->n_prompt);
     json_member_int(&w, "prompt_splits", r->prompt_splits);
@@ -828,6 +848,7 @@ static void run_usage(FILE *f)
                "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
                "                     [--seed N] [--check] [--json] [--dot FILE] [--no-repack]\n"
                "                     [--experts-on DEVICE] [--expert-copies used|all]\n"
+               "                     [--expert-cache N]\n"
                "       backplane run --model M [--wtype T] [--seed N] --save-gguf FILE\n"
                "\n"
                "  --gguf FILE the model of a llama-architecture GGUF file (llama, mistral, qwen2)\n"
@@ -860,7 +881,9 @@ static void run_usage(FILE *f)
                "              default: with the weights); a device that asks for MUL_MAT_ID\n"
                "              runs it anyway, the scheduler copying the experts over\n"
                "  --expert-copies used (default) copies only the experts the router chose;\n"
-               "              all copies the whole stacked tensors\n");
+               "              all copies the whole stacked tensors\n"
+               "  --expert-cache N keep N experts of each stacked tensor on the device that\n"
+               "              runs MUL_MAT_ID and copy the ones it holds from there (0: none)\n");
 }
 
 static const char run_cmd[] = "backplane run";
@@ -937,6 +960,10 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
             if (!tool_parse_int(run_cmd, a, v, 0, 1024, &num))
                 return 2;
             o->threads = (int)num;
+        } else if (strcmp(a, "--expert-cache") == 0 && v) {
+            if (!tool_parse_int(run_cmd, a, v, 0, 4096, &num))
+                return 2;
+            o->expert_cache = (int)num;
         } else if (strcmp(a, "--seed") == 0 && v) {
             if (!tool_parse_u64(run_cmd, a, v, &o->seed))
                 return 2;

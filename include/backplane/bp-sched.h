@@ -84,6 +84,21 @@ BP_API size_t bp_sched_get_copied_bytes(bp_sched *sched, size_t *expert_bytes,
  * that same split are not known yet: those experts are copied whole. Off: the whole tensor, as
  * any input. */
 BP_API enum bp_status bp_sched_set_used_experts(bp_sched *sched, bool on);
+/* An expert cache: for every stacked expert tensor copied as above, `slots` experts kept on the
+ * device of the backend that runs MUL_MAT_ID (in its default buffer type, allocated at first
+ * use; 0, the default: none). A used expert the cache holds is copied from there, within the
+ * device; any other from its source, and then kept in the least recently used slot this compute
+ * does not need. The weights must not change while cached; calling this again empties every
+ * cache. Where a cache cannot be allocated the experts come from their source. */
+BP_API enum bp_status bp_sched_set_expert_cache(bp_sched *sched, int slots);
+struct bp_sched_expert_stats {
+    uint64_t hits, misses;    /* used experts copied from a cache, and from their source */
+    size_t bytes_from_source; /* experts and their padding, copied between backends */
+    size_t bytes_from_cache;  /* copied within a device from its cache */
+};
+/* What the last compute's expert copies did (zeros before any compute). */
+BP_API enum bp_status bp_sched_get_expert_stats(bp_sched *sched,
+                                                struct bp_sched_expert_stats *stats);
 /* Bytes of backend's compute buffer (0 when it has none yet). */
 BP_API size_t bp_sched_get_buffer_size(bp_sched *sched, bp_backend *backend);
 /* The buffer type of backend's compute buffer (as bufts in bp_sched_new chose it); NULL when
