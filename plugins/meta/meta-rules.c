@@ -234,38 +234,58 @@ static const char *binary_rule(const struct bp_meta_rule_in *in, struct bp_meta_
 /* ---- Products ---------------------------------------------------------------------------- */
 
 /* The parts of a product along M, K and N, with a weight or activations as src[0]. */
-/* MUL_MAT_ID: the experts' rows split (axis 1, the same rows of every expert) give the result
- * split along M; the experts and the activations split alike along K give partial sums. The
- * ids and any other source stay whole. Experts split across parts (expert parallelism) are not
- * a rule: an id would then name an expert some parts do not hold. */
+/* The two ways of a product by weights, shared by MUL_MAT and MUL_MAT_ID: src[0] split along M
+ * (its rows) gives the result split along M (column-parallel); src[1] split along K, with
+ * src[0] split alike or a weight stored whole (sliced like the activations, in whole blocks),
+ * gives PARTIAL sums (row-parallel). */
+static bool column_parallel(const struct bp_meta_split *sa, const struct bp_meta_split *sb,
+                            struct bp_meta_decision *d)
+{
+    if (!is_split(sa) || sa->axis != 1 || sb->state == BP_META_PARTIAL)
+        return false;
+    d->want[0] = *sa;
+    d->out = split_on(sa, 0);
+    return true;
+}
+
+static bool row_parallel(const bp_tensor *a, const struct bp_meta_split *sa,
+                         const struct bp_meta_split *sb, bool whole_weight_ok, int n,
+                         struct bp_meta_decision *d)
+{
+    if (!is_split(sb) || sb->axis != 0 ||
+        !((sa->state == BP_META_MIRRORED && whole_weight_ok) || bp_meta_same_state(sa, sb, n)))
+        return false;
+    for (int p = 0; p < n; p++)
+        if (sb->sizes[p] % bp_type_block_size(a->type) != 0)
+            return false;
+    d->want[0] = d->want[1] = *sb;
+    d->out = PARTIAL;
+    return true;
+}
+
+/* The default for a weight stored whole: column-parallel, split evenly. */
+static bool even_columns(const bp_tensor *a, const struct bp_meta_split *sa,
+                         const struct bp_meta_split *sb, int n, struct bp_meta_decision *d)
+{
+    if (sa->state != BP_META_MIRRORED || sb->state == BP_META_PARTIAL)
+        return false;
+    d->want[0] = even_split(a, 1, n);
+    d->out = split_on(&d->want[0], 0);
+    return true;
+}
+
+/* MUL_MAT_ID: the same two ways, every expert alike (the split axes of [K, M, n_expert] are
+ * MUL_MAT's). The ids and any other source stay whole. Experts split across parts (expert
+ * parallelism) are not a rule: an id would then name an expert some parts do not hold. */
 static const char *matmul_id_rule(const struct bp_meta_rule_in *in, struct bp_meta_decision *d)
 {
     const bp_tensor *a = in->node->src[0];
     const struct bp_meta_split sa = src_state(in, 0), sb = src_state(in, 1);
-    const int n = in->n;
     if (src_state(in, 2).state == BP_META_PARTIAL)
         return "the expert ids are partial sums";
-    if (is_split(&sa) && sa.axis == 1 && sb.state != BP_META_PARTIAL) {
-        d->want[0] = sa;
-        d->out = split_on(&sa, 0);
+    if (column_parallel(&sa, &sb, d) || row_parallel(a, &sa, &sb, in->src0_weight, in->n, d) ||
+        (in->src0_weight && even_columns(a, &sa, &sb, in->n, d)))
         return NULL;
-    }
-    if (is_split(&sb) && sb.axis == 0 &&
-        ((sa.state == BP_META_MIRRORED && in->src0_weight) || bp_meta_same_state(&sa, &sb, n))) {
-        bool blocks = true;
-        for (int p = 0; p < n; p++)
-            blocks &= sb.sizes[p] % bp_type_block_size(a->type) == 0;
-        if (blocks) {
-            d->want[0] = d->want[1] = sb;
-            d->out = PARTIAL;
-            return NULL;
-        }
-    }
-    if (in->src0_weight && sa.state == BP_META_MIRRORED && sb.state != BP_META_PARTIAL) {
-        d->want[0] = even_split(a, 1, n);
-        d->out = split_on(&d->want[0], 0);
-        return NULL;
-    }
     return "no expert product rule fits these states";
 }
 
@@ -275,25 +295,8 @@ static const char *matmul_rule(const struct bp_meta_rule_in *in, struct bp_meta_
     const struct bp_meta_split sa = src_state(in, 0), sb = src_state(in, 1);
     const int n = in->n;
     const bool w = in->src0_weight && a->ne[2] == 1 && a->ne[3] == 1;
-    /* Column-parallel: src[0] split along M (its rows) gives the result split along M. */
-    if (is_split(&sa) && sa.axis == 1 && sb.state != BP_META_PARTIAL) {
-        d->want[0] = sa;
-        d->out = split_on(&sa, 0);
+    if (column_parallel(&sa, &sb, d) || (w && row_parallel(a, &sa, &sb, true, n, d)))
         return NULL;
-    }
-    /* Row-parallel: both split along K, the same way, give PARTIAL sums; a weight stored whole
-     * is sliced like the activations (in whole blocks). */
-    if (is_split(&sb) && sb.axis == 0 && w &&
-        (sa.state == BP_META_MIRRORED || bp_meta_same_state(&sa, &sb, n))) {
-        bool blocks = true;
-        for (int p = 0; p < n; p++)
-            blocks &= sb.sizes[p] % bp_type_block_size(a->type) == 0;
-        if (blocks) {
-            d->want[0] = d->want[1] = sb;
-            d->out = PARTIAL;
-            return NULL;
-        }
-    }
     if (is_split(&sa) && sa.axis == 0 && bp_meta_same_state(&sa, &sb, n)) {
         d->want[0] = d->want[1] = sa;
         d->out = PARTIAL;
@@ -321,12 +324,9 @@ static const char *matmul_rule(const struct bp_meta_rule_in *in, struct bp_meta_
         d->out = sb;
         return NULL;
     }
-    /* The default policy for a weight stored whole: column-parallel, split evenly. */
-    if (w && sa.state == BP_META_MIRRORED && sb.state != BP_META_PARTIAL) {
-        d->want[0] = even_split(a, 1, n);
-        d->out = split_on(&d->want[0], 0);
+    /* The default policy for a weight stored whole. */
+    if (w && even_columns(a, &sa, &sb, n, d))
         return NULL;
-    }
     return "no product rule fits these states";
 }
 
