@@ -98,9 +98,11 @@ bp_tensor **bp__graph_nodes(const bp_graph *g);
 uint64_t bp__graph_fingerprint(const bp_graph *g);
 
 /* sched-experts.c: whether copy (of src, an input of the split whose graph is sg) is read only
- * as the stacked experts of MUL_MAT_ID nodes; then copies into it only the experts their ids
+ * as the stacked experts of MUL_MAT_ID nodes, and (*ids_known) whether their ids are known
+ * before the split runs; then bp__sched_copy_experts copies into it only the experts the ids
  * choose (waiting for every backend first: the ids come from any of them). */
-bool bp__sched_experts_only(const bp_graph *sg, const bp_tensor *src, const bp_tensor *copy);
+bool bp__sched_experts_only(const bp_graph *sg, const bp_tensor *src, const bp_tensor *copy,
+                            bool *ids_known);
 struct bp__expert_caches;
 struct bp__expert_caches *bp__expert_caches_new(void);
 void bp__expert_caches_free(struct bp__expert_caches *ec);

@@ -93,7 +93,8 @@ static bool made_in(const bp_graph *sg, const bp_tensor *t)
     return false;
 }
 
-bool bp__sched_experts_only(const bp_graph *sg, const bp_tensor *src, const bp_tensor *copy)
+bool bp__sched_experts_only(const bp_graph *sg, const bp_tensor *src, const bp_tensor *copy,
+                            bool *ids_known)
 {
     bp_tensor *users[MAX_USERS];
     const int n = src->ne[2] >= 2 && src->ne[3] == 1 && bp_is_contiguous(src)
@@ -101,9 +102,10 @@ bool bp__sched_experts_only(const bp_graph *sg, const bp_tensor *src, const bp_t
                       : 0;
     /* The ids must be known when the split's inputs are copied: made by an earlier split (or
      * copied in as an input), not by the router inside this one. */
+    *ids_known = true;
     for (int u = 0; u < n; u++)
         if (made_in(sg, users[u]->src[2]))
-            return false;
+            *ids_known = false;
     return n > 0;
 }
 
@@ -165,9 +167,11 @@ void bp__expert_caches_clear(struct bp__expert_caches *ec)
 static struct expert_cache *cache_of(struct bp__expert_caches *ec, const bp_tensor *src, int b,
                                      bp_backend *be, int slots)
 {
+    if (slots > src->ne[2]) /* more slots than experts hold nothing more */
+        slots = (int)src->ne[2];
     for (size_t i = 0; i < ec->n; i++)
         if (ec->c[i].src == src && ec->c[i].backend == b)
-            return ec->c[i].slots == slots ? &ec->c[i] : NULL;
+            return ec->c[i].buf != NULL ? &ec->c[i] : NULL; /* NULL: could not be had */
     if (ec->n == ec->cap) {
         size_t cap = ec->cap ? 2 * ec->cap : 16;
         struct expert_cache *c = bp__realloc(ec->c, cap * sizeof(*c), "the expert caches");
@@ -189,8 +193,17 @@ static struct expert_cache *cache_of(struct bp__expert_caches *ec, const bp_tens
     c->stamp = bp__calloc((size_t)slots, sizeof(uint64_t), "an expert cache");
     c->expert_slot = bp__malloc((size_t)src->ne[2] * sizeof(int32_t), "an expert cache");
     if (c->buf == NULL || c->slot_expert == NULL || c->stamp == NULL || c->expert_slot == NULL) {
+        /* No cache for this tensor: its experts come from the source from now on, and the
+         * failure is said once, not at every compute. */
+        bp_log(BP_LOG_WARN, "scheduler: no expert cache of %d slots (%zu bytes) for %s on %s: "
+               "%s; its experts are copied from their source", slots,
+               (size_t)slots * src->nb[2], src->name, bp_backend_get_name(be), bp_last_error());
+        bp_clear_error();
         cache_free(c);
-        bp_clear_error(); /* no cache: the experts come from the source */
+        memset(c, 0, sizeof(*c));
+        c->src = src;
+        c->backend = b;
+        ec->n++;
         return NULL;
     }
     for (int i = 0; i < slots; i++)

@@ -1234,9 +1234,10 @@ static enum bp_status copy_inputs(bp_sched *s, struct split *sp)
         bp_tensor *dst = copy_for(s, src, sp->backend);
         enum bp_status st;
         /* Stacked experts read only by MUL_MAT_ID: after the rest, once the ids are known. */
+        bool ids_known = false;
         const bool experts = !(src->flags & BP_TENSOR_FLAG_INPUT) &&
-                             bp__sched_experts_only(graph_of(s, sp), src, dst);
-        deferred[j] = experts && s->used_experts;
+                             bp__sched_experts_only(graph_of(s, sp), src, dst, &ids_known);
+        deferred[j] = experts && ids_known && s->used_experts;
         if (deferred[j]) {
             n_deferred++;
             continue;
@@ -1498,6 +1499,8 @@ bp_backend *bp_sched_get_split_backend(bp_sched *s, int i, int *n_nodes, int *n_
 
 size_t bp_sched_get_copied_bytes(bp_sched *s, size_t *expert_bytes, size_t *expert_bytes_whole)
 {
+    if (s == NULL)
+        bp__error(BP_ERR_INVALID_ARG, "bp_sched_get_copied_bytes: the scheduler is NULL");
     if (expert_bytes != NULL)
         *expert_bytes = s ? s->expert_bytes_copied : 0;
     if (expert_bytes_whole != NULL)

@@ -887,7 +887,8 @@ START_TEST(test_ids_made_in_the_split)
                 }
         size_t eb = 0, ew = 0;
         bp_sched_get_copied_bytes(s, &eb, &ew);
-        ck_assert_uint_eq(eb, 0); /* copied whole, as any input */
+        ck_assert_uint_eq(eb, ew); /* copied whole, and counted as stacked experts */
+        ck_assert_uint_eq(ew, (size_t)MOE_K * MOE_M * MOE_E * sizeof(float));
     }
     bp_sched_free(s);
     bp_graph_free(g);

@@ -72,8 +72,9 @@ BP_API bp_backend *bp_sched_get_split_backend(bp_sched *sched, int i, int *n_nod
                                               int *n_inputs);
 BP_API int bp_sched_get_n_copies(bp_sched *sched);
 /* Bytes the last compute copied between backends (every split's inputs); with expert_bytes, of
- * those the bytes of stacked expert weights, and with expert_bytes_whole what copying those
- * tensors whole would have taken. Zero before any compute. */
+ * those the bytes of stacked expert weights read only by MUL_MAT_ID (in part or whole), and with
+ * expert_bytes_whole what copying those tensors whole would have taken. Zero before any compute
+ * (and for a NULL scheduler, with an error). */
 BP_API size_t bp_sched_get_copied_bytes(bp_sched *sched, size_t *expert_bytes,
                                         size_t *expert_bytes_whole);
 /* Stacked expert weights [K, M, n_expert] that a split reads only as src[0] of MUL_MAT_ID nodes
@@ -84,12 +85,13 @@ BP_API size_t bp_sched_get_copied_bytes(bp_sched *sched, size_t *expert_bytes,
  * that same split are not known yet: those experts are copied whole. Off: the whole tensor, as
  * any input. */
 BP_API enum bp_status bp_sched_set_used_experts(bp_sched *sched, bool on);
-/* An expert cache: for every stacked expert tensor copied as above, `slots` experts kept on the
- * device of the backend that runs MUL_MAT_ID (in its default buffer type, allocated at first
- * use; 0, the default: none). A used expert the cache holds is copied from there, within the
- * device; any other from its source, and then kept in the least recently used slot this compute
- * does not need. The weights must not change while cached; calling this again empties every
- * cache. Where a cache cannot be allocated the experts come from their source. */
+/* An expert cache: for every stacked expert tensor copied as above, `slots` experts (at most
+ * the tensor's) kept on the device of the backend that runs MUL_MAT_ID (in its default buffer
+ * type, allocated at first use; 0, the default: none). A used expert the cache holds is
+ * copied from there, within the device; any other from its source, and then kept in the least
+ * recently used slot this compute does not need. The weights must not change while cached;
+ * calling this again empties every cache. Where a cache cannot be allocated the experts come
+ * from their source, with a warning logged once. */
 BP_API enum bp_status bp_sched_set_expert_cache(bp_sched *sched, int slots);
 struct bp_sched_expert_stats {
     uint64_t hits, misses;    /* used experts copied from a cache, and from their source */

@@ -263,14 +263,14 @@ static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g)
             continue;
         char desc[BP_TENSOR_DESC_SIZE];
         if (!bp_cpu_supports_op(node)) {
-            const bool mm_rows = node->op == BP_OP_MUL_MAT &&
+            const bool mm_rows = (node->op == BP_OP_MUL_MAT || node->op == BP_OP_MUL_MAT_ID) &&
                                  (node->src[0]->nb[0] != bp_type_size(node->src[0]->type) ||
                                   node->src[1]->nb[0] != sizeof(float));
             return bp_set_error(BP_ERR_UNSUPPORTED, "CPU: no kernel for %s node %s%s",
                                 bp_op_name(node->op), bp_describe_tensor(node, desc, sizeof(desc)),
-                                mm_rows ? " (MUL_MAT reads both operands along K, their dimension "
-                                          "0, which must be contiguous: make a transposed "
-                                          "operand contiguous with bp_cont first)"
+                                mm_rows ? " (MUL_MAT and MUL_MAT_ID read both operands along K, "
+                                          "their dimension 0, which must be contiguous: make a "
+                                          "transposed operand contiguous with bp_cont first)"
                                         : "");
         }
         if (node->data == NULL)
@@ -302,14 +302,17 @@ static enum bp_status graph_compute(struct cpu_backend *cb, bp_graph *g)
     const bp_tensor *bad = atomic_load(&job.fault);
     if (bad != NULL) {
         char desc[BP_TENSOR_DESC_SIZE];
-        return bp_set_error(BP_ERR_OUT_OF_BOUNDS, "CPU: %s node %s: an id in %s is out of range "
-                            "(rows 0..%lld; the results of those rows are undefined)",
-                            bp_op_name(bad->op), bp_describe_tensor(bad, desc, sizeof(desc)),
-                            bad->op == BP_OP_SET_ROWS ? "src[2]"
-                            : bad->op == BP_OP_MUL_MAT_ID ? "src[2] (expert ids)" : "src[1]",
-                            (long long)(bad->op == BP_OP_MUL_MAT_ID ? bad->src[0]->ne[2]
-                                        : bad->op == BP_OP_SET_ROWS ? bad->ne[1]
-                                                                    : bad->src[0]->ne[1]) - 1);
+        const bool mmid = bad->op == BP_OP_MUL_MAT_ID, set = bad->op == BP_OP_SET_ROWS;
+        return bp_set_error(BP_ERR_OUT_OF_BOUNDS, "CPU: %s node %s: %s in src[%d] is outside "
+                            "0..%lld; %s", bp_op_name(bad->op),
+                            bp_describe_tensor(bad, desc, sizeof(desc)),
+                            mmid ? "an expert id" : "a row id", mmid || set ? 2 : 1,
+                            (long long)(mmid  ? bad->src[0]->ne[2]
+                                        : set ? bad->ne[1]
+                                              : bad->src[0]->ne[1]) - 1,
+                            mmid  ? "the results of the slots it names are undefined"
+                            : set ? "those rows were not written"
+                                  : "those result rows are NaN");
     }
     return BP_OK;
 }
