@@ -856,8 +856,7 @@ static struct split *add_input_copies(bp_sched *s, struct split *sp, bp_tensor *
     bool foreign[BP_MAX_SRC];
     for (int k = 0; k < BP_MAX_SRC; k++) {
         bp_tensor *src = node->src[k];
-        foreign[k] = src != NULL && info(s, src)->backend != sp->backend &&
-                     !readable_by(s, src, sp->backend);
+        foreign[k] = src != NULL && !readable_by(s, src, sp->backend);
         if (foreign[k] && !listed(sp, src))
             fresh_inputs++;
     }
@@ -888,6 +887,15 @@ static struct split *add_input_copies(bp_sched *s, struct split *sp, bp_tensor *
     return sp;
 }
 
+/* Whether t (or what it views) is one of nodes[i0, i1). */
+static bool made_in_split(bp_tensor **nodes, int i0, int i1, const bp_tensor *t)
+{
+    for (int j = i0; t != NULL && j < i1; j++)
+        if (nodes[j] == t || (t->view_src != NULL && nodes[j] == t->view_src))
+            return true;
+    return false;
+}
+
 /* Cuts g into splits, runs of consecutive nodes on one backend, with their input copies. */
 static enum bp_status cut_splits(bp_sched *s, bp_graph *g)
 {
@@ -906,8 +914,19 @@ static enum bp_status cut_splits(bp_sched *s, bp_graph *g)
             if (sp == NULL)
                 return BP_ERR_OUT_OF_MEMORY;
         }
-        if (is_view_op(node) || s->n_backends == 1)
+        if (is_view_op(node)) /* (one backend comes here only for sources it cannot read) */
             continue;
+        /* Stacked experts to copy for a MUL_MAT_ID whose ids this split computes: a split of
+         * its own from here, so that the ids are known when its inputs are copied and only the
+         * experts they choose need to come (sched-experts.c). */
+        if (node->op == BP_OP_MUL_MAT_ID && sp->i0 < i && node->src[0] != NULL &&
+            !readable_by(s, node->src[0], sp->backend) && made_in_split(nodes, sp->i0, i,
+                                                                        node->src[2])) {
+            sp->i1 = i;
+            sp = new_split(s, b, i);
+            if (sp == NULL)
+                return BP_ERR_OUT_OF_MEMORY;
+        }
         enum bp_status st = BP_OK;
         sp = add_input_copies(s, sp, node, i, &st);
         if (sp == NULL)
@@ -946,6 +965,21 @@ static enum bp_status split_graph(bp_sched *s, bp_graph *g)
         bp_context_free(s->ctx);
         s->ctx = bigger;
     }
+}
+
+/* Whether the one backend can read every source where it lives (else, e.g. for weights in a
+ * File buffer, the graph is cut and those sources copied like any other backend's). */
+static bool all_readable(bp_sched *s, bp_graph *g)
+{
+    bp_tensor **nodes = bp__graph_nodes(g);
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++)
+        for (int k = 0; k < BP_MAX_SRC; k++) {
+            const bp_tensor *src = nodes[i]->src[k];
+            const bp_buffer *buf = src != NULL ? buffer_of(s, src) : NULL;
+            if (buf != NULL && !bp_backend_supports_buft(s->backends[0], buf->buft))
+                return false;
+        }
+    return true;
 }
 
 /* One backend: nothing to cut and nothing to copy, the graph itself is the one split. */
@@ -1098,7 +1132,7 @@ static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
     enum bp_status st = assign_all(s, g);
     if (st == BP_OK)
         st = check_assignments(s, g);
-    if (st == BP_OK && s->n_backends == 1)
+    if (st == BP_OK && s->n_backends == 1 && all_readable(s, g))
         return split_direct(s, g);
     if (st == BP_OK)
         st = cut_splits(s, g);
@@ -1253,8 +1287,16 @@ static enum bp_status copy_inputs(bp_sched *s, struct split *sp)
             if (st == BP_OK)
                 st = bp_tensor_copy(src, dst);
         } else {
-            bp_backend *from = s->backends[info(s, src)->backend];
-            st = bp_backend_tensor_copy_async(from, be, src, dst);
+            const int fb = info(s, src)->backend;
+            const bp_buffer *sbuf = buffer_of(s, src);
+            if (fb < 0 || (sbuf != NULL && !bp_backend_supports_buft(s->backends[fb], sbuf->buft))) {
+                /* memory no backend holds (a File buffer): read through its buffer */
+                st = bp_backend_synchronize(be);
+                if (st == BP_OK)
+                    st = bp_tensor_copy(src, dst);
+            } else {
+                st = bp_backend_tensor_copy_async(s->backends[fb], be, src, dst);
+            }
         }
         if (st != BP_OK)
             return st;

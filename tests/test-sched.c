@@ -752,9 +752,9 @@ START_TEST(test_used_experts_copied)
 }
 END_TEST
 
-/* Ids computed inside the split of MUL_MAT_ID itself (here a CONT pinned there) are not known
- * when the split's inputs are copied: the experts are then copied whole, and every compute
- * follows the ids of its own inputs. */
+/* Ids computed on the backend of MUL_MAT_ID itself (here a CONT pinned there) would not be known
+ * when the split's inputs are copied: the scheduler cuts a split before the product, so only
+ * the used experts come, and every compute follows the ids of its own inputs. */
 /* Q8_0 experts in the CPU's CPU_REPACK buffer (stored repacked, read in whole blocks), MUL_MAT_ID
  * on the accelerator: the used experts, padding in whole rows, come over unpacked, and the
  * results equal the CPU alone's. */
@@ -846,6 +846,74 @@ START_TEST(test_expert_cache)
 }
 END_TEST
 
+/* Experts that stay in a file (bp_buffer_from_file): the CPU computes MUL_MAT_ID with only the
+ * used experts read from the file each compute; the same results as from memory. When the file
+ * shrinks the compute fails with a sentence, nothing crashes, and the buffer refuses writes. */
+START_TEST(test_experts_from_a_file)
+{
+    struct moe_case c1, c;
+    moe_case_new(&c1);
+    moe_case_new(&c);
+    const size_t bytes = bp_nbytes(c.exps);
+    float *ev = malloc(bytes);
+    ck_assert_int_eq(bp_tensor_get(c.exps, ev, 0, bytes), BP_OK);
+    char path[] = "/tmp/bp-test-experts-XXXXXX";
+    const int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    const char pad[100] = {0}; /* the experts from byte 100 on */
+    ck_assert_int_eq(write(fd, pad, sizeof(pad)), (ssize_t)sizeof(pad));
+    ck_assert_int_eq(write(fd, ev, bytes), (ssize_t)bytes);
+    close(fd);
+    /* A stacked tensor of the file, described in a context of its own, placed in the buffer. */
+    bp_context *fctx = bp_context_new(1);
+    bp_tensor *fexps = bp_new_tensor_3d(fctx, BP_TYPE_F32, MOE_K, MOE_M, MOE_E);
+    bp_buffer *fbuf = bp_buffer_from_file(path, sizeof(pad), bytes);
+    ck_assert_msg(fbuf != NULL, "%s", bp_last_error());
+    ck_assert_str_eq(bp_buffer_type_get_name(bp_buffer_get_type(fbuf)), "File");
+    ck_assert(!bp_buffer_is_host(fbuf));
+    ck_assert_int_eq(bp_buffer_place_tensor(fbuf, fexps, bp_buffer_get_base(fbuf)), BP_OK);
+    bp_buffer_set_usage(fbuf, BP_BUFFER_USAGE_WEIGHTS);
+    ck_assert_int_eq(bp_tensor_set(fexps, ev, 0, 4), BP_ERR_UNSUPPORTED);
+    ck_assert_error_has(BP_ERR_UNSUPPORTED, "read-only");
+    c.y->src[0]->src[0] = fexps; /* the product (under the SCALE) reads the file's experts */
+    bp_graph_free(c.g);          /* and the graph is built again with it */
+    c.g = bp_graph_new(32);
+    ck_assert_int_eq(bp_graph_build_forward(c.g, c.y), BP_OK);
+    ck_assert_int_eq(bp_graph_build_forward(c.g, c.ids), BP_OK);
+    bp_backend *alone[1] = {cpu};
+    bp_sched *s1 = bp_sched_new(alone, NULL, 1, 64, false), *s2 = bp_sched_new(alone, NULL, 1, 64,
+                                                                                 false);
+    for (int salt = 0; salt < 3; salt++) {
+        float ref[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
+        int32_t ids[MOE_U * MOE_T], ids2[MOE_U * MOE_T];
+        moe_compute(&c1, s1, salt, ref, ids);
+        moe_compute(&c, s2, salt, got, ids2);
+        ck_assert_mem_eq(ids2, ids, sizeof(ids));
+        assert_close_nmse(got, ref, MOE_M * MOE_U * MOE_T, 1e-12);
+        size_t eb = 0, ew = 0;
+        bp_sched_get_copied_bytes(s2, &eb, &ew);
+        ck_assert_uint_eq(ew, bytes);
+        ck_assert_uint_lt(eb, ew); /* only the used experts were read */
+    }
+    ck_assert_int_eq(truncate(path, 1000), 0);
+    ck_assert_int_eq(bp_sched_alloc_graph(s2, c.g), BP_OK);
+    ck_assert_int_eq(bp_sched_graph_compute(s2, c.g), BP_ERR_IO);
+    ck_assert_error_has(BP_ERR_IO, "changed on disk");
+    ck_assert_ptr_null(bp_buffer_from_file(path, 0, bytes)); /* now too short */
+    ck_assert_error_has(BP_ERR_OUT_OF_BOUNDS, "are not all in it");
+    ck_assert_ptr_null(bp_buffer_from_file("/nonexistent/experts", 0, 4));
+    ck_assert_error_has(BP_ERR_IO, "cannot open");
+    unlink(path);
+    bp_sched_free(s1);
+    bp_sched_free(s2);
+    bp_buffer_free(fbuf);
+    bp_context_free(fctx);
+    free(ev);
+    moe_case_free(&c);
+    moe_case_free(&c1);
+}
+END_TEST
+
 START_TEST(test_ids_made_in_the_split)
 {
     struct moe_case c;
@@ -887,8 +955,10 @@ START_TEST(test_ids_made_in_the_split)
                 }
         size_t eb = 0, ew = 0;
         bp_sched_get_copied_bytes(s, &eb, &ew);
-        ck_assert_uint_eq(eb, ew); /* copied whole, and counted as stacked experts */
+        /* the split was cut before the product, so the ids were known: the used experts */
         ck_assert_uint_eq(ew, (size_t)MOE_K * MOE_M * MOE_E * sizeof(float));
+        ck_assert_uint_lt(eb, ew);
+        ck_assert_uint_gt(eb, 0);
     }
     bp_sched_free(s);
     bp_graph_free(g);
@@ -1058,6 +1128,7 @@ int main(void)
         {test_more_inputs_than_a_split_holds, "many_split_inputs"},
         {test_used_experts_copied, "used_experts_copied"},
         {test_ids_made_in_the_split, "ids_made_in_the_split"},
+        {test_experts_from_a_file, "experts_from_a_file"},
         {test_expert_cache, "expert_cache"},
         {test_used_experts_from_repacked, "used_experts_from_repacked"},
         {test_foreign_view_inside_a_split, "foreign_view_inside_a_split"},

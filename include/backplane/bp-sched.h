@@ -81,9 +81,8 @@ BP_API size_t bp_sched_get_copied_bytes(bp_sched *sched, size_t *expert_bytes,
  * and that live on another backend: with on (the default), each compute copies only the experts
  * the nodes' ids choose, consecutive ones in one copy followed by the next expert's rows that
  * cover 512 bytes (so kernels reading a little past an expert find finite values); the
- * scheduler then waits for every backend once per such split to read the ids. Ids computed in
- * that same split are not known yet: those experts are copied whole. Off: the whole tensor, as
- * any input. */
+ * scheduler then waits for every backend once per such split to read the ids (a MUL_MAT_ID
+ * whose ids its own split computes starts a new split). Off: the whole tensor, as any input. */
 BP_API enum bp_status bp_sched_set_used_experts(bp_sched *sched, bool on);
 /* An expert cache: for every stacked expert tensor copied as above, `slots` experts (at most
  * the tensor's) kept on the device of the backend that runs MUL_MAT_ID (in its default buffer
