@@ -533,6 +533,39 @@ static bool in_place(struct model *m, const bp_gguf *g, const struct model_place
     return true;
 }
 
+/* The stacked experts left in the file at path: a File buffer over it (read with pread when the
+ * scheduler copies the experts a product uses), each tensor at its offset in the file. */
+static enum bp_status experts_in_file(struct model *m, const bp_gguf *g, const char *path)
+{
+    uint64_t end = 0;
+    for (int64_t i = 0; i < bp_gguf_get_n_tensors(g); i++) {
+        struct bp_gguf_tensor info;
+        if (bp_gguf_get_tensor(g, i, &info) == BP_OK && info.offset + info.size > end)
+            end = info.offset + info.size;
+    }
+    m->xbuf = bp_buffer_from_file(path, 0, (size_t)end);
+    if (m->xbuf == NULL)
+        return bp_last_status();
+    bp_buffer_set_usage(m->xbuf, BP_BUFFER_USAGE_WEIGHTS);
+    char *base = bp_buffer_get_base(m->xbuf);
+    enum bp_status st = BP_OK;
+    for (size_t j = 0; st == BP_OK && j < bp_context_get_n_tensors(m->xctx); j++) {
+        bp_tensor *t = bp_context_get_tensor(m->xctx, j);
+        struct bp_gguf_tensor info;
+        const int64_t i = bp_gguf_find_tensor(g, t->name);
+        st = i >= 0 ? bp_gguf_get_tensor(g, i, &info)
+                    : bp_set_error(BP_ERR_INVALID_ARG, "the file has no tensor %s", t->name);
+        if (st == BP_OK && info.size != bp_nbytes(t))
+            st = bp_set_error(BP_ERR_SHAPE, "tensor %s holds %zu bytes; it needs %zu", t->name,
+                              info.size, bp_nbytes(t));
+        if (st == BP_OK) {
+            bp_set_param(t);
+            st = bp_buffer_place_tensor(m->xbuf, t, base + info.offset);
+        }
+    }
+    return st;
+}
+
 enum bp_status model_init_gguf(struct model *m, const bp_gguf *g, const struct model_config *cfg,
                                const struct model_placement *where)
 {
@@ -543,11 +576,14 @@ enum bp_status model_init_gguf(struct model *m, const bp_gguf *g, const struct m
     st = describe_from_file(m, g, &tied) ? BP_OK : bp_last_status();
     if (st == BP_OK)
         st = all_tensors_used(m, g);
-    if (st == BP_OK && in_place(m, g, where, tied, &st)) {
+    const bool file_experts = where->experts_file != NULL && m->xctx != NULL;
+    if (st == BP_OK && !file_experts && in_place(m, g, where, tied, &st)) {
         if (st != BP_OK)
             model_free(m);
         return st;
     }
+    if (st == BP_OK && file_experts)
+        st = experts_in_file(m, g, where->experts_file);
     if (st == BP_OK)
         st = model_allocate(m, where);
     if (st == BP_OK)
@@ -559,7 +595,9 @@ enum bp_status model_init_gguf(struct model *m, const bp_gguf *g, const struct m
         if (t != m->output)
             st = load_tensor(g, t, t->name);
     }
-    for (size_t i = 0; st == BP_OK && m->xctx && i < bp_context_get_n_tensors(m->xctx); i++) {
+    for (size_t i = 0; st == BP_OK && m->xctx && !file_experts &&
+                       i < bp_context_get_n_tensors(m->xctx);
+         i++) {
         bp_tensor *t = bp_context_get_tensor(m->xctx, i);
         st = load_tensor(g, t, t->name);
     }

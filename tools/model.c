@@ -234,7 +234,7 @@ enum bp_status model_allocate(struct model *m, const struct model_placement *whe
         return bp_last_status();
     bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
     bp_buffer_set_usage(m->ebuf, BP_BUFFER_USAGE_WEIGHTS);
-    if (m->xctx != NULL) {
+    if (m->xctx != NULL && m->xbuf == NULL) { /* (experts left in a file have theirs) */
         for (size_t i = 0; i < bp_context_get_n_tensors(m->xctx); i++)
             bp_set_param(bp_context_get_tensor(m->xctx, i));
         m->xbuf = bp_alloc_ctx_tensors(m->xctx, where->experts ? where->experts : where->weights);

@@ -70,6 +70,9 @@ struct model {
 struct model_placement {
     bp_buffer_type *weights, *embedding, *kv;
     bp_buffer_type *experts; /* the stacked expert matrices; NULL: with the weights */
+    /* model_init_gguf only: the file's path, to leave the stacked experts in it (a File
+     * buffer read with pread) instead of placing them in `experts`; NULL: placed */
+    const char *experts_file;
 };
 
 /* Describes, allocates (the weight and embedding buffers marked as weights) and fills the

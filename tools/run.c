@@ -327,6 +327,10 @@ static bool place_experts(struct run *run)
     r->experts_on = r->weights_on;
     if (run->o->experts_on == NULL || run->quiet)
         return true;
+    if (strcasecmp(run->o->experts_on, "file") == 0) { /* left in the --gguf file */
+        r->experts_on = -1;
+        return true;
+    }
     for (int i = 0; i < run->nb; i++)
         if (r->names[i] != NULL && strcasecmp(r->names[i], run->o->experts_on) == 0) {
             r->experts_on = i;
@@ -423,7 +427,7 @@ static bool check_memory(struct run *run)
     size_t mem_free = 0, mem_total = 0;
     bp_device_get_memory(bp_backend_get_device(run->be[w]), &mem_free, &mem_total);
     size_t need = weight_bytes(run->o) + (r->kv_on == w ? model_kv_bytes(cfg) : 0);
-    if (r->experts_on != w) /* the stacked experts live elsewhere */
+    if (r->experts_on != w) /* the stacked experts live elsewhere (or stay in the file) */
         need -= expert_bytes(run->o);
     if (mem_total > 0 && need > mem_free) {
         fprintf(stderr, "backplane run: model '%s' with %s weights needs %.2f GiB for weights "
@@ -468,7 +472,9 @@ static void record_model_buffers(struct run *run)
     }
     r->kv_bytes = bp_buffer_get_size(run->m.kvbuf);
     if (run->m.xbuf != NULL) {
-        r->expert_bytes = bp_buffer_get_size(run->m.xbuf);
+        r->expert_bytes = 0; /* the tensors' (a File buffer spans its whole file) */
+        for (size_t i = 0; i < bp_context_get_n_tensors(run->m.xctx); i++)
+            r->expert_bytes += bp_nbytes(bp_context_get_tensor(run->m.xctx, i));
         snprintf(r->expert_buft, sizeof(r->expert_buft), "%s%s",
                  bp_buffer_type_get_name(bp_buffer_get_type(run->m.xbuf)),
                  run->m.weights_in_place ? ", in place in the mapped file" : "");
@@ -494,7 +500,10 @@ static bool load_model(struct run *run)
                                      : bp_backend_get_default_buffer_type(run->be[r->embd_on]),
         .kv = bp_backend_get_default_buffer_type(run->be[r->kv_on]),
         .experts = r->experts_on == w ? run->wbuft
-                                      : bp_backend_get_default_buffer_type(run->be[r->experts_on]),
+                   : r->experts_on < 0
+                       ? NULL
+                       : bp_backend_get_default_buffer_type(run->be[r->experts_on]),
+        .experts_file = r->experts_on < 0 ? o->gguf_path : NULL,
     };
     const enum bp_status st = o->gguf != NULL ? model_init_gguf(&run->m, o->gguf, cfg, &where)
                                               : model_init(&run->m, cfg, o->wtype, &where, o->seed);
@@ -708,8 +717,9 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
         printf("; compute %s %.2f MiB", or_unknown(r->names[i]), mib(r->compute_bytes[i]));
     printf("\n");
     if (c->n_expert > 0) {
-        printf("experts:    %d per layer, %d used per token; %.2f MiB on %s (%s)", c->n_expert,
-               c->n_expert_used, mib(r->expert_bytes), or_unknown(r->names[r->experts_on]),
+        printf("experts:    %d per layer, %d used per token; %.2f MiB %s %s (%s)", c->n_expert,
+               c->n_expert_used, mib(r->expert_bytes), r->experts_on < 0 ? "in" : "on",
+               r->experts_on < 0 ? "the file" : or_unknown(r->names[r->experts_on]),
                r->expert_buft);
         for (int p = 0; p < r->n_weight_parts && r->experts_on == r->weights_on; p++)
             printf("%s%.2f", p == 0 ? "; per part: " : " + ", mib(r->expert_part_bytes[p]));
@@ -805,7 +815,8 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
         const int steps = o->n_gen > 1 ? o->n_gen - 1 : 1;
         json_member_int(&w, "experts", c->n_expert);
         json_member_int(&w, "experts_used", c->n_expert_used);
-        json_member_string(&w, "experts_on", or_unknown(r->names[r->experts_on]));
+        json_member_string(&w, "experts_on",
+                           r->experts_on < 0 ? "file" : or_unknown(r->names[r->experts_on]));
         json_member_uint(&w, "expert_bytes", r->expert_bytes);
         json_member_string(&w, "expert_copies", o->expert_copies_all ? "all" : "used");
         json_member_double(&w, "expert_bytes_copied_per_token", r->gen_expert_copied / steps, 10);
@@ -884,7 +895,8 @@ static void run_usage(FILE *f)
                "              keeps at least 16 significant bits on every device\n"
                "  --experts-on DEVICE where a model's stacked expert matrices live (one of -d;\n"
                "              default: with the weights); a device that asks for MUL_MAT_ID\n"
-               "              runs it anyway, the scheduler copying the experts over\n"
+               "              runs it anyway, the scheduler copying the experts over; 'file'\n"
+               "              leaves them in the --gguf file, read with pread as used\n"
                "  --expert-copies used (default) copies only the experts the router chose;\n"
                "              all copies the whole stacked tensors\n"
                "  --expert-cache N keep N experts of each stacked tensor on the device that\n"
@@ -1080,6 +1092,11 @@ static int check_run_opts(struct run_opts *o)
                 "%d\n", run_cmd, o->cfg->name, o->cfg->n_embd / o->cfg->n_head);
         return 2;
     }
+    if (o->experts_on != NULL && strcasecmp(o->experts_on, "file") == 0 && o->gguf == NULL) {
+        fprintf(stderr, "%s: --experts-on file leaves the experts in the --gguf file; give one\n",
+                run_cmd);
+        return 2;
+    }
     if ((o->experts_on != NULL || o->expert_cache_given || o->expert_copies_given) &&
         o->cfg->n_expert == 0) {
         fprintf(stderr, "%s: %s applies to a model with experts; '%s' has none\n", run_cmd,
@@ -1196,7 +1213,7 @@ static int save_model(const struct run_opts *o)
 {
     struct model m;
     bp_buffer_type *host = bp_host_buffer_type();
-    const struct model_placement where = {host, host, host, NULL};
+    const struct model_placement where = {host, host, host, NULL, NULL};
     enum bp_status st = model_init(&m, o->cfg, o->wtype, &where, o->seed);
     if (st == BP_OK) {
         st = model_save_gguf(&m, o->save_gguf);
