@@ -68,7 +68,8 @@ static enum bp_status fb_clear(bp_buffer *buf, uint8_t v)
     return read_only(buf, "clear");
 }
 
-/* Whether the file is still the one opened: same inode, size and modification time. */
+/* Whether the file is unchanged since it was opened: its size and modification time (the open
+ * descriptor keeps reading the same inode even if another file now has its name). */
 static bool unchanged(const struct stat *a, const struct stat *b)
 {
     return a->st_ino == b->st_ino && a->st_dev == b->st_dev && a->st_size == b->st_size &&
@@ -80,7 +81,11 @@ static enum bp_status fb_get(bp_buffer *buf, const bp_tensor *t, void *data, siz
 {
     struct file_buffer *fb = buf->context;
     struct stat now;
-    if (fstat(fb->fd, &now) != 0 || !unchanged(&fb->at_open, &now))
+    memset(&now, 0, sizeof(now));
+    if (fstat(fb->fd, &now) != 0)
+        return bp__error(BP_ERR_IO, "file buffer of '%s': cannot look at the file: %s", fb->path,
+                         strerror(errno));
+    if (!unchanged(&fb->at_open, &now))
         return bp__error(BP_ERR_IO, "file buffer of '%s': the file changed on disk since it "
                          "was opened (%lld bytes then, %lld now); its tensors cannot be read",
                          fb->path, (long long)fb->at_open.st_size, (long long)now.st_size);
@@ -162,7 +167,14 @@ bp_buffer *bp_buffer_from_file(const char *path, uint64_t offset, size_t size)
                               strerror(err));
     }
     uint64_t end;
-    if (fstat(fb->fd, &fb->at_open) != 0 || !S_ISREG(fb->at_open.st_mode) ||
+    if (fstat(fb->fd, &fb->at_open) != 0) {
+        const int err = errno;
+        close(fb->fd);
+        bp__free(fb);
+        return bp__error_null(BP_ERR_IO, "bp_buffer_from_file: cannot look at '%s': %s", path,
+                              strerror(err));
+    }
+    if (!S_ISREG(fb->at_open.st_mode) ||
         __builtin_add_overflow(offset, (uint64_t)size, &end) ||
         end > (uint64_t)fb->at_open.st_size) {
         bp__error(BP_ERR_OUT_OF_BOUNDS, "bp_buffer_from_file: '%s' is %s; bytes [%llu, %llu + "

@@ -146,8 +146,8 @@ bp_buffer_type *bp_buffer_type_new(bp_device *dev, const struct bp_buffer_type_i
 
 void bp_buffer_type_free(bp_buffer_type *buft)
 {
-    if (buft == NULL || buft == bp_host_buffer_type())
-        return;
+    if (buft == NULL || buft == bp_host_buffer_type() || buft == bp_file_buffer_type())
+        return; /* the runtime's own, static */
     if (MEMBER_OK(struct bp_buffer_type_iface, buft->iface, free))
         buft->iface->free(buft);
     bp__free(buft);

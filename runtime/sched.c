@@ -448,6 +448,7 @@ void bp_sched_reset(bp_sched *s)
     s->kept = NULL;
     s->direct = NULL;
     clear_infos(s);
+    bp__expert_caches_clear(s->expert_caches); /* the weights may be others from now on */
     sched_leave(s);
 }
 
@@ -767,7 +768,8 @@ static enum bp_status assign_all(bp_sched *s, bp_graph *g)
 static bool readable_by(bp_sched *s, const bp_tensor *t, int b)
 {
     const bp_buffer *buf = buffer_of(s, t);
-    bp_buffer_type *bt = buf ? buf->buft : s->bufts[info(s, t)->backend];
+    const int a = info(s, t)->backend; /* -1: not assigned (judged by b's own type) */
+    bp_buffer_type *bt = buf ? buf->buft : s->bufts[a >= 0 ? a : b];
     return bp_backend_supports_buft(s->backends[b], bt);
 }
 
@@ -1098,8 +1100,10 @@ static enum bp_status set_split_graphs(bp_sched *s, bp_graph *g)
         }
         int n = 0;
         for (int j = sp->i0; j < sp->i1; j++)
-            if (!is_view_op(gnodes[j]) || info(s, gnodes[j])->backend == sp->backend)
-                keep[n++] = gnodes[j];
+            if (!is_view_op(gnodes[j]) || (info(s, gnodes[j])->backend == sp->backend &&
+                                           readable_by(s, gnodes[j], sp->backend)))
+                keep[n++] = gnodes[j]; /* (a view of memory the backend cannot read is read
+                                        * through its consumers' copies) */
         len = n;
         if (sp->graph == NULL || bp_graph_get_capacity(sp->graph) < (size_t)(len ? len : 1)) {
             bp_graph_free(sp->graph);
@@ -1557,12 +1561,18 @@ enum bp_status bp_sched_set_expert_cache(bp_sched *s, int slots)
     if (slots < 0)
         return bp__error(BP_ERR_INVALID_ARG, "bp_sched_set_expert_cache: %d slots; give 0 (no "
                          "cache) or more", slots);
+    if (!sched_enter(s, __func__))
+        return BP_ERR_BUSY;
+    enum bp_status st = BP_OK;
     if (s->expert_caches == NULL && slots > 0 &&
         (s->expert_caches = bp__expert_caches_new()) == NULL)
-        return BP_ERR_OUT_OF_MEMORY;
-    bp__expert_caches_clear(s->expert_caches);
-    s->expert_slots = slots;
-    return BP_OK;
+        st = BP_ERR_OUT_OF_MEMORY;
+    if (st == BP_OK) {
+        bp__expert_caches_clear(s->expert_caches);
+        s->expert_slots = slots;
+    }
+    sched_leave(s);
+    return st;
 }
 
 enum bp_status bp_sched_get_expert_stats(bp_sched *s, struct bp_sched_expert_stats *stats)

@@ -895,6 +895,20 @@ START_TEST(test_experts_from_a_file)
         ck_assert_uint_eq(ew, bytes);
         ck_assert_uint_lt(eb, ew); /* only the used experts were read */
     }
+    /* The experts through a view of the file's tensor: the view is read through its copy. */
+    c.y->src[0]->src[0] = bp_view_3d(c.ctx, fexps, MOE_K, MOE_M, MOE_E, fexps->nb[1],
+                                     fexps->nb[2], 0);
+    bp_graph_free(c.g);
+    c.g = bp_graph_new(32);
+    ck_assert_int_eq(bp_graph_build_forward(c.g, c.y), BP_OK);
+    ck_assert_int_eq(bp_graph_build_forward(c.g, c.ids), BP_OK);
+    {
+        float ref[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
+        int32_t ids[MOE_U * MOE_T], ids2[MOE_U * MOE_T];
+        moe_compute(&c1, s1, 5, ref, ids);
+        moe_compute(&c, s2, 5, got, ids2);
+        assert_close_nmse(got, ref, MOE_M * MOE_U * MOE_T, 1e-12);
+    }
     ck_assert_int_eq(truncate(path, 1000), 0);
     ck_assert_int_eq(bp_sched_alloc_graph(s2, c.g), BP_OK);
     ck_assert_int_eq(bp_sched_graph_compute(s2, c.g), BP_ERR_IO);

@@ -485,8 +485,9 @@ static bool in_place(struct model *m, const bp_gguf *g, const struct model_place
 {
     bp_buffer_type *host = bp_host_buffer_type();
     *st = BP_OK;
+    const bool file_experts = where->experts_file != NULL && m->xctx != NULL;
     if (where->weights != host || where->embedding != host ||
-        (where->experts != NULL && where->experts != host))
+        (where->experts != NULL && where->experts != host && !file_experts))
         return false;
     const char *base = NULL;
     size_t end = 0;
@@ -507,7 +508,7 @@ static bool in_place(struct model *m, const bp_gguf *g, const struct model_place
     bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
     /* The embedding table first, then every tensor of the weights' context and the experts'. */
     const size_t nw = bp_context_get_n_tensors(m->wctx);
-    const size_t nx = m->xctx != NULL ? bp_context_get_n_tensors(m->xctx) : 0;
+    const size_t nx = m->xctx != NULL && !file_experts ? bp_context_get_n_tensors(m->xctx) : 0;
     for (size_t j = 0; *st == BP_OK && j <= nw + nx; j++) {
         bp_tensor *t = j == 0    ? m->tok_embd
                        : j <= nw ? bp_context_get_tensor(m->wctx, j - 1)
@@ -577,7 +578,9 @@ enum bp_status model_init_gguf(struct model *m, const bp_gguf *g, const struct m
     if (st == BP_OK)
         st = all_tensors_used(m, g);
     const bool file_experts = where->experts_file != NULL && m->xctx != NULL;
-    if (st == BP_OK && !file_experts && in_place(m, g, where, tied, &st)) {
+    if (st == BP_OK && in_place(m, g, where, tied, &st)) {
+        if (st == BP_OK && file_experts) /* the experts stay in the file, the rest mapped */
+            st = experts_in_file(m, g, where->experts_file);
         if (st != BP_OK)
             model_free(m);
         return st;

@@ -325,12 +325,14 @@ static bool place_experts(struct run *run)
 {
     struct run_result *r = run->r;
     r->experts_on = r->weights_on;
-    if (run->o->experts_on == NULL || run->quiet)
+    if (run->o->experts_on == NULL)
         return true;
-    if (strcasecmp(run->o->experts_on, "file") == 0) { /* left in the --gguf file */
-        r->experts_on = -1;
+    if (strcasecmp(run->o->experts_on, "file") == 0) { /* left in the --gguf file (the --check */
+        r->experts_on = -1;                             /* run too: the same layout) */
         return true;
     }
+    if (run->quiet)
+        return true;
     for (int i = 0; i < run->nb; i++)
         if (r->names[i] != NULL && strcasecmp(r->names[i], run->o->experts_on) == 0) {
             r->experts_on = i;
@@ -477,7 +479,8 @@ static void record_model_buffers(struct run *run)
             r->expert_bytes += bp_nbytes(bp_context_get_tensor(run->m.xctx, i));
         snprintf(r->expert_buft, sizeof(r->expert_buft), "%s%s",
                  bp_buffer_type_get_name(bp_buffer_get_type(run->m.xbuf)),
-                 run->m.weights_in_place ? ", in place in the mapped file" : "");
+                 run->m.weights_in_place && r->experts_on >= 0 ? ", in place in the mapped file"
+                                                               : "");
     }
     snprintf(r->weight_buft, sizeof(r->weight_buft), "%s%s", bp_buffer_type_get_name(run->wbuft),
              run->m.weights_in_place ? ", in place in the mapped file" : "");

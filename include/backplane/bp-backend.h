@@ -91,9 +91,10 @@ BP_API bp_buffer *bp_buffer_from_host_ptr(void *ptr, size_t size);
  * bp_buffer_get_base(buf) + their offset, and they are read with pread when asked for
  * (bp_tensor_get, or a scheduler copying them, or only the experts a MUL_MAT_ID uses, to the
  * backend that needs them); nothing maps the file, and no device computes on it in place.
- * Writes are refused (BP_ERR_UNSUPPORTED). A read after the file changed on disk (its size,
- * inode or modification time) or that meets its end fails with BP_ERR_IO and the reason. NULL
- * with an error when the file cannot be opened or is shorter than offset + size. */
+ * Writes are refused (BP_ERR_UNSUPPORTED). A read after the file changed on disk (its size or
+ * modification time; a file replaced under the same name is not seen: the buffer keeps reading
+ * the one it opened) or that meets its end fails with BP_ERR_IO and the reason. NULL with an
+ * error when the file cannot be opened or is shorter than offset + size. */
 BP_API bp_buffer *bp_buffer_from_file(const char *path, uint64_t offset, size_t size);
 BP_API bp_buffer_type *bp_file_buffer_type(void);
 
