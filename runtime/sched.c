@@ -34,27 +34,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "backend-impl.h"
-#include "ptrmap.h"
-#include <backplane/bp-alloc.h>
-#include <backplane/bp-sched.h>
-
-enum why {
-    WHY_NONE = 0,
-    WHY_PINNED,
-    WHY_BUFFER,
-    WHY_INPUT,
-    WHY_WEIGHTS,
-    WHY_OFFLOAD,
-    WHY_EXPAND_ACCEL,
-    WHY_EXPAND_ANY,
-    WHY_UPGRADE,
-    WHY_MOST_INPUTS,
-    WHY_FIRST_SUPPORTING,
-    WHY_CONSUMER,
-    WHY_VIEW_SOURCE,
-    WHY_COPY,
-};
+#include "sched-impl.h"
 
 static const char *const why_text[] = {
     "unassigned",        "pinned by the user", "its memory is there", "graph input (CPU)",
@@ -62,110 +42,6 @@ static const char *const why_text[] = {
     "expanded from a neighbour", "moved up to a higher-priority backend",
     "most of its inputs are there", "the first backend that runs it", "its consumer is there",
     "its view source is there", "input copy",
-};
-
-/* What the scheduler knows of one tensor; s->map gives its index in s->infos. */
-struct tinfo {
-    signed char backend;
-    unsigned char why;
-    unsigned short sup_known, sup; /* supports_op answers per backend, asked at most once */
-    short copy[BP_SCHED_MAX_BACKENDS]; /* index + 1 into sched->copies, 0: none */
-};
-
-struct copy_set {
-    bp_tensor *src;
-    int backend;
-    bp_tensor *t[BP_SCHED_MAX_COPIES];
-};
-
-struct split {
-    int backend;
-    int i0, i1; /* nodes [i0, i1) of the graph */
-    int n_inputs;
-    bp_tensor *inputs[BP_SCHED_MAX_SPLIT_INPUTS];
-    bp_graph *graph;
-};
-
-struct subst {
-    bp_tensor *node;
-    int slot;
-    bp_tensor *orig;
-};
-
-struct pin {
-    const bp_tensor *t;
-    int backend;
-};
-
-struct bp_sched {
-    _Atomic bool busy; /* a call is in progress: another thread's call is refused (BP_ERR_BUSY) */
-    int n_backends;
-    bp_backend *backends[BP_SCHED_MAX_BACKENDS];
-    bp_buffer_type *bufts[BP_SCHED_MAX_BACKENDS];
-    bool pinned[BP_SCHED_MAX_BACKENDS]; /* bufts[i] is another device's host type default_buft
-                                         * chose, given up when it cannot be allocated */
-    bp_gallocr *galloc;
-    bool parallel;
-    bool used_experts; /* copy only the experts MUL_MAT_ID's ids choose (sched-experts.c) */
-    int expert_slots;  /* and through caches of this many experts per tensor and device */
-    struct bp__expert_caches *expert_caches;
-    struct bp_sched_expert_stats expert_stats; /* of the last compute */
-    size_t copied_bytes, expert_bytes_copied, expert_bytes_total; /* of the last compute */
-    int n_copies;
-    int cur_copy;
-    bp_event *events[BP_SCHED_MAX_BACKENDS][BP_SCHED_MAX_COPIES];
-    bool recorded[BP_SCHED_MAX_BACKENDS][BP_SCHED_MAX_COPIES];
-    size_t graph_size;
-    int debug;
-
-    struct bp__ptrmap map; /* tensor -> index in infos; cleared in O(1) per split */
-    struct tinfo *infos;   /* bp__ptrmap_limit(&map) entries */
-    size_t cap_infos;
-    bool overflow;  /* the table got too full during a split: grow it and split again */
-    struct tinfo scratch;
-
-    struct split *splits;
-    int n_splits;
-    size_t cap_splits;
-
-    bp_context *ctx; /* metadata of the input copies */
-    struct copy_set *copies;
-    int n_copy_sets;
-    size_t cap_copy_sets;
-
-    bp_graph *graph; /* nodes of the user graph, leafs plus copies: what the allocator sees */
-    bp_tensor **node_buf;
-    bp_tensor **leaf_buf;
-    int *node_ids;
-    int *leaf_ids;
-    size_t cap_node_buf, cap_leaf_buf, cap_node_ids, cap_leaf_ids;
-
-    struct subst *subst;
-    int n_subst;
-    size_t cap_subst;
-
-    struct pin *pins;
-    int n_pins;
-    size_t cap_pins;
-
-    struct tinfo **node_ti; /* the table entry of each node of the graph being split */
-    size_t cap_node_ti;
-
-    bp_sched_eval_fn eval_fn;
-    void *eval_user;
-    bp_graph *direct; /* one backend: the user's graph is the split and the allocator's graph */
-    const bp_graph *allocated; /* the graph alloc_graph was last called for, until computed */
-
-    /* The graph last computed, still split and allocated: computing it again unchanged (the
-     * same fingerprint) makes its source swaps again instead of splitting and allocating. */
-    const bp_graph *kept;
-    uint64_t kept_print;
-    struct kept_subst {
-        bp_tensor *node, *orig, *copy;
-        int slot;
-    } *kept_subst;
-    int n_kept_subst;
-    size_t cap_kept_subst;
 };
 
 /* ---- Small helpers ---------------------------------------------------------------------- */
@@ -1479,196 +1355,29 @@ enum bp_status bp_sched_graph_compute(bp_sched *s, bp_graph *g)
     return guarded(s, g, __func__, graph_compute);
 }
 
-/* ---- Queries and control ----------------------------------------------------------------- */
+/* ---- For sched-query.c ------------------------------------------------------------------- */
 
-enum bp_status bp_sched_set_tensor_backend(bp_sched *s, bp_tensor *t, bp_backend *be)
+struct tinfo *bp__sched_info(bp_sched *s, const bp_tensor *t)
 {
-    if (s == NULL || t == NULL || be == NULL)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_set_tensor_backend: arguments must not be "
-                         "NULL");
-    int b = backend_index(s, be);
-    if (b < 0)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_set_tensor_backend: backend %s is not one "
-                         "of the scheduler's", bp_backend_get_name(be));
-    for (int i = 0; i < s->n_pins; i++) {
-        if (s->pins[i].t == t) {
-            s->pins[i].backend = b;
-            s->allocated = NULL;
-            s->kept = NULL;
-            return BP_OK;
-        }
-    }
-    if (!bp__grow((void **)&s->pins, &s->cap_pins, (size_t)s->n_pins + 1, sizeof(*s->pins),
-                  "pins"))
-        return BP_ERR_OUT_OF_MEMORY;
-    s->pins[s->n_pins++] = (struct pin){t, b};
-    s->allocated = NULL;
-    s->kept = NULL;
-    return BP_OK;
+    return info(s, t);
 }
 
-bp_backend *bp_sched_get_tensor_backend(bp_sched *s, const bp_tensor *t)
+bool bp__sched_known(const bp_sched *s, const bp_tensor *t)
 {
-    if (s == NULL || t == NULL || !known(s, t))
-        return NULL;
-    int b = info(s, t)->backend;
-    return b >= 0 ? s->backends[b] : NULL;
+    return known(s, t);
 }
 
-int bp_sched_get_n_backends(bp_sched *s)
+int bp__sched_backend_index(const bp_sched *s, const bp_backend *be)
 {
-    return s ? s->n_backends : 0;
+    return backend_index(s, be);
 }
 
-bp_backend *bp_sched_get_backend(bp_sched *s, int i)
+bool bp__sched_enter(bp_sched *s, const char *fn)
 {
-    return s && i >= 0 && i < s->n_backends ? s->backends[i] : NULL;
+    return sched_enter(s, fn);
 }
 
-int bp_sched_get_n_splits(bp_sched *s)
+void bp__sched_leave(bp_sched *s)
 {
-    return s ? s->n_splits : 0;
-}
-
-bp_backend *bp_sched_get_split_backend(bp_sched *s, int i, int *n_nodes, int *n_inputs)
-{
-    if (s == NULL || i < 0 || i >= s->n_splits)
-        return bp__error_null(BP_ERR_OUT_OF_BOUNDS, "bp_sched_get_split_backend: split %d of %d",
-                              i, s ? s->n_splits : 0);
-    const struct split *sp = &s->splits[i];
-    if (n_nodes != NULL)
-        *n_nodes = sp->i1 - sp->i0;
-    if (n_inputs != NULL)
-        *n_inputs = sp->n_inputs;
-    return s->backends[sp->backend];
-}
-
-size_t bp_sched_get_copied_bytes(bp_sched *s, size_t *expert_bytes, size_t *expert_bytes_whole)
-{
-    if (s == NULL)
-        bp__error(BP_ERR_INVALID_ARG, "bp_sched_get_copied_bytes: the scheduler is NULL");
-    if (expert_bytes != NULL)
-        *expert_bytes = s ? s->expert_bytes_copied : 0;
-    if (expert_bytes_whole != NULL)
-        *expert_bytes_whole = s ? s->expert_bytes_total : 0;
-    return s ? s->copied_bytes : 0;
-}
-
-enum bp_status bp_sched_set_expert_cache(bp_sched *s, int slots)
-{
-    if (s == NULL)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_set_expert_cache: the scheduler is NULL");
-    if (slots < 0)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_set_expert_cache: %d slots; give 0 (no "
-                         "cache) or more", slots);
-    if (!sched_enter(s, __func__))
-        return BP_ERR_BUSY;
-    enum bp_status st = BP_OK;
-    if (s->expert_caches == NULL && slots > 0 &&
-        (s->expert_caches = bp__expert_caches_new()) == NULL)
-        st = BP_ERR_OUT_OF_MEMORY;
-    if (st == BP_OK) {
-        bp__expert_caches_clear(s->expert_caches);
-        s->expert_slots = slots;
-    }
     sched_leave(s);
-    return st;
-}
-
-enum bp_status bp_sched_get_expert_stats(bp_sched *s, struct bp_sched_expert_stats *stats)
-{
-    if (s == NULL || stats == NULL)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_get_expert_stats: the scheduler and "
-                         "stats must not be NULL");
-    *stats = s->expert_stats;
-    return BP_OK;
-}
-
-enum bp_status bp_sched_set_used_experts(bp_sched *s, bool on)
-{
-    if (s == NULL)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_set_used_experts: the scheduler is NULL");
-    s->used_experts = on;
-    return BP_OK;
-}
-
-int bp_sched_get_n_copies(bp_sched *s)
-{
-    return s ? s->n_copies : 0;
-}
-
-size_t bp_sched_get_buffer_size(bp_sched *s, bp_backend *be)
-{
-    int b = s ? backend_index(s, be) : -1;
-    return b >= 0 ? bp_gallocr_get_buffer_size(s->galloc, b) : 0;
-}
-
-bp_buffer_type *bp_sched_get_buffer_type(bp_sched *s, bp_backend *be)
-{
-    if (s == NULL)
-        return bp__error_null(BP_ERR_INVALID_ARG, "bp_sched_get_buffer_type: scheduler is NULL");
-    int b = backend_index(s, be);
-    if (b < 0)
-        return bp__error_null(BP_ERR_NOT_FOUND, "bp_sched_get_buffer_type: %s is not one of the "
-                              "scheduler's backends", be ? bp_backend_get_name(be) : "NULL");
-    return s->bufts[b];
-}
-
-void bp_sched_set_eval_callback(bp_sched *s, bp_sched_eval_fn fn, void *user_data)
-{
-    if (s == NULL)
-        return;
-    s->eval_fn = fn;
-    s->eval_user = user_data;
-}
-
-enum bp_status bp_sched_dump_dot(bp_sched *s, bp_graph *g, FILE *out)
-{
-    static const char *const colors[] = {"lightblue", "palegreen", "khaki", "lightpink",
-                                         "lightsalmon", "plum", "lightcyan", "wheat"};
-    if (s == NULL || g == NULL || out == NULL)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_dump_dot: arguments must not be NULL");
-    fprintf(out, "digraph backplane {\n  rankdir=TB;\n  node [style=filled, shape=ellipse];\n");
-    for (int i = 0; i < s->n_splits; i++) {
-        struct split *sp = &s->splits[i];
-        fprintf(out, "  subgraph cluster_%d {\n    label=\"split %d: %s\";\n", i, i,
-                bp_backend_get_name(s->backends[sp->backend]));
-        for (int k = sp->i0; k < sp->i1 && k < bp_graph_get_n_nodes(g); k++) {
-            const bp_tensor *n = bp_graph_get_node(g, k);
-            int b = known(s, n) ? info(s, n)->backend : -1;
-            fprintf(out, "    n%p [label=\"%d %s\\n%s\", fillcolor=%s];\n", (const void *)n, k,
-                    bp_op_name(n->op), n->name, b >= 0 ? colors[b % 8] : "white");
-        }
-        for (int j = 0; j < sp->n_inputs; j++)
-            fprintf(out, "    c%d_%p [label=\"copy of %s\", shape=box, fillcolor=%s];\n", i,
-                    (const void *)sp->inputs[j], sp->inputs[j]->name,
-                    colors[sp->backend % 8]);
-        fprintf(out, "  }\n");
-    }
-    for (int k = 0; k < bp_graph_get_n_nodes(g); k++) {
-        const bp_tensor *n = bp_graph_get_node(g, k);
-        for (int j = 0; j < BP_MAX_SRC; j++) {
-            const bp_tensor *src = n->src[j];
-            if (src == NULL)
-                continue;
-            /* Sources swapped for copies point at the copy box of their split. */
-            const bp_tensor *orig = src;
-            for (int q = 0; q < s->n_subst; q++) {
-                if (s->subst[q].node == n && s->subst[q].slot == j)
-                    orig = s->subst[q].orig;
-            }
-            if (orig != src) {
-                int split = 0;
-                while (split < s->n_splits && !(k >= s->splits[split].i0 && k < s->splits[split].i1))
-                    split++;
-                fprintf(out, "  c%d_%p -> n%p;\n  n%p -> c%d_%p [style=dashed];\n", split,
-                        (const void *)orig, (const void *)n, (const void *)orig, split,
-                        (const void *)orig);
-            } else if (src->op != BP_OP_NONE) {
-                fprintf(out, "  n%p -> n%p;\n", (const void *)src, (const void *)n);
-            }
-        }
-    }
-    fprintf(out, "}\n");
-    return ferror(out) ? bp__error(BP_ERR_IO, "bp_sched_dump_dot: write failed") : BP_OK;
 }
