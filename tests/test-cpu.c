@@ -540,6 +540,23 @@ static bp_buffer_type *repack_buft(bp_backend *be)
     return bt;
 }
 
+/* Loop test i's CPU backend: the CPU variant its configuration selects (repack_configs) with
+ * two threads, and the weight type it tests. */
+static bp_backend *repack_backend(int i, enum bp_type *type)
+{
+    const char *const *config = repack_configs[i % N_REPACK_CONFIGS];
+    *type = repack_types[i / N_REPACK_CONFIGS];
+    use_cpu_plugin();
+    if (config[0][0])
+        setenv(config[0], config[1], 1);
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    ck_assert_ptr_nonnull(be);
+    printf("repack %s: %s%s%s\n", bp_type_name(*type),
+           bp_device_get_description(bp_backend_get_device(be)), config[0][0] ? " with " : "",
+           config[0]);
+    return be;
+}
+
 /* MUL_MAT and GET_ROWS with repacked weights against the definition of the type (double sums of
  * the activation as given: the kernel quantises it to Q8_0, hence the conformance tolerance), and
  * against the same product with the weights in host memory. */
@@ -549,14 +566,9 @@ static bp_buffer_type *repack_buft(bp_backend *be)
  * several columns, up to the broadcast kernel's widths); the bytes come back as they went in. */
 START_TEST(test_repack_mul_mat_id)
 {
-    const char *const *config = repack_configs[_i % N_REPACK_CONFIGS];
-    const enum bp_type type = repack_types[_i / N_REPACK_CONFIGS];
+    enum bp_type type;
+    bp_backend *be = repack_backend(_i, &type);
     const size_t bs = bp_type_size(type);
-    use_cpu_plugin();
-    if (config[0][0])
-        setenv(config[0], config[1], 1);
-    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
-    ck_assert_ptr_nonnull(be);
     bp_buffer_type *bt = repack_buft(be);
     enum { K = 256, M = 704, E = 8, U = 2, nblk = K / 32 };
     static const int64_t ts[] = {1, 3, 8, 16, 32, 40};
@@ -656,24 +668,15 @@ START_TEST(test_repack_mul_mat_id)
         bp_context_free(wctx);
     }
     bp_backend_free(be);
-    if (config[0][0])
-        unsetenv(config[0]);
+    unsetenv(repack_configs[_i % N_REPACK_CONFIGS][0]);
 }
 END_TEST
 
 START_TEST(test_repack_mul_mat)
 {
-    const char *const *config = repack_configs[_i % N_REPACK_CONFIGS];
-    const enum bp_type type = repack_types[_i / N_REPACK_CONFIGS];
+    enum bp_type type;
+    bp_backend *be = repack_backend(_i, &type);
     const size_t bs = bp_type_size(type);
-    use_cpu_plugin();
-    if (config[0][0])
-        setenv(config[0], config[1], 1);
-    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
-    ck_assert_ptr_nonnull(be);
-    printf("repack %s: %s%s%s\n", bp_type_name(type),
-           bp_device_get_description(bp_backend_get_device(be)), config[0][0] ? " with " : "",
-           config[0]);
     bp_buffer_type *bt = repack_buft(be);
     ck_assert_str_eq(bp_buffer_type_get_name(bt), "CPU_REPACK");
     ck_assert(!bp_buffer_type_is_host(bt));

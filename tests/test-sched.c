@@ -644,6 +644,15 @@ struct moe_case {
 
 enum { MOE_K = 64, MOE_M = 24, MOE_E = 8, MOE_U = 2, MOE_T = 2 };
 
+/* c's graph made (again, after a source of its nodes changed). */
+static void moe_rebuild(struct moe_case *c)
+{
+    bp_graph_free(c->g);
+    c->g = bp_graph_new(32);
+    ck_assert_int_eq(bp_graph_build_forward(c->g, c->y), BP_OK);
+    ck_assert_int_eq(bp_graph_build_forward(c->g, c->ids), BP_OK);
+}
+
 /* The case with experts of type t in buffers of type bt (the router stays F32). */
 static void moe_case_new_in(struct moe_case *c, enum bp_type t, bp_buffer_type *bt)
 {
@@ -674,9 +683,8 @@ static void moe_case_new_in(struct moe_case *c, enum bp_type t, bp_buffer_type *
     c->y = bp_scale(c->ctx, c->y, 0.5f);
     bp_set_output(c->y);
     bp_set_output(c->ids);
-    c->g = bp_graph_new(32);
-    ck_assert_int_eq(bp_graph_build_forward(c->g, c->y), BP_OK);
-    ck_assert_int_eq(bp_graph_build_forward(c->g, c->ids), BP_OK);
+    c->g = NULL;
+    moe_rebuild(c);
 }
 
 static void moe_case_new(struct moe_case *c)
@@ -705,6 +713,19 @@ static void moe_compute(struct moe_case *c, bp_sched *s, int salt, float *y, int
     ck_assert_int_eq(bp_tensor_get(c->ids, ids, 0, bp_nbytes(c->ids)), BP_OK);
 }
 
+/* The same case through s1 (the reference; ref_case) and s2 (c), inputs from salt: the ids
+ * agree and the results are within nmse of the reference's. ids receives the ids. */
+static void moe_compare(struct moe_case *ref_case, bp_sched *s1, struct moe_case *c, bp_sched *s2,
+                        int salt, double nmse, int32_t ids[MOE_U * MOE_T])
+{
+    float ref[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
+    int32_t ids2[MOE_U * MOE_T];
+    moe_compute(ref_case, s1, salt, ref, ids);
+    moe_compute(c, s2, salt, got, ids2);
+    ck_assert_mem_eq(ids2, ids, sizeof(ids2));
+    assert_close_nmse(got, ref, MOE_M * MOE_U * MOE_T, nmse);
+}
+
 START_TEST(test_used_experts_copied)
 {
     struct moe_case c1, c; /* the same case twice: a graph belongs to one scheduler */
@@ -717,17 +738,13 @@ START_TEST(test_used_experts_copied)
     ck_assert_ptr_nonnull(s2);
     const size_t stride = (size_t)MOE_K * MOE_M * sizeof(float), whole = stride * MOE_E;
     for (int salt = 0; salt < 6; salt++) {
-        float ref[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
-        int32_t ids[MOE_U * MOE_T], ids2[MOE_U * MOE_T];
-        moe_compute(&c1, s1, salt, ref, ids);
+        int32_t ids[MOE_U * MOE_T];
+        const bool used_only = salt % 2 == 0;
+        ck_assert_int_eq(bp_sched_set_used_experts(s2, used_only), BP_OK);
+        moe_compare(&c1, s1, &c, s2, salt, 1e-12, ids);
         size_t eb = 1, ew = 1;
         ck_assert_uint_eq(bp_sched_get_copied_bytes(s1, &eb, &ew), 0); /* one backend: none */
         ck_assert_uint_eq(eb, 0);
-        const bool used_only = salt % 2 == 0;
-        ck_assert_int_eq(bp_sched_set_used_experts(s2, used_only), BP_OK);
-        moe_compute(&c, s2, salt, got, ids2);
-        ck_assert_mem_eq(ids2, ids, sizeof(ids));
-        assert_close_nmse(got, ref, MOE_M * MOE_U * MOE_T, 1e-12);
         ck_assert_ptr_eq(bp_sched_get_tensor_backend(s2, c.y->src[0]), accel);
         /* What the used experts take: runs of consecutive ones, 512 bytes after each run
          * unless it ends with the last expert. */
@@ -752,9 +769,6 @@ START_TEST(test_used_experts_copied)
 }
 END_TEST
 
-/* Ids computed on the backend of MUL_MAT_ID itself (here a CONT pinned there) would not be known
- * when the split's inputs are copied: the scheduler cuts a split before the product, so only
- * the used experts come, and every compute follows the ids of its own inputs. */
 /* Q8_0 experts in the CPU's CPU_REPACK buffer (stored repacked, read in whole blocks), MUL_MAT_ID
  * on the accelerator: the used experts, padding in whole rows, come over unpacked, and the
  * results equal the CPU alone's. */
@@ -771,18 +785,14 @@ START_TEST(test_used_experts_from_repacked)
     bp_sched *s1 = bp_sched_new(alone, NULL, 1, 64, false), *s2 = bp_sched_new(both, NULL, 2, 64,
                                                                                  false);
     for (int salt = 0; salt < 3; salt++) {
-        float ref[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
-        int32_t ids[MOE_U * MOE_T], ids2[MOE_U * MOE_T];
-        moe_compute(&c1, s1, salt, ref, ids);
-        moe_compute(&c, s2, salt, got, ids2);
-        ck_assert_mem_eq(ids2, ids, sizeof(ids));
+        int32_t ids[MOE_U * MOE_T];
+        /* the CPU quantises the activations to Q8_0, the accelerator's reference does not */
+        moe_compare(&c1, s1, &c, s2, salt, 2e-4, ids);
         ck_assert_ptr_eq(bp_sched_get_tensor_backend(s2, c.y->src[0]), accel);
         size_t eb = 0, ew = 0;
         bp_sched_get_copied_bytes(s2, &eb, &ew);
         ck_assert_uint_gt(eb, 0);
         ck_assert_uint_lt(eb, ew);
-        /* the CPU quantises the activations to Q8_0, the accelerator's reference does not */
-        assert_close_nmse(got, ref, MOE_M * MOE_U * MOE_T, 2e-4);
     }
     bp_sched_free(s1);
     bp_sched_free(s2);
@@ -808,12 +818,8 @@ START_TEST(test_expert_cache)
     uint64_t total_hits = 0;
     static const int salts[] = {0, 0, 1, 1, 0, 2, 2, 1};
     for (size_t r = 0; r < sizeof(salts) / sizeof(salts[0]); r++) {
-        float ref[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
-        int32_t ids[MOE_U * MOE_T], ids2[MOE_U * MOE_T];
-        moe_compute(&c1, s1, salts[r], ref, ids);
-        moe_compute(&c, s2, salts[r], got, ids2);
-        ck_assert_mem_eq(ids2, ids, sizeof(ids));
-        assert_close_nmse(got, ref, MOE_M * MOE_U * MOE_T, 1e-12);
+        int32_t ids[MOE_U * MOE_T];
+        moe_compare(&c1, s1, &c, s2, salts[r], 1e-12, ids);
         bool used[MOE_E] = {false};
         int n_used = 0;
         for (int i = 0; i < MOE_U * MOE_T; i++)
@@ -876,20 +882,13 @@ START_TEST(test_experts_from_a_file)
     ck_assert_int_eq(bp_tensor_set(fexps, ev, 0, 4), BP_ERR_UNSUPPORTED);
     ck_assert_error_has(BP_ERR_UNSUPPORTED, "read-only");
     c.y->src[0]->src[0] = fexps; /* the product (under the SCALE) reads the file's experts */
-    bp_graph_free(c.g);          /* and the graph is built again with it */
-    c.g = bp_graph_new(32);
-    ck_assert_int_eq(bp_graph_build_forward(c.g, c.y), BP_OK);
-    ck_assert_int_eq(bp_graph_build_forward(c.g, c.ids), BP_OK);
+    moe_rebuild(&c);
     bp_backend *alone[1] = {cpu};
     bp_sched *s1 = bp_sched_new(alone, NULL, 1, 64, false), *s2 = bp_sched_new(alone, NULL, 1, 64,
                                                                                  false);
     for (int salt = 0; salt < 3; salt++) {
-        float ref[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
-        int32_t ids[MOE_U * MOE_T], ids2[MOE_U * MOE_T];
-        moe_compute(&c1, s1, salt, ref, ids);
-        moe_compute(&c, s2, salt, got, ids2);
-        ck_assert_mem_eq(ids2, ids, sizeof(ids));
-        assert_close_nmse(got, ref, MOE_M * MOE_U * MOE_T, 1e-12);
+        int32_t ids[MOE_U * MOE_T];
+        moe_compare(&c1, s1, &c, s2, salt, 1e-12, ids);
         size_t eb = 0, ew = 0;
         bp_sched_get_copied_bytes(s2, &eb, &ew);
         ck_assert_uint_eq(ew, bytes);
@@ -898,17 +897,9 @@ START_TEST(test_experts_from_a_file)
     /* The experts through a view of the file's tensor: the view is read through its copy. */
     c.y->src[0]->src[0] = bp_view_3d(c.ctx, fexps, MOE_K, MOE_M, MOE_E, fexps->nb[1],
                                      fexps->nb[2], 0);
-    bp_graph_free(c.g);
-    c.g = bp_graph_new(32);
-    ck_assert_int_eq(bp_graph_build_forward(c.g, c.y), BP_OK);
-    ck_assert_int_eq(bp_graph_build_forward(c.g, c.ids), BP_OK);
-    {
-        float ref[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
-        int32_t ids[MOE_U * MOE_T], ids2[MOE_U * MOE_T];
-        moe_compute(&c1, s1, 5, ref, ids);
-        moe_compute(&c, s2, 5, got, ids2);
-        assert_close_nmse(got, ref, MOE_M * MOE_U * MOE_T, 1e-12);
-    }
+    moe_rebuild(&c);
+    int32_t vids[MOE_U * MOE_T];
+    moe_compare(&c1, s1, &c, s2, 5, 1e-12, vids);
     ck_assert_int_eq(truncate(path, 1000), 0);
     ck_assert_int_eq(bp_sched_alloc_graph(s2, c.g), BP_OK);
     ck_assert_int_eq(bp_sched_graph_compute(s2, c.g), BP_ERR_IO);
@@ -928,6 +919,9 @@ START_TEST(test_experts_from_a_file)
 }
 END_TEST
 
+/* Ids computed on the backend of MUL_MAT_ID itself (here a CONT pinned there) would not be known
+ * when the split's inputs are copied: the scheduler cuts a split before the product, so only
+ * the used experts come, and every compute follows the ids of its own inputs. */
 START_TEST(test_ids_made_in_the_split)
 {
     struct moe_case c;
