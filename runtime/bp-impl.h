@@ -108,11 +108,28 @@ struct bp__expert_caches *bp__expert_caches_new(void);
 void bp__expert_caches_free(struct bp__expert_caches *ec);
 void bp__expert_caches_clear(struct bp__expert_caches *ec); /* every cache emptied and freed */
 /* ... copying into copy on backend b, through ec's cache of `slots` experts for src there when
- * slots > 0 (hits from it, misses from src and into it), counting into *stats. */
+ * slots > 0, counting into *stats. With a cache that can hold every used expert, the products
+ * read them in place there instead: swaps[] (room for 2 * 16) then lists the sources to give
+ * them for this compute (the caller swaps them and puts them back after). */
+struct bp__expert_swap {
+    bp_tensor *node;
+    int slot;
+    bp_tensor *to;
+};
 enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backends, int b,
                                       const bp_graph *sg, bp_tensor *src, bp_tensor *copy,
                                       struct bp__expert_caches *ec, int slots,
-                                      struct bp_sched_expert_stats *stats);
+                                      struct bp_sched_expert_stats *stats,
+                                      struct bp__expert_swap *swaps, int *n_swaps);
+/* Queues, for ec's copy thread, the experts of src that ids (known now) names and that the
+ * cache of src on backend b lacks, into its least recently used slots. */
+enum bp_status bp__sched_prefetch_experts(bp_backend *const *backends, int b,
+                                          const bp_tensor *src, const bp_tensor *ids,
+                                          struct bp__expert_caches *ec, int slots,
+                                          struct bp_sched_expert_stats *stats);
+/* Waits for the copy thread's jobs under way and drops those not started, adding the wait and
+ * the copy thread's time into *stats. */
+void bp__expert_caches_drain(struct bp__expert_caches *ec, struct bp_sched_expert_stats *stats);
 /* Whether buf is (or was: freed when it grew) one of ga's compute buffers; compares pointers
  * only, so a freed buffer is never read. */
 bool bp__gallocr_owns(const bp_gallocr *ga, const bp_buffer *buf);

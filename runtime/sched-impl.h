@@ -74,6 +74,12 @@ struct bp_sched {
     bool used_experts; /* copy only the experts MUL_MAT_ID's ids choose (sched-experts.c) */
     int expert_slots;  /* and through caches of this many experts per tensor and device */
     struct bp__expert_caches *expert_caches;
+    struct prediction {
+        const bp_tensor *experts, *ids; /* bp_sched_predict_experts */
+        bool issued;                    /* acted on in the compute under way */
+    } *preds;
+    int n_preds;
+    size_t cap_preds;
     struct bp_sched_expert_stats expert_stats; /* of the last compute */
     size_t copied_bytes, expert_bytes_copied, expert_bytes_total; /* of the last compute */
     int n_copies;

@@ -113,6 +113,42 @@ enum bp_status bp_sched_get_expert_stats(bp_sched *s, struct bp_sched_expert_sta
     return BP_OK;
 }
 
+enum bp_status bp_sched_predict_experts(bp_sched *s, const bp_tensor *experts,
+                                        const bp_tensor *ids)
+{
+    if (s == NULL || experts == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_predict_experts: the scheduler and the "
+                         "experts must not be NULL");
+    if (ids != NULL && (ids->type != BP_TYPE_I32 || !bp_is_contiguous(ids)))
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_predict_experts: the ids %s are %s%s; a "
+                         "prediction takes contiguous I32 expert ids", ids->name,
+                         bp_is_contiguous(ids) ? "" : "a non-contiguous ", bp_type_name(ids->type));
+    if (experts->ne[2] < 2 || experts->ne[3] != 1)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_predict_experts: %s [%lld, %lld, %lld, "
+                         "%lld] is not a stack of experts [K, M, n_expert]", experts->name,
+                         (long long)experts->ne[0], (long long)experts->ne[1],
+                         (long long)experts->ne[2], (long long)experts->ne[3]);
+    if (!bp__sched_enter(s, __func__))
+        return BP_ERR_BUSY;
+    int i = 0;
+    while (i < s->n_preds && s->preds[i].experts != experts)
+        i++;
+    enum bp_status st = BP_OK;
+    if (ids == NULL) { /* removed */
+        if (i < s->n_preds)
+            s->preds[i] = s->preds[--s->n_preds];
+    } else if (i < s->n_preds) {
+        s->preds[i].ids = ids;
+    } else if (!bp__grow((void **)&s->preds, &s->cap_preds, (size_t)s->n_preds + 1,
+                         sizeof(*s->preds), "the scheduler's expert predictions")) {
+        st = bp_last_status();
+    } else {
+        s->preds[s->n_preds++] = (struct prediction){experts, ids, false};
+    }
+    bp__sched_leave(s);
+    return st;
+}
+
 enum bp_status bp_sched_set_used_experts(bp_sched *s, bool on)
 {
     if (s == NULL)

@@ -275,6 +275,7 @@ void bp_sched_free(bp_sched *s)
     bp__free(s->subst);
     bp__free(s->kept_subst);
     bp__free(s->pins);
+    bp__free(s->preds);
     bp__free(s->node_ti);
     bp__expert_caches_free(s->expert_caches);
     bp__free(s);
@@ -325,6 +326,7 @@ void bp_sched_reset(bp_sched *s)
     s->direct = NULL;
     clear_infos(s);
     bp__expert_caches_clear(s->expert_caches); /* the weights may be others from now on */
+    s->n_preds = 0;
     sched_leave(s);
 }
 
@@ -1131,6 +1133,71 @@ static bp_graph *graph_of(bp_sched *s, struct split *sp)
     return s->direct ? s->direct : sp->graph;
 }
 
+/* The index of the split whose graph has node t, or -1 (pointers compared only). */
+static int split_of_node(bp_sched *s, const bp_tensor *t)
+{
+    for (int i = 0; i < s->n_splits; i++) {
+        const bp_graph *g = graph_of(s, &s->splits[i]);
+        bp_tensor *const *nodes = bp__graph_nodes(g);
+        for (int j = 0; j < bp_graph_get_n_nodes(g); j++)
+            if (nodes[j] == t)
+                return i;
+    }
+    return -1;
+}
+
+/* The first split after split k that copies t in as stacked experts, or -1. */
+static int expert_split_after(bp_sched *s, int k, bp_tensor *t)
+{
+    for (int i = k + 1; i < s->n_splits; i++) {
+        struct split *sp = &s->splits[i];
+        for (int j = 0; j < sp->n_inputs; j++) {
+            bool ids_known = false;
+            if (sp->inputs[j] == t &&
+                bp__sched_experts_only(graph_of(s, sp), t, copy_for(s, t, sp->backend),
+                                       &ids_known) && ids_known)
+                return i;
+        }
+    }
+    return -1;
+}
+
+/* Before split sp runs: starts the predictions whose ids an earlier split computed, for experts
+ * a later split copies (sched-experts.c). synced: every backend has finished; otherwise the
+ * backend that computed the ids is waited for first. */
+static enum bp_status prefetch(bp_sched *s, struct split *sp, bool synced)
+{
+    const int k = (int)(sp - s->splits);
+    if (s->expert_slots == 0 || s->expert_caches == NULL || !s->used_experts)
+        return BP_OK;
+    bool waited[BP_SCHED_MAX_BACKENDS] = {false};
+    for (int p = 0; p < s->n_preds; p++) {
+        struct prediction *pr = &s->preds[p];
+        if (pr->issued)
+            continue;
+        const int made = split_of_node(s, pr->ids);
+        if (made < 0 || made >= k)
+            continue; /* not in this graph, or not computed yet */
+        pr->issued = true;
+        const int user = expert_split_after(s, k, (bp_tensor *)pr->experts);
+        if (user < 0 || listed(sp, pr->experts))
+            continue; /* not copied in later, or read by the split about to run (its slots) */
+        const int mb = s->splits[made].backend;
+        if (!synced && !waited[mb]) {
+            enum bp_status st = bp_backend_synchronize(s->backends[mb]);
+            if (st != BP_OK)
+                return st;
+            waited[mb] = true;
+        }
+        enum bp_status st = bp__sched_prefetch_experts(s->backends, s->splits[user].backend,
+                                                       pr->experts, pr->ids, s->expert_caches,
+                                                       s->expert_slots, &s->expert_stats);
+        if (st != BP_OK)
+            return st;
+    }
+    return BP_OK;
+}
+
 static enum bp_status copy_inputs(bp_sched *s, struct split *sp)
 {
     bp_backend *be = s->backends[sp->backend];
@@ -1186,9 +1253,16 @@ static enum bp_status copy_inputs(bp_sched *s, struct split *sp)
             continue;
         bp_tensor *src = sp->inputs[j];
         const size_t before = s->expert_stats.bytes_from_source;
+        struct bp__expert_swap swaps[32];
+        int n_swaps = 0;
         enum bp_status st = bp__sched_copy_experts(
             s->backends, s->n_backends, sp->backend, graph_of(s, sp), src,
-            copy_for(s, src, sp->backend), s->expert_caches, s->expert_slots, &s->expert_stats);
+            copy_for(s, src, sp->backend), s->expert_caches, s->expert_slots, &s->expert_stats,
+            swaps, &n_swaps);
+        /* The products read the experts in place in a cache: given its slots and mapped ids
+         * for this compute (put back with the split's own swaps when it ends). */
+        for (int i = 0; i < n_swaps && st == BP_OK; i++)
+            st = substitute(s, swaps[i].node, swaps[i].slot, swaps[i].to);
         const size_t bytes = s->expert_stats.bytes_from_source - before;
         s->copied_bytes += bytes;
         s->expert_bytes_copied += bytes;
@@ -1196,7 +1270,9 @@ static enum bp_status copy_inputs(bp_sched *s, struct split *sp)
         if (st != BP_OK)
             return st;
     }
-    return BP_OK;
+    /* Predictions made so far start loading (after the deferred copies every backend has
+     * finished: the ids were read). */
+    return s->n_preds > 0 ? prefetch(s, sp, n_deferred > 0) : BP_OK;
 }
 
 /* Runs nodes [i0, i1) of split sp with the eval callback asking about each. Returns false in
@@ -1288,6 +1364,8 @@ static enum bp_status graph_compute_async(bp_sched *s, bp_graph *g)
     s->allocated = NULL;
     s->copied_bytes = s->expert_bytes_copied = s->expert_bytes_total = 0;
     memset(&s->expert_stats, 0, sizeof(s->expert_stats));
+    for (int p = 0; p < s->n_preds; p++)
+        s->preds[p].issued = false;
     bool stop = false;
     for (int i = 0; i < s->n_splits && st == BP_OK && !stop; i++) {
         struct split *sp = &s->splits[i];
@@ -1304,6 +1382,9 @@ static enum bp_status graph_compute_async(bp_sched *s, bp_graph *g)
             s->recorded[sp->backend][s->cur_copy] = st == BP_OK;
         }
     }
+    /* Prefetches still under way are waited for, the rest dropped: the caller may change the
+     * weights once this returns. */
+    bp__expert_caches_drain(s->expert_caches, &s->expert_stats);
     if (st != BP_OK)
         s->kept = NULL; /* split again next time */
     if (s->parallel)

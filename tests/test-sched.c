@@ -974,6 +974,229 @@ START_TEST(test_ids_made_in_the_split)
 }
 END_TEST
 
+/* Two layers of experts over the same activations: the second layer's ids come from a router
+ * computed after the first layer's product, and pred, made before it, predicts them exactly
+ * (the same router on the same input). */
+struct moe2 {
+    bp_context *wctx, *ctx;
+    bp_buffer *wbuf;
+    bp_tensor *r1, *r2, *e1, *e2, *x, *pred, *ids1, *ids2, *y;
+    bp_graph *g;
+};
+
+static void moe2_fill(bp_tensor *t, int mul, int mod)
+{
+    const int64_t n = bp_nelements(t);
+    float *v = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (float)((i * mul) % mod) / (float)(mod / 2) - 1.0f;
+    ck_assert_int_eq(bp_tensor_set(t, v, 0, (size_t)n * sizeof(float)), BP_OK);
+    free(v);
+}
+
+/* The layers, the second layer's experts e2 (NULL: a stack of its own, in host memory). */
+static void moe2_new(struct moe2 *m, bp_tensor *e2)
+{
+    m->wctx = bp_context_new(4);
+    m->r1 = bp_new_tensor_2d(m->wctx, BP_TYPE_F32, MOE_K, MOE_E);
+    m->r2 = bp_new_tensor_2d(m->wctx, BP_TYPE_F32, MOE_K, MOE_E);
+    m->e1 = bp_new_tensor_3d(m->wctx, BP_TYPE_F32, MOE_K, MOE_M, MOE_E);
+    m->e2 = e2 != NULL ? e2 : bp_new_tensor_3d(m->wctx, BP_TYPE_F32, MOE_K, MOE_M, MOE_E);
+    m->wbuf = bp_alloc_ctx_tensors(m->wctx, bp_host_buffer_type());
+    ck_assert_ptr_nonnull(m->wbuf);
+    bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
+    moe2_fill(m->r1, 53, 97);
+    moe2_fill(m->r2, 31, 89);
+    moe2_fill(m->e1, 37, 101);
+    if (e2 == NULL)
+        moe2_fill(m->e2, 41, 103);
+    m->ctx = bp_context_new(32);
+    m->x = bp_new_tensor_2d(m->ctx, BP_TYPE_F32, MOE_K, MOE_T);
+    bp_set_input(m->x);
+    bp_tensor *x3 = bp_reshape_3d(m->ctx, m->x, MOE_K, 1, MOE_T);
+    m->g = bp_graph_new(64);
+    m->pred = bp_top_k(m->ctx, bp_mul_mat(m->ctx, m->r2, m->x), MOE_U);
+    bp_set_output(m->pred);
+    ck_assert_int_eq(bp_graph_build_forward(m->g, m->pred), BP_OK);
+    m->ids1 = bp_top_k(m->ctx, bp_mul_mat(m->ctx, m->r1, m->x), MOE_U);
+    bp_tensor *y1 = bp_mul_mat_id(m->ctx, m->e1, x3, m->ids1);
+    ck_assert_int_eq(bp_graph_build_forward(m->g, y1), BP_OK);
+    m->ids2 = bp_top_k(m->ctx, bp_mul_mat(m->ctx, m->r2, m->x), MOE_U);
+    bp_set_output(m->ids1);
+    bp_set_output(m->ids2);
+    m->y = bp_add(m->ctx, y1, bp_mul_mat_id(m->ctx, m->e2, x3, m->ids2));
+    bp_set_output(m->y);
+    ck_assert_int_eq(bp_graph_build_forward(m->g, m->y), BP_OK);
+}
+
+static void moe2_free(struct moe2 *m)
+{
+    bp_graph_free(m->g);
+    bp_context_free(m->ctx);
+    bp_buffer_free(m->wbuf);
+    bp_context_free(m->wctx);
+}
+
+/* Computes m through s with inputs from salt; the status, and y when it is BP_OK. */
+static enum bp_status moe2_compute(struct moe2 *m, bp_sched *s, int salt, float *y)
+{
+    ck_assert_int_eq(bp_sched_alloc_graph(s, m->g), BP_OK);
+    float xv[MOE_K * MOE_T];
+    for (int i = 0; i < MOE_K * MOE_T; i++)
+        xv[i] = (float)(((i + 1) * (salt + 5)) % 31) / 15.0f - 1.0f;
+    ck_assert_int_eq(bp_tensor_set(m->x, xv, 0, sizeof(xv)), BP_OK);
+    enum bp_status st = bp_sched_graph_compute(s, m->g);
+    if (st == BP_OK)
+        ck_assert_int_eq(bp_tensor_get(m->y, y, 0, bp_nbytes(m->y)), BP_OK);
+    return st;
+}
+
+/* The distinct experts t (ids) names. */
+static int distinct_ids(const bp_tensor *t)
+{
+    int32_t v[MOE_U * MOE_T];
+    bool seen[MOE_E] = {false};
+    int n = 0;
+    ck_assert_int_eq(bp_tensor_get(t, v, 0, sizeof(v)), BP_OK);
+    for (int i = 0; i < MOE_U * MOE_T; i++)
+        if (!seen[v[i]])
+            seen[v[i]] = true, n++;
+    return n;
+}
+
+/* Prefetch: with the second layer's experts predicted exactly, the copy thread loads them
+ * into the accelerator's cache while the first layer computes, and the second product finds
+ * every one there; a wrong prediction changes nothing but copies; a prediction whose ids are
+ * not in the graph, or without a cache, does nothing; bad predictions are refused. */
+START_TEST(test_expert_prefetch)
+{
+    struct moe2 ref, m;
+    moe2_new(&ref, NULL);
+    moe2_new(&m, NULL);
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    bp_sched *s1 = bp_sched_new(alone, NULL, 1, 64, false);
+    bp_sched *s2 = bp_sched_new(both, NULL, 2, 64, false);
+    ck_assert_int_eq(bp_sched_set_expert_cache(s2, 4), BP_OK);
+    ck_assert_int_eq(bp_sched_predict_experts(s2, m.e2, m.pred), BP_OK);
+    const size_t stride = (size_t)MOE_K * MOE_M * sizeof(float);
+    float want[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
+    for (int salt = 0; salt < 6; salt++) {
+        ck_assert_int_eq(moe2_compute(&ref, s1, salt, want), BP_OK);
+        ck_assert_msg(moe2_compute(&m, s2, salt, got) == BP_OK, "%s", bp_last_error());
+        assert_close_nmse(got, want, MOE_M * MOE_U * MOE_T, 1e-12);
+        ck_assert_ptr_eq(bp_sched_get_tensor_backend(s2, m.y), accel);
+        struct bp_sched_expert_stats st;
+        ck_assert_int_eq(bp_sched_get_expert_stats(s2, &st), BP_OK);
+        const int n1 = distinct_ids(m.ids1), n2 = distinct_ids(m.ids2);
+        ck_assert_uint_eq(st.hits + st.misses, (uint64_t)(n1 + n2));
+        ck_assert_uint_eq(st.bytes_prefetched, st.prefetched * stride);
+        ck_assert_uint_eq(st.prefetch_hits, st.prefetched); /* exact: every one used */
+        if (salt == 0) { /* empty caches: the first layer's all misses, the second's loaded */
+            ck_assert_uint_eq(st.misses, (uint64_t)n1);
+            ck_assert_uint_eq(st.prefetched, (uint64_t)n2);
+        }
+        ck_assert(st.copy_seconds >= 0 && st.wait_seconds >= 0 && st.prefetch_seconds >= 0);
+        if (st.prefetched > 0)
+            ck_assert(st.prefetch_seconds > 0);
+    }
+    /* A wrong prediction (the first layer's ids): the same results. */
+    ck_assert_int_eq(bp_sched_predict_experts(s2, m.e2, m.ids1), BP_OK);
+    for (int salt = 6; salt < 9; salt++) {
+        ck_assert_int_eq(moe2_compute(&ref, s1, salt, want), BP_OK);
+        ck_assert_int_eq(moe2_compute(&m, s2, salt, got), BP_OK);
+        assert_close_nmse(got, want, MOE_M * MOE_U * MOE_T, 1e-12);
+        struct bp_sched_expert_stats st;
+        bp_sched_get_expert_stats(s2, &st);
+        ck_assert_uint_le(st.prefetch_hits, st.prefetched);
+    }
+    /* Ids not in the graph, a removed prediction, no cache: nothing prefetched. */
+    bp_context *other = bp_context_new(1);
+    bp_tensor *stray = bp_new_tensor_2d(other, BP_TYPE_I32, MOE_U, MOE_T);
+    for (int round = 0; round < 3; round++) {
+        if (round == 0)
+            ck_assert_int_eq(bp_sched_predict_experts(s2, m.e2, stray), BP_OK);
+        else if (round == 1)
+            ck_assert_int_eq(bp_sched_predict_experts(s2, m.e2, NULL), BP_OK);
+        else {
+            ck_assert_int_eq(bp_sched_predict_experts(s2, m.e2, m.pred), BP_OK);
+            ck_assert_int_eq(bp_sched_set_expert_cache(s2, 0), BP_OK);
+        }
+        ck_assert_int_eq(moe2_compute(&ref, s1, round, want), BP_OK);
+        ck_assert_int_eq(moe2_compute(&m, s2, round, got), BP_OK);
+        assert_close_nmse(got, want, MOE_M * MOE_U * MOE_T, 1e-12);
+        struct bp_sched_expert_stats st;
+        bp_sched_get_expert_stats(s2, &st);
+        ck_assert_uint_eq(st.prefetched, 0);
+        ck_assert_uint_eq(st.prefetch_hits, 0);
+    }
+    /* Refused: ids that are not I32, experts that are not a stack, no scheduler. */
+    ck_assert_int_eq(bp_sched_predict_experts(s2, m.e2, m.x), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "contiguous I32");
+    ck_assert_int_eq(bp_sched_predict_experts(s2, m.r2, m.pred), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "not a stack of experts");
+    ck_assert_int_eq(bp_sched_predict_experts(NULL, m.e2, m.pred), BP_ERR_INVALID_ARG);
+    ck_assert_int_eq(bp_sched_predict_experts(s2, NULL, m.pred), BP_ERR_INVALID_ARG);
+    bp_context_free(other);
+    bp_sched_free(s1);
+    bp_sched_free(s2);
+    moe2_free(&m);
+    moe2_free(&ref);
+}
+END_TEST
+
+/* The second layer's experts in a file, prefetched by the copy thread: the same results as from
+ * memory; when the file shrinks, the copy thread's failure leaves the slot empty and the
+ * compute itself reports the file's change, with nothing crashing. */
+START_TEST(test_prefetch_from_a_file)
+{
+    struct moe2 ref, m;
+    moe2_new(&ref, NULL);
+    const size_t bytes = bp_nbytes(ref.e2);
+    float *ev = malloc(bytes);
+    ck_assert_int_eq(bp_tensor_get(ref.e2, ev, 0, bytes), BP_OK);
+    char path[] = "/tmp/bp-test-prefetch-XXXXXX";
+    const int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, ev, bytes), (ssize_t)bytes);
+    close(fd);
+    bp_context *fctx = bp_context_new(1);
+    bp_tensor *fe = bp_new_tensor_3d(fctx, BP_TYPE_F32, MOE_K, MOE_M, MOE_E);
+    bp_buffer *fbuf = bp_buffer_from_file(path, 0, bytes);
+    ck_assert_ptr_nonnull(fbuf);
+    ck_assert_int_eq(bp_buffer_place_tensor(fbuf, fe, bp_buffer_get_base(fbuf)), BP_OK);
+    bp_buffer_set_usage(fbuf, BP_BUFFER_USAGE_WEIGHTS);
+    moe2_new(&m, fe);
+    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+    bp_sched *s1 = bp_sched_new(alone, NULL, 1, 64, false);
+    bp_sched *s2 = bp_sched_new(both, NULL, 2, 64, false);
+    ck_assert_int_eq(bp_sched_set_expert_cache(s2, 2), BP_OK);
+    ck_assert_int_eq(bp_sched_predict_experts(s2, m.e2, m.pred), BP_OK);
+    float want[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
+    uint64_t prefetched = 0;
+    for (int salt = 0; salt < 4; salt++) {
+        ck_assert_int_eq(moe2_compute(&ref, s1, salt, want), BP_OK);
+        ck_assert_msg(moe2_compute(&m, s2, salt, got) == BP_OK, "%s", bp_last_error());
+        assert_close_nmse(got, want, MOE_M * MOE_U * MOE_T, 1e-12);
+        struct bp_sched_expert_stats st;
+        bp_sched_get_expert_stats(s2, &st);
+        prefetched += st.prefetched;
+    }
+    ck_assert_uint_gt(prefetched, 0);
+    ck_assert_int_eq(truncate(path, 100), 0);
+    for (int salt = 10; salt < 13; salt++) /* new experts each time: read from the file */
+        ck_assert_int_eq(moe2_compute(&m, s2, salt, got), BP_ERR_IO);
+    ck_assert_error_has(BP_ERR_IO, "changed on disk");
+    unlink(path);
+    bp_sched_free(s1);
+    bp_sched_free(s2);
+    moe2_free(&m);
+    moe2_free(&ref);
+    bp_buffer_free(fbuf);
+    bp_context_free(fctx);
+    free(ev);
+}
+END_TEST
+
 START_TEST(test_more_inputs_than_a_split_holds)
 {
     bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
@@ -1138,6 +1361,8 @@ int main(void)
         {test_ids_made_in_the_split, "ids_made_in_the_split"},
         {test_experts_from_a_file, "experts_from_a_file"},
         {test_expert_cache, "expert_cache"},
+        {test_expert_prefetch, "expert_prefetch"},
+        {test_prefetch_from_a_file, "prefetch_from_a_file"},
         {test_used_experts_from_repacked, "used_experts_from_repacked"},
         {test_foreign_view_inside_a_split, "foreign_view_inside_a_split"},
         {test_recompute_unchanged_graph, "recompute_unchanged"},

@@ -349,6 +349,22 @@ static bp_tensor *moe_ffn(bp_context *ctx, const struct model_config *c,
     return sum != NULL ? bp_cont(ctx, sum) : NULL;
 }
 
+/* The experts predicted for layer l from a hidden state normed (before its weight): the
+ * layer's router after its norm weight (softmax keeps the order), the m->predict_experts most
+ * likely per token, most likely first; an output of the step's graph, expanded into it now, so
+ * that it is computed before the experts of the layers before l run and the scheduler can load
+ * them meanwhile (bp_sched_predict_experts). NULL with the error. */
+static bp_tensor *predict(bp_context *ctx, const struct model *m, struct model_step *st,
+                          const struct model_layer *l, bp_tensor *normed)
+{
+    const int n = m->predict_experts < m->cfg.n_expert ? m->predict_experts : m->cfg.n_expert;
+    bp_tensor *p = normed != NULL ? bp_mul(ctx, normed, l->ffn_norm) : NULL;
+    if (p == NULL || (p = bp_top_k(ctx, bp_mul_mat(ctx, l->ffn_gate_inp, p), n)) == NULL)
+        return NULL;
+    bp_set_output(p);
+    return bp_graph_build_forward(st->graph, p) == BP_OK ? p : NULL;
+}
+
 enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, struct model_step *st)
 {
     const struct model_config *c = &m->cfg;
@@ -371,6 +387,11 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
     st->graph = bp_graph_new(n_nodes * 2);
     if (st->ctx == NULL || st->graph == NULL)
         goto fail;
+    if (m->predict_experts > 0 && c->n_expert > 0 &&
+        (st->pred = calloc((size_t)c->n_layer, sizeof(*st->pred))) == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "out of memory for the expert predictions");
+        goto fail;
+    }
     bp_context *ctx = st->ctx;
     CHECK(st->tokens = bp_set_name(bp_new_tensor_1d(ctx, BP_TYPE_I32, T), "tokens"));
     CHECK(st->pos = bp_set_name(bp_new_tensor_1d(ctx, BP_TYPE_I32, T), "pos"));
@@ -385,6 +406,8 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
 
     bp_tensor *x, *cur;
     CHECK(x = bp_get_rows(ctx, m->tok_embd, st->tokens));
+    if (st->pred != NULL) /* layer 0's from the embeddings alone */
+        CHECK(st->pred[0] = predict(ctx, m, st, &m->layers[0], bp_rms_norm(ctx, x, eps)));
     for (int il = 0; il < c->n_layer; il++) {
         const struct model_layer *l = &m->layers[il];
         CHECK(cur = bp_rms_norm(ctx, x, eps));
@@ -458,6 +481,8 @@ enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, stru
         CHECK(x = bp_add(ctx, x, cur));
 
         CHECK(cur = bp_rms_norm(ctx, x, eps));
+        if (st->pred != NULL && il + 1 < c->n_layer)
+            CHECK(st->pred[il + 1] = predict(ctx, m, st, &m->layers[il + 1], cur));
         CHECK(cur = bp_mul(ctx, cur, l->ffn_norm));
         if (l->ffn_gate_exps != NULL) {
             CHECK(cur = moe_ffn(ctx, c, l, cur));
@@ -519,6 +544,7 @@ enum bp_status model_step_inputs(const struct model_step *st, const int32_t *tok
 
 void model_step_free(struct model_step *st)
 {
+    free(st->pred);
     bp_graph_free(st->graph);
     bp_context_free(st->ctx);
     memset(st, 0, sizeof(*st));

@@ -62,6 +62,8 @@ struct model {
     bool half_precision; /* every MUL_MAT under BP_MM_PRECISION_HALF; set before building */
     bool flash_attn; /* attention as one FLASH_ATTN_EXT (no mask input) rather than MUL_MAT,
                       * SOFT_MAX, MUL_MAT; set before building steps */
+    int predict_experts; /* steps also predict each next layer's this many most likely experts
+                          * per token (model_step.pred); 0: no prediction */
 };
 
 /* Where the model's memory goes. Each tensor must live where a backend that runs its ops
@@ -116,6 +118,10 @@ struct model_step {
     bp_tensor *tokens, *pos, *mask, *logits;
     int n_tok, pos0;
     int kv; /* cache positions the step's attention reads (padded for one token) */
+    /* With model.predict_experts: per layer, the experts predicted for it, most likely first
+     * (I32 [predict_experts, T]: the layer's router applied to the previous layer's MLP input),
+     * NULL for layer 0. */
+    bp_tensor **pred;
 };
 
 enum bp_status model_step_build(const struct model *m, int n_tok, int pos0, struct model_step *st);

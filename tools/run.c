@@ -62,6 +62,9 @@ struct run_opts {
     int expert_cache;       /* --expert-cache N: experts cached per stacked tensor on the device
                              * that runs MUL_MAT_ID (0: none) */
     bool expert_cache_given, expert_copies_given;
+    int expert_prefetch; /* --expert-prefetch on|off: predict each next layer's experts and load
+                          * them into the cache meanwhile (-1: on with a cache) */
+    bool no_expert_stream; /* --no-expert-stream: whole stacked experts, no cache, no prefetch */
     const char *dot; /* --dot FILE, opened by cmd_run as dot_file before anything runs */
     FILE *dot_file;
 };
@@ -91,6 +94,11 @@ struct run_result {
      * experts, and what those experts would have taken whole. */
     double gen_copied, gen_expert_copied, gen_expert_whole;
     double gen_hits, gen_misses; /* used experts copied from the cache, from their source */
+    /* Prefetch over the generation steps: experts loaded ahead, of the used ones those found
+     * because of it, and seconds the computing thread copied experts, waited for the copy
+     * thread, and the copy thread copied. */
+    bool prefetch; /* next layers' experts predicted and prefetched */
+    double gen_prefetched, gen_prefetch_hits, gen_copy_s, gen_wait_s, gen_prefetch_s;
     int embd_on, kv_on; /* ... the token embedding table, the KV cache */
     bool flash_attn;    /* attention as FLASH_ATTN_EXT */
     size_t weight_part_bytes[MAX_BACKENDS]; /* weights on a meta device: what each part holds */
@@ -207,7 +215,18 @@ static enum bp_status step(bp_sched *s, const struct model *m, int n_tok, int po
         if (rc != BP_OK)
             return rc;
         bp_sched_reset(s);
-        rc = bp_sched_alloc_graph(s, st->graph);
+        for (int il = 0; st->pred != NULL && il < m->cfg.n_layer && rc == BP_OK; il++) {
+            const struct model_layer *l = &m->layers[il];
+            if (st->pred[il] == NULL)
+                continue;
+            rc = bp_sched_predict_experts(s, l->ffn_gate_exps, st->pred[il]);
+            if (rc == BP_OK)
+                rc = bp_sched_predict_experts(s, l->ffn_up_exps, st->pred[il]);
+            if (rc == BP_OK)
+                rc = bp_sched_predict_experts(s, l->ffn_down_exps, st->pred[il]);
+        }
+        if (rc == BP_OK)
+            rc = bp_sched_alloc_graph(s, st->graph);
     }
     if (rc == BP_OK)
         rc = model_step_inputs(st, tokens);
@@ -519,6 +538,14 @@ static bool load_model(struct run *run)
         fprintf(stderr, "\r%*s\r", 60, "");
     run->m.flash_attn = r->flash_attn;
     run->m.half_precision = o->half;
+    /* As many experts predicted as the cache holds (at least those used): the copy thread
+     * fills the slots this layer leaves free with the most likely ones. */
+    if (o->expert_prefetch != 0 && o->expert_cache > 0 && !o->expert_copies_all &&
+        run->cfg->n_expert > 0)
+        run->m.predict_experts = o->expert_cache > run->cfg->n_expert_used
+                                     ? o->expert_cache
+                                     : run->cfg->n_expert_used;
+    run->r->prefetch = run->m.predict_experts > 0;
     record_model_buffers(run);
     return true;
 }
@@ -628,6 +655,11 @@ static bool generate(struct run *run)
         if (bp_sched_get_expert_stats(run->s, &xs) == BP_OK) {
             r->gen_hits += (double)xs.hits;
             r->gen_misses += (double)xs.misses;
+            r->gen_prefetched += (double)xs.prefetched;
+            r->gen_prefetch_hits += (double)xs.prefetch_hits;
+            r->gen_copy_s += xs.copy_seconds;
+            r->gen_wait_s += xs.wait_seconds;
+            r->gen_prefetch_s += xs.prefetch_seconds;
         }
         r->tokens[i] = argmax(logits, n_vocab);
         progress(run->show, run->started, "generating", i + 1, o->n_gen);
@@ -738,6 +770,14 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
             printf("; cache of %d per tensor: %.0f hits, %.0f misses (%.1f%% hits)",
                    o->expert_cache, r->gen_hits, r->gen_misses,
                    100.0 * r->gen_hits / (r->gen_hits + r->gen_misses));
+        if (r->prefetch && o->n_gen > 1)
+            printf("; prefetch: %.0f experts loaded ahead, %.0f of them used; per generated "
+                   "token %.3f ms copying, %.3f ms waiting, %.3f ms prefetching alongside",
+                   r->gen_prefetched, r->gen_prefetch_hits, 1e3 * r->gen_copy_s / (o->n_gen - 1),
+                   1e3 * r->gen_wait_s / (o->n_gen - 1), 1e3 * r->gen_prefetch_s / (o->n_gen - 1));
+        else if (o->n_gen > 1 && r->gen_expert_whole > 0)
+            printf("; %.3f ms per generated token copying experts",
+                   1e3 * r->gen_copy_s / (o->n_gen - 1));
         printf("\n");
     }
     printf("attention:  %s, %s KV cache\n",
@@ -828,6 +868,13 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
         json_member_int(&w, "expert_cache", o->expert_cache);
         json_member_double(&w, "expert_cache_hits", r->gen_hits, 10);
         json_member_double(&w, "expert_cache_misses", r->gen_misses, 10);
+        json_member_bool(&w, "expert_prefetch", r->prefetch);
+        json_member_double(&w, "experts_prefetched", r->gen_prefetched, 10);
+        json_member_double(&w, "experts_prefetch_hits", r->gen_prefetch_hits, 10);
+        json_member_double(&w, "expert_copy_seconds_per_token", r->gen_copy_s / steps, 10);
+        json_member_double(&w, "expert_wait_seconds_per_token", r->gen_wait_s / steps, 10);
+        json_member_double(&w, "expert_prefetch_seconds_per_token", r->gen_prefetch_s / steps,
+                           10);
     }
     json_member_int(&w, "prompt_tokens", o->n_prompt);
     json_member_int(&w, "prompt_splits", r->prompt_splits);
@@ -867,7 +914,8 @@ static void run_usage(FILE *f)
                "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
                "                     [--seed N] [--check] [--json] [--dot FILE] [--no-repack]\n"
                "                     [--experts-on DEVICE] [--expert-copies used|all]\n"
-               "                     [--expert-cache N]\n"
+               "                     [--expert-cache N] [--expert-prefetch on|off]\n"
+               "                     [--no-expert-stream]\n"
                "       backplane run --model M [--wtype T] [--seed N] --save-gguf FILE\n"
                "\n"
                "  --gguf FILE the model of a llama-architecture GGUF file (llama, mistral, qwen2)\n"
@@ -903,7 +951,12 @@ static void run_usage(FILE *f)
                "  --expert-copies used (default) copies only the experts the router chose;\n"
                "              all copies the whole stacked tensors\n"
                "  --expert-cache N keep N experts of each stacked tensor on the device that\n"
-               "              runs MUL_MAT_ID and copy the ones it holds from there (0: none)\n");
+               "              runs MUL_MAT_ID and copy the ones it holds from there (0: none)\n"
+               "  --expert-prefetch on (default with a cache) predicts each next layer's\n"
+               "              experts (its router on this layer's MLP input) and loads them\n"
+               "              into the cache on a copy thread while this layer computes\n"
+               "  --no-expert-stream copy whole stacked experts, as any other weight: no\n"
+               "              used-expert copies, no cache, no prefetch\n");
 }
 
 static const char run_cmd[] = "backplane run";
@@ -992,6 +1045,12 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
             o->dot = v;
         } else if (strcmp(a, "--experts-on") == 0 && v) {
             o->experts_on = v;
+        } else if (strcmp(a, "--expert-prefetch") == 0 && v) {
+            if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0) {
+                fprintf(stderr, "backplane run: --expert-prefetch is on or off, not '%s'\n", v);
+                return 2;
+            }
+            o->expert_prefetch = strcmp(v, "on") == 0;
         } else if (strcmp(a, "--expert-copies") == 0 && v) {
             if (strcmp(v, "used") != 0 && strcmp(v, "all") != 0) {
                 fprintf(stderr, "backplane run: --expert-copies is used or all, not '%s'\n", v);
@@ -1007,6 +1066,8 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
                 o->json = true;
             } else if (strcmp(a, "--no-repack") == 0) {
                 o->no_repack = true;
+            } else if (strcmp(a, "--no-expert-stream") == 0) {
+                o->no_expert_stream = true;
             } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
                 run_usage(stdout);
                 return 0;
@@ -1100,13 +1161,31 @@ static int check_run_opts(struct run_opts *o)
                 run_cmd);
         return 2;
     }
-    if ((o->experts_on != NULL || o->expert_cache_given || o->expert_copies_given) &&
+    if ((o->experts_on != NULL || o->expert_cache_given || o->expert_copies_given ||
+         o->expert_prefetch >= 0 || o->no_expert_stream) &&
         o->cfg->n_expert == 0) {
         fprintf(stderr, "%s: %s applies to a model with experts; '%s' has none\n", run_cmd,
-                o->experts_on != NULL ? "--experts-on"
-                : o->expert_cache_given ? "--expert-cache"
-                                        : "--expert-copies",
+                o->experts_on != NULL    ? "--experts-on"
+                : o->expert_cache_given  ? "--expert-cache"
+                : o->expert_copies_given ? "--expert-copies"
+                : o->no_expert_stream    ? "--no-expert-stream"
+                                         : "--expert-prefetch",
                 o->cfg->name);
+        return 2;
+    }
+    if (o->no_expert_stream && ((o->expert_copies_given && !o->expert_copies_all) ||
+                                o->expert_cache > 0 || o->expert_prefetch == 1)) {
+        fprintf(stderr, "%s: --no-expert-stream copies whole stacked experts, without a cache or "
+                "prefetch; it does not go with %s\n", run_cmd,
+                o->expert_cache > 0 ? "--expert-cache" : o->expert_prefetch == 1
+                ? "--expert-prefetch on" : "--expert-copies used");
+        return 2;
+    }
+    if (o->no_expert_stream)
+        o->expert_copies_all = true;
+    if (o->expert_prefetch == 1 && (o->expert_cache == 0 || o->expert_copies_all)) {
+        fprintf(stderr, "%s: --expert-prefetch on loads predicted experts into the expert cache: "
+                "give --expert-cache N (and not --expert-copies all)\n", run_cmd);
         return 2;
     }
     if (o->cfg->kv_type == BP_TYPE_Q8_0 && o->flash_attn == 0) {
@@ -1236,7 +1315,8 @@ static int run_cmd_main(struct run_opts *o);
 int cmd_run(int argc, char **argv)
 {
     struct run_opts o = {.cfg = model_config_by_name("tiny"), .wtype = BP_TYPE_F32,
-                         .n_prompt = 32, .n_gen = 16, .seed = 1, .flash_attn = -1};
+                         .n_prompt = 32, .n_gen = 16, .seed = 1, .flash_attn = -1,
+                         .expert_prefetch = -1};
     int status = parse_run_args(argc, argv, &o);
     if (status < 0)
         status = check_run_opts(&o);

@@ -92,10 +92,31 @@ BP_API enum bp_status bp_sched_set_used_experts(bp_sched *sched, bool on);
  * calling this again empties every cache. Where a cache cannot be allocated the experts come
  * from their source, with a warning logged once. */
 BP_API enum bp_status bp_sched_set_expert_cache(bp_sched *sched, int slots);
+/* Prefetch: ids, a node of the graphs computed (I32, contiguous, like a MUL_MAT_ID's ids),
+ * predicts which experts of experts (stacked weights copied as bp_sched_set_used_experts
+ * describes) a later MUL_MAT_ID will use: for instance the next layer's router applied to the
+ * current hidden state. Once the split computing ids has run, when the scheduler next copies
+ * experts (it then knows every backend has finished), a copy thread of the scheduler starts
+ * loading the predicted experts into experts' cache on the backend that will read them, while
+ * the graph computes on; that product then finds them there. It needs an expert cache
+ * (bp_sched_set_expert_cache; without one a prediction does nothing), fills at most the
+ * cache's slots that this compute does not need, and never changes results: a wrong
+ * prediction costs copies only. Every compute waits at its end for the copy under way and
+ * drops the jobs not started, so nothing is copied while the caller has control. A prediction
+ * stays until replaced (the same experts again), removed (ids NULL) or bp_sched_reset; one
+ * whose ids are not a node of the graph computed is ignored (only the pointer is compared). */
+BP_API enum bp_status bp_sched_predict_experts(bp_sched *sched, const bp_tensor *experts,
+                                               const bp_tensor *ids);
 struct bp_sched_expert_stats {
     uint64_t hits, misses;    /* used experts copied from a cache, and from their source */
     size_t bytes_from_source; /* experts and their padding, copied between backends */
     size_t bytes_from_cache;  /* copied within a device from its cache */
+    uint64_t prefetched;      /* experts the copy thread loaded into caches ahead of use */
+    uint64_t prefetch_hits;   /* used experts found in a slot a prefetch filled */
+    size_t bytes_prefetched;  /* copied between backends by the copy thread */
+    double copy_seconds;      /* the computing thread copying experts itself */
+    double wait_seconds;      /* the computing thread waiting for the copy thread */
+    double prefetch_seconds;  /* the copy thread copying (in parallel, less what was waited) */
 };
 /* What the last compute's expert copies did (zeros before any compute). */
 BP_API enum bp_status bp_sched_get_expert_stats(bp_sched *sched,
