@@ -119,8 +119,8 @@ struct model_step {
     int n_tok, pos0;
     int kv; /* cache positions the step's attention reads (padded for one token) */
     /* With model.predict_experts: per layer, the experts predicted for it, most likely first
-     * (I32 [predict_experts, T]: the layer's router applied to the previous layer's MLP input),
-     * NULL for layer 0. */
+     * (I32 [predict_experts, T]: the layer's router applied to the previous layer's MLP input,
+     * layer 0's to the token embeddings). */
     bp_tensor **pred;
 };
 

@@ -98,7 +98,8 @@ struct run_result {
      * because of it, and seconds the computing thread copied experts, waited for the copy
      * thread, and the copy thread copied. */
     bool prefetch; /* next layers' experts predicted and prefetched */
-    double gen_prefetched, gen_prefetch_hits, gen_copy_s, gen_wait_s, gen_prefetch_s;
+    double gen_prefetched, gen_prefetch_hits, gen_prefetch_bytes, gen_copy_s, gen_wait_s,
+        gen_prefetch_s;
     int embd_on, kv_on; /* ... the token embedding table, the KV cache */
     bool flash_attn;    /* attention as FLASH_ATTN_EXT */
     size_t weight_part_bytes[MAX_BACKENDS]; /* weights on a meta device: what each part holds */
@@ -657,6 +658,7 @@ static bool generate(struct run *run)
             r->gen_misses += (double)xs.misses;
             r->gen_prefetched += (double)xs.prefetched;
             r->gen_prefetch_hits += (double)xs.prefetch_hits;
+            r->gen_prefetch_bytes += (double)xs.bytes_prefetched;
             r->gen_copy_s += xs.copy_seconds;
             r->gen_wait_s += xs.wait_seconds;
             r->gen_prefetch_s += xs.prefetch_seconds;
@@ -771,9 +773,11 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
                    o->expert_cache, r->gen_hits, r->gen_misses,
                    100.0 * r->gen_hits / (r->gen_hits + r->gen_misses));
         if (r->prefetch && o->n_gen > 1)
-            printf("; prefetch: %.0f experts loaded ahead, %.0f of them used; per generated "
-                   "token %.3f ms copying, %.3f ms waiting, %.3f ms prefetching alongside",
-                   r->gen_prefetched, r->gen_prefetch_hits, 1e3 * r->gen_copy_s / (o->n_gen - 1),
+            printf("; prefetch: %.0f experts loaded ahead (%.3f MiB per generated token), %.0f "
+                   "of them used; per generated token %.3f ms copying, %.3f ms waiting, %.3f ms "
+                   "prefetching alongside", r->gen_prefetched,
+                   r->gen_prefetch_bytes / (o->n_gen - 1) / 1048576.0, r->gen_prefetch_hits,
+                   1e3 * r->gen_copy_s / (o->n_gen - 1),
                    1e3 * r->gen_wait_s / (o->n_gen - 1), 1e3 * r->gen_prefetch_s / (o->n_gen - 1));
         else if (o->n_gen > 1 && r->gen_expert_whole > 0)
             printf("; %.3f ms per generated token copying experts",
@@ -871,6 +875,8 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
         json_member_bool(&w, "expert_prefetch", r->prefetch);
         json_member_double(&w, "experts_prefetched", r->gen_prefetched, 10);
         json_member_double(&w, "experts_prefetch_hits", r->gen_prefetch_hits, 10);
+        json_member_double(&w, "expert_bytes_prefetched_per_token", r->gen_prefetch_bytes / steps,
+                           10);
         json_member_double(&w, "expert_copy_seconds_per_token", r->gen_copy_s / steps, 10);
         json_member_double(&w, "expert_wait_seconds_per_token", r->gen_wait_s / steps, 10);
         json_member_double(&w, "expert_prefetch_seconds_per_token", r->gen_prefetch_s / steps,
