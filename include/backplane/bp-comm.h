@@ -8,6 +8,20 @@
  *   "bp_comm_init"       bp_comm_init_fn
  *   "bp_comm_allreduce"  bp_comm_allreduce_fn
  *   "bp_comm_free"       bp_comm_free_fn
+ *
+ * Across processes (the "MPI" registry of the mpi plugin, docs/distributed.md): the members of
+ * a communicator are (rank, backend) pairs, a backend only for members on the calling rank.
+ * Every rank of a communicator makes the same calls in the same order (SPMD). Such a registry
+ * also offers:
+ *
+ *   "bp_comm_world"              bp_comm_world_fn
+ *   "bp_comm_init_ranks"         bp_comm_init_ranks_fn
+ *   "bp_comm_allreduce_checked"  bp_comm_allreduce_checked_fn
+ *
+ * and its "bp_comm_allreduce" and "bp_comm_free" take the communicators bp_comm_init_ranks
+ * makes (bp_comm_allreduce is bp_comm_allreduce_checked with BP_OK). No call waits forever:
+ * each collective gives up after the communicator's timeout with BP_ERR_TIMEOUT, and the
+ * communicator then refuses further collectives (a collective cannot be taken back).
  */
 #ifndef BACKPLANE_BP_COMM_H
 #define BACKPLANE_BP_COMM_H
@@ -27,6 +41,31 @@ typedef bp_comm *(*bp_comm_init_fn)(bp_backend *const *backends, int n);
  * rank i's backend; all have the same type and shape. */
 typedef enum bp_status (*bp_comm_allreduce_fn)(bp_comm *comm, bp_tensor *const *tensors, int n);
 typedef void (*bp_comm_free_fn)(bp_comm *comm);
+
+/* This process's rank and the number of ranks (starting the MPI library when nobody has). */
+typedef enum bp_status (*bp_comm_world_fn)(int *rank, int *n_ranks);
+
+struct bp_comm_member {
+    int rank;            /* the process holding this member */
+    bp_backend *backend; /* on the calling rank: the member's backend; on another: NULL */
+};
+#define BP_COMM_DEFAULT_TIMEOUT 60.0 /* seconds */
+
+/* A communicator over members[0..n) (every rank passes the same ranks in the same order, with
+ * its own members' backends). Collective over the ranks named: each must call it. status is
+ * the caller's state so far: a rank that failed before (its device missing, say) still calls
+ * with its error, and then every rank returns NULL with BP_ERR_REMOTE naming it (the failing
+ * rank keeps its own error). timeout_s: how long any collective of the communicator waits
+ * (<= 0: BP_COMM_DEFAULT_TIMEOUT). NULL with an error also when a member is invalid. */
+typedef bp_comm *(*bp_comm_init_ranks_fn)(const struct bp_comm_member *members, int n,
+                                          enum bp_status status, double timeout_s);
+/* Sums tensors[0..n) over every member and writes the sum into the members of the calling
+ * rank (tensors[i]: NULL for members on other ranks). F32, F16 and BF16 (summed in F32, the
+ * result rounded once). status: the caller's state; when it is not BP_OK the caller's data are
+ * not summed and every rank returns BP_ERR_REMOTE naming the first rank that failed, so that an
+ * error on one rank reaches all of them at the next collective instead of a hang. */
+typedef enum bp_status (*bp_comm_allreduce_checked_fn)(bp_comm *comm, bp_tensor *const *tensors,
+                                                      int n, enum bp_status status);
 
 #ifdef __cplusplus
 }

@@ -41,7 +41,9 @@ extern "C" {
     X(ERR_ABI, -10, "plugin ABI mismatch")                                            \
     X(ERR_BUSY, -11, "resource is still in use")                                      \
     X(ERR_IO, -12, "input/output error")                                              \
-    X(ERR_BACKEND, -13, "backend failure")
+    X(ERR_BACKEND, -13, "backend failure")                                            \
+    X(ERR_TIMEOUT, -14, "timed out")                                                  \
+    X(ERR_REMOTE, -15, "another process failed")
 
 enum bp_status {
 #define BP_STATUS_ENUM(name, value, text) BP_##name = (value),

@@ -1,0 +1,532 @@
+/* mpi-plugin.c - the "MPI" registry: collectives over backends in several processes
+ * (bp-comm.h, docs/distributed.md).
+ *
+ * The registry has no devices; it offers the bp_comm_* proc addresses over (rank, backend)
+ * members. MPI is started the first time one of them needs it (never at load: every backplane
+ * program loads every plugin it finds), with MPI_THREAD_SERIALIZED, and finalized when the
+ * plugin goes away if this plugin started it. Every wait is a poll with a deadline, so that no
+ * rank waits forever for another:
+ * - bp_comm_init_ranks first exchanges each member rank's status point to point (a rank that is
+ *   missing is named when the time is up, a rank that failed is named at once), and only then,
+ *   with every member known to be there, makes the sub-communicator;
+ * - an all-reduce is two nonblocking all-reduces started together: the ranks' statuses (one
+ *   entry per rank, so the first rank that failed is known) and the data, summed in F32. */
+#include "config.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <mpi.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <backplane/bp-comm.h>
+#include <backplane/bp-plugin.h>
+
+#define MAX_MEMBERS 64
+#define TAG_STATUS 0x6270 /* point-to-point tag of bp_comm_init_ranks' status exchange */
+
+static struct {
+    pthread_mutex_t mu;
+    bool started, ours;
+    int rank, size;
+} world = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static enum bp_status mpi_fail(int rc, const char *what)
+{
+    char msg[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    return bp_set_error(BP_ERR_BACKEND, "MPI: %s failed: %s", what, msg);
+}
+
+/* MPI started (by us, or already by the program). Open MPI loads its components with dlopen
+ * and needs its own library's symbols global, which a plugin's dependency is not: promote
+ * libmpi to RTLD_GLOBAL first. */
+static enum bp_status start_mpi(void)
+{
+    pthread_mutex_lock(&world.mu);
+    enum bp_status st = BP_OK;
+    if (!world.started) {
+        int inited = 0, finalized = 0;
+        MPI_Initialized(&inited);
+        MPI_Finalized(&finalized);
+        if (finalized) {
+            pthread_mutex_unlock(&world.mu);
+            return bp_set_error(BP_ERR_UNSUPPORTED, "MPI: the library was finalized already; "
+                                "it cannot be started again in this process");
+        }
+        if (!inited) {
+            Dl_info info;
+            if (dladdr((void *)MPI_Init_thread, &info) != 0 && info.dli_fname != NULL)
+                dlopen(info.dli_fname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+            int provided = 0;
+            int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+            if (rc != MPI_SUCCESS) {
+                pthread_mutex_unlock(&world.mu);
+                return mpi_fail(rc, "MPI_Init_thread");
+            }
+            world.ours = true;
+        }
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &world.size);
+        world.started = true;
+    }
+    pthread_mutex_unlock(&world.mu);
+    return st;
+}
+
+__attribute__((destructor)) static void stop_mpi(void)
+{
+    int finalized = 0;
+    if (world.started && world.ours && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized)
+        MPI_Finalize();
+}
+
+static enum bp_status comm_world(int *rank, int *n_ranks)
+{
+    if (rank == NULL || n_ranks == NULL)
+        return bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_world: rank and n_ranks must not be "
+                            "NULL");
+    enum bp_status st = start_mpi();
+    if (st != BP_OK)
+        return st;
+    *rank = world.rank;
+    *n_ranks = world.size;
+    return BP_OK;
+}
+
+/* ---- Communicators ------------------------------------------------------------------------ */
+
+struct bp_comm {
+    MPI_Comm comm; /* over the members' distinct ranks, in order of first appearance */
+    int n;
+    struct bp_comm_member members[MAX_MEMBERS];
+    int n_ranks;         /* in comm */
+    int world_of[MAX_MEMBERS]; /* comm rank -> world rank */
+    int me;              /* the calling rank in comm */
+    double timeout;
+    bool broken;         /* a collective timed out: no more */
+    float *buf;          /* staging: the sum in F32 */
+    size_t cap;
+    int *status;         /* n_ranks entries */
+};
+
+/* Waits for reqs[0..n) until the deadline, letting MPI progress; false when time ran out. */
+static bool wait_all(MPI_Request *reqs, int n, double deadline, int *rc)
+{
+    for (unsigned spin = 0;; spin++) {
+        int done = 0;
+        *rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+        if (*rc != MPI_SUCCESS || done)
+            return true;
+        if ((spin & 1023) == 0 && now_s() > deadline)
+            return false;
+        if (spin > 100000)
+            sched_yield(); /* a long wait: leave the core to the others */
+    }
+}
+
+static void comm_free(bp_comm *c)
+{
+    if (c == NULL)
+        return;
+    if (c->comm != MPI_COMM_NULL) {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized && !c->broken) /* (after a timeout a collective may still be pending) */
+            MPI_Comm_free(&c->comm);
+    }
+    free(c->buf);
+    free(c->status);
+    free(c);
+}
+
+/* The status exchange of bp_comm_init_ranks: every member rank tells every other its status,
+ * point to point. BP_OK when all are there and fine; else the error naming the rank. */
+static enum bp_status exchange_status(const bp_comm *c, enum bp_status mine, double deadline)
+{
+    MPI_Request reqs[2 * MAX_MEMBERS];
+    int theirs[MAX_MEMBERS], n = 0, rc = MPI_SUCCESS;
+    int sent = (int)mine;
+    for (int r = 0; r < c->n_ranks && rc == MPI_SUCCESS; r++) {
+        if (r == c->me)
+            continue;
+        rc = MPI_Irecv(&theirs[r], 1, MPI_INT, c->world_of[r], TAG_STATUS, MPI_COMM_WORLD,
+                       &reqs[n++]);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Isend(&sent, 1, MPI_INT, c->world_of[r], TAG_STATUS, MPI_COMM_WORLD,
+                           &reqs[n++]);
+    }
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, "starting the status exchange of bp_comm_init_ranks");
+    if (!wait_all(reqs, n, deadline, &rc)) {
+        /* Who has not answered: the receives still open. */
+        char who[256] = "";
+        size_t len = 0;
+        int k = 0;
+        for (int r = 0; r < c->n_ranks; r++) {
+            if (r == c->me)
+                continue;
+            int done = 0;
+            MPI_Test(&reqs[k], &done, MPI_STATUS_IGNORE);
+            if (!done) {
+                MPI_Cancel(&reqs[k]);
+                MPI_Request_free(&reqs[k]);
+                len += (size_t)snprintf(who + len, len < sizeof(who) ? sizeof(who) - len : 0,
+                                        "%s%d", len ? ", " : "", c->world_of[r]);
+            }
+            k += 2;
+        }
+        return bp_set_error(BP_ERR_TIMEOUT, "bp_comm_init_ranks on rank %d: rank(s) %s did not "
+                            "arrive within %g s (gone, stuck, or not making the same calls)",
+                            world.rank, who, c->timeout);
+    }
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, "the status exchange of bp_comm_init_ranks");
+    if (mine != BP_OK) /* the caller keeps its own error */
+        return mine;
+    for (int r = 0; r < c->n_ranks; r++)
+        if (r != c->me && theirs[r] != BP_OK)
+            return bp_set_error(BP_ERR_REMOTE, "bp_comm_init_ranks on rank %d: rank %d failed "
+                                "before it (%s); nothing was set up", world.rank, c->world_of[r],
+                                bp_status_name((enum bp_status)theirs[r]));
+    return BP_OK;
+}
+
+static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_status status,
+                                double timeout_s)
+{
+    if (start_mpi() != BP_OK)
+        return NULL;
+    if (m == NULL || n < 1 || n > MAX_MEMBERS) {
+        bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_init_ranks: need 1 to %d members, got %d",
+                     MAX_MEMBERS, m == NULL ? 0 : n);
+        return NULL;
+    }
+    bp_comm *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_init_ranks: out of memory");
+        return NULL;
+    }
+    c->comm = MPI_COMM_NULL;
+    c->n = n;
+    c->timeout = timeout_s > 0 ? timeout_s : BP_COMM_DEFAULT_TIMEOUT;
+    c->me = -1;
+    for (int i = 0; i < n; i++) {
+        c->members[i] = m[i];
+        if (m[i].rank < 0 || m[i].rank >= world.size) {
+            bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_init_ranks: member %d is on rank %d; the "
+                         "ranks are 0 to %d", i, m[i].rank, world.size - 1);
+            comm_free(c);
+            return NULL;
+        }
+        if ((m[i].rank == world.rank) != (m[i].backend != NULL)) {
+            bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_init_ranks: member %d (rank %d) %s",
+                         i, m[i].rank, m[i].backend != NULL
+                                           ? "is on another rank but has a backend"
+                                           : "is on this rank but has no backend");
+            comm_free(c);
+            return NULL;
+        }
+        int r = 0;
+        while (r < c->n_ranks && c->world_of[r] != m[i].rank)
+            r++;
+        if (r == c->n_ranks)
+            c->world_of[c->n_ranks++] = m[i].rank;
+        if (m[i].rank == world.rank)
+            c->me = r;
+    }
+    if (c->me < 0) {
+        bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_init_ranks: no member is on this rank (%d)",
+                     world.rank);
+        comm_free(c);
+        return NULL;
+    }
+    c->status = calloc((size_t)c->n_ranks, sizeof(int));
+    if (c->status == NULL) {
+        bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_init_ranks: out of memory");
+        comm_free(c);
+        return NULL;
+    }
+    enum bp_status st = exchange_status(c, status, now_s() + c->timeout);
+    if (st == BP_OK) { /* every member rank is here: the group is made at once */
+        MPI_Group all, sub;
+        MPI_Comm_group(MPI_COMM_WORLD, &all);
+        MPI_Group_incl(all, c->n_ranks, c->world_of, &sub);
+        int rc = MPI_Comm_create_group(MPI_COMM_WORLD, sub, TAG_STATUS, &c->comm);
+        MPI_Group_free(&sub);
+        MPI_Group_free(&all);
+        if (rc != MPI_SUCCESS)
+            st = mpi_fail(rc, "MPI_Comm_create_group");
+        else
+            MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
+    }
+    if (st != BP_OK) {
+        comm_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static bp_comm *comm_init(bp_backend *const *backends, int n)
+{
+    if (start_mpi() != BP_OK)
+        return NULL;
+    struct bp_comm_member m[MAX_MEMBERS];
+    if (backends == NULL || n < 1 || n > MAX_MEMBERS) {
+        bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_init (MPI): need 1 to %d backends, got %d",
+                     MAX_MEMBERS, backends == NULL ? 0 : n);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++)
+        m[i] = (struct bp_comm_member){world.rank, backends[i]};
+    return comm_init_ranks(m, n, BP_OK, 0);
+}
+
+/* ---- All-reduce ----------------------------------------------------------------------------- */
+
+static bool summable(enum bp_type t)
+{
+    return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16;
+}
+
+/* The local members' tensors checked: the same type and shape, contiguous, summable. *first:
+ * the first allocated local tensor (NULL when there is none: then nothing says how many
+ * values the others sum, and this rank cannot take part). */
+static enum bp_status check_tensors(const bp_comm *c, bp_tensor *const *t, int n,
+                                    bp_tensor **first)
+{
+    *first = NULL;
+    for (int i = 0; i < n && i < c->n; i++)
+        if (c->members[i].rank == world.rank && t[i] != NULL && t[i]->data != NULL) {
+            *first = t[i];
+            break;
+        }
+    if (n != c->n)
+        return bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_allreduce (MPI): %d tensors for a "
+                            "communicator of %d members", n, c->n);
+    for (int i = 0; i < n; i++) {
+        const bool local = c->members[i].rank == world.rank;
+        if (!local && t[i] != NULL)
+            return bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_allreduce (MPI): member %d is on "
+                                "rank %d; its tensor must be NULL here", i, c->members[i].rank);
+        if (!local)
+            continue;
+        if (t[i] == NULL || t[i]->data == NULL)
+            return bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_allreduce (MPI): member %d's tensor "
+                                "is %s", i, t[i] == NULL ? "NULL" : "not allocated");
+        if (!summable(t[i]->type) || !bp_is_contiguous(t[i]))
+            return bp_set_error(BP_ERR_TYPE, "bp_comm_allreduce (MPI): %s is %s%s; sums take "
+                                "contiguous F32, F16 or BF16", t[i]->name,
+                                bp_is_contiguous(t[i]) ? "" : "a non-contiguous ",
+                                bp_type_name(t[i]->type));
+        if (t[i]->type != (*first)->type || !bp_are_same_shape(t[i], *first))
+            return bp_set_error(BP_ERR_SHAPE, "bp_comm_allreduce (MPI): %s and %s differ in "
+                                "type or shape", t[i]->name, (*first)->name);
+    }
+    return BP_OK;
+}
+
+/* Starts the data's all-reduce: count floats at data, in chunks MPI's int counts take. */
+static int start_sum(bp_comm *c, float *data, size_t count, MPI_Request *reqs, int *n_reqs)
+{
+    const size_t chunk = (size_t)1 << 30;
+    for (size_t off = 0; off < count; off += chunk) {
+        const size_t k = count - off < chunk ? count - off : chunk;
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, data + off, (int)k, MPI_FLOAT, MPI_SUM, c->comm,
+                                &reqs[(*n_reqs)++]);
+        if (rc != MPI_SUCCESS)
+            return rc;
+    }
+    return MPI_SUCCESS;
+}
+
+static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
+                                        enum bp_status status)
+{
+    if (c == NULL || t == NULL)
+        return bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_allreduce (MPI): the communicator and "
+                            "the tensors must not be NULL");
+    if (c->broken)
+        return bp_set_error(BP_ERR_TIMEOUT, "bp_comm_allreduce (MPI) on rank %d: an earlier "
+                            "collective of this communicator timed out; it takes no more",
+                            world.rank);
+    bp_tensor *first = NULL;
+    enum bp_status st = check_tensors(c, t, n, &first);
+    if (st != BP_OK && first == NULL)
+        return st; /* (the other ranks time out: nothing here says what they sum) */
+    if (st != BP_OK && status == BP_OK)
+        status = st; /* bad tensors: this rank takes part as a failed one */
+    const size_t count = (size_t)bp_nelements(first);
+    /* One local F32 member in host memory is summed in place; anything else through buf. */
+    int n_local = 0;
+    for (int i = 0; i < n; i++)
+        n_local += t[i] != NULL;
+    const bool in_place = status == BP_OK && n_local == 1 && first->type == BP_TYPE_F32 &&
+                          bp_is_contiguous(first) && bp_buffer_is_host(first->buffer);
+    float *data = in_place ? first->data : NULL;
+    if (!in_place) {
+        if (c->cap < count) {
+            float *b = realloc(c->buf, (count > 0 ? count : 1) * sizeof(float));
+            if (b == NULL)
+                return bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce (MPI): out of "
+                                    "memory for %zu values", count);
+            c->buf = b;
+            c->cap = count;
+        }
+        data = c->buf;
+        memset(data, 0, count * sizeof(float));
+        const struct bp_type_traits *tr = bp_type_get_traits(first->type);
+        float *one = n_local > 1 ? malloc((count > 0 ? count : 1) * sizeof(float)) : NULL;
+        if (n_local > 1 && one == NULL)
+            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce (MPI): out of memory "
+                                "for %zu values", count);
+        for (int i = 0, k = 0; i < n && st == BP_OK && status == BP_OK; i++) {
+            if (t[i] == NULL)
+                continue;
+            float *dst = k++ == 0 ? data : one;
+            if (first->type == BP_TYPE_F32) {
+                st = bp_tensor_get(t[i], dst, 0, count * sizeof(float));
+            } else { /* the raw values, then widened in place from the back half */
+                void *raw = malloc((count > 0 ? count : 1) * bp_type_size(first->type));
+                st = raw == NULL ? bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce "
+                                                "(MPI): out of memory")
+                                 : bp_tensor_get(t[i], raw, 0, bp_nbytes(t[i]));
+                if (st == BP_OK)
+                    tr->to_float(raw, dst, (int64_t)count);
+                free(raw);
+            }
+            if (dst == one)
+                for (size_t e = 0; e < count; e++)
+                    data[e] += one[e];
+        }
+        free(one);
+        if (st != BP_OK && status == BP_OK)
+            status = st; /* a failure here reaches the others as this rank's */
+    }
+    memset(c->status, 0, (size_t)c->n_ranks * sizeof(int));
+    c->status[c->me] = (int)status;
+    MPI_Request reqs[64];
+    int n_reqs = 0;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, c->status, c->n_ranks, MPI_INT, MPI_MIN, c->comm,
+                            &reqs[n_reqs++]);
+    if (rc == MPI_SUCCESS)
+        rc = start_sum(c, data, count, reqs, &n_reqs);
+    if (rc != MPI_SUCCESS) {
+        c->broken = true; /* some collectives may have started */
+        return mpi_fail(rc, "MPI_Iallreduce");
+    }
+    if (!wait_all(reqs, n_reqs, now_s() + c->timeout, &rc)) {
+        c->broken = true;
+        char ranks[256] = "";
+        size_t len = 0;
+        for (int r = 0; r < c->n_ranks; r++)
+            len += (size_t)snprintf(ranks + len, len < sizeof(ranks) ? sizeof(ranks) - len : 0,
+                                    "%s%d", r ? ", " : "", c->world_of[r]);
+        return bp_set_error(BP_ERR_TIMEOUT, "bp_comm_allreduce (MPI) on rank %d: the all-reduce "
+                            "of %s over ranks %s did not complete within %g s: a rank is gone, "
+                            "stuck, or did not reach it; this communicator takes no more",
+                            world.rank, first->name, ranks, c->timeout);
+    }
+    if (rc != MPI_SUCCESS) {
+        c->broken = true;
+        return mpi_fail(rc, "MPI_Iallreduce");
+    }
+    if (status != BP_OK) /* this rank failed: it keeps its own error */
+        return status;
+    for (int r = 0; r < c->n_ranks; r++)
+        if (c->status[r] != BP_OK)
+            return bp_set_error(BP_ERR_REMOTE, "bp_comm_allreduce (MPI) on rank %d: rank %d "
+                                "failed (%s) before the all-reduce of %s", world.rank,
+                                c->world_of[r], bp_status_name((enum bp_status)c->status[r]),
+                                first->name);
+    if (in_place)
+        return BP_OK;
+    /* The sum into every local member, in its type. */
+    void *out = data;
+    if (first->type != BP_TYPE_F32) {
+        out = malloc((count > 0 ? count : 1) * bp_type_size(first->type));
+        if (out == NULL)
+            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce (MPI): out of memory");
+        bp_type_get_traits(first->type)->from_float(data, out, (int64_t)count);
+    }
+    for (int i = 0; i < n && st == BP_OK; i++)
+        if (t[i] != NULL)
+            st = bp_tensor_set(t[i], out, 0, bp_nbytes(t[i]));
+    if (out != data)
+        free(out);
+    return st;
+}
+
+static enum bp_status allreduce(bp_comm *c, bp_tensor *const *t, int n)
+{
+    return allreduce_checked(c, t, n, BP_OK);
+}
+
+/* ---- The registry --------------------------------------------------------------------------- */
+
+static const char *reg_name(bp_registry *reg)
+{
+    (void)reg;
+    return "MPI";
+}
+
+static size_t reg_count(bp_registry *reg)
+{
+    (void)reg;
+    return 0;
+}
+
+static bp_device *reg_device(bp_registry *reg, size_t i)
+{
+    (void)reg;
+    (void)i;
+    return NULL;
+}
+
+static void *reg_proc(bp_registry *reg, const char *name)
+{
+    (void)reg;
+    static const struct {
+        const char *name;
+        void *fn;
+    } procs[] = {
+        {"bp_comm_world", (void *)comm_world},
+        {"bp_comm_init", (void *)comm_init},
+        {"bp_comm_init_ranks", (void *)comm_init_ranks},
+        {"bp_comm_allreduce", (void *)allreduce},
+        {"bp_comm_allreduce_checked", (void *)allreduce_checked},
+        {"bp_comm_free", (void *)comm_free},
+    };
+    for (size_t i = 0; name != NULL && i < sizeof(procs) / sizeof(procs[0]); i++)
+        if (strcmp(name, procs[i].name) == 0)
+            return procs[i].fn;
+    return NULL;
+}
+
+static const struct bp_registry_iface mpi_registry_iface = {
+    .struct_size = sizeof(struct bp_registry_iface),
+    .get_name = reg_name,
+    .get_device_count = reg_count,
+    .get_device = reg_device,
+    .get_proc_address = reg_proc,
+};
+
+static bp_registry *mpi_plugin_init(void)
+{
+    return bp_registry_new(&mpi_registry_iface, NULL);
+}
+
+BP_PLUGIN_DEFINE("mpi", "", 0, mpi_plugin_init, NULL);

@@ -1,0 +1,329 @@
+/* test-mpi.c - the mpi plugin's collectives across processes. Run by tests/test-mpi.sh under
+ * `mpirun -np 2`: every rank runs the same tests (SPMD), in one process each (Check's fork mode
+ * would start MPI in a child per test). */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <backplane/backplane.h>
+#include <backplane/bp-comm.h>
+#include <backplane/bp-plugin.h> /* bp_set_error, to fail as a plugin would */
+
+#include "test-util.h"
+
+static bp_backend *cpu, *cpu2;
+static bp_comm_world_fn world;
+static bp_comm_init_ranks_fn init_ranks;
+static bp_comm_init_fn init_local;
+static bp_comm_allreduce_fn allreduce;
+static bp_comm_allreduce_checked_fn allreduce_checked;
+static bp_comm_free_fn comm_free;
+static int rank, n_ranks;
+
+static void setup(void)
+{
+    char path[8192];
+    snprintf(path, sizeof(path), "%s:%s", getenv("BP_TEST_CPU_PLUGIN_DIR"),
+             getenv("BP_TEST_MPI_PLUGIN_DIR"));
+    setenv("BP_PLUGIN_PATH", path, 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
+    setenv("BP_CPU_DEVICES", "2", 1);
+    cpu = bp_backend_init_by_name("CPU0", "threads=1");
+    cpu2 = bp_backend_init_by_name("CPU1", "threads=1");
+    ck_assert_msg(cpu != NULL && cpu2 != NULL, "%s", bp_last_error());
+    bp_registry *reg = bp_registry_by_name("MPI");
+    ck_assert_msg(reg != NULL, "%s", bp_last_error());
+    world = (bp_comm_world_fn)bp_registry_get_proc_address(reg, "bp_comm_world");
+    init_ranks = (bp_comm_init_ranks_fn)bp_registry_get_proc_address(reg, "bp_comm_init_ranks");
+    init_local = (bp_comm_init_fn)bp_registry_get_proc_address(reg, "bp_comm_init");
+    allreduce = (bp_comm_allreduce_fn)bp_registry_get_proc_address(reg, "bp_comm_allreduce");
+    allreduce_checked = (bp_comm_allreduce_checked_fn)bp_registry_get_proc_address(
+        reg, "bp_comm_allreduce_checked");
+    comm_free = (bp_comm_free_fn)bp_registry_get_proc_address(reg, "bp_comm_free");
+    ck_assert(world && init_ranks && init_local && allreduce && allreduce_checked && comm_free);
+    ck_assert_int_eq(world(&rank, &n_ranks), BP_OK);
+}
+
+static void teardown(void)
+{
+    bp_backend_free(cpu2);
+    bp_backend_free(cpu);
+}
+
+/* One member per rank, each on its CPU backend. */
+static bp_comm *one_per_rank(double timeout)
+{
+    struct bp_comm_member m[8];
+    for (int r = 0; r < n_ranks; r++)
+        m[r] = (struct bp_comm_member){r, r == rank ? cpu : NULL};
+    bp_comm *c = init_ranks(m, n_ranks, BP_OK, timeout);
+    ck_assert_msg(c != NULL, "%s", bp_last_error());
+    return c;
+}
+
+/* Member m's value at element i: distinct per member and element, exact in BF16. */
+static float value(int m, int64_t i)
+{
+    return (float)((i * 7 + m * 3) % 64 - 32) / 4.0f;
+}
+
+START_TEST(test_world)
+{
+    ck_assert_int_ge(n_ranks, 2);
+    ck_assert_int_ge(rank, 0);
+    ck_assert_int_lt(rank, n_ranks);
+    ck_assert_int_eq(world(NULL, &n_ranks), BP_ERR_INVALID_ARG);
+}
+END_TEST
+
+/* Every type and odd sizes, one member per rank: each rank's tensor holds the sum of every
+ * member's values afterwards. */
+START_TEST(test_allreduce_types_and_sizes)
+{
+    bp_comm *c = one_per_rank(30);
+    static const enum bp_type types[] = {BP_TYPE_F32, BP_TYPE_F16, BP_TYPE_BF16};
+    static const int64_t sizes[] = {1, 7, 1000, 65537, (1 << 20) + 3};
+    for (size_t ti = 0; ti < 3; ti++) {
+        for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+            const int64_t n = sizes[si];
+            bp_context *ctx = bp_context_new(1);
+            bp_tensor *t = bp_new_tensor_1d(ctx, types[ti], n);
+            bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(cpu));
+            float *v = malloc((size_t)n * sizeof(float));
+            void *raw = malloc((size_t)n * 4);
+            for (int64_t i = 0; i < n; i++)
+                v[i] = value(rank, i);
+            bp_type_get_traits(types[ti])->from_float(v, raw, n);
+            ck_assert_int_eq(bp_tensor_set(t, raw, 0, bp_nbytes(t)), BP_OK);
+            bp_tensor *ts[8] = {NULL};
+            ts[rank] = t;
+            ck_assert_msg(allreduce(c, ts, n_ranks) == BP_OK, "%s", bp_last_error());
+            ck_assert_int_eq(bp_tensor_get(t, raw, 0, bp_nbytes(t)), BP_OK);
+            bp_type_get_traits(types[ti])->to_float(raw, v, n);
+            for (int64_t i = 0; i < n; i++) {
+                float want = 0;
+                for (int r = 0; r < n_ranks; r++)
+                    want += value(r, i);
+                ck_assert_msg(v[i] == want, "%s n=%lld [%lld]: %g, want %g",
+                              bp_type_name(types[ti]), (long long)n, (long long)i, v[i], want);
+            }
+            free(raw);
+            free(v);
+            bp_buffer_free(buf);
+            bp_context_free(ctx);
+        }
+    }
+    comm_free(c);
+}
+END_TEST
+
+/* Two members on rank 0 and one on each other rank: rank 0 sums its two first. */
+START_TEST(test_several_members_on_a_rank)
+{
+    struct bp_comm_member m[9];
+    int n = 0;
+    m[n++] = (struct bp_comm_member){0, rank == 0 ? cpu : NULL};
+    m[n++] = (struct bp_comm_member){0, rank == 0 ? cpu2 : NULL};
+    for (int r = 1; r < n_ranks; r++)
+        m[n++] = (struct bp_comm_member){r, r == rank ? cpu : NULL};
+    bp_comm *c = init_ranks(m, n, BP_OK, 30);
+    ck_assert_msg(c != NULL, "%s", bp_last_error());
+    bp_context *ctx = bp_context_new(2);
+    bp_tensor *a = bp_new_tensor_2d(ctx, BP_TYPE_F32, 33, 3);
+    bp_tensor *b = bp_new_tensor_2d(ctx, BP_TYPE_F32, 33, 3);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(cpu));
+    float va[99], vb[99];
+    for (int i = 0; i < 99; i++) {
+        va[i] = value(rank == 0 ? 0 : rank + 1, i);
+        vb[i] = value(1, i);
+    }
+    bp_tensor_set(a, va, 0, sizeof(va));
+    bp_tensor_set(b, vb, 0, sizeof(vb));
+    bp_tensor *ts[9] = {NULL};
+    if (rank == 0) {
+        ts[0] = a;
+        ts[1] = b;
+    } else {
+        ts[rank + 1] = a;
+    }
+    ck_assert_msg(allreduce(c, ts, n) == BP_OK, "%s", bp_last_error());
+    for (int k = 0; k < (rank == 0 ? 2 : 1); k++) {
+        float got[99];
+        bp_tensor_get(k == 0 ? a : b, got, 0, sizeof(got));
+        for (int i = 0; i < 99; i++) {
+            float want = 0;
+            for (int mm = 0; mm < n; mm++)
+                want += value(mm, i);
+            ck_assert_float_eq(got[i], want);
+        }
+    }
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+    comm_free(c);
+}
+END_TEST
+
+/* A rank that failed before setting up still calls: every rank returns NULL, the others
+ * naming it, the failing one keeping its own error. */
+START_TEST(test_rank_failing_during_setup)
+{
+    struct bp_comm_member m[8];
+    for (int r = 0; r < n_ranks; r++)
+        m[r] = (struct bp_comm_member){r, r == rank ? cpu : NULL};
+    enum bp_status mine = BP_OK;
+    if (rank == 1) /* as if its device were missing */
+        mine = bp_set_error(BP_ERR_NOT_FOUND, "no device is named 'CUDA0'");
+    bp_comm *c = init_ranks(m, n_ranks, mine, 30);
+    ck_assert_ptr_null(c);
+    if (rank == 1) {
+        ck_assert_error_has(BP_ERR_NOT_FOUND, "CUDA0");
+    } else {
+        ck_assert_error_has(BP_ERR_REMOTE, "rank 1 failed");
+        ck_assert_error_has(BP_ERR_REMOTE, "BP_ERR_NOT_FOUND");
+    }
+    /* and afterwards a communicator is made as usual */
+    comm_free(one_per_rank(30));
+}
+END_TEST
+
+/* A rank that fails between collectives joins the next one as failed: every rank gets an error
+ * there, the others naming it; the communicator goes on working. Bad tensors count as such a
+ * failure. */
+START_TEST(test_rank_failing_before_an_allreduce)
+{
+    bp_comm *c = one_per_rank(30);
+    bp_context *ctx = bp_context_new(2);
+    bp_tensor *t = bp_new_tensor_1d(ctx, BP_TYPE_F32, 32);
+    bp_tensor *q = bp_new_tensor_1d(ctx, BP_TYPE_Q8_0, 32); /* as many values, another type */
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(cpu));
+    ck_assert_int_eq(bp_buffer_clear(buf, 0), BP_OK);
+    bp_tensor *ts[8] = {NULL};
+    ts[rank] = t;
+    enum bp_status mine = rank == 1 ? BP_ERR_OUT_OF_MEMORY : BP_OK;
+    if (rank == 1)
+        bp_set_error(mine, "out of memory for the KV cache");
+    enum bp_status st = allreduce_checked(c, ts, n_ranks, mine);
+    if (rank == 1) {
+        ck_assert_int_eq(st, BP_ERR_OUT_OF_MEMORY);
+        ck_assert_error_has(BP_ERR_OUT_OF_MEMORY, "KV cache");
+    } else {
+        ck_assert_int_eq(st, BP_ERR_REMOTE);
+        ck_assert_error_has(BP_ERR_REMOTE, "rank 1 failed (BP_ERR_OUT_OF_MEMORY)");
+    }
+    /* Q8_0 on rank 0 only: rank 0 fails with the type, the others hear of rank 0. */
+    ts[rank] = rank == 0 ? q : t;
+    st = allreduce(c, ts, n_ranks);
+    if (rank == 0) {
+        ck_assert_int_eq(st, BP_ERR_TYPE);
+        ck_assert_error_has(BP_ERR_TYPE, "F32, F16 or BF16");
+    } else {
+        ck_assert_int_eq(st, BP_ERR_REMOTE);
+        ck_assert_error_has(BP_ERR_REMOTE, "rank 0 failed (BP_ERR_TYPE)");
+    }
+    ts[rank] = t; /* still working */
+    float one[32];
+    for (int i = 0; i < 32; i++)
+        one[i] = 1.0f;
+    bp_tensor_set(t, one, 0, sizeof(one));
+    ck_assert_msg(allreduce(c, ts, n_ranks) == BP_OK, "%s", bp_last_error());
+    bp_tensor_get(t, one, 0, sizeof(one));
+    ck_assert_float_eq(one[31], (float)n_ranks);
+    /* Arguments refused on every rank alike. */
+    ck_assert_int_eq(allreduce(c, ts, n_ranks + 1), BP_ERR_INVALID_ARG);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "tensors for a communicator of");
+    ck_assert_int_eq(allreduce(NULL, ts, n_ranks), BP_ERR_INVALID_ARG);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+    comm_free(c);
+}
+END_TEST
+
+START_TEST(test_members_checked)
+{
+    struct bp_comm_member m[2] = {{0, rank == 0 ? cpu : NULL}, {n_ranks, NULL}};
+    ck_assert_ptr_null(init_ranks(m, 2, BP_OK, 1));
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "the ranks are 0 to");
+    m[1] = (struct bp_comm_member){1, cpu}; /* a backend for a member of another rank */
+    m[0].backend = cpu;
+    ck_assert_ptr_null(init_ranks(m, 2, BP_OK, 1));
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "is on another rank but has a backend");
+    m[0].backend = NULL; /* and none for a member of this rank */
+    m[1].backend = NULL;
+    ck_assert_ptr_null(init_ranks(m, 2, BP_OK, 1));
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "is on this rank but has no backend");
+    ck_assert_ptr_null(init_ranks(m, 0, BP_OK, 1));
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "need 1 to 64 members");
+    /* All members on this rank: a communicator of one rank, bp_comm_init's form. */
+    bp_backend *both[2] = {cpu, cpu2};
+    bp_comm *c = init_local(both, 2);
+    ck_assert_msg(c != NULL, "%s", bp_last_error());
+    comm_free(c);
+}
+END_TEST
+
+/* A rank that comes too late: the all-reduce gives up after the timeout with the ranks named,
+ * and the communicator refuses what follows; then a rank that never comes to the setup. Last:
+ * the late collectives are left to finish in the background. */
+START_TEST(test_timeouts)
+{
+    bp_comm *c = one_per_rank(0.5);
+    bp_context *ctx = bp_context_new(1);
+    bp_tensor *t = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(cpu));
+    bp_buffer_clear(buf, 0);
+    bp_tensor *ts[8] = {NULL};
+    ts[rank] = t;
+    if (rank == 1)
+        sleep(2);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    enum bp_status st = allreduce(c, ts, n_ranks);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double took = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    if (rank == 0) {
+        ck_assert_int_eq(st, BP_ERR_TIMEOUT);
+        ck_assert_error_has(BP_ERR_TIMEOUT, "did not complete within 0.5 s");
+        ck_assert_error_has(BP_ERR_TIMEOUT, "over ranks 0, 1");
+        ck_assert(took < 1.5);
+        ck_assert_int_eq(allreduce(c, ts, n_ranks), BP_ERR_TIMEOUT);
+        ck_assert_error_has(BP_ERR_TIMEOUT, "takes no more");
+    } else {
+        ck_assert_int_eq(st, BP_OK); /* rank 0's started collective was still there */
+    }
+    comm_free(c);
+    /* The setup: rank 1 does not come. */
+    if (rank == 0) {
+        struct bp_comm_member m[2] = {{0, cpu}, {1, NULL}};
+        ck_assert_ptr_null(init_ranks(m, 2, BP_OK, 0.5));
+        ck_assert_error_has(BP_ERR_TIMEOUT, "rank(s) 1 did not arrive within 0.5 s");
+    }
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("mpi");
+    TCase *tc = tcase_create("mpi");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_world);
+    tcase_add_test(tc, test_allreduce_types_and_sizes);
+    tcase_add_test(tc, test_several_members_on_a_rank);
+    tcase_add_test(tc, test_rank_failing_during_setup);
+    tcase_add_test(tc, test_rank_failing_before_an_allreduce);
+    tcase_add_test(tc, test_members_checked);
+    tcase_add_test(tc, test_timeouts);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK); /* one MPI process per rank */
+    srunner_run_all(sr, CK_NORMAL);
+    const int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    /* A failure on one rank leaves the others waiting in a collective: end them all. */
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

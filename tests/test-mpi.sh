@@ -1,0 +1,20 @@
+#!/bin/sh
+# The mpi plugin's suite (tests/test-mpi) under `mpirun -np 2`, two processes on this machine.
+# Skipped (exit 77, with the reason) where the plugin was not built or there is no mpirun.
+plugin="$BP_TEST_MPI_PLUGIN_DIR/backplane-mpi.so"
+if [ ! -f "$plugin" ]; then
+    echo "SKIP: the mpi plugin was not built (configure found no MPI: install libopenmpi-dev)"
+    exit 77
+fi
+if [ -z "$MPIRUN" ] || ! command -v "$MPIRUN" >/dev/null 2>&1; then
+    echo "SKIP: no mpirun (install openmpi-bin)"
+    exit 77
+fi
+opts=
+if "$MPIRUN" --version 2>&1 | grep -q "Open MPI"; then
+    # two ranks on a machine that may have fewer cores; root in CI containers
+    opts="--oversubscribe"
+    [ "$(id -u)" = 0 ] && opts="$opts --allow-run-as-root"
+fi
+# shellcheck disable=SC2086
+exec timeout 300 "$MPIRUN" -np 2 $opts "${top_builddir:-.}/tests/test-mpi"
