@@ -147,6 +147,16 @@ bp_device *bp_device_by_name(const char *name)
     bp_device *d = find_device(name);
     if (d != NULL)
         return d;
+    const size_t len = strlen(name);
+    if (len >= 2 && len < 256 && name[len - 1] == '0' && name[len - 2] != '0') {
+        /* "CPU0" for a registry's only device "CPU" */
+        char base[256];
+        memcpy(base, name, len - 1);
+        base[len - 1] = '\0';
+        d = find_device(base);
+        if (d != NULL && bp_registry_get_device_count(bp_device_get_registry(d)) == 1)
+            return d;
+    }
     char *names = list_names(true);
     bp__error(BP_ERR_NOT_FOUND, "no device is named '%s'; devices: %s", name, names_or_oom(names));
     bp__free(names);

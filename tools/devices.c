@@ -138,6 +138,9 @@ static bool meta_all_cpu(const char *name)
     const int n = meta_part_names(name, &parts);
     bool all = n > 0;
     for (int i = 0; i < n && all; i++) {
+        char *at = strrchr(parts.name[i], '@'); /* DEVICE@RANK: a device of that name */
+        if (at != NULL)
+            *at = '\0';
         bp_device *d = bp_device_by_name(parts.name[i]);
         all = d != NULL && bp_device_get_type(d) == BP_DEVICE_TYPE_CPU;
     }
@@ -155,6 +158,17 @@ static bp_backend *open_meta(const char *name, const char *params,
     if (n < 1 || split == NULL) {
         names_free(&names);
         return bp_backend_init_by_name(name, params); /* let the meta plugin explain */
+    }
+    if (strchr(name, '@') != NULL) { /* parts on other processes: the plugin reads the name */
+        names_free(&names);
+        bp_registry *reg = bp_registry_by_name("Meta");
+        void *proc = reg ? bp_registry_get_proc_address(reg, "bp_meta_device_by_name") : NULL;
+        bp_meta_device_by_name_fn by_name;
+        if (proc == NULL)
+            return bp_backend_init_by_name(name, params); /* let the loader explain */
+        memcpy(&by_name, &proc, sizeof(by_name));
+        bp_device *d = by_name(name, split->fn, split->user);
+        return d != NULL ? bp_device_init_backend(d, params) : NULL;
     }
     bp_device *parts[MAX_NAMES];
     bool found = true;

@@ -98,6 +98,10 @@ struct run_result {
      * because of it, and seconds the computing thread copied experts, waited for the copy
      * thread, and the copy thread copied. */
     bool prefetch; /* next layers' experts predicted and prefetched */
+    /* Bytes the meta backends all-reduced (and gathered across processes) over the generation
+     * steps, and how many processes the run spans (1 without DEVICE@RANK parts). */
+    double gen_reduced;
+    int n_ranks;
     double gen_prefetched, gen_prefetch_hits, gen_prefetch_bytes, gen_copy_s, gen_wait_s,
         gen_prefetch_s;
     int embd_on, kv_on; /* ... the token embedding table, the KV cache */
@@ -630,11 +634,28 @@ static bool record_last_step(struct run *run, struct model_step *keep)
 
 /* Greedy generation, one token per graph, each step timed; the median step time for the
  * report. */
+/* Bytes the run's meta backends have all-reduced so far. */
+static double reduced_bytes(const struct run *run)
+{
+    double sum = 0;
+    for (int b = 0; b < run->nb; b++) {
+        bp_registry *reg = bp_device_get_registry(bp_backend_get_device(run->be[b]));
+        void *proc = bp_registry_get_proc_address(reg, "bp_meta_backend_reduced_bytes");
+        bp_meta_backend_reduced_bytes_fn fn;
+        if (proc == NULL)
+            continue;
+        memcpy(&fn, &proc, sizeof(fn));
+        sum += (double)fn(run->be[b]);
+    }
+    return sum;
+}
+
 static bool generate(struct run *run)
 {
     const struct run_opts *o = run->o;
     const int n_vocab = run->cfg->n_vocab;
     struct run_result *r = run->r;
+    const double reduced0 = reduced_bytes(run);
     for (int i = 1; i < o->n_gen; i++) {
         const bool last = i == o->n_gen - 1;
         float *logits = r->logits + (size_t)i * n_vocab;
@@ -670,6 +691,7 @@ static bool generate(struct run *run)
     }
     if (o->n_gen > 1)
         r->gen_median_seconds = bench_median(run->times, o->n_gen - 1);
+    r->gen_reduced = reduced_bytes(run) - reduced0;
     return true;
 }
 
@@ -784,6 +806,10 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
                    1e3 * r->gen_copy_s / (o->n_gen - 1));
         printf("\n");
     }
+    if (r->gen_reduced > 0 && o->n_gen > 1)
+        printf("all-reduce: %.1f KiB per generated token%s\n",
+               r->gen_reduced / (o->n_gen - 1) / 1024.0,
+               r->n_ranks > 1 ? " between the processes (gathers across them included)" : "");
     printf("attention:  %s, %s KV cache\n",
            r->flash_attn ? "fused (FLASH_ATTN_EXT)" : "MUL_MAT, SOFT_MAX, MUL_MAT",
            bp_type_name(o->cfg->kv_type));
@@ -882,6 +908,9 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
         json_member_double(&w, "expert_prefetch_seconds_per_token", r->gen_prefetch_s / steps,
                            10);
     }
+    json_member_int(&w, "ranks", r->n_ranks > 0 ? r->n_ranks : 1);
+    json_member_double(&w, "bytes_allreduced_per_token",
+                       r->gen_reduced / (o->n_gen > 1 ? o->n_gen - 1 : 1), 10);
     json_member_int(&w, "prompt_tokens", o->n_prompt);
     json_member_int(&w, "prompt_splits", r->prompt_splits);
     json_member_double(&w, "prompt_tokens_per_s", o->n_prompt / r->prompt_seconds, 10);
@@ -1335,17 +1364,40 @@ int cmd_run(int argc, char **argv)
     return status;
 }
 
+/* With devices on other processes (DEVICE@RANK in -d: the run is one of several started by
+ * mpirun), this process's rank and the number of ranks; else 0 of 1. */
+static int process_rank(const char *devices, int *n_ranks)
+{
+    *n_ranks = 1;
+    bp_registry *reg = devices != NULL && strchr(devices, '@') ? bp_registry_by_name("MPI") : NULL;
+    void *proc = reg ? bp_registry_get_proc_address(reg, "bp_comm_world") : NULL;
+    bp_comm_world_fn world;
+    int rank = 0;
+    if (proc == NULL) /* (the meta plugin explains a missing mpi plugin when it opens -d) */
+        return 0;
+    memcpy(&world, &proc, sizeof(world));
+    if (world(&rank, n_ranks) != BP_OK)
+        *n_ranks = 1;
+    return rank;
+}
+
 static int run_cmd_main(struct run_opts *o_)
 {
     struct run_opts o = *o_;
     o_->dot_file = NULL; /* run_main closes it */
     bp_plugin_load_all();
+    /* Every process of an mpirun runs the same; the report is rank 0's, the others' errors
+     * still go to stderr. */
+    int n_ranks;
+    if (process_rank(o.devices, &n_ranks) != 0 && freopen("/dev/null", "w", stdout) == NULL)
+        return 1;
 
     struct run_result r, ref;
     if (run_main(&o, &r) != 0) {
         result_free(&r);
         return 1;
     }
+    r.n_ranks = n_ranks;
     struct run_check c = {.agree = true, .pass = true};
     if (o.check) {
         /* The reference keeps the CPU_REPACK layout only when the run under test used it: the

@@ -298,7 +298,10 @@ BP_API bp_registry *bp_registry_by_name(const char *name);
 /* All devices of all registries, in load order. */
 BP_API size_t bp_device_count(void);
 BP_API bp_device *bp_device_get(size_t index);
-/* Case-insensitive; NULL with an error listing the devices that exist. */
+/* Case-insensitive; NULL with an error listing the devices that exist. "NAME0" also names a
+ * device called "NAME" that is the only device of its registry (the CPU plugin calls its one
+ * device "CPU", and "CPU0" then finds it), so one name works on machines with one device or
+ * several. */
 BP_API bp_device *bp_device_by_name(const char *name);
 /* The first device of that type, NULL with an error when there is none. */
 BP_API bp_device *bp_device_by_type(enum bp_device_type type);

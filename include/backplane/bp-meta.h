@@ -48,6 +48,20 @@ typedef bool (*bp_meta_split_fn)(const bp_tensor *weight, int n_devices, struct 
 typedef bp_device *(*bp_meta_device_new_fn)(bp_device *const *devices, int n,
                                             bp_meta_split_fn split, void *user_data);
 
+/* The "bp_meta_device_by_name" proc address: the meta device a "Meta(A,B,...)" name describes
+ * (as bp_backend_init_by_name reads it), stored with the split policy (split, user_data) when it
+ * is new. The way to give a policy to a device with parts on other processes ("DEVICE@RANK",
+ * docs/distributed.md): every rank calls it with the same name and policy. A rank that fails
+ * here (its device missing) tells the others when they make the device's backend, where they
+ * then fail too. */
+typedef bp_device *(*bp_meta_device_by_name_fn)(const char *name, bp_meta_split_fn split,
+                                                void *user_data);
+
+/* The "bp_meta_backend_reduced_bytes" proc address: bytes of the tensors a meta backend has
+ * all-reduced since it was created (with parts on other processes, also the tensors gathered
+ * across them, each counted once); 0 with an error for other backends. */
+typedef size_t (*bp_meta_backend_reduced_bytes_fn)(bp_backend *backend);
+
 /* The "bp_meta_backend_stats" proc address: all-reduces a meta backend has done since it was
  * created and the wall time they took (seconds). BP_ERR_INVALID_ARG for other backends. */
 typedef enum bp_status (*bp_meta_backend_stats_fn)(bp_backend *backend, int *n_reduces,

@@ -53,8 +53,10 @@ void *bp_meta_part_address(const bp_tensor *t, int part)
     struct meta_buf *mb = bp_buffer_get_context(t->buffer);
     struct meta_slot *sl = mb->materialized ? NULL : slot_at(mb, t->data);
     if (sl != NULL)
-        return (char *)bp_buffer_get_base(sl->part[part]) + ((const char *)t->data - sl->data);
-    if (!mb->materialized)
+        return sl->part[part] == NULL ? NULL /* a part on another process */
+                                      : (char *)bp_buffer_get_base(sl->part[part]) +
+                                            ((const char *)t->data - sl->data);
+    if (!mb->materialized || mb->parts[part] == NULL)
         return NULL;
     return (char *)bp_buffer_get_base(mb->parts[part]) + ((const char *)t->data - mb->reserve);
 }
@@ -84,6 +86,8 @@ static enum bp_status materialize(struct meta_buf *mb)
         return bp_set_error(BP_ERR_INVALID_ARG, "%s: a weights buffer cannot also be used as "
                             "another kind of buffer", mb->md->name);
     for (int p = 0; p < mb->md->n; p++) {
+        if (!bp_meta_local(mb->md, p))
+            continue; /* held by its own process */
         mb->parts[p] = bp_buffer_type_alloc(bp_device_get_buffer_type(mb->md->parts[p]), mb->size);
         if (mb->parts[p] == NULL) {
             for (int q = 0; q < p; q++) {
@@ -227,6 +231,9 @@ static enum bp_status slot_for(struct meta_buf *mb, const bp_tensor *t, struct m
     enum bp_status st = sliced_split(mb->md, w, &n.sliced, &n.s);
     for (int p = 0; p < mb->md->n && st == BP_OK; p++) {
         const size_t bytes = n.sliced ? slice_bytes(w, &n.s, p) : n.nbytes;
+        n.part_bytes[p] = bytes;
+        if (!bp_meta_local(mb->md, p))
+            continue; /* its process stores it */
         n.part[p] = bp_buffer_type_alloc(bp_device_get_buffer_type(mb->md->parts[p]), bytes);
         st = n.part[p] != NULL ? bp_buffer_clear(n.part[p], 0) : bp_last_status();
     }
@@ -388,6 +395,18 @@ static enum bp_status read_tensor(struct meta_dev *md, const bp_tensor *t, void 
         st = bp_last_status();
         goto done;
     }
+    for (int p = 0; p < md->n && st == BP_OK; p++)
+        if (!bp_meta_local(md, p) && (s->state == BP_META_PARTIAL ||
+                                      (s->state == BP_META_SPLIT && s->sizes[p] > 0)))
+            st = bp_set_error(BP_ERR_UNSUPPORTED, "%s: cannot read '%s' here: part %d holds %s "
+                              "of it on rank %d (mark it an output with bp_set_output, and the "
+                              "computation gathers it on every rank)", md->name, t->name, p,
+                              s->state == BP_META_SPLIT ? "a slice" : "a partial sum",
+                              md->rank[p]);
+    if (st != BP_OK) {
+        bp_context_free(ctx);
+        goto done;
+    }
     if (s->state == BP_META_SPLIT) {
         /* Every part's slice, in place, in one host copy of the whole tensor. */
         bp_tensor host = *t;
@@ -415,7 +434,7 @@ static enum bp_status read_tensor(struct meta_dev *md, const bp_tensor *t, void 
         }
         bp_buffer_free(host.buffer);
     } else {
-        bp_tensor *p0 = bp_meta_shadow(ctx, md, t, &MIRROR, 0);
+        bp_tensor *p0 = bp_meta_shadow(ctx, md, t, &MIRROR, bp_meta_first_local(md));
         st = p0 ? bp_tensor_get(p0, full, 0, bytes) : bp_last_status();
         if (st == BP_OK && s->state == BP_META_PARTIAL && t->type != BP_TYPE_F32)
             st = bp_set_error(BP_ERR_TYPE, "%s: cannot read '%s': it holds partial sums of type "
@@ -455,7 +474,8 @@ static void mbuf_free(bp_buffer *buf)
         bp_buffer_free(mb->parts[p]);
     for (size_t i = 0; i < mb->n_slots; i++)
         for (int p = 0; p < mb->md->n; p++)
-            bp_buffer_free(mb->slots[i].part[p]);
+            if (mb->slots[i].part[p] != NULL)
+                bp_buffer_free(mb->slots[i].part[p]);
     free(mb->slots);
     munmap(mb->reserve, mb->reserve_size);
     free(mb);
@@ -492,6 +512,8 @@ static enum bp_status scatter(struct meta_buf *mb, const struct meta_slot *sl, c
         const char *src = d ? d + ((size_t)r * row - off) : NULL;
         const int64_t mat = r / M, m = r % M;
         for (int p = 0; p < mb->md->n && st == BP_OK; p++) {
+            if (sl->part[p] == NULL)
+                continue; /* a part on another process: its own rank stores its share */
             bp_tensor dst = *w;
             dst.view_src = NULL;
             dst.buffer = sl->part[p];
@@ -535,6 +557,8 @@ static enum bp_status write_parts(bp_buffer *buf, bp_tensor *t, const void *d, u
     if (sl != NULL)
         return scatter(mb, sl, owner_of(t), d, off, n, v);
     for (int p = 0; p < mb->md->n; p++) {
+        if (!bp_meta_local(mb->md, p))
+            continue;
         bp_tensor pv = part_view(t, p);
         st = d ? bp_tensor_set(&pv, d, off, n) : bp_tensor_memset(&pv, v, off, n);
         if (st != BP_OK)
@@ -571,7 +595,7 @@ static enum bp_status mbuf_clear(bp_buffer *buf, uint8_t v)
     for (int p = 0; p < mb->md->n; p++) {
         enum bp_status st = mb->parts[p] ? bp_buffer_clear(mb->parts[p], v) : BP_OK;
         for (size_t i = 0; i < mb->n_slots && st == BP_OK; i++)
-            st = bp_buffer_clear(mb->slots[i].part[p], v);
+            st = mb->slots[i].part[p] ? bp_buffer_clear(mb->slots[i].part[p], v) : BP_OK;
         if (st != BP_OK)
             return st;
     }
@@ -584,9 +608,13 @@ static enum bp_status mbuf_clear(bp_buffer *buf, uint8_t v)
 size_t bp_meta_buffer_bytes_on(bp_buffer *buf, int part)
 {
     struct meta_buf *mb = bp_buffer_get_context(buf);
-    size_t bytes = mb->parts[part] ? bp_buffer_get_size(mb->parts[part]) : 0;
+    /* A part on another process: what that process holds, known from the same splits. */
+    size_t bytes = mb->parts[part]                                   ? bp_buffer_get_size(mb->parts[part])
+                   : mb->materialized && !bp_meta_local(mb->md, part) ? mb->size
+                                                                      : 0;
     for (size_t i = 0; i < mb->n_slots; i++)
-        bytes += bp_buffer_get_size(mb->slots[i].part[part]);
+        bytes += mb->slots[i].part[part] ? bp_buffer_get_size(mb->slots[i].part[part])
+                                         : mb->slots[i].part_bytes[part];
     return bytes;
 }
 
@@ -611,6 +639,8 @@ static size_t mbuft_alignment(bp_buffer_type *buft)
     struct meta_dev *md = bp_buffer_type_get_context(buft);
     size_t a = 1;
     for (int p = 0; p < md->n; p++) {
+        if (!bp_meta_local(md, p))
+            continue;
         size_t x = bp_buffer_type_get_alignment(bp_device_get_buffer_type(md->parts[p]));
         a = x > a ? x : a;
     }
@@ -622,6 +652,8 @@ static size_t mbuft_max_size(bp_buffer_type *buft)
     struct meta_dev *md = bp_buffer_type_get_context(buft);
     size_t m = SIZE_MAX;
     for (int p = 0; p < md->n; p++) {
+        if (!bp_meta_local(md, p))
+            continue;
         size_t x = bp_buffer_type_get_max_size(bp_device_get_buffer_type(md->parts[p]));
         m = x < m ? x : m;
     }
@@ -633,6 +665,8 @@ static size_t mbuft_alloc_size(bp_buffer_type *buft, const bp_tensor *t)
     struct meta_dev *md = bp_buffer_type_get_context(buft);
     size_t m = 0;
     for (int p = 0; p < md->n; p++) {
+        if (!bp_meta_local(md, p))
+            continue;
         size_t x = bp_buffer_type_get_alloc_size(bp_device_get_buffer_type(md->parts[p]), t);
         m = x > m ? x : m;
     }

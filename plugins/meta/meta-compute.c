@@ -38,6 +38,12 @@ struct run {
     bp_tensor **pending[BP_META_MAX_DEVICES];
     int n_pending[BP_META_MAX_DEVICES];
     int cap_pending;
+    /* Across processes: the first failure on this rank. From then on the rank computes nothing
+     * and takes part in the next collective as failed, so every rank stops there with an
+     * error (never a rank left waiting); told: a collective has reported it (or another
+     * rank's) to every rank. */
+    enum bp_status failed;
+    bool told;
 };
 
 static const struct bp_meta_split MIRROR = {.state = BP_META_MIRRORED};
@@ -73,6 +79,10 @@ static bool make_shadows(struct run *r, const bp_tensor *t, const struct bp_meta
                          bp_tensor **out)
 {
     for (int p = 0; p < r->n; p++) {
+        if (!bp_meta_local(r->md, p)) {
+            out[p] = NULL; /* on another process */
+            continue;
+        }
         out[p] = bp_meta_shadow(r->ctx, r->md, t, s, p);
         if (out[p] == NULL)
             return false;
@@ -217,7 +227,7 @@ static enum bp_status flush(struct run *r)
             st = bp_set_error(jobs[p].status, "%s", jobs[p].error);
     }
     for (int p = 0; p < r->n; p++) {
-        enum bp_status s2 = bp_backend_synchronize(r->mb->parts[p]);
+        enum bp_status s2 = r->mb->parts[p] ? bp_backend_synchronize(r->mb->parts[p]) : BP_OK;
         if (st == BP_OK)
             st = s2;
         bp_graph_free(graphs[p]);
@@ -252,10 +262,15 @@ static bool queue(struct run *r, int p, bp_tensor *sh)
 
 /* A sliced weight needed whole (or split otherwise) in this run: every part gets a whole copy,
  * assembled from all parts' slices, freed when the run ends. */
+static enum bp_status assemble(struct run *r, const bp_tensor *t, const struct meta_slot *sl,
+                              const struct bp_meta_split *s, bp_buffer **temp);
+
 static enum bp_status unslice(struct run *r, struct record *rec)
 {
     const bp_tensor *t = rec->t;
     const struct meta_slot *sl = bp_meta_sliced_slot(t);
+    if (r->md->ranked) /* slices on other processes: summed across them */
+        return assemble(r, t, sl, &sl->s, rec->temp);
     const size_t bytes = bp_nbytes(t);
     char *tmp = malloc(bp_row_size(t->type, t->ne[0]) + 64);
     if (tmp == NULL)
@@ -284,9 +299,91 @@ static enum bp_status unslice(struct run *r, struct record *rec)
     return st;
 }
 
+/* The whole of t into temp[p] of every local part, from slices some of which are on other
+ * processes: each local part contributes its own slice in an otherwise zero whole copy, and
+ * the copies are summed across every part (F32, F16 and BF16: what the communicator sums).
+ * sl: t's slot when it is a sliced weight (its slices packed), else NULL (slices of s in t's
+ * own storage). temp[] gets buffers the caller frees. */
+static enum bp_status assemble(struct run *r, const bp_tensor *t, const struct meta_slot *sl,
+                               const struct bp_meta_split *s, bp_buffer **temp)
+{
+    char desc[BP_TENSOR_DESC_SIZE];
+    if (t->type != BP_TYPE_F32 && t->type != BP_TYPE_F16 && t->type != BP_TYPE_BF16)
+        return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s is split across processes and needed "
+                            "whole; only F32, F16 and BF16 can be gathered across processes",
+                            r->md->name, bp_describe_tensor(t, desc, sizeof(desc)));
+    if (!bp_is_contiguous(t))
+        return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s is split across processes and needed "
+                            "whole; only contiguous tensors can be gathered across processes",
+                            r->md->name, bp_describe_tensor(t, desc, sizeof(desc)));
+    const size_t bytes = bp_nbytes(t);
+    char *tmp = malloc(bp_row_size(t->type, t->ne[0]) + 64);
+    bp_tensor *whole[BP_META_MAX_DEVICES] = {0};
+    enum bp_status st = tmp == NULL ? bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory",
+                                                   r->md->name)
+                                    : BP_OK;
+    for (int p = 0; p < r->n && st == BP_OK; p++) {
+        if (!bp_meta_local(r->md, p))
+            continue;
+        temp[p] = bp_buffer_type_alloc(bp_device_get_buffer_type(r->md->parts[p]), bytes);
+        st = temp[p] != NULL ? bp_buffer_clear(temp[p], 0) : bp_last_status();
+        if (st != BP_OK || s->sizes[p] == 0)
+            continue;
+        whole[p] = bp_meta_shadow_at(r->ctx, t, &MIRROR, p, temp[p], bp_buffer_get_base(temp[p]));
+        bp_tensor *from = sl ? bp_meta_packed_shadow(r->ctx, t, sl, p)
+                             : bp_meta_shadow(r->ctx, r->md, t, s, p);
+        if (whole[p] == NULL || from == NULL) {
+            st = bp_last_status();
+            break;
+        }
+        bp_tensor to = *from;
+        if (sl != NULL) {
+            to = bp_meta_slice_in_whole(t, sl, p, from, temp[p], bp_buffer_get_base(temp[p]));
+        } else {
+            to.buffer = temp[p];
+            to.data = (char *)bp_buffer_get_base(temp[p]) +
+                      ((char *)from->data - (char *)bp_meta_part_address(t, p));
+        }
+        st = bp_meta_copy_rows(from, &to, tmp);
+    }
+    for (int p = 0; p < r->n && st == BP_OK; p++)
+        if (bp_meta_local(r->md, p) && whole[p] == NULL &&
+            (whole[p] = bp_meta_shadow_at(r->ctx, t, &MIRROR, p, temp[p],
+                                          bp_buffer_get_base(temp[p]))) == NULL)
+            st = bp_last_status();
+    free(tmp);
+    const double t0 = now();
+    st = r->mb->allreduce_checked(r->mb->comm, whole, r->n, st);
+    r->mb->reduce_seconds += now() - t0;
+    r->mb->reduce_bytes += bytes;
+    return st;
+}
+
+/* SPLIT -> MIRRORED across processes: assembled in temporary whole copies, then copied into
+ * t's own storage on every local part. */
+static enum bp_status gather_ranked(struct run *r, const bp_tensor *t,
+                                    const struct bp_meta_split *s)
+{
+    bp_buffer *temp[BP_META_MAX_DEVICES] = {0};
+    enum bp_status st = assemble(r, t, NULL, s, temp);
+    for (int p = 0; p < r->n && st == BP_OK; p++) {
+        if (!bp_meta_local(r->md, p))
+            continue;
+        bp_tensor *whole = bp_meta_shadow_at(r->ctx, t, &MIRROR, p, temp[p],
+                                             bp_buffer_get_base(temp[p]));
+        bp_tensor *own = bp_meta_shadow(r->ctx, r->md, t, &MIRROR, p);
+        st = whole && own ? bp_tensor_copy(whole, own) : bp_last_status();
+    }
+    for (int p = 0; p < r->n; p++)
+        bp_buffer_free(temp[p]);
+    return st;
+}
+
 /* SPLIT -> MIRRORED: every part receives every other part's slice. */
 static enum bp_status gather(struct run *r, const bp_tensor *t, const struct bp_meta_split *s)
 {
+    if (r->md->ranked)
+        return gather_ranked(r, t, s);
     char *tmp = malloc(bp_row_size(t->type, t->ne[0]) + 64);
     if (tmp == NULL)
         return bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", r->md->name);
@@ -398,13 +495,33 @@ static enum bp_status allreduce(struct run *r, const bp_tensor *t)
         st = bp_set_error(BP_ERR_UNSUPPORTED, "%s: cannot add up partial sums of the "
                           "non-contiguous tensor %s", r->md->name,
                           bp_describe_tensor(t, desc, sizeof(desc)));
+    else if (r->md->ranked)
+        st = r->mb->allreduce_checked(r->mb->comm, full, r->n, r->failed);
     else if (r->mb->comm != NULL && t->type == BP_TYPE_F32)
         st = r->mb->allreduce(r->mb->comm, full, r->n);
     else
         st = butterfly(r, full);
     r->mb->reduce_seconds += now() - t0;
     r->mb->n_reduces++;
+    r->mb->reduce_bytes += bp_nbytes(t);
     return st;
+}
+
+/* A rank that has failed (r->failed) at a collective the others reach with t: it takes part as
+ * failed with t's shape (its data are not read), so every rank returns an error there. */
+static enum bp_status tell_failure(struct run *r, const bp_tensor *t)
+{
+    const enum bp_status failed = r->failed;
+    bp_tensor *ts[BP_META_MAX_DEVICES] = {0};
+    bp_tensor *shape = r->ctx ? bp_new_tensor_4d(r->ctx, t->type, t->ne[0], t->ne[1], t->ne[2],
+                                                 t->ne[3])
+                              : NULL;
+    for (int p = 0; p < r->n; p++)
+        ts[p] = bp_meta_local(r->md, p) ? shape : NULL;
+    if (shape != NULL) /* (else the others time out: nothing here to say the count with) */
+        r->mb->allreduce_checked(r->mb->comm, ts, r->n, failed);
+    r->told = true;
+    return failed;
 }
 
 /* The shadows of t in state want (converting t's data first when needed). */
@@ -418,36 +535,49 @@ static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_me
     if (sl != NULL && !bp_meta_same_state(&sl->s, want, r->n)) {
         /* Stored in slices, wanted otherwise: whole copies for this run, then any state of
          * those is a view of them. */
-        if (rec->temp[0] == NULL) {
+        if (r->md->ranked && r->failed != BP_OK && rec->temp[bp_meta_first_local(r->md)] == NULL)
+            return tell_failure(r, t);
+        if (rec->temp[bp_meta_first_local(r->md)] == NULL) {
             enum bp_status st = unslice(r, rec);
             if (st != BP_OK)
                 return st;
         }
         for (int p = 0; p < r->n; p++) {
-            out[p] = bp_meta_shadow_at(r->ctx, t, want, p, rec->temp[p],
-                                       bp_buffer_get_base(rec->temp[p]));
-            if (out[p] == NULL)
+            out[p] = bp_meta_local(r->md, p)
+                         ? bp_meta_shadow_at(r->ctx, t, want, p, rec->temp[p],
+                                             bp_buffer_get_base(rec->temp[p]))
+                         : NULL;
+            if (out[p] == NULL && bp_meta_local(r->md, p))
                 return bp_last_status();
         }
         return BP_OK;
     }
-    if (bp_meta_same_state(&rec->s, want, r->n) && rec->sh[0] != NULL) {
+    if (bp_meta_same_state(&rec->s, want, r->n) && rec->sh[bp_meta_first_local(r->md)] != NULL) {
         memcpy(out, rec->sh, (size_t)r->n * sizeof(*out));
         return BP_OK;
     }
     if (!bp_meta_same_state(&rec->s, want, r->n) && rec->s.state != BP_META_MIRRORED) {
-        /* Bring it to MIRRORED: that needs t's finished data. */
+        /* Bring it to MIRRORED: that needs t's finished data. A rank that has failed goes
+         * to the collective only, to tell the others. */
+        if (r->failed != BP_OK)
+            return tell_failure(r, t);
         enum bp_status st = flush(r);
+        if (st != BP_OK && r->md->ranked) {
+            r->failed = st;
+            return tell_failure(r, t);
+        }
         if (st == BP_OK)
             st = rec->s.state == BP_META_SPLIT ? gather(r, t, &rec->s) : allreduce(r, t);
-        if (st != BP_OK)
+        if (st != BP_OK) {
+            r->told = r->md->ranked; /* a collective failed: every rank knows */
             return st;
+        }
         rec->s = MIRROR;
         if (!make_shadows(r, t, &MIRROR, rec->sh))
             return bp_last_status();
     }
     if (bp_meta_same_state(&rec->s, want, r->n)) {
-        if (rec->sh[0] == NULL && !make_shadows(r, t, want, rec->sh))
+        if (rec->sh[bp_meta_first_local(r->md)] == NULL && !make_shadows(r, t, want, rec->sh))
             return bp_last_status();
         memcpy(out, rec->sh, (size_t)r->n * sizeof(*out));
         return BP_OK;
@@ -575,12 +705,16 @@ static enum bp_status compute_node(struct run *r, bp_tensor *node)
     if (rec == NULL)
         return bp_last_status();
     rec->s = out;
+    if (r->failed != BP_OK) /* failed: the states go on as everywhere, nothing is computed */
+        return r->failed;
     if (!make_shadows(r, node, &out, rec->sh))
         return bp_last_status();
     if (bp_op_is_view(node->op))
         return BP_OK;
     const bool regroup = reshaping_copy(node, &want[0], &out);
     for (int p = 0; p < r->n; p++) {
+        if (!bp_meta_local(r->md, p))
+            continue; /* its process computes it */
         bp_tensor *sh = regroup ? regroup_target(r, node, &want[0], srcs[0][p], p) : rec->sh[p];
         if (sh == NULL)
             return bp_last_status();
@@ -608,6 +742,51 @@ static enum bp_status remember_states(struct run *r)
     return BP_OK;
 }
 
+/* The nodes of g with parts on other processes. A failure on this rank does not stop it at
+ * once: it walks on without computing to the next collective and takes part as failed there,
+ * so that every rank stops at that collective with an error. Outputs are gathered on every
+ * rank at the end (a caller reads them from this rank's parts), and a last collective checks
+ * that every rank finished well. */
+static enum bp_status compute_ranked(struct run *r, bp_graph *g, enum bp_status st)
+{
+    const int nn = bp_graph_get_n_nodes(g);
+    r->failed = st;
+    for (int i = 0; i < nn && !r->told; i++) {
+        st = compute_node(r, bp_graph_get_node(g, i));
+        if (st != BP_OK && !r->told && r->failed == BP_OK)
+            r->failed = st;
+    }
+    for (int i = 0; i < nn && !r->told; i++) {
+        bp_tensor *t = bp_graph_get_node(g, i);
+        bp_tensor *sh[BP_META_MAX_DEVICES];
+        if (t->flags & BP_TENSOR_FLAG_OUTPUT) {
+            st = need(r, t, &MIRROR, sh);
+            if (st != BP_OK && !r->told && r->failed == BP_OK)
+                r->failed = st;
+        }
+    }
+    if (!r->told) {
+        if (r->failed == BP_OK && (st = flush(r)) != BP_OK)
+            r->failed = st;
+        float x = 0;
+        bp_buffer *hb = bp_buffer_from_host_ptr(&x, sizeof(x));
+        bp_tensor *one = hb && r->ctx ? bp_new_tensor_1d(r->ctx, BP_TYPE_F32, 1) : NULL;
+        bp_tensor *ts[BP_META_MAX_DEVICES] = {0};
+        if (one != NULL) {
+            one->buffer = hb;
+            one->data = &x;
+            for (int p = 0; p < r->n; p++)
+                ts[p] = bp_meta_local(r->md, p) ? one : NULL;
+            st = r->mb->allreduce_checked(r->mb->comm, ts, r->n, r->failed);
+        } else {
+            st = r->failed != BP_OK ? r->failed : bp_last_status();
+        }
+        bp_buffer_free(hb);
+        return st;
+    }
+    return r->failed != BP_OK ? r->failed : st;
+}
+
 enum bp_status bp_meta_graph_compute(struct meta_backend *mb, bp_graph *g)
 {
     struct run r = {.mb = mb, .md = mb->md, .n = mb->md->n};
@@ -621,8 +800,11 @@ enum bp_status bp_meta_graph_compute(struct meta_backend *mb, bp_graph *g)
     r.ctx = bp_context_new((size_t)(nn + nl + 8) * (size_t)r.n * (BP_MAX_SRC + 3) + 64);
     if (!reserved || r.ctx == NULL)
         st = bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", mb->md->name);
-    for (int i = 0; i < nn && st == BP_OK; i++)
-        st = compute_node(&r, bp_graph_get_node(g, i));
+    if (mb->md->ranked)
+        st = compute_ranked(&r, g, st);
+    else
+        for (int i = 0; i < nn && st == BP_OK; i++)
+            st = compute_node(&r, bp_graph_get_node(g, i));
     if (st == BP_OK)
         st = flush(&r);
     if (st == BP_OK)

@@ -14,7 +14,12 @@ struct meta_dev {
     char *name; /* "Meta(A,B,...)", heap: the parts' names have no length limit */
     char description[512];
     int n;
+    /* Parts on another process ("DEVICE@RANK", docs/distributed.md) have no device here:
+     * parts[p] is NULL, rank[p] says where it is; nothing of theirs is stored or computed on
+     * this rank, and conversions that involve them go through the cross-rank communicator. */
     bp_device *parts[BP_META_MAX_DEVICES];
+    int rank[BP_META_MAX_DEVICES];
+    bool ranked; /* some part is on another process */
     bp_meta_split_fn split_fn;
     void *split_user;
     bp_device *dev;
@@ -30,7 +35,8 @@ struct meta_slot {
     size_t nbytes;
     bool sliced;
     struct bp_meta_split s; /* sliced: the split it is stored in */
-    bp_buffer *part[BP_META_MAX_DEVICES];
+    bp_buffer *part[BP_META_MAX_DEVICES]; /* NULL for parts on another process */
+    size_t part_bytes[BP_META_MAX_DEVICES]; /* what each part holds (also those elsewhere) */
 };
 
 /* A meta buffer stands for an address range it reserves (no memory). Its storage on the parts
@@ -60,13 +66,31 @@ struct meta_backend {
     struct meta_dev *md;
     bp_backend *parts[BP_META_MAX_DEVICES];
     bool async[BP_META_MAX_DEVICES]; /* compute returns before the work is done */
-    bp_comm *comm; /* when every part is of one registry that has collectives */
+    bp_comm *comm; /* when every part is of one registry that has collectives, or across
+                    * processes (the MPI registry's, over every part) */
     bp_comm_allreduce_fn allreduce;
+    bp_comm_allreduce_checked_fn allreduce_checked; /* across processes */
     bp_comm_free_fn comm_free;
     struct meta_worker workers[BP_META_MAX_DEVICES];
     double reduce_seconds; /* time spent in all-reduces, for benchmarks */
     int n_reduces;
+    size_t reduce_bytes; /* bytes of the tensors all-reduced (gathers across processes too) */
 };
+
+/* Whether part p is on this process (its device and backend are here). */
+static inline bool bp_meta_local(const struct meta_dev *md, int p)
+{
+    return md->parts[p] != NULL;
+}
+
+/* The first part on this process (every meta device has one). */
+static inline int bp_meta_first_local(const struct meta_dev *md)
+{
+    int p = 0;
+    while (p < md->n - 1 && md->parts[p] == NULL)
+        p++;
+    return p;
+}
 
 /* meta-buffer.c */
 /* Where t's data lives on part `part`. For a sliced weight that is the part's packed slice. */

@@ -19,6 +19,12 @@
 
 #define MAX_META_DEVICES 32
 
+/* At most this many bytes of a user's string are quoted in a message (the message has a fixed
+ * size, and the facts come before the quotes). */
+#define SHOWN 96
+#define SHOW(str) (int)(strlen(str) > SHOWN ? SHOWN : strlen(str)), (str), \
+                  (strlen(str) > SHOWN ? "..." : "")
+
 /* The meta devices made so far. Devices are added (by name or bp_meta_device_new, from any
  * thread) and only freed with the registry: creation is serialised by `create`, and a device
  * is published by storing its pointer before the release-store of the count, so readers (the
@@ -73,7 +79,7 @@ static void mbe_free(bp_backend *be)
     if (mb->comm)
         mb->comm_free(mb->comm);
     for (int p = 0; p < mb->md->n; p++)
-        bp_backend_free(mb->parts[p]);
+        bp_backend_free(mb->parts[p]); /* (NULL for parts on other processes) */
     free(mb);
 }
 
@@ -82,7 +88,8 @@ static enum bp_status mbe_sync(bp_backend *be)
     struct meta_backend *mb = bp_backend_get_context(be);
     enum bp_status st = BP_OK;
     for (int p = 0; p < mb->md->n && st == BP_OK; p++)
-        st = bp_backend_synchronize(mb->parts[p]);
+        if (mb->parts[p] != NULL)
+            st = bp_backend_synchronize(mb->parts[p]);
     return st;
 }
 
@@ -104,6 +111,16 @@ static enum bp_status meta_backend_stats(bp_backend *be, int *n_reduces, double 
     if (seconds)
         *seconds = mb->reduce_seconds;
     return BP_OK;
+}
+
+static size_t meta_backend_reduced_bytes(bp_backend *be)
+{
+    if (be == NULL || meta.reg == NULL ||
+        bp_device_get_registry(bp_backend_get_device(be)) != meta.reg) {
+        bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_backend_reduced_bytes: not a meta backend");
+        return 0;
+    }
+    return ((struct meta_backend *)bp_backend_get_context(be))->reduce_bytes;
 }
 
 static const struct bp_backend_iface meta_backend_iface = {
@@ -130,7 +147,9 @@ static void mdev_memory(bp_device *dev, size_t *f, size_t *t)
 {
     struct meta_dev *md = bp_device_get_context(dev);
     *f = *t = 0;
-    for (int p = 0; p < md->n; p++) {
+    for (int p = 0; p < md->n; p++) { /* this process's parts */
+        if (!bp_meta_local(md, p))
+            continue;
         size_t pf, pt;
         bp_device_get_memory(md->parts[p], &pf, &pt);
         *f += pf;
@@ -149,6 +168,8 @@ static void mdev_caps(bp_device *dev, struct bp_device_caps *caps)
     struct meta_dev *md = bp_device_get_context(dev);
     *caps = (struct bp_device_caps){true, true, true, true};
     for (int p = 0; p < md->n; p++) {
+        if (!bp_meta_local(md, p))
+            continue;
         struct bp_device_props pr;
         bp_device_get_props(md->parts[p], &pr);
         caps->async &= pr.caps.async;
@@ -156,6 +177,74 @@ static void mdev_caps(bp_device *dev, struct bp_device_caps *caps)
         caps->buffer_from_host_ptr = false;
         caps->events = false; /* the meta device has no events of its own yet */
     }
+}
+
+/* ---- Across processes ------------------------------------------------------------------- */
+
+/* The MPI registry's collectives (the mpi plugin); false with an error naming what is missing. */
+static bool mpi_procs(bp_comm_world_fn *world, bp_comm_init_ranks_fn *init,
+                      bp_comm_allreduce_checked_fn *allreduce, bp_comm_free_fn *comm_free,
+                      const char *who)
+{
+    bp_registry *reg = bp_registry_by_name("MPI");
+    if (reg != NULL) {
+        *world = (bp_comm_world_fn)bp_registry_get_proc_address(reg, "bp_comm_world");
+        *init = (bp_comm_init_ranks_fn)bp_registry_get_proc_address(reg, "bp_comm_init_ranks");
+        *allreduce = (bp_comm_allreduce_checked_fn)bp_registry_get_proc_address(
+            reg, "bp_comm_allreduce_checked");
+        *comm_free = (bp_comm_free_fn)bp_registry_get_proc_address(reg, "bp_comm_free");
+    }
+    if (reg == NULL || !*world || !*init || !*allreduce || !*comm_free) {
+        bp_set_error(BP_ERR_NOT_FOUND, "%.*s%s names parts on other processes (DEVICE@RANK), "
+                     "which needs the mpi plugin (backplane-mpi.so, built where MPI is found)",
+                     SHOW(who));
+        return false;
+    }
+    return true;
+}
+
+/* Seconds a collective across processes waits: BP_COMM_TIMEOUT, else bp-comm.h's default. */
+static double comm_timeout(void)
+{
+    const char *v = getenv("BP_COMM_TIMEOUT");
+    char *end = NULL;
+    const double t = v != NULL ? strtod(v, &end) : 0;
+    return v != NULL && end != v && *end == '\0' && t > 0 ? t : BP_COMM_DEFAULT_TIMEOUT;
+}
+
+/* Tells every rank of a ranked meta device's parts that this one failed (status), at the
+ * point where they make its communicator, so that they fail there too instead of waiting. */
+static void tell_ranks(const int *ranks, int n, enum bp_status status, const char *who)
+{
+    bp_comm_world_fn world;
+    bp_comm_init_ranks_fn init;
+    bp_comm_allreduce_checked_fn allreduce;
+    bp_comm_free_fn comm_free;
+    char saved[512];
+    snprintf(saved, sizeof(saved), "%s", bp_last_error());
+    if (!mpi_procs(&world, &init, &allreduce, &comm_free, who))
+        return;
+    struct bp_comm_member m[BP_META_MAX_DEVICES];
+    for (int p = 0; p < n; p++)
+        m[p] = (struct bp_comm_member){ranks[p], NULL};
+    init(m, n, status, comm_timeout()); /* NULL, as the failure is this rank's own */
+    bp_set_error(status, "%s", saved);
+}
+
+/* mb's communicator over every part of a ranked meta device, made with the other ranks;
+ * status: this rank's state so far. False with the error (this rank's, or BP_ERR_REMOTE
+ * naming the rank that failed). */
+static bool ranked_comm(struct meta_dev *md, struct meta_backend *mb, enum bp_status status)
+{
+    bp_comm_world_fn world;
+    bp_comm_init_ranks_fn init;
+    if (!mpi_procs(&world, &init, &mb->allreduce_checked, &mb->comm_free, md->name))
+        return false;
+    struct bp_comm_member m[BP_META_MAX_DEVICES];
+    for (int p = 0; p < md->n; p++)
+        m[p] = (struct bp_comm_member){md->rank[p], mb->parts[p]};
+    mb->comm = init(m, md->n, status, comm_timeout());
+    return mb->comm != NULL;
 }
 
 static bp_backend *mdev_init_backend(bp_device *dev, const char *params)
@@ -167,31 +256,49 @@ static bp_backend *mdev_init_backend(bp_device *dev, const char *params)
         return NULL;
     }
     mb->md = md;
-    for (int p = 0; p < md->n; p++) {
+    enum bp_status status = BP_OK;
+    for (int p = 0; p < md->n && status == BP_OK; p++) {
+        if (!bp_meta_local(md, p))
+            continue; /* its own process makes it */
         mb->parts[p] = bp_device_init_backend(md->parts[p], params);
         if (mb->parts[p] == NULL) {
-            for (int q = 0; q < p; q++)
-                bp_backend_free(mb->parts[q]);
-            free(mb);
-            return NULL;
+            status = bp_last_status();
+            break;
         }
         struct bp_device_props pr;
         bp_device_get_props(md->parts[p], &pr);
         mb->async[p] = pr.caps.async;
     }
-    /* Collectives of the parts' registry, when all parts share one and it has them. */
-    bp_registry *reg = bp_device_get_registry(md->parts[0]);
-    bool same = true;
-    for (int p = 1; p < md->n; p++)
-        same &= bp_device_get_registry(md->parts[p]) == reg;
-    const char *off = getenv("BP_META_NO_COMM");
-    if (same && !(off && off[0] == '1')) {
-        bp_comm_init_fn init = (bp_comm_init_fn)bp_registry_get_proc_address(reg, "bp_comm_init");
-        mb->allreduce =
-            (bp_comm_allreduce_fn)bp_registry_get_proc_address(reg, "bp_comm_allreduce");
-        mb->comm_free = (bp_comm_free_fn)bp_registry_get_proc_address(reg, "bp_comm_free");
-        if (init && mb->allreduce && mb->comm_free)
-            mb->comm = init(mb->parts, md->n);
+    if (md->ranked) {
+        /* Across processes: the communicator over every part, made with every rank (a rank
+         * whose part failed says so, and every rank fails here rather than later). */
+        if (!ranked_comm(md, mb, status)) {
+            for (int p = 0; p < md->n; p++)
+                bp_backend_free(mb->parts[p]);
+            free(mb);
+            return NULL;
+        }
+    } else if (status != BP_OK) {
+        for (int p = 0; p < md->n; p++)
+            bp_backend_free(mb->parts[p]);
+        free(mb);
+        return NULL;
+    } else {
+        /* Collectives of the parts' registry, when all parts share one and it has them. */
+        bp_registry *reg = bp_device_get_registry(md->parts[0]);
+        bool same = true;
+        for (int p = 1; p < md->n; p++)
+            same &= bp_device_get_registry(md->parts[p]) == reg;
+        const char *off = getenv("BP_META_NO_COMM");
+        if (same && !(off && off[0] == '1')) {
+            bp_comm_init_fn init =
+                (bp_comm_init_fn)bp_registry_get_proc_address(reg, "bp_comm_init");
+            mb->allreduce =
+                (bp_comm_allreduce_fn)bp_registry_get_proc_address(reg, "bp_comm_allreduce");
+            mb->comm_free = (bp_comm_free_fn)bp_registry_get_proc_address(reg, "bp_comm_free");
+            if (init && mb->allreduce && mb->comm_free)
+                mb->comm = init(mb->parts, md->n);
+        }
     }
     bp_backend *be = bp_backend_new(dev, &meta_backend_iface, mb);
     if (be == NULL) {
@@ -212,8 +319,8 @@ static bp_buffer_type *mdev_buft(bp_device *dev)
 static bool mdev_supports_op(bp_device *dev, const bp_tensor *op)
 {
     struct meta_dev *md = bp_device_get_context(dev);
-    for (int p = 0; p < md->n; p++) {
-        if (!bp_device_supports_op(md->parts[p], op))
+    for (int p = 0; p < md->n; p++) { /* (parts elsewhere: their processes ask theirs) */
+        if (bp_meta_local(md, p) && !bp_device_supports_op(md->parts[p], op))
             return false;
     }
     return true;
@@ -239,34 +346,59 @@ static const struct bp_device_iface meta_device_iface = {
 
 /* ---- Registry ---------------------------------------------------------------------------- */
 
-/* At most this many bytes of a user's string are quoted in a message (the message has a fixed
- * size, and the facts come before the quotes). */
-#define SHOWN 96
-#define SHOW(str) (int)(strlen(str) > SHOWN ? SHOWN : strlen(str)), (str), \
-                  (strlen(str) > SHOWN ? "..." : "")
 
-/* "Meta(A,B,...)" from the parts' names, on the heap (names have no length limit). */
-static char *compose_name(bp_device *const *devices, int n)
+/* The parts of a meta device being made: devices (NULL for a part on another process), and
+ * for a device across processes each part's rank and the name it was given. */
+struct parts {
+    bp_device *const *devices;
+    const int *ranks;         /* NULL: every part on this process */
+    char *const *names;       /* with ranks */
+};
+
+/* Across processes every part goes by the name it was given (the same on every rank, where
+ * only some parts have a device to ask); otherwise by its device's own name. */
+static const char *part_name(const struct parts *ps, int i)
+{
+    return ps->ranks != NULL ? ps->names[i] : bp_device_get_name(ps->devices[i]);
+}
+
+/* "Meta(A,B,...)" from the parts' names ("A@0,B@1" across processes), on the heap (names have
+ * no length limit). */
+static char *compose_name(const struct parts *ps, int n)
 {
     size_t len = sizeof("Meta()");
     for (int i = 0; i < n; i++)
-        len += strlen(bp_device_get_name(devices[i])) + 1;
+        len += strlen(part_name(ps, i)) + 1 + (ps->ranks ? 12 : 0);
     char *name = malloc(len);
     if (name == NULL)
         return NULL;
     size_t used = (size_t)snprintf(name, len, "Meta(");
-    for (int i = 0; i < n; i++)
-        used += (size_t)snprintf(name + used, len - used, "%s%s", i ? "," : "",
-                                 bp_device_get_name(devices[i]));
+    for (int i = 0; i < n; i++) {
+        used += (size_t)snprintf(name + used, len - used, "%s%s", i ? "," : "", part_name(ps, i));
+        if (ps->ranks != NULL)
+            used += (size_t)snprintf(name + used, len - used, "@%d", ps->ranks[i]);
+    }
     snprintf(name + used, len - used, ")");
     return name;
 }
 
 /* Whether devices[0..n) can be the parts of a meta device: none NULL, none a meta device, none
  * twice. The error (starting with `who`) says which when not. */
-static bool parts_valid(bp_device *const *devices, int n, const char *who)
+static bool parts_valid(const struct parts *ps, int n, const char *who)
 {
+    bp_device *const *devices = ps->devices;
     for (int i = 0; i < n; i++) {
+        if (devices[i] == NULL && ps->ranks != NULL) { /* on another process */
+            for (int j = 0; j < i; j++)
+                if (ps->ranks[j] == ps->ranks[i] &&
+                    strcasecmp(part_name(ps, j), part_name(ps, i)) == 0) {
+                    bp_set_error(BP_ERR_INVALID_ARG, "%s: '%.*s%s@%d' is listed twice (parts "
+                                 "%d and %d); each device can be one part only", who,
+                                 SHOW(part_name(ps, i)), ps->ranks[i], j, i);
+                    return false;
+                }
+            continue;
+        }
         if (devices[i] == NULL) {
             bp_set_error(BP_ERR_INVALID_ARG, "%s: device %d of %d is NULL", who, i, n);
             return false;
@@ -294,39 +426,40 @@ static bool parts_valid(bp_device *const *devices, int n, const char *who)
  * (fn NULL, as "Meta(...)" names make) takes the device whatever policy it was made with; a
  * request with a policy other than the existing device's is an error, since the policy decides
  * how that device's weights are stored. `who` starts every error message. */
-static bp_device *find_or_make(bp_device *const *devices, int n, bp_meta_split_fn fn, void *user,
+static bp_device *find_or_make(const struct parts *ps, int n, bp_meta_split_fn fn, void *user,
                                const char *who, char *name);
 
-static bp_device *device_for(bp_device *const *devices, int n, bp_meta_split_fn fn, void *user,
+static bp_device *device_for(const struct parts *ps, int n, bp_meta_split_fn fn, void *user,
                              const char *who)
 {
-    if (!parts_valid(devices, n, who))
+    if (!parts_valid(ps, n, who))
         return NULL;
     if (fn == NULL)
         user = NULL; /* no policy: the user data means nothing */
-    char *name = compose_name(devices, n);
+    char *name = compose_name(ps, n);
     if (name == NULL) {
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", who);
         return NULL;
     }
     pthread_mutex_lock(&meta.create);
-    bp_device *dev = find_or_make(devices, n, fn, user, who, name);
+    bp_device *dev = find_or_make(ps, n, fn, user, who, name);
     pthread_mutex_unlock(&meta.create);
     return dev;
 }
 
 /* The meta device over devices (creation lock held): the existing one, or a new one. Takes
  * name (heap). */
-static bp_device *find_or_make(bp_device *const *devices, int n, bp_meta_split_fn fn, void *user,
+static bp_device *find_or_make(const struct parts *ps, int n, bp_meta_split_fn fn, void *user,
                                const char *who, char *name)
 {
+    bp_device *const *devices = ps->devices;
     for (int k = 0; k < n_devices(); k++) {
         struct meta_dev *md = meta.devs[k];
         if (strcasecmp(md->name, name) != 0)
             continue;
-        bool same_parts = md->n == n;
+        bool same_parts = md->n == n && md->ranked == (ps->ranks != NULL);
         for (int i = 0; same_parts && i < n; i++)
-            same_parts = md->parts[i] == devices[i];
+            same_parts = md->parts[i] == devices[i] && (!md->ranked || md->rank[i] == ps->ranks[i]);
         free(name);
         if (!same_parts) {
             bp_set_error(BP_ERR_INVALID_ARG, "%s: a meta device named '%.*s%s' already exists "
@@ -358,10 +491,13 @@ static bp_device *find_or_make(bp_device *const *devices, int n, bp_meta_split_f
     md->split_fn = fn;
     md->split_user = user;
     bp_meta_states_init(&md->states);
-    for (int i = 0; i < n; i++)
+    md->ranked = ps->ranks != NULL;
+    for (int i = 0; i < n; i++) {
         md->parts[i] = devices[i];
-    snprintf(md->description, sizeof(md->description), "tensor parallelism over %d devices%s",
-             n, fn ? " (user split policy)" : "");
+        md->rank[i] = ps->ranks != NULL ? ps->ranks[i] : 0;
+    }
+    snprintf(md->description, sizeof(md->description), "tensor parallelism over %d devices%s%s",
+             n, md->ranked ? " in several processes" : "", fn ? " (user split policy)" : "");
     md->dev = bp_device_new(meta.reg, &meta_device_iface, md);
     md->buft = md->dev ? bp_meta_buffer_type_new(md) : NULL;
     if (md->buft == NULL) {
@@ -390,7 +526,8 @@ static bp_device *meta_device_new(bp_device *const *devices, int n, bp_meta_spli
                      BP_META_MAX_DEVICES, n);
         return NULL;
     }
-    return device_for(devices, n, fn, user, "bp_meta_device_new");
+    const struct parts ps = {devices, NULL, NULL};
+    return device_for(&ps, n, fn, user, "bp_meta_device_new");
 }
 
 static bool is_space(char c)
@@ -398,21 +535,50 @@ static bool is_space(char c)
     return c == ' ' || c == '\t';
 }
 
+/* Splits item "NAME@RANK" into NAME (item, cut) and the rank; -1 when there is no '@' (the part
+ * is on the calling process). -2 after an error. */
+static int take_rank(char *item, const char *name)
+{
+    char *at = strrchr(item, '@');
+    if (at == NULL)
+        return -1;
+    const char *digits = at + 1;
+    long v = 0;
+    bool ok = *digits != '\0' && strlen(digits) <= 6;
+    for (const char *d = digits; ok && *d; d++) {
+        ok = *d >= '0' && *d <= '9';
+        v = v * 10 + (*d - '0');
+    }
+    if (!ok || at == item) {
+        bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' in '%.*s%s' is not DEVICE@RANK (a rank is a "
+                     "number from 0)", SHOW(item), SHOW(name));
+        return -2;
+    }
+    *at = '\0';
+    return (int)v;
+}
+
 /* "Meta(A,B,...)": the meta device over the named devices (the default policy when it is new).
  * The whole name is parsed, with no length limit: "Meta(" in any case, one or more device names
  * separated by commas (spaces around a name are ignored), ")" and nothing after it. An empty
- * name, a device listed twice, a nested "(" and anything after the ")" are errors. */
-static bp_backend *meta_init_by_name(const char *name, const char *params)
+ * name, a device listed twice, a nested "(" and anything after the ")" are errors. A name
+ * "DEVICE@RANK" is a part on the process of that MPI rank (docs/distributed.md): every rank
+ * makes the same device, holding and computing its own parts only; a part without '@' is on
+ * the calling process. */
+static bp_device *meta_device_by_name(const char *name, bp_meta_split_fn fn, void *user)
 {
     if (name == NULL)
-        return (bp_backend *)(bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_init_by_name: name is "
-                                           "NULL"), NULL);
+        return (bp_device *)(bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_device_by_name: name is "
+                                          "NULL"), NULL);
     if (strncasecmp(name, "Meta(", 5) != 0)
-        return (bp_backend *)(bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' is not of the form "
-                                           "Meta(A,B,...)", SHOW(name)), NULL);
-    bp_device *devs[BP_META_MAX_DEVICES];
+        return (bp_device *)(bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' is not of the form "
+                                          "Meta(A,B,...)", SHOW(name)), NULL);
+    bp_device *devs[BP_META_MAX_DEVICES] = {0};
+    char *names[BP_META_MAX_DEVICES] = {0};
+    int ranks[BP_META_MAX_DEVICES];
+    bool ranked = false;
+    bp_device *md = NULL;
     int n = 0;
-    char *item = NULL; /* the current device name, NUL-terminated for the lookup */
     const char *p = name + 5;
     for (;;) {
         const char *start = p, *end = p + strcspn(p, ",()");
@@ -425,12 +591,12 @@ static bp_backend *meta_init_by_name(const char *name, const char *params)
         if (sep == '\0') {
             bp_set_error(BP_ERR_INVALID_ARG, "no closing parenthesis in '%.*s%s' (the form is "
                          "Meta(A,B,...))", SHOW(name));
-            goto fail;
+            goto done;
         }
         if (sep == '(') {
             bp_set_error(BP_ERR_INVALID_ARG, "'(' inside '%.*s%s': a meta device cannot be a "
                          "part of another", SHOW(name));
-            goto fail;
+            goto done;
         }
         if (start == stop) {
             if (n == 0 && sep == ')')
@@ -438,24 +604,22 @@ static bp_backend *meta_init_by_name(const char *name, const char *params)
             else
                 bp_set_error(BP_ERR_INVALID_ARG, "device %d of '%.*s%s' is empty (an extra or "
                              "missing comma?)", n + 1, SHOW(name));
-            goto fail;
+            goto done;
         }
         if (n == BP_META_MAX_DEVICES) {
             bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' names more than %d devices", SHOW(name),
                          BP_META_MAX_DEVICES);
-            goto fail;
+            goto done;
         }
-        char *grown = realloc(item, (size_t)(stop - start) + 1);
-        if (grown == NULL) {
+        if ((names[n] = malloc((size_t)(stop - start) + 1)) == NULL) {
             bp_set_error(BP_ERR_OUT_OF_MEMORY, "out of memory parsing '%.*s%s'", SHOW(name));
-            goto fail;
+            goto done;
         }
-        item = grown;
-        memcpy(item, start, (size_t)(stop - start));
-        item[stop - start] = '\0';
-        devs[n] = bp_device_by_name(item);
-        if (devs[n] == NULL)
-            goto fail; /* the lookup's error names the device and lists those that exist */
+        memcpy(names[n], start, (size_t)(stop - start));
+        names[n][stop - start] = '\0';
+        if ((ranks[n] = take_rank(names[n], name)) == -2)
+            goto done;
+        ranked |= ranks[n] >= 0;
         n++;
         p = end + 1;
         if (sep == ')')
@@ -464,16 +628,49 @@ static bp_backend *meta_init_by_name(const char *name, const char *params)
     if (*p != '\0') {
         bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' after the closing parenthesis of '%.*s%s'",
                      SHOW(p), SHOW(name));
-        goto fail;
+        goto done;
     }
-    free(item);
+    int me = 0, n_ranks = 1;
+    if (ranked) { /* which parts are this process's */
+        bp_comm_world_fn world;
+        bp_comm_init_ranks_fn init;
+        bp_comm_allreduce_checked_fn allreduce;
+        bp_comm_free_fn comm_free;
+        if (!mpi_procs(&world, &init, &allreduce, &comm_free, name) ||
+            world(&me, &n_ranks) != BP_OK)
+            goto done;
+        for (int i = 0; i < n; i++) {
+            if (ranks[i] < 0)
+                ranks[i] = me;
+            if (ranks[i] >= n_ranks) {
+                bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s': part %d is on rank %d, but the "
+                             "program runs as %d process%s (ranks 0 to %d)", SHOW(name), i,
+                             ranks[i], n_ranks, n_ranks == 1 ? "" : "es", n_ranks - 1);
+                goto done;
+            }
+        }
+    }
     char who[SHOWN + 8];
     snprintf(who, sizeof(who), "'%.*s%s'", SHOW(name));
-    bp_device *md = device_for(devs, n, NULL, NULL, who);
+    enum bp_status st = BP_OK;
+    for (int i = 0; i < n && st == BP_OK; i++)
+        if (!ranked || ranks[i] == me)
+            st = (devs[i] = bp_device_by_name(names[i])) != NULL ? BP_OK : bp_last_status();
+    /* (the lookup's error names the device and lists those that exist) */
+    const struct parts ps = {devs, ranked ? ranks : NULL, names};
+    md = st == BP_OK ? device_for(&ps, n, fn, user, who) : NULL;
+    if (md == NULL && ranked) /* the other ranks are told, and fail too */
+        tell_ranks(ranks, n, bp_last_status(), name);
+done:
+    for (int i = 0; i < BP_META_MAX_DEVICES; i++)
+        free(names[i]);
+    return md;
+}
+
+static bp_backend *meta_init_by_name(const char *name, const char *params)
+{
+    bp_device *md = meta_device_by_name(name, NULL, NULL);
     return md ? bp_device_init_backend(md, params) : NULL;
-fail:
-    free(item);
-    return NULL;
 }
 
 static const char *mreg_name(bp_registry *reg)
@@ -501,10 +698,14 @@ static void *mreg_proc(bp_registry *reg, const char *name)
         return (void *)meta_device_new;
     if (strcmp(name, "bp_meta_init_by_name") == 0)
         return (void *)meta_init_by_name;
+    if (strcmp(name, "bp_meta_device_by_name") == 0)
+        return (void *)meta_device_by_name;
     if (strcmp(name, "bp_meta_backend_stats") == 0)
         return (void *)meta_backend_stats;
     if (strcmp(name, "bp_meta_buffer_part_bytes") == 0)
         return (void *)meta_buffer_part_bytes;
+    if (strcmp(name, "bp_meta_backend_reduced_bytes") == 0)
+        return (void *)meta_backend_reduced_bytes;
     return NULL;
 }
 

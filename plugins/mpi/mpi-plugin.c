@@ -232,7 +232,8 @@ static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_s
             comm_free(c);
             return NULL;
         }
-        if ((m[i].rank == world.rank) != (m[i].backend != NULL)) {
+        /* (a rank that failed before may lack its members' backends) */
+        if (status == BP_OK && (m[i].rank == world.rank) != (m[i].backend != NULL)) {
             bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_init_ranks: member %d (rank %d) %s",
                          i, m[i].rank, m[i].backend != NULL
                                            ? "is on another rank but has a backend"
@@ -364,7 +365,17 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
                             "collective of this communicator timed out; it takes no more",
                             world.rank);
     bp_tensor *first = NULL;
-    enum bp_status st = check_tensors(c, t, n, &first);
+    enum bp_status st = BP_OK;
+    if (status == BP_OK) {
+        st = check_tensors(c, t, n, &first);
+    } else { /* failed already: only the count is needed (the data are not read) */
+        for (int i = 0; i < n && i < c->n && first == NULL; i++)
+            if (c->members[i].rank == world.rank)
+                first = t[i];
+        if (first == NULL)
+            st = bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_allreduce (MPI): no tensor of this "
+                              "rank's members says how many values the others sum");
+    }
     if (st != BP_OK && first == NULL)
         return st; /* (the other ranks time out: nothing here says what they sum) */
     if (st != BP_OK && status == BP_OK)
