@@ -11,9 +11,11 @@
 
 #include <backplane/backplane.h>
 #include <backplane/bp-comm.h>
+#include <backplane/bp-meta.h>
 #include <backplane/bp-plugin.h> /* bp_set_error, to fail as a plugin would */
 
 #include "test-util.h"
+#include "tf-model.h"
 
 static bp_backend *cpu, *cpu2;
 static bp_comm_world_fn world;
@@ -27,8 +29,8 @@ static int rank, n_ranks;
 static void setup(void)
 {
     char path[8192];
-    snprintf(path, sizeof(path), "%s:%s", getenv("BP_TEST_CPU_PLUGIN_DIR"),
-             getenv("BP_TEST_MPI_PLUGIN_DIR"));
+    snprintf(path, sizeof(path), "%s:%s:%s", getenv("BP_TEST_CPU_PLUGIN_DIR"),
+             getenv("BP_TEST_MPI_PLUGIN_DIR"), getenv("BP_TEST_META_PLUGIN_DIR"));
     setenv("BP_PLUGIN_PATH", path, 1);
     setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
     setenv("BP_CPU_DEVICES", "2", 1);
@@ -306,6 +308,113 @@ START_TEST(test_timeouts)
 }
 END_TEST
 
+/* ---- A meta device over parts on both ranks ------------------------------------------------ */
+
+static const struct tf_config tiny = {.n_layer = 2, .n_embd = 48, .n_ff = 96, .n_head = 6,
+                                      .n_vocab = 40, .n_tok = 5, .wtype = BP_TYPE_F32};
+
+/* Logits of one forward pass of cfg with weights and activations in be's buffers; with
+ * bad_token, this rank's first token is out of the vocabulary (its GET_ROWS fails). */
+static float *forward_with(bp_backend *be, const struct tf_config *cfg, bool bad_token,
+                           enum bp_status *status)
+{
+    bp_buffer_type *buft = bp_backend_get_default_buffer_type(be);
+    struct model m;
+    model_init(&m, cfg, buft);
+    bp_context *ctx = bp_context_new(tf_graph_n_tensors(cfg));
+    struct tf_graph tg;
+    ck_assert(tf_build(ctx, cfg, &m.w, &tg));
+    bp_graph *g = bp_graph_new(tf_graph_n_tensors(cfg) + tf_weights_n_tensors(cfg));
+    ck_assert_int_eq(bp_graph_build_forward(g, tg.logits), BP_OK);
+    bp_buffer *abuf = bp_alloc_ctx_tensors(ctx, buft);
+    ck_assert_msg(abuf != NULL, "%s", bp_last_error());
+    set_inputs(&tg, cfg, 0);
+    const int32_t bad = cfg->n_vocab + 5;
+    if (bad_token)
+        ck_assert_int_eq(bp_tensor_set(tg.tokens, &bad, 0, sizeof(bad)), BP_OK);
+    *status = bp_backend_graph_compute(be, g);
+    float *out = NULL;
+    if (*status == BP_OK) {
+        out = malloc(bp_nbytes(tg.logits));
+        ck_assert_int_eq(bp_tensor_get(tg.logits, out, 0, bp_nbytes(tg.logits)), BP_OK);
+    }
+    bp_buffer_free(abuf);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+    model_free(&m);
+    return out;
+}
+
+static float *forward(bp_backend *be, const struct tf_config *cfg, enum bp_status *status)
+{
+    return forward_with(be, cfg, false, status);
+}
+
+/* The model over Meta(CPU0@0,CPU0@1) on every rank: each rank holds half of the split weights
+ * and the logits equal the CPU alone's; quantised weights and F16 ones too. */
+START_TEST(test_meta_across_ranks)
+{
+    bp_backend *meta = bp_backend_init_by_name("Meta(CPU0@0,CPU0@1)", NULL);
+    ck_assert_msg(meta != NULL, "%s", bp_last_error());
+    static const enum bp_type wtypes[] = {BP_TYPE_F32, BP_TYPE_F16, BP_TYPE_Q8_0};
+    for (size_t i = 0; i < 3; i++) {
+        struct tf_config cfg = tiny;
+        cfg.wtype = wtypes[i];
+        if (cfg.wtype == BP_TYPE_Q8_0)
+            cfg.n_embd = 64, cfg.n_ff = 128, cfg.n_head = 4;
+        enum bp_status st;
+        float *ref = forward(cpu, &cfg, &st);
+        float *got = forward(meta, &cfg, &st);
+        ck_assert_msg(st == BP_OK, "%s", bp_last_error());
+        assert_close_nmse(got, ref, (int64_t)cfg.n_vocab * cfg.n_tok,
+                          cfg.wtype == BP_TYPE_F32 ? 1e-10 : 1e-5);
+        free(ref);
+        free(got);
+    }
+    bp_registry *reg = bp_registry_by_name("Meta");
+    bp_meta_backend_reduced_bytes_fn reduced;
+    void *proc = bp_registry_get_proc_address(reg, "bp_meta_backend_reduced_bytes");
+    ck_assert_ptr_nonnull(proc);
+    memcpy(&reduced, &proc, sizeof(reduced));
+    ck_assert_uint_gt(reduced(meta), 0);
+    /* Rank 1's computation fails half-way (a token outside the vocabulary on its side): every
+     * rank returns an error at the next collective, rank 0 naming rank 1; then the device
+     * computes as before. */
+    enum bp_status st;
+    free(forward_with(meta, &tiny, rank == 1, &st));
+    if (rank == 1) {
+        ck_assert_int_eq(st, BP_ERR_OUT_OF_BOUNDS);
+    } else {
+        ck_assert_int_eq(st, BP_ERR_REMOTE);
+        ck_assert_error_has(BP_ERR_REMOTE, "rank 1 failed (BP_ERR_OUT_OF_BOUNDS)");
+    }
+    float *ref = forward(cpu, &tiny, &st), *got = forward(meta, &tiny, &st);
+    ck_assert_msg(st == BP_OK, "%s", bp_last_error());
+    assert_close_nmse(got, ref, (int64_t)tiny.n_vocab * tiny.n_tok, 1e-10);
+    free(ref);
+    free(got);
+    bp_backend_free(meta);
+}
+END_TEST
+
+/* Names across processes: a rank out of range, a part listed twice, and the failure of one
+ * rank's device, which every rank hears about (no rank waits). */
+START_TEST(test_meta_setup_errors)
+{
+    ck_assert_ptr_null(bp_backend_init_by_name("Meta(CPU0@0,CPU0@7)", NULL));
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "part 1 is on rank 7, but the program runs as 2");
+    ck_assert_ptr_null(bp_backend_init_by_name("Meta(CPU0@0,CPU0@x)", NULL));
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "is not DEVICE@RANK");
+    /* rank 1 names a device it does not have */
+    ck_assert_ptr_null(bp_backend_init_by_name(rank == 1 ? "Meta(CPU0@0,NOPE@1)"
+                                                         : "Meta(CPU0@0,NOPE@1)", NULL));
+    if (rank == 1)
+        ck_assert_error_has(BP_ERR_NOT_FOUND, "no device is named 'NOPE'");
+    else
+        ck_assert_error_has(BP_ERR_REMOTE, "rank 1 failed");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("mpi");
@@ -317,6 +426,8 @@ int main(void)
     tcase_add_test(tc, test_rank_failing_during_setup);
     tcase_add_test(tc, test_rank_failing_before_an_allreduce);
     tcase_add_test(tc, test_members_checked);
+    tcase_add_test(tc, test_meta_across_ranks);
+    tcase_add_test(tc, test_meta_setup_errors);
     tcase_add_test(tc, test_timeouts);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
