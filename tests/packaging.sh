@@ -13,7 +13,7 @@ skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" -eq 0 ] || skip "not root: installing packages needs root"
 command -v dpkg-buildpackage >/dev/null 2>&1 || skip "dpkg-buildpackage is not installed"
 [ -x /usr/bin/dh ] || skip "debhelper is not installed"
-for p in libbackplane0 backplane-tools backplane-plugin-cpu backplane-plugin-meta; do
+for p in libbackplane0 backplane-tools backplane-plugin-cpu backplane-plugin-meta backplane-plugin-mpi; do
     if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
         skip "$p is already installed on this machine; not touching it"
     fi
@@ -21,7 +21,7 @@ done
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
-pkgs="backplane-plugin-meta backplane-plugin-cpu backplane-tools libbackplane0"
+pkgs="backplane-plugin-mpi backplane-plugin-meta backplane-plugin-cpu backplane-tools libbackplane0"
 cleanup() {
     dpkg -P $pkgs >/dev/null 2>&1
     rm -rf "$work"
@@ -52,9 +52,10 @@ if ! (cd "$src" && DEB_BUILD_OPTIONS="nocheck parallel=$(nproc)" dpkg-buildpacka
     exit 1
 fi
 deb() { ls "$work"/"$1"_*.deb; }
-check "the five packages were built" sh -c "ls '$work'/*.deb | grep -v dbgsym | grep -c '\.deb$' | grep -qx 5"
+check "the six packages were built" sh -c "ls '$work'/*.deb | grep -v dbgsym | grep -c '\.deb$' | grep -qx 6"
 check "libbackplane0 holds the versioned library only" sh -c "dpkg -c \$(ls '$work'/libbackplane0_*.deb) | grep -q 'libbackplane.so.0.0.0' && ! dpkg -c \$(ls '$work'/libbackplane0_*.deb) | grep -q 'include/'"
 check "each plugin package holds its plugin" sh -c "dpkg -c \$(ls '$work'/backplane-plugin-cpu_*.deb) | grep -q 'backplane/plugins/backplane-cpu-avx512.so' && dpkg -c \$(ls '$work'/backplane-plugin-meta_*.deb) | grep -q 'backplane/plugins/backplane-meta.so'"
+check "the mpi plugin package holds its plugin and depends on Open MPI" sh -c "dpkg -c \$(ls '$work'/backplane-plugin-mpi_*.deb) | grep -q 'backplane/plugins/backplane-mpi.so' && dpkg -f \$(ls '$work'/backplane-plugin-mpi_*.deb) Depends | grep -q 'libopenmpi'"
 check "plugin packages depend on the plugin API" sh -c "dpkg -f \$(ls '$work'/backplane-plugin-meta_*.deb) Depends | grep -q 'backplane-plugin-api-1'"
 
 check "runtime, tools and the CPU plugin install" dpkg -i "$(deb libbackplane0)" "$(deb backplane-tools)" "$(deb backplane-plugin-cpu)"
@@ -64,6 +65,12 @@ check "the tiny model runs on the installed CPU plugin" sh -c "backplane run --m
 check "Meta is unknown without its package" sh -c "BP_CPU_DEVICES=2 backplane run -d 'Meta(CPU0,CPU1)' -n 2; test \$? -ne 0"
 check "the meta plugin installs" dpkg -i "$(deb backplane-plugin-meta)"
 check "Meta(CPU0,CPU1) runs the tiny model" sh -c "BP_CPU_DEVICES=2 backplane run -d 'Meta(CPU0,CPU1)' --model tiny -n 4 --check | grep -q 'tokens agree'"
+check "the mpi plugin installs" dpkg -i "$(deb backplane-plugin-mpi)"
+check "backplane list shows the MPI registry" sh -c "backplane list | grep -q \"registry 'MPI'\""
+if command -v mpirun >/dev/null 2>&1; then
+    check "two processes run the tiny model over Meta(CPU0@0,CPU0@1)" sh -c "mpirun -np 2 --oversubscribe --allow-run-as-root -x BP_PLUGIN_PATH -x BP_LOG_LEVEL backplane run -d 'Meta(CPU0@0,CPU0@1)' --model tiny -n 4 --check | grep -q 'tokens agree'"
+fi
+check "the mpi plugin is removed" dpkg -r backplane-plugin-mpi
 check "the meta plugin is removed" dpkg -r backplane-plugin-meta
 check "and Meta is gone again" sh -c "! backplane list | grep -qi 'meta' && ! BP_CPU_DEVICES=2 backplane run -d 'Meta(CPU0,CPU1)' -n 2"
 check "everything purges" dpkg -P $pkgs

@@ -28,6 +28,9 @@
 
 #define MAX_MEMBERS 64
 #define TAG_STATUS 0x6270 /* point-to-point tag of bp_comm_init_ranks' status exchange */
+#define TAG_SUM 1         /* small sums' messages, on the communicator's own MPI_Comm */
+#define SMALL_SUM 16384   /* values: sums this small go by recursive doubling */
+#define SMALL_MSG (SMALL_SUM * 4 + MAX_MEMBERS * 4) /* bytes of its messages, at most */
 
 static struct {
     pthread_mutex_t mu;
@@ -120,7 +123,8 @@ struct bp_comm {
     bool broken;         /* a collective timed out: no more */
     float *buf;          /* staging: the sum in F32 */
     size_t cap;
-    int *status;         /* n_ranks entries */
+    char *msg;           /* 2 * SMALL_MSG bytes: a small sum's message out, and the one in */
+    int *status;         /* n_ranks entries: the ranks' statuses */
 };
 
 /* Waits for reqs[0..n) until the deadline, letting MPI progress; false when time ran out. */
@@ -149,6 +153,7 @@ static void comm_free(bp_comm *c)
             MPI_Comm_free(&c->comm);
     }
     free(c->buf);
+    free(c->msg);
     free(c->status);
     free(c);
 }
@@ -256,7 +261,8 @@ static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_s
         return NULL;
     }
     c->status = calloc((size_t)c->n_ranks, sizeof(int));
-    if (c->status == NULL) {
+    c->msg = malloc(2 * SMALL_MSG);
+    if (c->status == NULL || c->msg == NULL) {
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_init_ranks: out of memory");
         comm_free(c);
         return NULL;
@@ -340,18 +346,99 @@ static enum bp_status check_tensors(const bp_comm *c, bp_tensor *const *t, int n
     return BP_OK;
 }
 
-/* Starts the data's all-reduce: count floats at data, in chunks MPI's int counts take. */
-static int start_sum(bp_comm *c, float *data, size_t count, MPI_Request *reqs, int *n_reqs)
+/* One exchange of recursive doubling with peer: bytes from send, into recv (NULL: that
+ * direction is skipped), with the deadline. MPI_SUCCESS, an MPI error code, or -1 when time
+ * ran out. */
+static int exchange(bp_comm *c, int peer, const void *send, void *recv, int bytes,
+                    double deadline)
 {
-    const size_t chunk = (size_t)1 << 30;
-    for (size_t off = 0; off < count; off += chunk) {
-        const size_t k = count - off < chunk ? count - off : chunk;
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, data + off, (int)k, MPI_FLOAT, MPI_SUM, c->comm,
-                                &reqs[(*n_reqs)++]);
-        if (rc != MPI_SUCCESS)
-            return rc;
+    MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int rc = MPI_SUCCESS;
+    if (recv != NULL)
+        rc = MPI_Irecv(recv, bytes, MPI_BYTE, peer, TAG_SUM, c->comm, &r[0]);
+    if (rc == MPI_SUCCESS && send != NULL)
+        rc = MPI_Isend(send, bytes, MPI_BYTE, peer, TAG_SUM, c->comm, &r[1]);
+    if (rc == MPI_SUCCESS && !wait_all(r, 2, deadline, &rc)) {
+        if (r[0] != MPI_REQUEST_NULL) {
+            MPI_Cancel(&r[0]);
+            MPI_Request_free(&r[0]);
+        }
+        return -1;
     }
-    return MPI_SUCCESS;
+    return rc;
+}
+
+/* A message of a small sum: the values, then the ranks' statuses (each rank's at its index,
+ * 0 elsewhere). */
+static void pack(const bp_comm *c, char *msg, const float *data, int count)
+{
+    memcpy(msg, data, (size_t)count * sizeof(float));
+    memcpy(msg + (size_t)count * sizeof(float), c->status, (size_t)c->n_ranks * sizeof(int));
+}
+
+/* data += the message's values, the statuses combined (the lowest: a failure). */
+static void combine(bp_comm *c, float *data, const char *msg, int count)
+{
+    const float *v = (const float *)msg;
+    for (int i = 0; i < count; i++)
+        data[i] += v[i];
+    for (int r = 0; r < c->n_ranks; r++) {
+        int s;
+        memcpy(&s, msg + (size_t)count * sizeof(float) + (size_t)r * sizeof(int), sizeof(s));
+        c->status[r] = s < c->status[r] ? s : c->status[r];
+    }
+}
+
+/* A small sum in place, with the ranks' statuses (c->status) in the same messages, by
+ * recursive doubling over point-to-point messages (the algorithm MPI itself uses for short
+ * messages, here with a deadline on every wait): ranks beyond the largest power of two first
+ * fold their values into a partner and get the result back at the end. Every rank ends with
+ * the same bits, as each step adds two equal partial sums in either order. */
+static int small_sum(bp_comm *c, float *data, int count, double deadline)
+{
+    const int n = c->n_ranks, me = c->me;
+    const int bytes = count * (int)sizeof(float) + n * (int)sizeof(int);
+    char *out = c->msg, *in = c->msg + SMALL_MSG;
+    int pof2 = 1;
+    while (pof2 * 2 <= n)
+        pof2 *= 2;
+    const int rem = n - pof2;
+    int rc = MPI_SUCCESS, newrank;
+    if (me < 2 * rem) { /* fold */
+        if (me % 2 == 0) {
+            pack(c, out, data, count);
+            rc = exchange(c, me + 1, out, NULL, bytes, deadline);
+            newrank = -1;
+        } else {
+            rc = exchange(c, me - 1, NULL, in, bytes, deadline);
+            if (rc == MPI_SUCCESS)
+                combine(c, data, in, count);
+            newrank = me / 2;
+        }
+    } else {
+        newrank = me - rem;
+    }
+    for (int mask = 1; rc == MPI_SUCCESS && newrank >= 0 && mask < pof2; mask <<= 1) {
+        const int np = newrank ^ mask, peer = np < rem ? np * 2 + 1 : np + rem;
+        pack(c, out, data, count);
+        rc = exchange(c, peer, out, in, bytes, deadline);
+        if (rc == MPI_SUCCESS)
+            combine(c, data, in, count);
+    }
+    if (rc == MPI_SUCCESS && me < 2 * rem) { /* unfold: the result, statuses and all */
+        if (me % 2) {
+            pack(c, out, data, count);
+            rc = exchange(c, me - 1, out, NULL, bytes, deadline);
+        } else {
+            rc = exchange(c, me + 1, NULL, in, bytes, deadline);
+            if (rc == MPI_SUCCESS) {
+                memcpy(data, in, (size_t)count * sizeof(float));
+                memcpy(c->status, in + (size_t)count * sizeof(float),
+                       (size_t)n * sizeof(int));
+            }
+        }
+    }
+    return rc;
 }
 
 static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
@@ -381,12 +468,18 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
     if (st != BP_OK && status == BP_OK)
         status = st; /* bad tensors: this rank takes part as a failed one */
     const size_t count = (size_t)bp_nelements(first);
-    /* One local F32 member in host memory is summed in place; anything else through buf. */
+    /* Small sums go by recursive doubling with the ranks' statuses alongside (latency is all
+     * that counts there); larger ones first exchange the statuses with a deadline, which tells
+     * that every rank has arrived, and then sum with MPI's blocking all-reduce, whose
+     * algorithms for large messages are the fast ones. One local F32 member in host memory is
+     * summed in place; anything else through buf. */
+    const bool small = count <= SMALL_SUM;
     int n_local = 0;
     for (int i = 0; i < n; i++)
         n_local += t[i] != NULL;
-    const bool in_place = status == BP_OK && n_local == 1 && first->type == BP_TYPE_F32 &&
-                          bp_is_contiguous(first) && bp_buffer_is_host(first->buffer);
+    const bool in_place = status == BP_OK && n_local == 1 &&
+                          first->type == BP_TYPE_F32 && bp_is_contiguous(first) &&
+                          bp_buffer_is_host(first->buffer);
     float *data = in_place ? first->data : NULL;
     if (!in_place) {
         if (c->cap < count) {
@@ -410,7 +503,7 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
             float *dst = k++ == 0 ? data : one;
             if (first->type == BP_TYPE_F32) {
                 st = bp_tensor_get(t[i], dst, 0, count * sizeof(float));
-            } else { /* the raw values, then widened in place from the back half */
+            } else { /* the raw values, then widened */
                 void *raw = malloc((count > 0 ? count : 1) * bp_type_size(first->type));
                 st = raw == NULL ? bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce "
                                                 "(MPI): out of memory")
@@ -427,19 +520,20 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
         if (st != BP_OK && status == BP_OK)
             status = st; /* a failure here reaches the others as this rank's */
     }
+    int rc;
+    bool in_time;
     memset(c->status, 0, (size_t)c->n_ranks * sizeof(int));
     c->status[c->me] = (int)status;
-    MPI_Request reqs[64];
-    int n_reqs = 0;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, c->status, c->n_ranks, MPI_INT, MPI_MIN, c->comm,
-                            &reqs[n_reqs++]);
-    if (rc == MPI_SUCCESS)
-        rc = start_sum(c, data, count, reqs, &n_reqs);
-    if (rc != MPI_SUCCESS) {
-        c->broken = true; /* some collectives may have started */
-        return mpi_fail(rc, "MPI_Iallreduce");
+    if (small) {
+        rc = small_sum(c, data, (int)count, now_s() + c->timeout);
+        in_time = rc != -1;
+    } else {
+        MPI_Request req;
+        rc = MPI_Iallreduce(MPI_IN_PLACE, c->status, c->n_ranks, MPI_INT, MPI_MIN, c->comm,
+                            &req);
+        in_time = rc != MPI_SUCCESS || wait_all(&req, 1, now_s() + c->timeout, &rc);
     }
-    if (!wait_all(reqs, n_reqs, now_s() + c->timeout, &rc)) {
+    if (!in_time) {
         c->broken = true;
         char ranks[256] = "";
         size_t len = 0;
@@ -453,7 +547,7 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
     }
     if (rc != MPI_SUCCESS) {
         c->broken = true;
-        return mpi_fail(rc, "MPI_Iallreduce");
+        return mpi_fail(rc, small ? "the exchange of a small sum" : "MPI_Iallreduce");
     }
     if (status != BP_OK) /* this rank failed: it keeps its own error */
         return status;
@@ -463,6 +557,17 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
                                 "failed (%s) before the all-reduce of %s", world.rank,
                                 c->world_of[r], bp_status_name((enum bp_status)c->status[r]),
                                 first->name);
+    if (!small) { /* every rank is here and well: the sum itself */
+        const size_t chunk = (size_t)1 << 30;
+        for (size_t off = 0; off < count && rc == MPI_SUCCESS; off += chunk)
+            rc = MPI_Allreduce(MPI_IN_PLACE, data + off,
+                               (int)(count - off < chunk ? count - off : chunk), MPI_FLOAT,
+                               MPI_SUM, c->comm);
+        if (rc != MPI_SUCCESS) {
+            c->broken = true;
+            return mpi_fail(rc, "MPI_Allreduce");
+        }
+    }
     if (in_place)
         return BP_OK;
     /* The sum into every local member, in its type. */
