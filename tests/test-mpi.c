@@ -119,6 +119,23 @@ START_TEST(test_allreduce_types_and_sizes)
             bp_context_free(ctx);
         }
     }
+    /* I32: integer sums, exact */
+    bp_context *ctx = bp_context_new(1);
+    bp_tensor *t = bp_new_tensor_1d(ctx, BP_TYPE_I32, 100003);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(cpu));
+    int32_t *iv = malloc(100003 * sizeof(int32_t));
+    for (int i = 0; i < 100003; i++)
+        iv[i] = (i % 1000) * 1000003 + rank;
+    bp_tensor_set(t, iv, 0, bp_nbytes(t));
+    bp_tensor *ts[8] = {NULL};
+    ts[rank] = t;
+    ck_assert_msg(allreduce(c, ts, n_ranks) == BP_OK, "%s", bp_last_error());
+    bp_tensor_get(t, iv, 0, bp_nbytes(t));
+    for (int i = 0; i < 100003; i++)
+        ck_assert_int_eq(iv[i], n_ranks * ((i % 1000) * 1000003) + n_ranks * (n_ranks - 1) / 2);
+    free(iv);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
     comm_free(c);
 }
 END_TEST
@@ -221,7 +238,7 @@ START_TEST(test_rank_failing_before_an_allreduce)
     st = allreduce(c, ts, n_ranks);
     if (rank == 0) {
         ck_assert_int_eq(st, BP_ERR_TYPE);
-        ck_assert_error_has(BP_ERR_TYPE, "F32, F16 or BF16");
+        ck_assert_error_has(BP_ERR_TYPE, "F32, F16, BF16 or I32");
     } else {
         ck_assert_int_eq(st, BP_ERR_REMOTE);
         ck_assert_error_has(BP_ERR_REMOTE, "rank 0 failed (BP_ERR_TYPE)");

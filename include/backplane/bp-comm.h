@@ -61,7 +61,8 @@ typedef bp_comm *(*bp_comm_init_ranks_fn)(const struct bp_comm_member *members, 
                                           enum bp_status status, double timeout_s);
 /* Sums tensors[0..n) over every member and writes the sum into the members of the calling
  * rank (tensors[i]: NULL for members on other ranks). F32, F16 and BF16 (summed in F32, the
- * result rounded once). status: the caller's state; when it is not BP_OK the caller's data are
+ * result rounded once), and I32 (summed as 32-bit integers, wrapping: with one nonzero
+ * contribution per element this moves any bytes exactly). status: the caller's state; when it is not BP_OK the caller's data are
  * not summed and every rank returns BP_ERR_REMOTE naming the first rank that failed, so that an
  * error on one rank reaches all of them at the next collective instead of a hang. */
 typedef enum bp_status (*bp_comm_allreduce_checked_fn)(bp_comm *comm, bp_tensor *const *tensors,

@@ -265,6 +265,35 @@ static bool queue(struct run *r, int p, bp_tensor *sh)
 static enum bp_status assemble(struct run *r, const bp_tensor *t, const struct meta_slot *sl,
                               const struct bp_meta_split *s, bp_buffer **temp);
 
+/* A rank that has failed, at a collective the others reach with t: it takes part as failed
+ * with the count that collective sums (its data are not read), so every rank returns an error
+ * there. The failure is st (recorded in r->failed when it is the first). */
+static enum bp_status tell_failure_st(struct run *r, const bp_tensor *t, enum bp_status st)
+{
+    if (r->failed == BP_OK)
+        r->failed = st;
+    const enum bp_status failed = r->failed;
+    const bool floats = t->type == BP_TYPE_F32 || t->type == BP_TYPE_F16 ||
+                        t->type == BP_TYPE_BF16;
+    bp_tensor *ts[BP_META_MAX_DEVICES] = {0};
+    bp_tensor *shape = r->ctx == NULL ? NULL
+                       : floats ? bp_new_tensor_4d(r->ctx, t->type, t->ne[0], t->ne[1], t->ne[2],
+                                                   t->ne[3])
+                                : bp_new_tensor_1d(r->ctx, BP_TYPE_I32,
+                                                   (int64_t)((bp_nbytes(t) + 3) / 4));
+    for (int p = 0; p < r->n; p++)
+        ts[p] = bp_meta_local(r->md, p) ? shape : NULL;
+    if (shape != NULL) /* (else the others time out: nothing here to say the count with) */
+        r->mb->allreduce_checked(r->mb->comm, ts, r->n, failed);
+    r->told = true;
+    return failed;
+}
+
+static enum bp_status tell_failure(struct run *r, const bp_tensor *t)
+{
+    return tell_failure_st(r, t, r->failed);
+}
+
 static enum bp_status unslice(struct run *r, struct record *rec)
 {
     const bp_tensor *t = rec->t;
@@ -301,22 +330,21 @@ static enum bp_status unslice(struct run *r, struct record *rec)
 
 /* The whole of t into temp[p] of every local part, from slices some of which are on other
  * processes: each local part contributes its own slice in an otherwise zero whole copy, and
- * the copies are summed across every part (F32, F16 and BF16: what the communicator sums).
- * sl: t's slot when it is a sliced weight (its slices packed), else NULL (slices of s in t's
- * own storage). temp[] gets buffers the caller frees. */
+ * the copies are summed across every part: as F32, F16 or BF16 values for those types (a
+ * value plus zeros is the value), any other type's bytes as 32-bit integers (exact). sl: t's
+ * slot when it is a sliced weight (its slices packed), else NULL (slices of s in t's own
+ * storage). temp[] gets buffers the caller frees. */
 static enum bp_status assemble(struct run *r, const bp_tensor *t, const struct meta_slot *sl,
                                const struct bp_meta_split *s, bp_buffer **temp)
 {
     char desc[BP_TENSOR_DESC_SIZE];
-    if (t->type != BP_TYPE_F32 && t->type != BP_TYPE_F16 && t->type != BP_TYPE_BF16)
-        return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s is split across processes and needed "
-                            "whole; only F32, F16 and BF16 can be gathered across processes",
-                            r->md->name, bp_describe_tensor(t, desc, sizeof(desc)));
     if (!bp_is_contiguous(t))
         return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s is split across processes and needed "
                             "whole; only contiguous tensors can be gathered across processes",
                             r->md->name, bp_describe_tensor(t, desc, sizeof(desc)));
-    const size_t bytes = bp_nbytes(t);
+    const bool floats = t->type == BP_TYPE_F32 || t->type == BP_TYPE_F16 ||
+                        t->type == BP_TYPE_BF16;
+    const size_t bytes = bp_nbytes(t), words = (bytes + 3) / 4;
     char *tmp = malloc(bp_row_size(t->type, t->ne[0]) + 64);
     bp_tensor *whole[BP_META_MAX_DEVICES] = {0};
     enum bp_status st = tmp == NULL ? bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory",
@@ -325,14 +353,13 @@ static enum bp_status assemble(struct run *r, const bp_tensor *t, const struct m
     for (int p = 0; p < r->n && st == BP_OK; p++) {
         if (!bp_meta_local(r->md, p))
             continue;
-        temp[p] = bp_buffer_type_alloc(bp_device_get_buffer_type(r->md->parts[p]), bytes);
+        temp[p] = bp_buffer_type_alloc(bp_device_get_buffer_type(r->md->parts[p]), words * 4);
         st = temp[p] != NULL ? bp_buffer_clear(temp[p], 0) : bp_last_status();
         if (st != BP_OK || s->sizes[p] == 0)
             continue;
-        whole[p] = bp_meta_shadow_at(r->ctx, t, &MIRROR, p, temp[p], bp_buffer_get_base(temp[p]));
         bp_tensor *from = sl ? bp_meta_packed_shadow(r->ctx, t, sl, p)
                              : bp_meta_shadow(r->ctx, r->md, t, s, p);
-        if (whole[p] == NULL || from == NULL) {
+        if (from == NULL) {
             st = bp_last_status();
             break;
         }
@@ -346,14 +373,25 @@ static enum bp_status assemble(struct run *r, const bp_tensor *t, const struct m
         }
         st = bp_meta_copy_rows(from, &to, tmp);
     }
-    for (int p = 0; p < r->n && st == BP_OK; p++)
-        if (bp_meta_local(r->md, p) && whole[p] == NULL &&
-            (whole[p] = bp_meta_shadow_at(r->ctx, t, &MIRROR, p, temp[p],
-                                          bp_buffer_get_base(temp[p]))) == NULL)
+    /* What is summed: t's values, or its bytes as words. */
+    for (int p = 0; p < r->n && st == BP_OK; p++) {
+        if (!bp_meta_local(r->md, p))
+            continue;
+        whole[p] = floats ? bp_meta_shadow_at(r->ctx, t, &MIRROR, p, temp[p],
+                                              bp_buffer_get_base(temp[p]))
+                          : bp_new_tensor_1d(r->ctx, BP_TYPE_I32, (int64_t)words);
+        if (whole[p] == NULL) {
             st = bp_last_status();
+            break;
+        }
+        whole[p]->buffer = temp[p];
+        whole[p]->data = bp_buffer_get_base(temp[p]);
+    }
     free(tmp);
+    if (st != BP_OK) /* this rank's failure, told at the collective the others are at */
+        return tell_failure_st(r, t, st);
     const double t0 = now();
-    st = r->mb->allreduce_checked(r->mb->comm, whole, r->n, st);
+    st = r->mb->allreduce_checked(r->mb->comm, whole, r->n, BP_OK);
     r->mb->reduce_seconds += now() - t0;
     r->mb->reduce_bytes += bytes;
     return st;
@@ -505,23 +543,6 @@ static enum bp_status allreduce(struct run *r, const bp_tensor *t)
     r->mb->n_reduces++;
     r->mb->reduce_bytes += bp_nbytes(t);
     return st;
-}
-
-/* A rank that has failed (r->failed) at a collective the others reach with t: it takes part as
- * failed with t's shape (its data are not read), so every rank returns an error there. */
-static enum bp_status tell_failure(struct run *r, const bp_tensor *t)
-{
-    const enum bp_status failed = r->failed;
-    bp_tensor *ts[BP_META_MAX_DEVICES] = {0};
-    bp_tensor *shape = r->ctx ? bp_new_tensor_4d(r->ctx, t->type, t->ne[0], t->ne[1], t->ne[2],
-                                                 t->ne[3])
-                              : NULL;
-    for (int p = 0; p < r->n; p++)
-        ts[p] = bp_meta_local(r->md, p) ? shape : NULL;
-    if (shape != NULL) /* (else the others time out: nothing here to say the count with) */
-        r->mb->allreduce_checked(r->mb->comm, ts, r->n, failed);
-    r->told = true;
-    return failed;
 }
 
 /* The shadows of t in state want (converting t's data first when needed). */

@@ -18,6 +18,7 @@
 #include <mpi.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,7 +122,8 @@ struct bp_comm {
     int me;              /* the calling rank in comm */
     double timeout;
     bool broken;         /* a collective timed out: no more */
-    float *buf;          /* staging: the sum in F32 */
+    bool integer;        /* the sum under way is of I32 values (else in F32) */
+    float *buf;          /* staging: the sum in F32 (or I32) */
     size_t cap;
     char *msg;           /* 2 * SMALL_MSG bytes: a small sum's message out, and the one in */
     int *status;         /* n_ranks entries: the ranks' statuses */
@@ -304,9 +306,30 @@ static bp_comm *comm_init(bp_backend *const *backends, int n)
 
 /* ---- All-reduce ----------------------------------------------------------------------------- */
 
+static const char *tname(const bp_tensor *t)
+{
+    return t->name[0] ? t->name : "an unnamed tensor";
+}
+
 static bool summable(enum bp_type t)
 {
-    return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16;
+    return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16 || t == BP_TYPE_I32;
+}
+
+/* v[i] += w[i] for n values: floats, or 32-bit integers (wrapping) when integer. */
+static void add_values(void *v, const void *w, size_t n, bool integer)
+{
+    if (integer) {
+        uint32_t *a = v;
+        const uint32_t *b = w;
+        for (size_t i = 0; i < n; i++)
+            a[i] += b[i];
+    } else {
+        float *a = v;
+        const float *b = w;
+        for (size_t i = 0; i < n; i++)
+            a[i] += b[i];
+    }
 }
 
 /* The local members' tensors checked: the same type and shape, contiguous, summable. *first:
@@ -336,12 +359,12 @@ static enum bp_status check_tensors(const bp_comm *c, bp_tensor *const *t, int n
                                 "is %s", i, t[i] == NULL ? "NULL" : "not allocated");
         if (!summable(t[i]->type) || !bp_is_contiguous(t[i]))
             return bp_set_error(BP_ERR_TYPE, "bp_comm_allreduce (MPI): %s is %s%s; sums take "
-                                "contiguous F32, F16 or BF16", t[i]->name,
+                                "contiguous F32, F16, BF16 or I32", tname(t[i]),
                                 bp_is_contiguous(t[i]) ? "" : "a non-contiguous ",
                                 bp_type_name(t[i]->type));
         if (t[i]->type != (*first)->type || !bp_are_same_shape(t[i], *first))
             return bp_set_error(BP_ERR_SHAPE, "bp_comm_allreduce (MPI): %s and %s differ in "
-                                "type or shape", t[i]->name, (*first)->name);
+                                "type or shape", tname(t[i]), tname(*first));
     }
     return BP_OK;
 }
@@ -379,9 +402,7 @@ static void pack(const bp_comm *c, char *msg, const float *data, int count)
 /* data += the message's values, the statuses combined (the lowest: a failure). */
 static void combine(bp_comm *c, float *data, const char *msg, int count)
 {
-    const float *v = (const float *)msg;
-    for (int i = 0; i < count; i++)
-        data[i] += v[i];
+    add_values(data, msg, (size_t)count, c->integer);
     for (int r = 0; r < c->n_ranks; r++) {
         int s;
         memcpy(&s, msg + (size_t)count * sizeof(float) + (size_t)r * sizeof(int), sizeof(s));
@@ -477,8 +498,9 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
     int n_local = 0;
     for (int i = 0; i < n; i++)
         n_local += t[i] != NULL;
+    c->integer = first->type == BP_TYPE_I32;
     const bool in_place = status == BP_OK && n_local == 1 &&
-                          first->type == BP_TYPE_F32 && bp_is_contiguous(first) &&
+                          (first->type == BP_TYPE_F32 || c->integer) && bp_is_contiguous(first) &&
                           bp_buffer_is_host(first->buffer);
     float *data = in_place ? first->data : NULL;
     if (!in_place) {
@@ -501,7 +523,7 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
             if (t[i] == NULL)
                 continue;
             float *dst = k++ == 0 ? data : one;
-            if (first->type == BP_TYPE_F32) {
+            if (first->type == BP_TYPE_F32 || c->integer) { /* (4 bytes either way) */
                 st = bp_tensor_get(t[i], dst, 0, count * sizeof(float));
             } else { /* the raw values, then widened */
                 void *raw = malloc((count > 0 ? count : 1) * bp_type_size(first->type));
@@ -513,8 +535,7 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
                 free(raw);
             }
             if (dst == one)
-                for (size_t e = 0; e < count; e++)
-                    data[e] += one[e];
+                add_values(data, one, count, c->integer);
         }
         free(one);
         if (st != BP_OK && status == BP_OK)
@@ -543,7 +564,7 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
         return bp_set_error(BP_ERR_TIMEOUT, "bp_comm_allreduce (MPI) on rank %d: the all-reduce "
                             "of %s over ranks %s did not complete within %g s: a rank is gone, "
                             "stuck, or did not reach it; this communicator takes no more",
-                            world.rank, first->name, ranks, c->timeout);
+                            world.rank, tname(first), ranks, c->timeout);
     }
     if (rc != MPI_SUCCESS) {
         c->broken = true;
@@ -556,12 +577,13 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
             return bp_set_error(BP_ERR_REMOTE, "bp_comm_allreduce (MPI) on rank %d: rank %d "
                                 "failed (%s) before the all-reduce of %s", world.rank,
                                 c->world_of[r], bp_status_name((enum bp_status)c->status[r]),
-                                first->name);
+                                tname(first));
     if (!small) { /* every rank is here and well: the sum itself */
         const size_t chunk = (size_t)1 << 30;
         for (size_t off = 0; off < count && rc == MPI_SUCCESS; off += chunk)
             rc = MPI_Allreduce(MPI_IN_PLACE, data + off,
-                               (int)(count - off < chunk ? count - off : chunk), MPI_FLOAT,
+                               (int)(count - off < chunk ? count - off : chunk),
+                               c->integer ? MPI_INT32_T : MPI_FLOAT,
                                MPI_SUM, c->comm);
         if (rc != MPI_SUCCESS) {
             c->broken = true;
@@ -572,7 +594,7 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
         return BP_OK;
     /* The sum into every local member, in its type. */
     void *out = data;
-    if (first->type != BP_TYPE_F32) {
+    if (first->type != BP_TYPE_F32 && !c->integer) {
         out = malloc((count > 0 ? count : 1) * bp_type_size(first->type));
         if (out == NULL)
             return bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce (MPI): out of memory");
