@@ -9,7 +9,7 @@
  *   "bp_comm_allreduce"  bp_comm_allreduce_fn
  *   "bp_comm_free"       bp_comm_free_fn
  *
- * Across processes (the "MPI" registry of the mpi plugin, docs/distributed.md): the members of
+ * Across processes (the "MPI" registry of the mpi plugin; the distributed guide): the members of
  * a communicator are (rank, backend) pairs, a backend only for members on the calling rank.
  * Every rank of a communicator makes the same calls in the same order (SPMD). Such a registry
  * also offers:
@@ -62,9 +62,10 @@ typedef bp_comm *(*bp_comm_init_ranks_fn)(const struct bp_comm_member *members, 
 /* Sums tensors[0..n) over every member and writes the sum into the members of the calling
  * rank (tensors[i]: NULL for members on other ranks). F32, F16 and BF16 (summed in F32, the
  * result rounded once), and I32 (summed as 32-bit integers, wrapping: with one nonzero
- * contribution per element this moves any bytes exactly). status: the caller's state; when it is not BP_OK the caller's data are
- * not summed and every rank returns BP_ERR_REMOTE naming the first rank that failed, so that an
- * error on one rank reaches all of them at the next collective instead of a hang. */
+ * contribution per element this moves any bytes exactly). status: the caller's state; when it
+ * is not BP_OK the caller's data are not summed and every rank returns BP_ERR_REMOTE naming the
+ * first rank that failed (the failing rank its own status), so that an error on one rank
+ * reaches all of them at the next collective instead of a hang. */
 typedef enum bp_status (*bp_comm_allreduce_checked_fn)(bp_comm *comm, bp_tensor *const *tensors,
                                                       int n, enum bp_status status);
 
