@@ -19,7 +19,14 @@
  *   "bp_comm_allreduce_checked"  bp_comm_allreduce_checked_fn
  *
  * and its "bp_comm_allreduce" and "bp_comm_free" take the communicators bp_comm_init_ranks
- * makes (bp_comm_allreduce is bp_comm_allreduce_checked with BP_OK). No call waits forever:
+ * makes (bp_comm_allreduce is bp_comm_allreduce_checked with BP_OK).
+ *
+ * A registry whose devices' own library joins communicators across processes (the CUDA plugin
+ * through NCCL) offers two more, which the MPI registry uses when every member is such a
+ * device: the data then move device to device, only the statuses through MPI.
+ *
+ *   "bp_comm_unique_id"  bp_comm_unique_id_fn
+ *   "bp_comm_init_rank"  bp_comm_init_rank_fn No call waits forever:
  * each collective gives up after the communicator's timeout with BP_ERR_TIMEOUT, and the
  * communicator then refuses further collectives (a collective cannot be taken back).
  */
@@ -59,6 +66,19 @@ struct bp_comm_member {
  * (<= 0: BP_COMM_DEFAULT_TIMEOUT). NULL with an error also when a member is invalid. */
 typedef bp_comm *(*bp_comm_init_ranks_fn)(const struct bp_comm_member *members, int n,
                                           enum bp_status status, double timeout_s);
+#define BP_COMM_ID_MAX 256 /* bytes of the largest id bp_comm_unique_id makes */
+
+/* An id for a communicator across processes, made on one of them and sent to the others:
+ * *size in: room at id (BP_COMM_ID_MAX will do); out: its bytes. */
+typedef enum bp_status (*bp_comm_unique_id_fn)(void *id, size_t *size);
+/* This process's share of a communicator over n members in several processes, joined through
+ * id: backends[i] for the members of this process, NULL for the others (member i is rank i of
+ * the communicator). Every process of the communicator must call it at the same time; it is
+ * the caller's to see that they do (the MPI registry exchanges statuses with a deadline first).
+ * The registry's bp_comm_allreduce then takes NULL for the members of other processes. */
+typedef bp_comm *(*bp_comm_init_rank_fn)(const void *id, size_t size, bp_backend *const *backends,
+                                         int n);
+
 /* Sums tensors[0..n) over every member and writes the sum into the members of the calling
  * rank (tensors[i]: NULL for members on other ranks). F32, F16 and BF16 (summed in F32, the
  * result rounded once), and I32 (summed as 32-bit integers, wrapping: with one nonzero

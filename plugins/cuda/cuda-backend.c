@@ -274,6 +274,8 @@ static const struct bp_cuda_impl impl = {
     .comm_init = bp_cuda_comm_init,
     .comm_allreduce = bp_cuda_comm_allreduce,
     .comm_free = bp_cuda_comm_free,
+    .comm_unique_id = bp_cuda_comm_unique_id,
+    .comm_init_rank = bp_cuda_comm_init_rank,
 #endif
 };
 

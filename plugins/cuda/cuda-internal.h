@@ -87,7 +87,7 @@ struct cuda_backend {
 #define BP_CUDA_IMPL_FILE "libbackplane-cuda-impl.so"
 #define BP_CUDA_IMPL_OPEN "bp_cuda_impl_open"
 /* Raised whenever struct bp_cuda_impl or struct cuda_registry/cuda_device change. */
-#define BP_CUDA_IMPL_ABI 2
+#define BP_CUDA_IMPL_ABI 3
 
 /* What the implementation library does for the plugin. The layout is the same in every build
  * (a plugin built with NCCL may meet a library built without it, or the other way round); every
@@ -106,6 +106,8 @@ struct bp_cuda_impl {
     bp_comm *(*comm_init)(bp_backend *const *backends, int n);
     enum bp_status (*comm_allreduce)(bp_comm *c, bp_tensor *const *tensors, int n);
     void (*comm_free)(bp_comm *c);
+    enum bp_status (*comm_unique_id)(void *id, size_t *size);
+    bp_comm *(*comm_init_rank)(const void *id, size_t size, bp_backend *const *backends, int n);
 };
 
 /* The one symbol the implementation library exports: its table for this registry, or NULL
@@ -160,6 +162,8 @@ bool bp_cuda_is_backend(bp_backend *be);
 bp_comm *bp_cuda_comm_init(bp_backend *const *backends, int n);
 enum bp_status bp_cuda_comm_allreduce(bp_comm *c, bp_tensor *const *tensors, int n);
 void bp_cuda_comm_free(bp_comm *c);
+enum bp_status bp_cuda_comm_unique_id(void *id, size_t *size);
+bp_comm *bp_cuda_comm_init_rank(const void *id, size_t size, bp_backend *const *backends, int n);
 #endif
 
 #endif

@@ -371,6 +371,26 @@ static void comm_free(bp_comm *c)
     if (c != NULL)
         bp_cuda_registry->impl->comm_free(c);
 }
+
+static enum bp_status comm_unique_id(void *id, size_t *size)
+{
+    const struct bp_cuda_impl *impl = bp_cuda_impl_get("CUDA");
+    if (impl != NULL && impl->comm_unique_id == NULL)
+        return bp_set_error(BP_ERR_UNSUPPORTED, "CUDA: the implementation library was built "
+                            "without NCCL: no collectives");
+    return impl != NULL ? impl->comm_unique_id(id, size) : bp_last_status();
+}
+
+static bp_comm *comm_init_rank(const void *id, size_t size, bp_backend *const *backends, int n)
+{
+    const struct bp_cuda_impl *impl = bp_cuda_impl_get("CUDA");
+    if (impl != NULL && impl->comm_init_rank == NULL) {
+        bp_set_error(BP_ERR_UNSUPPORTED, "CUDA: the implementation library was built without "
+                     "NCCL: no collectives");
+        return NULL;
+    }
+    return impl != NULL ? impl->comm_init_rank(id, size, backends, n) : NULL;
+}
 #endif
 
 /* Proc address "bp_cuda_load_runtime": loads the implementation library (and with it cudart,
@@ -394,6 +414,10 @@ static void *creg_proc(bp_registry *reg, const char *name)
         return (void *)comm_allreduce;
     if (strcmp(name, "bp_comm_free") == 0)
         return (void *)comm_free;
+    if (strcmp(name, "bp_comm_unique_id") == 0)
+        return (void *)comm_unique_id;
+    if (strcmp(name, "bp_comm_init_rank") == 0)
+        return (void *)comm_init_rank;
 #endif
     return NULL;
 }

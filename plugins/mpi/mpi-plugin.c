@@ -122,6 +122,11 @@ struct bp_comm {
     int me;              /* the calling rank in comm */
     double timeout;
     bool broken;         /* a collective timed out: no more */
+    /* The devices' own communicator across processes (NCCL), when every member is such a
+     * device: the data then go through it, the statuses through MPI. */
+    bp_comm *dev;
+    bp_comm_allreduce_fn dev_allreduce;
+    bp_comm_free_fn dev_free;
     bool integer;        /* the sum under way is of I32 values (else in F32) */
     float *buf;          /* staging: the sum in F32 (or I32) */
     size_t cap;
@@ -148,6 +153,8 @@ static void comm_free(bp_comm *c)
 {
     if (c == NULL)
         return;
+    if (c->dev != NULL)
+        c->dev_free(c->dev);
     if (c->comm != MPI_COMM_NULL) {
         int finalized = 0;
         MPI_Finalized(&finalized);
@@ -210,6 +217,82 @@ static enum bp_status exchange_status(const bp_comm *c, enum bp_status mine, dou
                                 "before it (%s); nothing was set up", world.rank, c->world_of[r],
                                 bp_status_name((enum bp_status)theirs[r]));
     return BP_OK;
+}
+
+/* Every rank's v combined with MPI_MIN over c, waited for with the deadline; false when that
+ * failed (then *v means nothing). */
+static bool agree_min(bp_comm *c, int *v)
+{
+    MPI_Request req;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, v, 1, MPI_INT, MPI_MIN, c->comm, &req);
+    return rc == MPI_SUCCESS && wait_all(&req, 1, now_s() + c->timeout, &rc) &&
+           rc == MPI_SUCCESS;
+}
+
+/* The devices' own communicator across processes, when every member of every rank is a device
+ * of one registry that offers bp_comm_unique_id and bp_comm_init_rank (the CUDA plugin through
+ * NCCL), and BP_COMM_DEVICE is not 0: the ranks agree on it, the first makes the id, MPI
+ * carries it to the others, and every rank joins. Each step's outcome is agreed, so the ranks
+ * stay together; any failure leaves the communicator on the host path, said once. (NCCL's own
+ * join has no deadline: the agreements before it make sure every rank is there.) */
+static void join_device_comm(bp_comm *c)
+{
+    bp_registry *reg = NULL;
+    bool can = !(getenv("BP_COMM_DEVICE") && strcmp(getenv("BP_COMM_DEVICE"), "0") == 0);
+    bp_backend *bes[MAX_MEMBERS] = {0};
+    for (int i = 0; i < c->n && can; i++) {
+        if (c->members[i].rank != world.rank)
+            continue;
+        bes[i] = c->members[i].backend;
+        bp_registry *r = bp_device_get_registry(bp_backend_get_device(bes[i]));
+        can = reg == NULL || r == reg;
+        reg = r;
+    }
+    void *pu = reg ? bp_registry_get_proc_address(reg, "bp_comm_unique_id") : NULL;
+    void *pi = reg ? bp_registry_get_proc_address(reg, "bp_comm_init_rank") : NULL;
+    void *pa = reg ? bp_registry_get_proc_address(reg, "bp_comm_allreduce") : NULL;
+    void *pf = reg ? bp_registry_get_proc_address(reg, "bp_comm_free") : NULL;
+    int ok = can && pu && pi && pa && pf;
+    if (!agree_min(c, &ok) || !ok)
+        return; /* (some rank's members have no such collectives: the host path) */
+    bp_comm_unique_id_fn unique_id;
+    bp_comm_init_rank_fn init_rank;
+    memcpy(&unique_id, &pu, sizeof(pu));
+    memcpy(&init_rank, &pi, sizeof(pi));
+    memcpy(&c->dev_allreduce, &pa, sizeof(pa));
+    memcpy(&c->dev_free, &pf, sizeof(pf));
+    struct {
+        int status, size;
+        char id[BP_COMM_ID_MAX];
+    } msg = {0};
+    if (c->me == 0) {
+        size_t size = sizeof(msg.id);
+        msg.status = (int)unique_id(msg.id, &size);
+        msg.size = (int)size;
+    }
+    MPI_Request req;
+    int rc = MPI_Ibcast(&msg, (int)sizeof(msg), MPI_BYTE, 0, c->comm, &req);
+    ok = rc == MPI_SUCCESS && wait_all(&req, 1, now_s() + c->timeout, &rc) &&
+         rc == MPI_SUCCESS && msg.status == BP_OK;
+    if (!agree_min(c, &ok) || !ok) {
+        bp_log(BP_LOG_WARN, "MPI: rank %d: no device communicator across the processes (%s); "
+               "sums go through host memory", world.rank, msg.status != BP_OK
+                   ? "the first rank could not make its id" : "the id did not reach every rank");
+        bp_clear_error();
+        return;
+    }
+    bp_comm *d = init_rank(msg.id, (size_t)msg.size, bes, c->n);
+    ok = d != NULL;
+    if (!agree_min(c, &ok) || !ok) {
+        bp_log(BP_LOG_WARN, "MPI: rank %d: no device communicator across the processes (%s); "
+               "sums go through host memory", world.rank,
+               d == NULL ? bp_last_error() : "another rank could not join");
+        bp_clear_error();
+        if (d != NULL)
+            c->dev_free(d);
+        return;
+    }
+    c->dev = d;
 }
 
 static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_status status,
@@ -282,6 +365,8 @@ static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_s
         else
             MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
     }
+    if (st == BP_OK)
+        join_device_comm(c);
     if (st != BP_OK) {
         comm_free(c);
         return NULL;
@@ -462,6 +547,50 @@ static int small_sum(bp_comm *c, float *data, int count, double deadline)
     return rc;
 }
 
+/* The outcome of a collective that carried the ranks' statuses (c->status): a timeout (the
+ * communicator then takes no more), an MPI error, this rank's own failure, or another rank's. */
+static enum bp_status verdict(bp_comm *c, enum bp_status status, const bp_tensor *first,
+                              bool in_time, int rc, const char *what)
+{
+    if (!in_time) {
+        c->broken = true;
+        char ranks[256] = "";
+        size_t len = 0;
+        for (int r = 0; r < c->n_ranks; r++)
+            len += (size_t)snprintf(ranks + len, len < sizeof(ranks) ? sizeof(ranks) - len : 0,
+                                    "%s%d", r ? ", " : "", c->world_of[r]);
+        return bp_set_error(BP_ERR_TIMEOUT, "bp_comm_allreduce (MPI) on rank %d: the all-reduce "
+                            "of %s over ranks %s did not complete within %g s: a rank is gone, "
+                            "stuck, or did not reach it; this communicator takes no more",
+                            world.rank, tname(first), ranks, c->timeout);
+    }
+    if (rc != MPI_SUCCESS) {
+        c->broken = true;
+        return mpi_fail(rc, what);
+    }
+    if (status != BP_OK) /* this rank failed: it keeps its own error */
+        return status;
+    for (int r = 0; r < c->n_ranks; r++)
+        if (c->status[r] != BP_OK)
+            return bp_set_error(BP_ERR_REMOTE, "bp_comm_allreduce (MPI) on rank %d: rank %d "
+                                "failed (%s) before the all-reduce of %s", world.rank,
+                                c->world_of[r], bp_status_name((enum bp_status)c->status[r]),
+                                tname(first));
+    return BP_OK;
+}
+
+/* The ranks' statuses exchanged by a nonblocking all-reduce waited for with the deadline:
+ * BP_OK when every rank has arrived and is well. */
+static enum bp_status settle_statuses(bp_comm *c, enum bp_status status, const bp_tensor *first)
+{
+    memset(c->status, 0, (size_t)c->n_ranks * sizeof(int));
+    c->status[c->me] = (int)status;
+    MPI_Request req;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, c->status, c->n_ranks, MPI_INT, MPI_MIN, c->comm, &req);
+    const bool in_time = rc != MPI_SUCCESS || wait_all(&req, 1, now_s() + c->timeout, &rc);
+    return verdict(c, status, first, in_time, rc, "MPI_Iallreduce");
+}
+
 static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
                                         enum bp_status status)
 {
@@ -489,6 +618,12 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
     if (st != BP_OK && status == BP_OK)
         status = st; /* bad tensors: this rank takes part as a failed one */
     const size_t count = (size_t)bp_nelements(first);
+    if (c->dev != NULL && first->type != BP_TYPE_I32) {
+        /* The devices' own communicator (NCCL): the statuses through MPI with the deadline,
+         * then the data device to device. */
+        st = settle_statuses(c, status, first);
+        return st != BP_OK ? st : c->dev_allreduce(c->dev, t, n);
+    }
     /* Small sums go by recursive doubling with the ranks' statuses alongside (latency is all
      * that counts there); larger ones first exchange the statuses with a deadline, which tells
      * that every rank has arrived, and then sum with MPI's blocking all-reduce, whose
@@ -541,43 +676,17 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
         if (st != BP_OK && status == BP_OK)
             status = st; /* a failure here reaches the others as this rank's */
     }
-    int rc;
-    bool in_time;
-    memset(c->status, 0, (size_t)c->n_ranks * sizeof(int));
-    c->status[c->me] = (int)status;
+    int rc = MPI_SUCCESS;
     if (small) {
+        memset(c->status, 0, (size_t)c->n_ranks * sizeof(int));
+        c->status[c->me] = (int)status;
         rc = small_sum(c, data, (int)count, now_s() + c->timeout);
-        in_time = rc != -1;
+        st = verdict(c, status, first, rc != -1, rc, "the exchange of a small sum");
     } else {
-        MPI_Request req;
-        rc = MPI_Iallreduce(MPI_IN_PLACE, c->status, c->n_ranks, MPI_INT, MPI_MIN, c->comm,
-                            &req);
-        in_time = rc != MPI_SUCCESS || wait_all(&req, 1, now_s() + c->timeout, &rc);
+        st = settle_statuses(c, status, first);
     }
-    if (!in_time) {
-        c->broken = true;
-        char ranks[256] = "";
-        size_t len = 0;
-        for (int r = 0; r < c->n_ranks; r++)
-            len += (size_t)snprintf(ranks + len, len < sizeof(ranks) ? sizeof(ranks) - len : 0,
-                                    "%s%d", r ? ", " : "", c->world_of[r]);
-        return bp_set_error(BP_ERR_TIMEOUT, "bp_comm_allreduce (MPI) on rank %d: the all-reduce "
-                            "of %s over ranks %s did not complete within %g s: a rank is gone, "
-                            "stuck, or did not reach it; this communicator takes no more",
-                            world.rank, tname(first), ranks, c->timeout);
-    }
-    if (rc != MPI_SUCCESS) {
-        c->broken = true;
-        return mpi_fail(rc, small ? "the exchange of a small sum" : "MPI_Iallreduce");
-    }
-    if (status != BP_OK) /* this rank failed: it keeps its own error */
-        return status;
-    for (int r = 0; r < c->n_ranks; r++)
-        if (c->status[r] != BP_OK)
-            return bp_set_error(BP_ERR_REMOTE, "bp_comm_allreduce (MPI) on rank %d: rank %d "
-                                "failed (%s) before the all-reduce of %s", world.rank,
-                                c->world_of[r], bp_status_name((enum bp_status)c->status[r]),
-                                tname(first));
+    if (st != BP_OK)
+        return st;
     if (!small) { /* every rank is here and well: the sum itself */
         const size_t chunk = (size_t)1 << 30;
         for (size_t off = 0; off < count && rc == MPI_SUCCESS; off += chunk)
