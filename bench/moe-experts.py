@@ -79,7 +79,9 @@ def main():
     print("|---|---|---|---|---|---|---|")
     off_time = {}
     for name, extra in configs:
-        copied = med(name, lambda j: j["expert_bytes_copied_per_token"]) / mib
+        # (expert_bytes_copied_per_token counts both threads' copies)
+        copied = med(name, lambda j: j["expert_bytes_copied_per_token"] -
+                     j.get("expert_bytes_prefetched_per_token", 0)) / mib
         ahead = med(name, lambda j: j.get("expert_bytes_prefetched_per_token", 0)) / mib
         hits = sum(j["expert_cache_hits"] for j in results[name])
         misses = sum(j["expert_cache_misses"] for j in results[name])

@@ -136,16 +136,20 @@ struct bp__expert_caches {
     size_t n, cap;
     uint64_t clock;
 
-    pthread_mutex_t lock; /* the queue, slot_bad, busy_ns, started and quit */
+    pthread_mutex_t lock; /* the queue, running, slot_bad, the counters, quit */
     pthread_cond_t work, landed;
     pthread_mutex_t buf_lock; /* writes into the caches' buffers */
     pthread_t thread;
     bool started, quit, no_thread;
     struct prefetch_job *jobs; /* [head, tail) waiting */
     size_t head, tail, cap_jobs;
+    bool busy;                 /* the copy thread is doing `running` */
+    struct prefetch_job running;
     uint64_t seq;              /* the last job queued */
-    _Atomic uint64_t done_seq; /* the last job landed (or dropped) */
-    uint64_t busy_ns;          /* the copy thread copying, since the last drain */
+    _Atomic uint64_t done_seq; /* the highest job landed (jobs land in order) */
+    /* since the last drain: the copy thread's time, and what it loaded */
+    uint64_t busy_ns, done_jobs;
+    size_t done_bytes;
     /* the copy thread's staging memory (sources the host cannot address) */
     bp_buffer *staging_buf;
     void *staging_mem;
@@ -166,14 +170,25 @@ struct bp__expert_caches *bp__expert_caches_new(void)
         bp__calloc(1, sizeof(struct bp__expert_caches), "the scheduler's expert caches");
     if (ec == NULL)
         return NULL;
-    if (pthread_mutex_init(&ec->lock, NULL) != 0) {
+    bool ok[4];
+    ok[0] = pthread_mutex_init(&ec->lock, NULL) == 0;
+    ok[1] = pthread_mutex_init(&ec->buf_lock, NULL) == 0;
+    ok[2] = pthread_cond_init(&ec->work, NULL) == 0;
+    ok[3] = pthread_cond_init(&ec->landed, NULL) == 0;
+    if (!ok[0] || !ok[1] || !ok[2] || !ok[3]) {
+        if (ok[0])
+            pthread_mutex_destroy(&ec->lock);
+        if (ok[1])
+            pthread_mutex_destroy(&ec->buf_lock);
+        if (ok[2])
+            pthread_cond_destroy(&ec->work);
+        if (ok[3])
+            pthread_cond_destroy(&ec->landed);
         bp__free(ec);
-        bp__error(BP_ERR_OUT_OF_MEMORY, "scheduler: no mutex for the expert caches");
+        bp__error(BP_ERR_OUT_OF_MEMORY, "scheduler: no mutex or condition for the expert "
+                  "caches");
         return NULL;
     }
-    pthread_mutex_init(&ec->buf_lock, NULL);
-    pthread_cond_init(&ec->work, NULL);
-    pthread_cond_init(&ec->landed, NULL);
     atomic_init(&ec->done_seq, 0);
     return ec;
 }
@@ -234,6 +249,7 @@ void bp__expert_caches_clear(struct bp__expert_caches *ec)
     for (size_t i = 0; i < ec->n; i++)
         cache_free(ec->c[i]);
     ec->n = 0;
+    staging_free(ec); /* (its buffer type may be of a device no longer used) */
 }
 
 /* The padding after a run of experts of src: whole rows covering EXPERT_PAD bytes (a source
@@ -323,6 +339,8 @@ static bp_tensor expert_at(const bp_tensor *src, bp_buffer *buf, char *data)
     memset(t.src, 0, sizeof(t.src));
     t.ne[2] = t.ne[3] = 1;
     t.nb[3] = t.nb[2];
+    t.flags = 0;
+    t.extra = NULL;
     t.buffer = buf;
     t.data = data;
     return t;
@@ -352,12 +370,47 @@ static bool slot_ready(struct bp__expert_caches *ec, struct expert_cache *c, int
         stats->wait_seconds += (double)(now_ns() - t0) * 1e-9;
     }
     c->slot_seq[i] = 0;
-    if (bad) {
+    if (bad) { /* empty, and free to take (even in the compute that needed it) */
         c->expert_slot[c->slot_expert[i]] = -1;
         c->slot_expert[i] = -1;
         c->slot_ahead[i] = false;
+        c->stamp[i] = 0;
     }
     return !bad;
+}
+
+/* The queued jobs of cache c (of every cache when c is NULL) are dropped, their slots emptied,
+ * except those of experts in keep[] (c's experts this compute uses: slot_ready waits for them
+ * before they are read), and a job of c under way is waited for: then nothing writes c's
+ * buffer by the time its products run. By the scheduler thread, which owns the slots. */
+static void quiesce(struct bp__expert_caches *ec, const struct expert_cache *c, const bool *keep,
+                    struct bp_sched_expert_stats *stats)
+{
+    if (!ec->started)
+        return;
+    pthread_mutex_lock(&ec->lock);
+    size_t kept = ec->head;
+    for (size_t i = ec->head; i < ec->tail; i++) {
+        struct prefetch_job *j = &ec->jobs[i];
+        if ((c != NULL && j->c != c) || (keep != NULL && keep[j->e])) {
+            ec->jobs[kept++] = *j;
+            continue;
+        }
+        struct expert_cache *jc = j->c;
+        jc->expert_slot[jc->slot_expert[j->slot]] = -1;
+        jc->slot_expert[j->slot] = -1;
+        jc->slot_ahead[j->slot] = false;
+        jc->slot_seq[j->slot] = 0;
+        jc->stamp[j->slot] = 0;
+    }
+    ec->tail = kept;
+    if (ec->busy && (c == NULL || ec->running.c == c)) {
+        const uint64_t t0 = now_ns();
+        while (ec->busy)
+            pthread_cond_wait(&ec->landed, &ec->lock);
+        stats->wait_seconds += (double)(now_ns() - t0) * 1e-9;
+    }
+    pthread_mutex_unlock(&ec->lock);
 }
 
 /* The least recently used slot of c not needed at clock now and not being filled, or -1. */
@@ -591,6 +644,8 @@ enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backend
     }
     struct expert_cache *c =
         slots > 0 && ec != NULL && st == BP_OK ? cache_of(ec, src, b, backends[b], slots) : NULL;
+    if (c != NULL) /* c's wrong predictions are dropped; nothing else writes c after this */
+        quiesce(ec, c, used, stats);
     const uint64_t now = ec != NULL ? ++ec->clock : 0;
     int64_t n_used = 0;
     for (int64_t e = 0; e < n_expert; e++)
@@ -697,6 +752,8 @@ static void *copy_thread(void *arg)
         if (ec->quit)
             break;
         const struct prefetch_job j = ec->jobs[ec->head++];
+        ec->running = j;
+        ec->busy = true;
         pthread_mutex_unlock(&ec->lock);
         const uint64_t t0 = now_ns();
         const enum bp_status st = load_slot(ec, &j);
@@ -705,8 +762,14 @@ static void *copy_thread(void *arg)
             bp_clear_error();
         pthread_mutex_lock(&ec->lock);
         ec->busy_ns += t1 - t0;
+        if (st == BP_OK) {
+            ec->done_jobs++;
+            ec->done_bytes += j.c->src->nb[2];
+        }
         j.c->slot_bad[j.slot] = st != BP_OK;
-        atomic_store(&ec->done_seq, j.seq);
+        if (j.seq > atomic_load(&ec->done_seq))
+            atomic_store(&ec->done_seq, j.seq);
+        ec->busy = false;
         pthread_cond_broadcast(&ec->landed);
     }
     pthread_mutex_unlock(&ec->lock);
@@ -735,6 +798,8 @@ enum bp_status bp__sched_prefetch_experts(bp_backend *const *backends, int b,
                                           struct bp_sched_expert_stats *stats)
 {
     const int64_t n_expert = src->ne[2];
+    if (ids->type != BP_TYPE_I32 || !bp_is_contiguous(ids))
+        return BP_OK; /* (a tensor other than the prediction at its address: nothing to do) */
     struct expert_cache *c = cache_of(ec, src, b, backends[b], slots);
     if (c == NULL || !thread_running(ec))
         return BP_OK; /* nothing to fill: the experts are copied when used */
@@ -756,7 +821,8 @@ enum bp_status bp__sched_prefetch_experts(bp_backend *const *backends, int b,
         if (want[e] && c->expert_slot[e] >= 0)
             c->stamp[c->expert_slot[e]] = now;
     bp_buffer_type *host = bp_device_get_host_buffer_type(bp_backend_get_device(backends[b]));
-    bp_clear_error(); /* (a device without one) */
+    if (host == NULL)
+        bp_clear_error(); /* (a device without one) */
     int queued = 0;
     pthread_mutex_lock(&ec->lock);
     for (int64_t i = 0; i < n && st == BP_OK; i++) {
@@ -789,8 +855,7 @@ enum bp_status bp__sched_prefetch_experts(bp_backend *const *backends, int b,
     pthread_mutex_unlock(&ec->lock);
     free(v);
     free(want);
-    stats->prefetched += (uint64_t)queued;
-    stats->bytes_prefetched += (size_t)queued * src->nb[2];
+    (void)stats; /* (what lands is counted by the copy thread) */
     return st;
 }
 
@@ -798,25 +863,13 @@ void bp__expert_caches_drain(struct bp__expert_caches *ec, struct bp_sched_exper
 {
     if (ec == NULL || !ec->started)
         return;
-    const uint64_t t0 = now_ns();
+    quiesce(ec, NULL, NULL, stats); /* the queue dropped, the job under way waited for */
     pthread_mutex_lock(&ec->lock);
-    /* Jobs not started are dropped: their slots are emptied (their seq counted as landed). */
-    for (size_t i = ec->head; i < ec->tail; i++) {
-        struct expert_cache *c = ec->jobs[i].c;
-        const int v = ec->jobs[i].slot;
-        c->expert_slot[c->slot_expert[v]] = -1;
-        c->slot_expert[v] = -1;
-        c->slot_ahead[v] = false;
-        c->slot_seq[v] = 0;
-    }
-    const uint64_t last = ec->tail > ec->head ? ec->jobs[ec->head].seq - 1 : ec->seq;
-    while (atomic_load(&ec->done_seq) < last)
-        pthread_cond_wait(&ec->landed, &ec->lock);
-    atomic_store(&ec->done_seq, ec->seq);
     ec->head = ec->tail = 0;
-    const uint64_t busy = ec->busy_ns;
-    ec->busy_ns = 0;
+    stats->prefetch_seconds += (double)ec->busy_ns * 1e-9;
+    stats->prefetched += ec->done_jobs;
+    stats->bytes_prefetched += ec->done_bytes;
+    ec->busy_ns = ec->done_jobs = 0;
+    ec->done_bytes = 0;
     pthread_mutex_unlock(&ec->lock);
-    stats->wait_seconds += (double)(now_ns() - t0) * 1e-9;
-    stats->prefetch_seconds += (double)busy * 1e-9;
 }

@@ -77,7 +77,10 @@ struct bp_sched {
     struct prediction {
         const bp_tensor *experts, *ids; /* bp_sched_predict_experts */
         bool issued;                    /* acted on in the compute under way */
+        uint64_t gen;                   /* made and user are of this split_gen's splits */
+        int made, user; /* the split computing ids and the first after it copying experts */
     } *preds;
+    uint64_t split_gen; /* counts the times the graph was split (0: never) */
     int n_preds;
     size_t cap_preds;
     struct bp_sched_expert_stats expert_stats; /* of the last compute */
@@ -147,5 +150,7 @@ bool bp__sched_known(const bp_sched *s, const bp_tensor *t);
 int bp__sched_backend_index(const bp_sched *s, const bp_backend *be);
 bool bp__sched_enter(bp_sched *s, const char *fn);
 void bp__sched_leave(bp_sched *s);
+/* Every backend waited for and the last graph's sources put back (before caches are freed). */
+void bp__sched_quiet(bp_sched *s);
 
 #endif

@@ -97,6 +97,7 @@ enum bp_status bp_sched_set_expert_cache(bp_sched *s, int slots)
         (s->expert_caches = bp__expert_caches_new()) == NULL)
         st = BP_ERR_OUT_OF_MEMORY;
     if (st == BP_OK) {
+        bp__sched_quiet(s); /* a product may still be reading a cache in place */
         bp__expert_caches_clear(s->expert_caches);
         s->expert_slots = slots;
     }
@@ -139,11 +140,12 @@ enum bp_status bp_sched_predict_experts(bp_sched *s, const bp_tensor *experts,
             s->preds[i] = s->preds[--s->n_preds];
     } else if (i < s->n_preds) {
         s->preds[i].ids = ids;
+        s->preds[i].gen = 0; /* its splits are found again */
     } else if (!bp__grow((void **)&s->preds, &s->cap_preds, (size_t)s->n_preds + 1,
                          sizeof(*s->preds), "the scheduler's expert predictions")) {
         st = bp_last_status();
     } else {
-        s->preds[s->n_preds++] = (struct prediction){experts, ids, false};
+        s->preds[s->n_preds++] = (struct prediction){experts, ids, false, 0, -1, -1};
     }
     bp__sched_leave(s);
     return st;

@@ -251,11 +251,23 @@ fail:
     return NULL;
 }
 
+/* Nothing of the scheduler's is in use on a device any more: every backend finished (errors
+ * are the next compute's to meet) and the sources of the last graph are its own again (a
+ * product that read an expert cache in place points at it until then). Before a cache is
+ * freed. */
+void bp__sched_quiet(bp_sched *s)
+{
+    for (int b = 0; b < s->n_backends; b++)
+        if (bp_backend_synchronize(s->backends[b]) != BP_OK)
+            bp_clear_error();
+    restore_sources(s);
+}
+
 void bp_sched_free(bp_sched *s)
 {
     if (s == NULL)
         return;
-    restore_sources(s);
+    bp__sched_quiet(s);
     for (int b = 0; b < s->n_backends; b++)
         for (int c = 0; c < BP_SCHED_MAX_COPIES; c++)
             bp_event_free(s->events[b][c]);
@@ -325,7 +337,9 @@ void bp_sched_reset(bp_sched *s)
     s->kept = NULL;
     s->direct = NULL;
     clear_infos(s);
-    bp__expert_caches_clear(s->expert_caches); /* the weights may be others from now on */
+    /* The weights may be others from now on. A product may still be reading a cache. */
+    bp__sched_quiet(s);
+    bp__expert_caches_clear(s->expert_caches);
     s->n_preds = 0;
     sched_leave(s);
 }
@@ -1002,6 +1016,7 @@ static enum bp_status set_split_graphs(bp_sched *s, bp_graph *g)
 static enum bp_status split_graph_once(bp_sched *s, bp_graph *g)
 {
     restore_sources(s);
+    s->split_gen++; /* predictions find their splits again */
     const int n = bp_graph_get_n_nodes(g);
     if ((size_t)n > s->graph_size)
         return bp__error(BP_ERR_CAPACITY, "scheduler: the graph has %d nodes; the scheduler was "
@@ -1163,8 +1178,11 @@ static int expert_split_after(bp_sched *s, int k, bp_tensor *t)
 }
 
 /* Before split sp runs: starts the predictions whose ids an earlier split computed, for experts
- * a later split copies (sched-experts.c). synced: every backend has finished; otherwise the
- * backend that computed the ids is waited for first. */
+ * a later split copies (sched-experts.c). Where the ids are made and which split copies the
+ * experts is found once per split graph. synced: every backend has finished; otherwise the
+ * backends that computed the ids and that will read the cache are waited for first (an
+ * earlier product may still be reading the slots a prefetch would fill). A prediction that
+ * cannot be acted on is skipped: prefetch never fails a compute. */
 static enum bp_status prefetch(bp_sched *s, struct split *sp, bool synced)
 {
     const int k = (int)(sp - s->splits);
@@ -1175,25 +1193,30 @@ static enum bp_status prefetch(bp_sched *s, struct split *sp, bool synced)
         struct prediction *pr = &s->preds[p];
         if (pr->issued)
             continue;
-        const int made = split_of_node(s, pr->ids);
-        if (made < 0 || made >= k)
+        if (pr->gen != s->split_gen) {
+            pr->made = split_of_node(s, pr->ids);
+            pr->user = pr->made >= 0 ? expert_split_after(s, pr->made, (bp_tensor *)pr->experts)
+                                     : -1;
+            pr->gen = s->split_gen;
+        }
+        if (pr->made < 0 || pr->made >= k)
             continue; /* not in this graph, or not computed yet */
         pr->issued = true;
-        const int user = expert_split_after(s, k, (bp_tensor *)pr->experts);
-        if (user < 0 || listed(sp, pr->experts))
-            continue; /* not copied in later, or read by the split about to run (its slots) */
-        const int mb = s->splits[made].backend;
-        if (!synced && !waited[mb]) {
-            enum bp_status st = bp_backend_synchronize(s->backends[mb]);
+        if (pr->user <= k)
+            continue; /* not copied in later, or by the split about to run (its slots) */
+        const int wait_for[2] = {s->splits[pr->made].backend, s->splits[pr->user].backend};
+        for (int w = 0; w < 2 && !synced; w++) {
+            if (waited[wait_for[w]])
+                continue;
+            enum bp_status st = bp_backend_synchronize(s->backends[wait_for[w]]);
             if (st != BP_OK)
                 return st;
-            waited[mb] = true;
+            waited[wait_for[w]] = true;
         }
-        enum bp_status st = bp__sched_prefetch_experts(s->backends, s->splits[user].backend,
-                                                       pr->experts, pr->ids, s->expert_caches,
-                                                       s->expert_slots, &s->expert_stats);
-        if (st != BP_OK)
-            return st;
+        if (bp__sched_prefetch_experts(s->backends, s->splits[pr->user].backend, pr->experts,
+                                       pr->ids, s->expert_caches, s->expert_slots,
+                                       &s->expert_stats) != BP_OK)
+            bp_clear_error(); /* (out of memory: that prediction is not loaded ahead) */
     }
     return BP_OK;
 }
@@ -1385,6 +1408,8 @@ static enum bp_status graph_compute_async(bp_sched *s, bp_graph *g)
     /* Prefetches still under way are waited for, the rest dropped: the caller may change the
      * weights once this returns. */
     bp__expert_caches_drain(s->expert_caches, &s->expert_stats);
+    s->copied_bytes += s->expert_stats.bytes_prefetched; /* (the copy thread's, this compute) */
+    s->expert_bytes_copied += s->expert_stats.bytes_prefetched;
     if (st != BP_OK)
         s->kept = NULL; /* split again next time */
     if (s->parallel)

@@ -1144,56 +1144,64 @@ START_TEST(test_expert_prefetch)
 }
 END_TEST
 
-/* The second layer's experts in a file, prefetched by the copy thread: the same results as from
- * memory; when the file shrinks, the copy thread's failure leaves the slot empty and the
- * compute itself reports the file's change, with nothing crashing. */
+/* The second layer's experts in a file, prefetched by the copy thread, with caches of 2 slots
+ * (fewer than the experts a compute uses: copies into the split's copy) and 4 (read in place):
+ * the same results as from memory; when the file shrinks, the copy thread's failures leave
+ * their slots empty and the compute itself reports the file's change, with nothing crashing
+ * (also when a used expert's load failed and every slot is needed). Then a queued compute is
+ * followed by emptying the caches and freeing the scheduler: nothing of theirs is read after. */
 START_TEST(test_prefetch_from_a_file)
 {
-    struct moe2 ref, m;
-    moe2_new(&ref, NULL);
-    const size_t bytes = bp_nbytes(ref.e2);
-    float *ev = malloc(bytes);
-    ck_assert_int_eq(bp_tensor_get(ref.e2, ev, 0, bytes), BP_OK);
-    char path[] = "/tmp/bp-test-prefetch-XXXXXX";
-    const int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(write(fd, ev, bytes), (ssize_t)bytes);
-    close(fd);
-    bp_context *fctx = bp_context_new(1);
-    bp_tensor *fe = bp_new_tensor_3d(fctx, BP_TYPE_F32, MOE_K, MOE_M, MOE_E);
-    bp_buffer *fbuf = bp_buffer_from_file(path, 0, bytes);
-    ck_assert_ptr_nonnull(fbuf);
-    ck_assert_int_eq(bp_buffer_place_tensor(fbuf, fe, bp_buffer_get_base(fbuf)), BP_OK);
-    bp_buffer_set_usage(fbuf, BP_BUFFER_USAGE_WEIGHTS);
-    moe2_new(&m, fe);
-    bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
-    bp_sched *s1 = bp_sched_new(alone, NULL, 1, 64, false);
-    bp_sched *s2 = bp_sched_new(both, NULL, 2, 64, false);
-    ck_assert_int_eq(bp_sched_set_expert_cache(s2, 2), BP_OK);
-    ck_assert_int_eq(bp_sched_predict_experts(s2, m.e2, m.pred), BP_OK);
-    float want[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
-    uint64_t prefetched = 0;
-    for (int salt = 0; salt < 4; salt++) {
-        ck_assert_int_eq(moe2_compute(&ref, s1, salt, want), BP_OK);
-        ck_assert_msg(moe2_compute(&m, s2, salt, got) == BP_OK, "%s", bp_last_error());
-        assert_close_nmse(got, want, MOE_M * MOE_U * MOE_T, 1e-12);
-        struct bp_sched_expert_stats st;
-        bp_sched_get_expert_stats(s2, &st);
-        prefetched += st.prefetched;
+    for (int slots = 2; slots <= 4; slots += 2) {
+        struct moe2 ref, m;
+        moe2_new(&ref, NULL);
+        const size_t bytes = bp_nbytes(ref.e2);
+        float *ev = malloc(bytes);
+        ck_assert_int_eq(bp_tensor_get(ref.e2, ev, 0, bytes), BP_OK);
+        char path[] = "/tmp/bp-test-prefetch-XXXXXX";
+        const int fd = mkstemp(path);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(write(fd, ev, bytes), (ssize_t)bytes);
+        close(fd);
+        bp_context *fctx = bp_context_new(1);
+        bp_tensor *fe = bp_new_tensor_3d(fctx, BP_TYPE_F32, MOE_K, MOE_M, MOE_E);
+        bp_buffer *fbuf = bp_buffer_from_file(path, 0, bytes);
+        ck_assert_ptr_nonnull(fbuf);
+        ck_assert_int_eq(bp_buffer_place_tensor(fbuf, fe, bp_buffer_get_base(fbuf)), BP_OK);
+        bp_buffer_set_usage(fbuf, BP_BUFFER_USAGE_WEIGHTS);
+        moe2_new(&m, fe);
+        bp_backend *both[2] = {accel, cpu}, *alone[1] = {cpu};
+        bp_sched *s1 = bp_sched_new(alone, NULL, 1, 64, false);
+        bp_sched *s2 = bp_sched_new(both, NULL, 2, 64, false);
+        ck_assert_int_eq(bp_sched_set_expert_cache(s2, slots), BP_OK);
+        ck_assert_int_eq(bp_sched_predict_experts(s2, m.e2, m.pred), BP_OK);
+        float want[MOE_M * MOE_U * MOE_T], got[MOE_M * MOE_U * MOE_T];
+        uint64_t prefetched = 0;
+        for (int salt = 0; salt < 4; salt++) {
+            ck_assert_int_eq(moe2_compute(&ref, s1, salt, want), BP_OK);
+            ck_assert_msg(moe2_compute(&m, s2, salt, got) == BP_OK, "%s", bp_last_error());
+            assert_close_nmse(got, want, MOE_M * MOE_U * MOE_T, 1e-12);
+            struct bp_sched_expert_stats st;
+            bp_sched_get_expert_stats(s2, &st);
+            prefetched += st.prefetched;
+        }
+        ck_assert_uint_gt(prefetched, 0);
+        ck_assert_int_eq(truncate(path, 100), 0);
+        for (int salt = 10; salt < 16; salt++) /* new experts each time: read from the file */
+            ck_assert_int_eq(moe2_compute(&m, s2, salt, got), BP_ERR_IO);
+        ck_assert_error_has(BP_ERR_IO, "changed on disk");
+        ck_assert_int_eq(bp_sched_alloc_graph(s2, m.g), BP_OK);
+        bp_sched_graph_compute_async(s2, m.g); /* (fails the same way; queued work or not) */
+        ck_assert_int_eq(bp_sched_set_expert_cache(s2, 0), BP_OK);
+        unlink(path);
+        bp_sched_free(s1);
+        bp_sched_free(s2);
+        moe2_free(&m);
+        moe2_free(&ref);
+        bp_buffer_free(fbuf);
+        bp_context_free(fctx);
+        free(ev);
     }
-    ck_assert_uint_gt(prefetched, 0);
-    ck_assert_int_eq(truncate(path, 100), 0);
-    for (int salt = 10; salt < 13; salt++) /* new experts each time: read from the file */
-        ck_assert_int_eq(moe2_compute(&m, s2, salt, got), BP_ERR_IO);
-    ck_assert_error_has(BP_ERR_IO, "changed on disk");
-    unlink(path);
-    bp_sched_free(s1);
-    bp_sched_free(s2);
-    moe2_free(&m);
-    moe2_free(&ref);
-    bp_buffer_free(fbuf);
-    bp_context_free(fctx);
-    free(ev);
 }
 END_TEST
 

@@ -544,9 +544,10 @@ static bool load_model(struct run *run)
     run->m.flash_attn = r->flash_attn;
     run->m.half_precision = o->half;
     /* As many experts predicted as the cache holds (at least those used): the copy thread
-     * fills the slots this layer leaves free with the most likely ones. */
+     * fills the slots this layer leaves free with the most likely ones. Only where experts
+     * are copied at all: kept on another device than the weights, or left in the file. */
     if (o->expert_prefetch != 0 && o->expert_cache > 0 && !o->expert_copies_all &&
-        run->cfg->n_expert > 0)
+        run->cfg->n_expert > 0 && run->r->experts_on != run->r->weights_on)
         run->m.predict_experts = o->expert_cache > run->cfg->n_expert_used
                                      ? o->expert_cache
                                      : run->cfg->n_expert_used;
@@ -787,7 +788,9 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
         if (o->n_gen > 1 && r->gen_expert_whole > 0)
             printf("; copied per generated token: %.3f MiB of experts (%s; whole tensors: %.3f "
                    "MiB), %.3f MiB in all", r->gen_expert_copied / (o->n_gen - 1) / 1048576.0,
-                   o->expert_copies_all ? "--expert-copies all" : "the ones used",
+                   o->no_expert_stream    ? "--no-expert-stream"
+                   : o->expert_copies_all ? "--expert-copies all"
+                                          : "the ones used",
                    r->gen_expert_whole / (o->n_gen - 1) / 1048576.0,
                    r->gen_copied / (o->n_gen - 1) / 1048576.0);
         if (o->expert_cache > 0 && r->gen_hits + r->gen_misses > 0)
@@ -795,9 +798,9 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
                    o->expert_cache, r->gen_hits, r->gen_misses,
                    100.0 * r->gen_hits / (r->gen_hits + r->gen_misses));
         if (r->prefetch && o->n_gen > 1)
-            printf("; prefetch: %.0f experts loaded ahead (%.3f MiB per generated token), %.0f "
-                   "of them used; per generated token %.3f ms copying, %.3f ms waiting, %.3f ms "
-                   "prefetching alongside", r->gen_prefetched,
+            printf("; prefetch: %.0f experts loaded ahead (%.3f MiB per generated token of "
+                   "those copied), %.0f of them used; per generated token %.3f ms copying, "
+                   "%.3f ms waiting, %.3f ms prefetching alongside", r->gen_prefetched,
                    r->gen_prefetch_bytes / (o->n_gen - 1) / 1048576.0, r->gen_prefetch_hits,
                    1e3 * r->gen_copy_s / (o->n_gen - 1),
                    1e3 * r->gen_wait_s / (o->n_gen - 1), 1e3 * r->gen_prefetch_s / (o->n_gen - 1));
@@ -1218,6 +1221,11 @@ static int check_run_opts(struct run_opts *o)
     }
     if (o->no_expert_stream)
         o->expert_copies_all = true;
+    if (o->expert_copies_all && o->expert_cache > 0 && !o->no_expert_stream) {
+        fprintf(stderr, "%s: --expert-cache keeps the experts that used-expert copies bring; it "
+                "does not go with --expert-copies all\n", run_cmd);
+        return 2;
+    }
     if (o->expert_prefetch == 1 && (o->expert_cache == 0 || o->expert_copies_all)) {
         fprintf(stderr, "%s: --expert-prefetch on loads predicted experts into the expert cache: "
                 "give --expert-cache N (and not --expert-copies all)\n", run_cmd);

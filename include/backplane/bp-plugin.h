@@ -13,9 +13,10 @@
  * backend's members at once, but registry, device and buffer type members may be called from
  * several threads at the same time, and so may buffer members that read (get_tensor, also from
  * two backends sharing weights). A buffer's members are never called twice at once where one
- * writes, but a buffer may be written (set_tensor, from the scheduler's copy thread filling an
- * expert cache) while the device's backend computes with other buffers. Keep them free of
- * unsynchronised writes to shared state. */
+ * writes, but different buffers of one device may be written from two threads at once, and a
+ * buffer may be written while the device's backend computes with other buffers (the
+ * scheduler's copy thread fills expert caches so). Keep them free of unsynchronised writes to
+ * shared state. */
 #ifndef BACKPLANE_BP_PLUGIN_H
 #define BACKPLANE_BP_PLUGIN_H
 

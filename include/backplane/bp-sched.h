@@ -71,10 +71,10 @@ BP_API int bp_sched_get_n_splits(bp_sched *sched);
 BP_API bp_backend *bp_sched_get_split_backend(bp_sched *sched, int i, int *n_nodes,
                                               int *n_inputs);
 BP_API int bp_sched_get_n_copies(bp_sched *sched);
-/* Bytes the last compute copied between backends (every split's inputs); with expert_bytes, of
- * those the bytes of stacked expert weights read only by MUL_MAT_ID (in part or whole), and with
- * expert_bytes_whole what copying those tensors whole would have taken. Zero before any compute
- * (and for a NULL scheduler, with an error). */
+/* Bytes the last compute copied between backends (every split's inputs, and the experts the
+ * prefetch loaded); with expert_bytes, of those the bytes of stacked expert weights read only
+ * by MUL_MAT_ID (in part or whole), and with expert_bytes_whole what copying those tensors
+ * whole would have taken. Zero before any compute (and for a NULL scheduler, with an error). */
 BP_API size_t bp_sched_get_copied_bytes(bp_sched *sched, size_t *expert_bytes,
                                         size_t *expert_bytes_whole);
 /* Stacked expert weights [K, M, n_expert] that a split reads only as src[0] of MUL_MAT_ID nodes
@@ -86,37 +86,48 @@ BP_API size_t bp_sched_get_copied_bytes(bp_sched *sched, size_t *expert_bytes,
 BP_API enum bp_status bp_sched_set_used_experts(bp_sched *sched, bool on);
 /* An expert cache: for every stacked expert tensor copied as above, `slots` experts (at most
  * the tensor's) kept on the device of the backend that runs MUL_MAT_ID (in its default buffer
- * type, allocated at first use; 0, the default: none). A used expert the cache holds is
- * copied from there, within the device; any other from its source, and then kept in the least
- * recently used slot this compute does not need. The weights must not change while cached;
- * calling this again empties every cache. Where a cache cannot be allocated the experts come
- * from their source, with a warning logged once. */
+ * type, allocated at first use; none on a meta device; 0, the default: no cache). When the
+ * experts a split's products use fit in the slots and their ids are in range, the products
+ * read them there in place: for that compute their src[0] is the slots seen as a stack
+ * [K, M, slots] and their src[2] the ids mapped to slots (an eval callback sees those). An
+ * expert the cache holds costs nothing then (a hit); any other is copied from its source into
+ * the least recently used slot this compute does not need (a miss). More experts than slots:
+ * they are copied into the split's copy, hits from their slots within the device. The weights
+ * must not change while cached; calling this again (or bp_sched_reset) waits for the backends
+ * and empties every cache. Where a cache cannot be allocated the experts come from their
+ * source, with a warning logged once. */
 BP_API enum bp_status bp_sched_set_expert_cache(bp_sched *sched, int slots);
-/* Prefetch: ids, a node of the graphs computed (I32, contiguous, like a MUL_MAT_ID's ids),
- * predicts which experts of experts (stacked weights copied as bp_sched_set_used_experts
- * describes) a later MUL_MAT_ID will use: for instance the next layer's router applied to the
- * current hidden state. Once the split computing ids has run, when the scheduler next copies
- * experts (it then knows every backend has finished), a copy thread of the scheduler starts
- * loading the predicted experts into experts' cache on the backend that will read them, while
- * the graph computes on; that product then finds them there. It needs an expert cache
- * (bp_sched_set_expert_cache; without one a prediction does nothing), fills at most the
- * cache's slots that this compute does not need, and never changes results: a wrong
- * prediction costs copies only. Every compute waits at its end for the copy under way and
- * drops the jobs not started, so nothing is copied while the caller has control. A prediction
- * stays until replaced (the same experts again), removed (ids NULL) or bp_sched_reset; one
- * whose ids are not a node of the graph computed is ignored (only the pointer is compared). */
+/* Prefetch: ids, a node of the graphs computed (I32, contiguous, like a MUL_MAT_ID's ids; mark
+ * it an output, bp_set_output, so its memory is not reused before it is read), predicts which
+ * experts of experts (stacked weights copied as bp_sched_set_used_experts describes) a later
+ * MUL_MAT_ID will use: for instance the next layer's router applied to the current hidden
+ * state, most likely first. At the first split boundary after the split computing ids (the
+ * backends that made the ids and that will read the cache are waited for there), a copy thread
+ * of the scheduler starts loading the predicted experts, in the order of the ids, into the
+ * cache of the backend that will read them, while the graph computes on; that product then
+ * finds them there. It needs an expert cache (bp_sched_set_expert_cache; without one a
+ * prediction does nothing), fills at most the slots the current compute does not need, and
+ * never changes results: a wrong prediction costs copies only, and a prediction that cannot
+ * be acted on is skipped. When the product's experts are copied, the predicted ones not loaded
+ * by then are dropped. Every compute waits at its end for the copy under way and drops the
+ * jobs not started, so nothing is copied while the caller has control. A prediction stays
+ * until replaced (the same experts again), removed (ids NULL) or bp_sched_reset; one whose ids
+ * are not a node of the graph computed is ignored (only the pointer is compared). */
 BP_API enum bp_status bp_sched_predict_experts(bp_sched *sched, const bp_tensor *experts,
                                                const bp_tensor *ids);
 struct bp_sched_expert_stats {
-    uint64_t hits, misses;    /* used experts copied from a cache, and from their source */
-    size_t bytes_from_source; /* experts and their padding, copied between backends */
-    size_t bytes_from_cache;  /* copied within a device from its cache */
-    uint64_t prefetched;      /* experts the copy thread loaded into caches ahead of use */
+    uint64_t hits, misses;    /* used experts a cache supplied, and copied from their source */
+    size_t bytes_from_source; /* experts and their padding the computing thread copied between
+                               * backends */
+    size_t bytes_from_cache;  /* of used experts a cache supplied (read in place, or copied
+                               * within the device) */
+    uint64_t prefetched;      /* experts the copy thread loaded into caches (landed) */
     uint64_t prefetch_hits;   /* used experts found in a slot a prefetch filled */
     size_t bytes_prefetched;  /* copied between backends by the copy thread */
     double copy_seconds;      /* the computing thread copying experts itself */
     double wait_seconds;      /* the computing thread waiting for the copy thread */
-    double prefetch_seconds;  /* the copy thread copying (in parallel, less what was waited) */
+    double prefetch_seconds;  /* the copy thread copying (alongside the compute, but for the
+                               * waits) */
 };
 /* What the last compute's expert copies did (zeros before any compute). */
 BP_API enum bp_status bp_sched_get_expert_stats(bp_sched *sched,
