@@ -243,6 +243,19 @@ START_TEST(test_rank_failing_before_an_allreduce)
         ck_assert_int_eq(st, BP_ERR_REMOTE);
         ck_assert_error_has(BP_ERR_REMOTE, "rank 0 failed (BP_ERR_TYPE)");
     }
+    /* Different counts on the ranks (small and large sums): every rank refuses, nothing is
+     * summed, and the communicator goes on. */
+    for (int big = 0; big < 2; big++) {
+        bp_context *c2 = bp_context_new(1);
+        bp_tensor *u = bp_new_tensor_1d(c2, BP_TYPE_F32, (big ? 20000 : 7) + rank);
+        bp_buffer *b2 = bp_alloc_ctx_tensors(c2, bp_backend_get_default_buffer_type(cpu));
+        bp_buffer_clear(b2, 0);
+        ts[rank] = u;
+        ck_assert_int_eq(allreduce(c, ts, n_ranks), BP_ERR_INVALID_ARG);
+        ck_assert_error_has(BP_ERR_INVALID_ARG, "sums another number or type of values");
+        bp_buffer_free(b2);
+        bp_context_free(c2);
+    }
     ts[rank] = t; /* still working */
     float one[32];
     for (int i = 0; i < 32; i++)
@@ -276,6 +289,10 @@ START_TEST(test_members_checked)
     ck_assert_error_has(BP_ERR_INVALID_ARG, "is on this rank but has no backend");
     ck_assert_ptr_null(init_ranks(m, 0, BP_OK, 1));
     ck_assert_error_has(BP_ERR_INVALID_ARG, "need 1 to 64 members");
+    /* The members in another order on each rank: refused on every rank, no wait. */
+    struct bp_comm_member o[2] = {{rank, cpu}, {1 - rank, NULL}};
+    ck_assert_ptr_null(init_ranks(o, 2, BP_OK, 5));
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "passed other members");
     /* All members on this rank: a communicator of one rank, bp_comm_init's form. */
     bp_backend *both[2] = {cpu, cpu2};
     bp_comm *c = init_local(both, 2);

@@ -26,9 +26,13 @@
  * device: the data then move device to device, only the statuses through MPI.
  *
  *   "bp_comm_unique_id"  bp_comm_unique_id_fn
- *   "bp_comm_init_rank"  bp_comm_init_rank_fn No call waits forever:
- * each collective gives up after the communicator's timeout with BP_ERR_TIMEOUT, and the
- * communicator then refuses further collectives (a collective cannot be taken back).
+ *   "bp_comm_init_rank"  bp_comm_init_rank_fn
+ *
+ * No call of the MPI registry waits forever: each collective gives up after the communicator's
+ * timeout with BP_ERR_TIMEOUT, and the communicator then refuses further collectives (a
+ * collective cannot be taken back). Ranks that pass different counts, types or member lists
+ * get an error on every rank, before anything is summed. After an error, the contents of the
+ * tensors passed are unspecified.
  */
 #ifndef BACKPLANE_BP_COMM_H
 #define BACKPLANE_BP_COMM_H

@@ -399,10 +399,13 @@ static enum bp_status read_tensor(struct meta_dev *md, const bp_tensor *t, void 
         if (!bp_meta_local(md, p) && (s->state == BP_META_PARTIAL ||
                                       (s->state == BP_META_SPLIT && s->sizes[p] > 0)))
             st = bp_set_error(BP_ERR_UNSUPPORTED, "%s: cannot read '%s' here: part %d holds %s "
-                              "of it on rank %d (mark it an output with bp_set_output, and the "
-                              "computation gathers it on every rank)", md->name, t->name, p,
+                              "of it on rank %d (%s)", md->name, t->name, p,
                               s->state == BP_META_SPLIT ? "a slice" : "a partial sum",
-                              md->rank[p]);
+                              md->rank[p], sl != NULL
+                                  ? "a weight stored in slices across processes is not read "
+                                    "back whole; keep the values it was written from"
+                                  : "mark it an output with bp_set_output, and the computation "
+                                    "gathers it on every rank");
     if (st != BP_OK) {
         bp_context_free(ctx);
         goto done;

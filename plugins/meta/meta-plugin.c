@@ -209,7 +209,11 @@ static double comm_timeout(void)
     const char *v = getenv("BP_COMM_TIMEOUT");
     char *end = NULL;
     const double t = v != NULL ? strtod(v, &end) : 0;
-    return v != NULL && end != v && *end == '\0' && t > 0 ? t : BP_COMM_DEFAULT_TIMEOUT;
+    const bool ok = v != NULL && end != v && *end == '\0' && t > 0 && t < 1e9;
+    if (v != NULL && !ok)
+        bp_log(BP_LOG_WARN, "BP_COMM_TIMEOUT='%.*s%s' is not a number of seconds above 0; "
+               "collectives wait %g s", SHOW(v), BP_COMM_DEFAULT_TIMEOUT);
+    return ok ? t : BP_COMM_DEFAULT_TIMEOUT;
 }
 
 /* Tells every rank of a ranked meta device's parts that this one failed (status), at the
@@ -496,8 +500,9 @@ static bp_device *find_or_make(const struct parts *ps, int n, bp_meta_split_fn f
         md->parts[i] = devices[i];
         md->rank[i] = ps->ranks != NULL ? ps->ranks[i] : 0;
     }
-    snprintf(md->description, sizeof(md->description), "tensor parallelism over %d devices%s%s",
-             n, md->ranked ? " in several processes" : "", fn ? " (user split policy)" : "");
+    snprintf(md->description, sizeof(md->description), "tensor parallelism over %d device%s%s%s",
+             n, n == 1 ? "" : "s", md->ranked ? " named by MPI rank" : "",
+             fn ? " (user split policy)" : "");
     md->dev = bp_device_new(meta.reg, &meta_device_iface, md);
     md->buft = md->dev ? bp_meta_buffer_type_new(md) : NULL;
     if (md->buft == NULL) {

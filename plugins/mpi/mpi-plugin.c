@@ -31,7 +31,7 @@
 #define TAG_STATUS 0x6270 /* point-to-point tag of bp_comm_init_ranks' status exchange */
 #define TAG_SUM 1         /* small sums' messages, on the communicator's own MPI_Comm */
 #define SMALL_SUM 16384   /* values: sums this small go by recursive doubling */
-#define SMALL_MSG (SMALL_SUM * 4 + MAX_MEMBERS * 4) /* bytes of its messages, at most */
+#define SMALL_MSG (SMALL_SUM * 4 + 2 * MAX_MEMBERS * 4) /* bytes of its messages, at most */
 
 static struct {
     pthread_mutex_t mu;
@@ -131,7 +131,8 @@ struct bp_comm {
     float *buf;          /* staging: the sum in F32 (or I32) */
     size_t cap;
     char *msg;           /* 2 * SMALL_MSG bytes: a small sum's message out, and the one in */
-    int *status;         /* n_ranks entries: the ranks' statuses */
+    int *status;         /* 2 * n_ranks: the ranks' statuses, then their sums' signatures */
+    int sig;             /* the signature (count and type) of the sum under way */
 };
 
 /* Waits for reqs[0..n) until the deadline, letting MPI progress; false when time ran out. */
@@ -161,30 +162,51 @@ static void comm_free(bp_comm *c)
         if (!finalized && !c->broken) /* (after a timeout a collective may still be pending) */
             MPI_Comm_free(&c->comm);
     }
+    if (c->broken) {
+        /* A collective may still be pending on these buffers: they stay for the process's
+         * life, so that MPI never writes or sends freed memory. */
+        free(c);
+        return;
+    }
     free(c->buf);
     free(c->msg);
     free(c->status);
     free(c);
 }
 
-/* The status exchange of bp_comm_init_ranks: every member rank tells every other its status,
- * point to point. BP_OK when all are there and fine; else the error naming the rank. */
+/* A hash of the member list (the ranks in order), the same on every rank that passes the same. */
+static int members_sig(const bp_comm *c)
+{
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < c->n; i++)
+        h = (h ^ (uint32_t)c->members[i].rank) * 16777619u;
+    return (int)(h & 0x7fffffff);
+}
+
+/* The status exchange of bp_comm_init_ranks: every member rank tells every other its status and
+ * the signature of its member list, point to point. BP_OK when all are there, fine, and agree;
+ * else the error naming the rank. The buffers live as long as the process when the time runs
+ * out (a send may still be pending then). */
 static enum bp_status exchange_status(const bp_comm *c, enum bp_status mine, double deadline)
 {
     MPI_Request reqs[2 * MAX_MEMBERS];
-    int theirs[MAX_MEMBERS], n = 0, rc = MPI_SUCCESS;
-    int sent = (int)mine;
+    int *buf = malloc((2 + 2 * (size_t)MAX_MEMBERS) * sizeof(int)), n = 0, rc = MPI_SUCCESS;
+    if (buf == NULL)
+        return bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_init_ranks: out of memory");
+    int *sent = buf, *theirs = buf + 2; /* theirs: two ints per rank */
+    sent[0] = (int)mine;
+    sent[1] = members_sig(c);
     for (int r = 0; r < c->n_ranks && rc == MPI_SUCCESS; r++) {
         if (r == c->me)
             continue;
-        rc = MPI_Irecv(&theirs[r], 1, MPI_INT, c->world_of[r], TAG_STATUS, MPI_COMM_WORLD,
+        rc = MPI_Irecv(&theirs[2 * r], 2, MPI_INT, c->world_of[r], TAG_STATUS, MPI_COMM_WORLD,
                        &reqs[n++]);
         if (rc == MPI_SUCCESS)
-            rc = MPI_Isend(&sent, 1, MPI_INT, c->world_of[r], TAG_STATUS, MPI_COMM_WORLD,
+            rc = MPI_Isend(sent, 2, MPI_INT, c->world_of[r], TAG_STATUS, MPI_COMM_WORLD,
                            &reqs[n++]);
     }
     if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, "starting the status exchange of bp_comm_init_ranks");
+        return mpi_fail(rc, "starting the status exchange of bp_comm_init_ranks"); /* (buf kept) */
     if (!wait_all(reqs, n, deadline, &rc)) {
         /* Who has not answered: the receives still open. */
         char who[256] = "";
@@ -205,18 +227,27 @@ static enum bp_status exchange_status(const bp_comm *c, enum bp_status mine, dou
         }
         return bp_set_error(BP_ERR_TIMEOUT, "bp_comm_init_ranks on rank %d: rank(s) %s did not "
                             "arrive within %g s (gone, stuck, or not making the same calls)",
-                            world.rank, who, c->timeout);
+                            world.rank, who, c->timeout); /* (buf kept: sends may be pending) */
     }
+    enum bp_status st = BP_OK;
     if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, "the status exchange of bp_comm_init_ranks");
-    if (mine != BP_OK) /* the caller keeps its own error */
-        return mine;
-    for (int r = 0; r < c->n_ranks; r++)
-        if (r != c->me && theirs[r] != BP_OK)
-            return bp_set_error(BP_ERR_REMOTE, "bp_comm_init_ranks on rank %d: rank %d failed "
-                                "before it (%s); nothing was set up", world.rank, c->world_of[r],
-                                bp_status_name((enum bp_status)theirs[r]));
-    return BP_OK;
+        st = mpi_fail(rc, "the status exchange of bp_comm_init_ranks");
+    else if (mine != BP_OK) /* the caller keeps its own error */
+        st = mine;
+    for (int r = 0; r < c->n_ranks && st == BP_OK; r++) {
+        if (r == c->me)
+            continue;
+        if (theirs[2 * r] != BP_OK)
+            st = bp_set_error(BP_ERR_REMOTE, "bp_comm_init_ranks on rank %d: rank %d failed "
+                              "before it (%s); nothing was set up", world.rank, c->world_of[r],
+                              bp_status_name((enum bp_status)theirs[2 * r]));
+        else if (theirs[2 * r + 1] != sent[1])
+            st = bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_init_ranks on rank %d: rank %d passed "
+                              "other members (other ranks, or in another order); every rank "
+                              "must pass the same", world.rank, c->world_of[r]);
+    }
+    free(buf);
+    return st;
 }
 
 /* Every rank's v combined with MPI_MIN over c, waited for with the deadline; false when that
@@ -345,7 +376,7 @@ static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_s
         comm_free(c);
         return NULL;
     }
-    c->status = calloc((size_t)c->n_ranks, sizeof(int));
+    c->status = calloc(2 * (size_t)c->n_ranks, sizeof(int));
     c->msg = malloc(2 * SMALL_MSG);
     if (c->status == NULL || c->msg == NULL) {
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_init_ranks: out of memory");
@@ -353,7 +384,28 @@ static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_s
         return NULL;
     }
     enum bp_status st = exchange_status(c, status, now_s() + c->timeout);
-    if (st == BP_OK) { /* every member rank is here: the group is made at once */
+    if (st == BP_OK && c->n_ranks == world.size) {
+        /* Every rank of the program: a duplicate of MPI_COMM_WORLD, made without blocking (a
+         * rank that gave up on the exchange just before cannot leave this one waiting). In
+         * world order, so the communicator's ranks are the world's. */
+        for (int r = 0; r < world.size; r++)
+            c->world_of[r] = r;
+        c->me = world.rank;
+        MPI_Request req;
+        int rc = MPI_Comm_idup(MPI_COMM_WORLD, &c->comm, &req);
+        if (rc != MPI_SUCCESS)
+            st = mpi_fail(rc, "MPI_Comm_idup");
+        else if (!wait_all(&req, 1, now_s() + c->timeout, &rc))
+            st = bp_set_error(BP_ERR_TIMEOUT, "bp_comm_init_ranks on rank %d: the other ranks "
+                              "did not make the communicator within %g s", world.rank,
+                              c->timeout);
+        else if (rc != MPI_SUCCESS)
+            st = mpi_fail(rc, "MPI_Comm_idup");
+        if (st == BP_OK)
+            MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
+        else
+            c->comm = MPI_COMM_NULL;
+    } else if (st == BP_OK) { /* every member rank is here: the group is made at once */
         MPI_Group all, sub;
         MPI_Comm_group(MPI_COMM_WORLD, &all);
         MPI_Group_incl(all, c->n_ranks, c->world_of, &sub);
@@ -454,18 +506,18 @@ static enum bp_status check_tensors(const bp_comm *c, bp_tensor *const *t, int n
     return BP_OK;
 }
 
-/* One exchange of recursive doubling with peer: bytes from send, into recv (NULL: that
- * direction is skipped), with the deadline. MPI_SUCCESS, an MPI error code, or -1 when time
- * ran out. */
-static int exchange(bp_comm *c, int peer, const void *send, void *recv, int bytes,
-                    double deadline)
+/* One step: send_bytes from send to `to`, at most recv_bytes from `from` into recv (NULL:
+ * that direction is skipped), with the deadline. MPI_SUCCESS, an MPI error code, or -1 when
+ * time ran out. */
+static int exchange2(bp_comm *c, int to, const void *send, int send_bytes, int from, void *recv,
+                     int recv_bytes, double deadline)
 {
     MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int rc = MPI_SUCCESS;
     if (recv != NULL)
-        rc = MPI_Irecv(recv, bytes, MPI_BYTE, peer, TAG_SUM, c->comm, &r[0]);
+        rc = MPI_Irecv(recv, recv_bytes, MPI_BYTE, from, TAG_SUM, c->comm, &r[0]);
     if (rc == MPI_SUCCESS && send != NULL)
-        rc = MPI_Isend(send, bytes, MPI_BYTE, peer, TAG_SUM, c->comm, &r[1]);
+        rc = MPI_Isend(send, send_bytes, MPI_BYTE, to, TAG_SUM, c->comm, &r[1]);
     if (rc == MPI_SUCCESS && !wait_all(r, 2, deadline, &rc)) {
         if (r[0] != MPI_REQUEST_NULL) {
             MPI_Cancel(&r[0]);
@@ -476,23 +528,36 @@ static int exchange(bp_comm *c, int peer, const void *send, void *recv, int byte
     return rc;
 }
 
-/* A message of a small sum: the values, then the ranks' statuses (each rank's at its index,
- * 0 elsewhere). */
-static void pack(const bp_comm *c, char *msg, const float *data, int count)
+/* exchange2 with one peer: messages of a small sum (at most SMALL_MSG bytes come in). */
+static int exchange(bp_comm *c, int peer, const void *send, void *recv, int bytes,
+                    double deadline)
 {
-    memcpy(msg, data, (size_t)count * sizeof(float));
-    memcpy(msg + (size_t)count * sizeof(float), c->status, (size_t)c->n_ranks * sizeof(int));
+    return exchange2(c, peer, send, bytes, peer, recv, SMALL_MSG, deadline);
 }
 
-/* data += the message's values, the statuses combined (the lowest: a failure). */
+/* A message of a small sum: the ranks' statuses and signatures (each rank's at its index;
+ * statuses 0 and signatures INT_MAX elsewhere), then the values. */
+static void pack(const bp_comm *c, char *msg, const float *data, int count)
+{
+    const size_t head = 2 * (size_t)c->n_ranks * sizeof(int);
+    memcpy(msg, c->status, head);
+    memcpy(msg + head, data, (size_t)count * sizeof(float));
+}
+
+/* The statuses and signatures combined (the lowest: a failure, a rank's own signature); the
+ * values added only when the message's sum is this one (same signature). */
 static void combine(bp_comm *c, float *data, const char *msg, int count)
 {
-    add_values(data, msg, (size_t)count, c->integer);
-    for (int r = 0; r < c->n_ranks; r++) {
-        int s;
-        memcpy(&s, msg + (size_t)count * sizeof(float) + (size_t)r * sizeof(int), sizeof(s));
-        c->status[r] = s < c->status[r] ? s : c->status[r];
+    const size_t head = 2 * (size_t)c->n_ranks * sizeof(int);
+    bool same = true;
+    for (int r = 0; r < 2 * c->n_ranks; r++) {
+        int v;
+        memcpy(&v, msg + (size_t)r * sizeof(int), sizeof(v));
+        c->status[r] = v < c->status[r] ? v : c->status[r];
+        same &= r < c->n_ranks || v == INT_MAX || v == c->sig;
     }
+    if (same)
+        add_values(data, msg + head, (size_t)count, c->integer);
 }
 
 /* A small sum in place, with the ranks' statuses (c->status) in the same messages, by
@@ -503,7 +568,7 @@ static void combine(bp_comm *c, float *data, const char *msg, int count)
 static int small_sum(bp_comm *c, float *data, int count, double deadline)
 {
     const int n = c->n_ranks, me = c->me;
-    const int bytes = count * (int)sizeof(float) + n * (int)sizeof(int);
+    const int bytes = count * (int)sizeof(float) + 2 * n * (int)sizeof(int);
     char *out = c->msg, *in = c->msg + SMALL_MSG;
     int pof2 = 1;
     while (pof2 * 2 <= n)
@@ -538,9 +603,9 @@ static int small_sum(bp_comm *c, float *data, int count, double deadline)
         } else {
             rc = exchange(c, me + 1, NULL, in, bytes, deadline);
             if (rc == MPI_SUCCESS) {
-                memcpy(data, in, (size_t)count * sizeof(float));
-                memcpy(c->status, in + (size_t)count * sizeof(float),
-                       (size_t)n * sizeof(int));
+                const size_t head = 2 * (size_t)n * sizeof(int);
+                memcpy(c->status, in, head);
+                memcpy(data, in + head, (size_t)count * sizeof(float));
             }
         }
     }
@@ -576,17 +641,35 @@ static enum bp_status verdict(bp_comm *c, enum bp_status status, const bp_tensor
                                 "failed (%s) before the all-reduce of %s", world.rank,
                                 c->world_of[r], bp_status_name((enum bp_status)c->status[r]),
                                 tname(first));
+    for (int r = 0; r < c->n_ranks; r++)
+        if (c->status[c->n_ranks + r] != c->sig)
+            return bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_allreduce (MPI) on rank %d: rank %d "
+                                "sums another number or type of values than %s (%s [%lld]); "
+                                "every rank must pass the same", world.rank, c->world_of[r],
+                                tname(first), bp_type_name(first->type),
+                                (long long)bp_nelements(first));
     return BP_OK;
+}
+
+/* This rank's status and its sum's signature at its index, the others' neutral. */
+static void own_status(bp_comm *c, enum bp_status status)
+{
+    for (int r = 0; r < c->n_ranks; r++) {
+        c->status[r] = 0;
+        c->status[c->n_ranks + r] = INT_MAX;
+    }
+    c->status[c->me] = (int)status;
+    c->status[c->n_ranks + c->me] = c->sig;
 }
 
 /* The ranks' statuses exchanged by a nonblocking all-reduce waited for with the deadline:
  * BP_OK when every rank has arrived and is well. */
 static enum bp_status settle_statuses(bp_comm *c, enum bp_status status, const bp_tensor *first)
 {
-    memset(c->status, 0, (size_t)c->n_ranks * sizeof(int));
-    c->status[c->me] = (int)status;
+    own_status(c, status);
     MPI_Request req;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, c->status, c->n_ranks, MPI_INT, MPI_MIN, c->comm, &req);
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, c->status, 2 * c->n_ranks, MPI_INT, MPI_MIN, c->comm,
+                            &req);
     const bool in_time = rc != MPI_SUCCESS || wait_all(&req, 1, now_s() + c->timeout, &rc);
     return verdict(c, status, first, in_time, rc, "MPI_Iallreduce");
 }
@@ -601,6 +684,9 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
         return bp_set_error(BP_ERR_TIMEOUT, "bp_comm_allreduce (MPI) on rank %d: an earlier "
                             "collective of this communicator timed out; it takes no more",
                             world.rank);
+    if (n != c->n) /* (every rank alike: none takes part) */
+        return bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_allreduce (MPI): %d tensors for a "
+                            "communicator of %d members", n, c->n);
     bp_tensor *first = NULL;
     enum bp_status st = BP_OK;
     if (status == BP_OK) {
@@ -618,6 +704,7 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
     if (st != BP_OK && status == BP_OK)
         status = st; /* bad tensors: this rank takes part as a failed one */
     const size_t count = (size_t)bp_nelements(first);
+    c->sig = (int)(((uint32_t)count * 2654435761u ^ (uint32_t)first->type * 40503u) & 0x7ffffff0);
     if (c->dev != NULL && first->type != BP_TYPE_I32) {
         /* The devices' own communicator (NCCL): the statuses through MPI with the deadline,
          * then the data device to device. */
@@ -678,8 +765,7 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
     }
     int rc = MPI_SUCCESS;
     if (small) {
-        memset(c->status, 0, (size_t)c->n_ranks * sizeof(int));
-        c->status[c->me] = (int)status;
+        own_status(c, status);
         rc = small_sum(c, data, (int)count, now_s() + c->timeout);
         st = verdict(c, status, first, rc != -1, rc, "the exchange of a small sum");
     } else {
@@ -687,13 +773,22 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
     }
     if (st != BP_OK)
         return st;
-    if (!small) { /* every rank is here and well: the sum itself */
+    if (!small) {
+        /* Every rank is here and well. A second round, also with the deadline, before MPI's
+         * blocking sum: a rank that arrived at the first only after another had given up on
+         * it (and so completed it alone) stops here instead of waiting in the sum forever. */
+        int go = 1;
+        MPI_Request req;
+        rc = MPI_Iallreduce(MPI_IN_PLACE, &go, 1, MPI_INT, MPI_MIN, c->comm, &req);
+        const bool in_time = rc != MPI_SUCCESS || wait_all(&req, 1, now_s() + c->timeout, &rc);
+        st = verdict(c, BP_OK, first, in_time, rc, "MPI_Iallreduce");
+        if (st != BP_OK)
+            return st;
         const size_t chunk = (size_t)1 << 30;
         for (size_t off = 0; off < count && rc == MPI_SUCCESS; off += chunk)
             rc = MPI_Allreduce(MPI_IN_PLACE, data + off,
                                (int)(count - off < chunk ? count - off : chunk),
-                               c->integer ? MPI_INT32_T : MPI_FLOAT,
-                               MPI_SUM, c->comm);
+                               c->integer ? MPI_INT32_T : MPI_FLOAT, MPI_SUM, c->comm);
         if (rc != MPI_SUCCESS) {
             c->broken = true;
             return mpi_fail(rc, "MPI_Allreduce");
