@@ -61,15 +61,20 @@ static inline bool bp__add_size(size_t a, size_t b, size_t *out)
     return !__builtin_add_overflow(a, b, out);
 }
 
-/* Product of the four sizes; false when it does not fit in int64_t. */
+/* Product of the four sizes; false when the product of the nonzero ones does not fit in
+ * int64_t, so that any product of some of the sizes (a slice, a row count, a loop bound) fits
+ * too, even for an empty tensor. */
 static inline bool bp__count_elements(const int64_t ne[4], int64_t *out)
 {
     int64_t n = 1;
+    bool empty = false;
     for (int i = 0; i < 4; i++) {
-        if (__builtin_mul_overflow(n, ne[i], &n))
+        if (ne[i] == 0)
+            empty = true;
+        else if (__builtin_mul_overflow(n, ne[i], &n))
             return false;
     }
-    *out = n;
+    *out = empty ? 0 : n;
     return true;
 }
 

@@ -328,7 +328,10 @@ static bool read_tensor_info(struct cursor *c, struct gguf_tensor *t)
         return bp__error(BP_ERR_SHAPE, "GGUF file %s: tensor '%s' has %u dimensions (1 to %d "
                          "are supported)", g->name, t->name, nd, GGUF_MAX_DIMS), false;
     t->n_dims = (int)nd;
+    /* The product of the nonzero dimensions must fit, so that no product of some of them
+     * (a row count, an element count) wraps for a reader, even when the tensor is empty. */
     int64_t count = 1;
+    bool empty = false;
     for (int d = 0; d < GGUF_MAX_DIMS; d++) {
         uint64_t ne = 1;
         if (d < t->n_dims && !take_u64(c, &ne, "a tensor dimension"))
@@ -338,8 +341,13 @@ static bool read_tensor_info(struct cursor *c, struct gguf_tensor *t)
                              "(dimension %d is %llu)", g->name, t->name, d,
                              (unsigned long long)ne), false;
         t->ne[d] = (int64_t)ne;
-        count *= (int64_t)ne;
+        if (ne == 0)
+            empty = true;
+        else
+            count *= (int64_t)ne;
     }
+    if (empty)
+        count = 0;
     if (!take_u32(c, &t->type, "a tensor type") || !take_u64(c, &t->offset, "a tensor offset"))
         return false;
     const struct ggml_type_info *ti = ggml_type(t->type);

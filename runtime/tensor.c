@@ -247,6 +247,8 @@ int64_t bp_nelements(const bp_tensor *t)
     if (t == NULL)
         return 0;
     int64_t n;
+    if (t->ne[0] == 0 || t->ne[1] == 0 || t->ne[2] == 0 || t->ne[3] == 0)
+        return 0;
     return bp__count_elements(t->ne, &n) ? n : INT64_MAX;
 }
 
@@ -256,6 +258,8 @@ int64_t bp_nrows(const bp_tensor *t)
         return 0;
     const int64_t outer[BP_MAX_DIMS] = {1, t->ne[1], t->ne[2], t->ne[3]};
     int64_t n;
+    if (t->ne[1] == 0 || t->ne[2] == 0 || t->ne[3] == 0)
+        return 0;
     return bp__count_elements(outer, &n) ? n : INT64_MAX;
 }
 

@@ -537,6 +537,23 @@ START_TEST(test_hostile_tensors)
     header(&b, 3, 1, 0);
     tensor_info(&b, "t", 2, ne_big, 0, 0);
     REFUSED(b, "absurd size");
+    /* empty, but the other dimensions multiply past 2^63: a reader's row count would wrap */
+    const uint64_t ne_empty_big[4] = {32, 0, 1ull << 40, 1ull << 40};
+    header(&b, 3, 1, 0);
+    tensor_info(&b, "t", 4, ne_empty_big, 0, 0);
+    REFUSED(b, "absurd size");
+    /* an empty tensor whose other dimensions fit opens, with no data */
+    const uint64_t ne_empty[4] = {32, 0, 1ull << 20, 3};
+    header(&b, 3, 1, 0);
+    tensor_info(&b, "t", 4, ne_empty, 0, 0);
+    pad_to(&b, 32);
+    bp_gguf *ge = bp_gguf_open_memory(b.p, b.n, "empty.gguf");
+    ck_assert_msg(ge != NULL, "%s", bp_last_error());
+    struct bp_gguf_tensor te;
+    ck_assert_int_eq(bp_gguf_get_tensor(ge, 0, &te), BP_OK);
+    ck_assert_uint_eq(te.size, 0);
+    ck_assert_int_eq(te.ne[2], 1 << 20);
+    bp_gguf_close(ge);
     header(&b, 3, 1, 0);
     tensor_info(&b, "t", 1, ne8, 77, 0);
     REFUSED(b, "not a ggml type");

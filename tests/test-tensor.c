@@ -296,6 +296,15 @@ START_TEST(test_size_limits)
     ck_assert_uint_eq(bp_context_get_n_tensors(ctx), 1);
     /* Empty rows are fine as long as the row count itself fits. */
     ck_assert_ptr_nonnull(bp_new_tensor_2d(ctx, BP_TYPE_F32, 0, INT64_MAX));
+    /* Empty, but two later sizes multiply past 2^63: a slice or loop bound would wrap. */
+    ck_assert_rejected(bp_new_tensor_4d(ctx, BP_TYPE_F32, 1, 0, (int64_t)1 << 40,
+                                        (int64_t)1 << 40),
+                       BP_ERR_SHAPE, "too large");
+    bp_tensor *e = bp_new_tensor_4d(ctx, BP_TYPE_F32, 1, 0, (int64_t)1 << 20, 3);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(bp_nelements(e), 0);
+    ck_assert_int_eq(bp_nrows(e), 0);
+    ck_assert_uint_eq(bp_nbytes(e), 0);
 
     /* Builders whose result extent is a sum check it before making the tensor. */
     bp_tensor *big = bp_new_tensor_1d(ctx, BP_TYPE_F32, max_f32);

@@ -280,7 +280,8 @@ BP_API bp_tensor *bp_context_find_tensor(const bp_context *ctx, const char *name
 
 /* The largest tensor, in bytes: a tensor whose byte size, any stride, element count or row
  * count would exceed it (or not fit in int64_t) is refused when it is created, so sizes derived
- * from a shape, plus alignment padding, never wrap. */
+ * from a shape, plus alignment padding, never wrap. An empty tensor (a size of 0) is refused
+ * when the product of its other sizes does not fit in int64_t. */
 #define BP_MAX_TENSOR_BYTES ((size_t)1 << 62)
 
 /* New tensors: ne[i] >= 0, at most 4 dims, ne[0] a multiple of the type's block size, at most

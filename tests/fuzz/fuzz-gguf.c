@@ -48,9 +48,15 @@ static void walk_tensor(const bp_gguf *g, int64_t i, size_t size)
         abort(); /* the reader let a tensor out of the file */
     if (st != BP_OK)
         return;
-    const int64_t n = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
+    /* The reader promises that the product of the nonzero sizes fits in int64_t, so no
+     * product of some of them wraps, even for an empty tensor. */
+    int64_t nz = 1;
+    for (int d = 0; d < 4; d++) {
+        if (t.ne[d] < 0 || (t.ne[d] > 0 && __builtin_mul_overflow(nz, t.ne[d], &nz)))
+            abort();
+    }
     const int64_t rows = t.ne[1] * t.ne[2] * t.ne[3];
-    if (n == 0 || rows == 0)
+    if (t.ne[0] == 0 || rows == 0)
         return;
     const struct bp_type_traits *tr = bp_type_get_traits(t.type);
     if (bp_row_size(t.type, t.ne[0]) * (size_t)rows != t.size)
