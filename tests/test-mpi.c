@@ -247,7 +247,7 @@ START_TEST(test_rank_failing_before_an_allreduce)
      * summed, and the communicator goes on. */
     for (int big = 0; big < 2; big++) {
         bp_context *c2 = bp_context_new(1);
-        bp_tensor *u = bp_new_tensor_1d(c2, BP_TYPE_F32, (big ? 20000 : 7) + rank);
+        bp_tensor *u = bp_new_tensor_1d(c2, BP_TYPE_F32, (big ? 200000 : 7) + rank);
         bp_buffer *b2 = bp_alloc_ctx_tensors(c2, bp_backend_get_default_buffer_type(cpu));
         bp_buffer_clear(b2, 0);
         ts[rank] = u;
@@ -261,7 +261,7 @@ START_TEST(test_rank_failing_before_an_allreduce)
         bp_context *c2 = bp_context_new(1);
         const bool odd_one = rank == n_ranks - 1;
         bp_tensor *u = bp_new_tensor_1d(c2, odd_one ? BP_TYPE_F16 : BP_TYPE_F32,
-                                        big ? 20000 : 7);
+                                        big ? 200000 : 7);
         bp_buffer *b2 = bp_alloc_ctx_tensors(c2, bp_backend_get_default_buffer_type(cpu));
         bp_buffer_clear(b2, 0);
         ts[rank] = u;

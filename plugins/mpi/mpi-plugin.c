@@ -32,8 +32,12 @@
 #define TAG_SUM 1         /* small sums' messages with the statuses, on the comm's own MPI_Comm */
 #define TAG_FAST 2        /* + (signature >> 4): a small sum's bare values, every rank well */
 #define SIG_MASK 0x7ffffff0 /* signatures of sums: never INT_MAX, >> 4 fits a tag from TAG_FAST */
-#define SMALL_SUM 16384   /* values: sums this small go by recursive doubling */
-#define SMALL_MSG (SMALL_SUM * 4 + 2 * MAX_MEMBERS * 4) /* bytes of its messages, at most */
+/* Values: sums this small go by recursive doubling, whose every step sends the whole message;
+ * between two ranks that is one exchange, as good as any algorithm up to 512 KiB (measured
+ * against MPI_Allreduce on shared memory, bench/bench-mpi), while with more ranks MPI's
+ * bandwidth-saving algorithms win from 64 KiB. */
+#define SMALL_SUM 16384
+#define SMALL_SUM_PAIR 131072
 
 static struct {
     pthread_mutex_t mu;
@@ -136,7 +140,9 @@ struct bp_comm {
     bool integer;        /* the sum under way is of I32 values (else in F32) */
     float *buf;          /* staging: the sum in F32 (or I32) */
     size_t cap;
-    char *msg;           /* 2 * SMALL_MSG bytes: a small sum's message out, and the one in */
+    int small;           /* sums of at most this many values are small (SMALL_SUM*) */
+    int msg_bytes;       /* a small sum's messages, at most: values and statuses */
+    char *msg;           /* 2 * msg_bytes: a small sum's message out, and the one in */
     int *status;         /* 2 * n_ranks: the ranks' statuses, then their sums' signatures */
     int sig;             /* the signature (count and type) of the sum under way */
     bool clean;          /* small sum: every rank heard from is well and sums the same (then
@@ -404,7 +410,9 @@ static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_s
         return NULL;
     }
     c->status = calloc(2 * (size_t)c->n_ranks, sizeof(int));
-    c->msg = malloc(2 * SMALL_MSG);
+    c->small = c->n_ranks == 2 ? SMALL_SUM_PAIR : SMALL_SUM;
+    c->msg_bytes = c->small * 4 + 2 * c->n_ranks * 4;
+    c->msg = malloc(2 * (size_t)c->msg_bytes);
     if (c->status == NULL || c->msg == NULL) {
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_init_ranks: out of memory");
         comm_free(c);
@@ -556,7 +564,7 @@ static enum bp_status check_tensors(const bp_comm *c, bp_tensor *const *t, int n
     return BP_OK;
 }
 
-/* One step: send_bytes from send to `to` with tag, at most SMALL_MSG bytes from `from` into
+/* One step: send_bytes from send to `to` with tag, at most msg_bytes bytes from `from` into
  * recv with any tag (NULL: that direction is skipped), with the deadline. *got_tag and
  * *got_bytes: what came in. MPI_SUCCESS, an MPI error code, or -1 when time ran out. */
 static int exchange(bp_comm *c, int to, const void *send, int send_bytes, int tag, int from,
@@ -566,7 +574,7 @@ static int exchange(bp_comm *c, int to, const void *send, int send_bytes, int ta
     MPI_Status st[2];
     int rc = MPI_SUCCESS;
     if (recv != NULL)
-        rc = MPI_Irecv(recv, SMALL_MSG, MPI_BYTE, from, MPI_ANY_TAG, c->comm, &r[0]);
+        rc = MPI_Irecv(recv, c->msg_bytes, MPI_BYTE, from, MPI_ANY_TAG, c->comm, &r[0]);
     if (rc == MPI_SUCCESS && send != NULL)
         rc = MPI_Isend(send, send_bytes, MPI_BYTE, to, tag, c->comm, &r[1]);
     for (unsigned spin = 1; rc == MPI_SUCCESS; spin++) {
@@ -682,7 +690,7 @@ static void take(bp_comm *c, float *data, const char *in, int tag, int bytes, in
 static int step(bp_comm *c, float *data, int count, int to, int from, struct group mine,
                 struct group theirs, int rem, bool final, struct deadline *deadline)
 {
-    char *out = c->msg, *in = from >= 0 ? c->msg + SMALL_MSG : NULL;
+    char *out = c->msg, *in = from >= 0 ? c->msg + c->msg_bytes : NULL;
     const int values = count * (int)sizeof(float);
     const void *send = NULL;
     int bytes = 0, tag = TAG_SUM;
@@ -851,7 +859,7 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
      * that every rank has arrived, and then sum with MPI's blocking all-reduce, whose
      * algorithms for large messages are the fast ones. One local F32 member in host memory is
      * summed in place; anything else through buf. */
-    const bool small = count <= SMALL_SUM;
+    const bool small = count <= (size_t)c->small;
     int n_local = 0;
     for (int i = 0; i < n; i++)
         n_local += t[i] != NULL;
