@@ -131,8 +131,11 @@ START_TEST(test_allreduce_types_and_sizes)
     ts[rank] = t;
     ck_assert_msg(allreduce(c, ts, n_ranks) == BP_OK, "%s", bp_last_error());
     bp_tensor_get(t, iv, 0, bp_nbytes(t));
-    for (int i = 0; i < 100003; i++)
-        ck_assert_int_eq(iv[i], n_ranks * ((i % 1000) * 1000003) + n_ranks * (n_ranks - 1) / 2);
+    for (int i = 0; i < 100003; i++) { /* sums of I32 wrap, as two's complement adds do */
+        const uint32_t want = (uint32_t)n_ranks * (uint32_t)((i % 1000) * 1000003) +
+                              (uint32_t)(n_ranks * (n_ranks - 1) / 2);
+        ck_assert_int_eq(iv[i], (int32_t)want);
+    }
     free(iv);
     bp_buffer_free(buf);
     bp_context_free(ctx);
