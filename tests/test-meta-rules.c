@@ -483,12 +483,34 @@ START_TEST(test_permute_and_transpose_map_the_axis)
 }
 END_TEST
 
-START_TEST(test_view_and_get_rows_are_computed_whole)
+START_TEST(test_view_and_get_rows)
 {
-    /* VIEW has no split rule: a split source is gathered */
+    /* A view of whole rows of a source split on axis 0 keeps the split: the last row of a
+     * prompt's activations, a block of rows, a row of a view (offsets relative to the source) */
     bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, 8, 6);
-    struct bp_meta_decision d = decide(bp_view_2d(ctx, x, 8, 3, x->nb[1], 0), split2(1, 3, 3),
+    const struct bp_meta_split cols = split2(0, 3, 5);
+    struct bp_meta_decision d = decide(bp_view_2d(ctx, x, 8, 1, x->nb[1], 5 * x->nb[1]), cols,
                                        MIRRORED);
+    assert_applies(&d, cols, cols, MIRRORED, 2);
+    d = decide(bp_view_2d(ctx, x, 8, 3, x->nb[1], 2 * x->nb[1]), cols, MIRRORED);
+    assert_applies(&d, cols, cols, MIRRORED, 2);
+    bp_tensor *rows = bp_view_2d(ctx, x, 8, 4, x->nb[1], x->nb[1]);
+    d = decide(bp_view_1d(ctx, rows, 8, 2 * rows->nb[1]), cols, MIRRORED);
+    assert_applies(&d, cols, cols, MIRRORED, 2);
+    /* Anything else is computed whole: part of a row, an offset inside a row, a split on
+     * another axis, strided rows (not contiguous), another source's memory */
+    d = decide(bp_view_2d(ctx, x, 4, 6, x->nb[1], 0), cols, MIRRORED);
+    assert_fallback(&d);
+    d = decide(bp_view_1d(ctx, x, 8, 4 * sizeof(float)), cols, MIRRORED);
+    assert_fallback(&d);
+    d = decide(bp_view_2d(ctx, x, 8, 3, x->nb[1], 0), split2(1, 3, 3), MIRRORED);
+    assert_fallback(&d);
+    d = decide(bp_view_2d(ctx, x, 8, 3, 2 * x->nb[1], 0), cols, MIRRORED);
+    assert_fallback(&d);
+    bp_tensor *y = bp_new_tensor_2d(ctx, BP_TYPE_F32, 8, 6);
+    bp_tensor *vy = bp_view_1d(ctx, y, 8, 0);
+    vy->src[0] = x; /* (a node whose source is not what it views) */
+    d = decide(vy, cols, MIRRORED);
     assert_fallback(&d);
     /* GET_ROWS of a table split on axis 0 (embedding columns): gathered, looked up whole */
     bp_tensor *table = bp_new_tensor_2d(ctx, BP_TYPE_F32, 8, 40);
@@ -572,7 +594,7 @@ int main(void)
     tcase_add_test(tc, test_rope_per_head);
     tcase_add_test(tc, test_reshape_maps_the_axis);
     tcase_add_test(tc, test_permute_and_transpose_map_the_axis);
-    tcase_add_test(tc, test_view_and_get_rows_are_computed_whole);
+    tcase_add_test(tc, test_view_and_get_rows);
     tcase_add_test(tc, test_invalid_input);
     tcase_add_test(tc, test_state_helpers);
     suite_add_tcase(s, tc);

@@ -98,6 +98,34 @@ static const char *permute_rule(const struct bp_meta_rule_in *in, struct bp_meta
     return NULL;
 }
 
+/* VIEW: a view that takes whole rows of a source split on axis 0 (each row of the view is a
+ * row of the source, same width and element stride: the last token's row of a prompt, say)
+ * keeps the split, each part viewing the rows of its own slice. Any other view is computed
+ * whole. Contiguous views only, so that converting the result later is like converting any
+ * tensor split on axis 0. */
+static const char *view_rule(const struct bp_meta_rule_in *in, struct bp_meta_decision *d)
+{
+    const bp_tensor *node = in->node, *a = node->src[0];
+    const struct bp_meta_split sa = src_state(in, 0);
+    if (!is_split(&sa) || sa.axis != 0)
+        return "a view keeps only a split on axis 0";
+    const bp_tensor *owner = a->view_src != NULL ? a->view_src : a;
+    const size_t a_offs = a->view_src != NULL ? a->view_offs : 0;
+    if (node->view_src != owner || node->view_offs < a_offs)
+        return "the view is not inside its source";
+    const size_t offs = node->view_offs - a_offs, row = a->nb[1];
+    bool rows = node->ne[0] == a->ne[0] && node->nb[0] == a->nb[0] && node->type == a->type &&
+                row >= (size_t)a->ne[0] * a->nb[0] / (size_t)bp_type_block_size(a->type) &&
+                row > 0 && offs % row == 0 && bp_is_contiguous(node);
+    for (int i = 1; i < 4 && rows; i++)
+        rows = node->ne[i] == 1 || node->nb[i] % row == 0;
+    if (!rows)
+        return "the view does not take whole rows of its source";
+    d->want[0] = sa;
+    d->out = sa;
+    return NULL;
+}
+
 /* Where split s of `from` (logical shape) lands in `to` when the same elements are laid out in
  * to's shape: the axis of `to` that ends where the split axis ends, with the sizes scaled. False
  * when there is none, or a slice would cut through an inner axis of `to` (half a head). */
@@ -404,6 +432,8 @@ static rule_fn *rule_of(const bp_tensor *node)
     case BP_OP_PERMUTE:
     case BP_OP_TRANSPOSE:
         return node->src[0] ? permute_rule : NULL;
+    case BP_OP_VIEW:
+        return node->src[0] ? view_rule : NULL;
     case BP_OP_RESHAPE:
     case BP_OP_CONT:
     case BP_OP_DUP:
