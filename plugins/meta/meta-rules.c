@@ -179,9 +179,9 @@ static const char *scale_rule(const struct bp_meta_rule_in *in, struct bp_meta_d
 
 /* ---- Element-wise and row-wise ops ------------------------------------------------------- */
 
-/* UNARY, CLAMP, RMS_NORM, NORM, L2_NORM, ARGSORT, TOP_K, GLU of one source: kept when the split is not on the
- * row axis 0 (UNARY, CLAMP: any axis, they are element-wise); partial sums are added up first
- * (these ops are not linear). */
+/* UNARY, CLAMP, RMS_NORM, NORM, L2_NORM, ARGSORT, TOP_K, GLU of one source: kept when the split
+ * is not on the row axis 0 (UNARY, CLAMP: any axis, they are element-wise); partial sums are
+ * added up first (these ops are not linear). */
 static const char *rowwise_rule(const struct bp_meta_rule_in *in, struct bp_meta_decision *d)
 {
     const struct bp_meta_split sa = src_state(in, 0);

@@ -30,8 +30,8 @@
 #define MAX_MEMBERS 64
 #define TAG_STATUS 0x6270 /* point-to-point tag of bp_comm_init_ranks' status exchange */
 #define TAG_SUM 1         /* small sums' messages with the statuses, on the comm's own MPI_Comm */
-#define TAG_FAST 2        /* + (signature >> 4): a small sum's bare values, every rank well */
-#define SIG_MASK 0x7ffffff0 /* signatures of sums: never INT_MAX, >> 4 fits a tag from TAG_FAST */
+#define TAG_FAST 2        /* + type: a small sum's bare values, every rank well (< 32767, the
+                           * least MPI_TAG_UB that MPI allows) */
 /* Values: sums this small go by recursive doubling, whose every step sends the whole message;
  * between two ranks that is one exchange, as good as any algorithm up to 512 KiB (measured
  * against MPI_Allreduce on shared memory, bench/bench-mpi), while with more ranks MPI's
@@ -43,7 +43,6 @@ static struct {
     pthread_mutex_t mu;
     bool started, ours;
     int rank, size;
-    bool fast_tags; /* MPI's tags reach TAG_FAST + (SIG_MASK >> 4) */
 } world = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static double now_s(void)
@@ -92,9 +91,6 @@ static enum bp_status start_mpi(void)
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
         MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
         MPI_Comm_size(MPI_COMM_WORLD, &world.size);
-        int *tag_ub = NULL, found = 0;
-        MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found);
-        world.fast_tags = found && tag_ub != NULL && *tag_ub >= TAG_FAST + (SIG_MASK >> 4);
         world.started = true;
     }
     pthread_mutex_unlock(&world.mu);
@@ -145,6 +141,7 @@ struct bp_comm {
     char *msg;           /* 2 * msg_bytes: a small sum's message out, and the one in */
     int *status;         /* 2 * n_ranks: the ranks' statuses, then their sums' signatures */
     int sig;             /* the signature (count and type) of the sum under way */
+    int type;            /* its type */
     bool clean;          /* small sum: every rank heard from is well and sums the same (then
                           * status[] is not kept up to date: it holds only this rank's own) */
 };
@@ -640,25 +637,42 @@ static void set_group(bp_comm *c, struct group g, int rem, int sig)
     }
 }
 
+/* A small sum's signature: its count and type exactly (below 2^28 for the counts of small
+ * sums); a large sum's is a hash of them with bit 30 set, so never equal to a small one's. Never
+ * INT_MAX, the mark of a rank not heard from. */
+_Static_assert(BP_TYPE_COUNT <= 64 && SMALL_SUM_PAIR < (1 << 21), "signatures must fit");
+
+static int small_sig(size_t count, int type)
+{
+    return (int)((((uint32_t)count << 6) | (uint32_t)type) << 4);
+}
+
+static int large_sig(size_t count, int type)
+{
+    const uint32_t h = (uint32_t)count * 2654435761u ^ (uint32_t)(count >> 32) * 97u ^
+                       (uint32_t)type * 40503u;
+    return (int)((h & 0x3ffffff0u) | 0x40000000u);
+}
+
 /* A partner's message folded in; `theirs`: the ranks it has heard from, `mine`: the ranks this
- * one has. The bare form (tag TAG_FAST + signature) says that every rank of the partner's group
- * is well and sums that signature: while this rank's group is clean too and the signature is
- * its own, the values are all there is to it. Otherwise the statuses are kept per rank from
- * here on (c->clean false). `final`: the message is the whole result (the unfold), copied
- * instead of added. */
+ * one has. The bare form (tag TAG_FAST + type, the count from its size) says that every rank of
+ * the partner's group is well and sums that many values of that type: while this rank's group
+ * is clean too and that is its own sum, the values are all there is to it. Otherwise the
+ * statuses are kept per rank from here on (c->clean false). `final`: the message is the whole
+ * result (the unfold), copied instead of added. */
 static void take(bp_comm *c, float *data, const char *in, int tag, int bytes, int count,
                  struct group mine, struct group theirs, int rem, bool final)
 {
     const size_t values = (size_t)count * sizeof(float);
     if (tag >= TAG_FAST) {
-        const int sig = (tag - TAG_FAST) << 4;
-        const bool same = sig == c->sig && (size_t)bytes == values;
+        const int sig = small_sig((size_t)bytes / sizeof(float), tag - TAG_FAST);
+        const bool same = sig == c->sig;
         if (!same && c->clean) {
             set_group(c, mine, rem, c->sig);
             c->clean = false;
         }
-        if (!c->clean) /* (a size that disagrees with the signature: a signature of its own) */
-            set_group(c, theirs, rem, (size_t)bytes == values ? sig : sig | 1);
+        if (!c->clean)
+            set_group(c, theirs, rem, sig);
         if (same && final)
             memcpy(data, in, values);
         else if (same)
@@ -670,7 +684,7 @@ static void take(bp_comm *c, float *data, const char *in, int tag, int bytes, in
         c->clean = false;
     }
     const size_t head = 2 * (size_t)c->n_ranks * sizeof(int);
-    if ((size_t)bytes != head + values) { /* a count other than ours, from a failed sum */
+    if ((size_t)bytes != head + values) { /* another count, or a large sum's status round */
         int v[2 * MAX_MEMBERS];
         memcpy(v, in, head < (size_t)bytes ? head : (size_t)bytes);
         for (int r = 0; r < 2 * c->n_ranks && (size_t)r * sizeof(int) < (size_t)bytes; r++)
@@ -698,7 +712,7 @@ static int step(bp_comm *c, float *data, int count, int to, int from, struct gro
         memcpy(out, data, (size_t)values);
         send = out;
         bytes = values;
-        tag = TAG_FAST + (c->sig >> 4);
+        tag = TAG_FAST + c->type;
     } else if (to >= 0) {
         const size_t head = 2 * (size_t)c->n_ranks * sizeof(int);
         memcpy(out, c->status, head);
@@ -805,16 +819,16 @@ static void own_status(bp_comm *c, enum bp_status status)
     c->status[c->n_ranks + c->me] = c->sig;
 }
 
-/* The ranks' statuses exchanged by a nonblocking all-reduce waited for with the deadline:
- * BP_OK when every rank has arrived and is well. */
-static enum bp_status settle_statuses(bp_comm *c, enum bp_status status, const bp_tensor *first)
+/* The ranks' statuses and signatures alone, exchanged like a small sum of no values (messages
+ * with the statuses, never the bare form), each wait with the deadline: BP_OK when every rank
+ * has arrived, is well and sums the same. */
+static enum bp_status status_round(bp_comm *c, enum bp_status status, const bp_tensor *first)
 {
     own_status(c, status);
-    MPI_Request req;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, c->status, 2 * c->n_ranks, MPI_INT, MPI_MIN, c->comm,
-                            &req);
-    const bool in_time = rc != MPI_SUCCESS || wait_all(&req, 1, &(struct deadline){0, c->timeout}, &rc);
-    return verdict(c, status, first, in_time, rc, "MPI_Iallreduce");
+    c->clean = false;
+    float none = 0;
+    const int rc = small_sum(c, &none, 0, &(struct deadline){0, c->timeout});
+    return verdict(c, status, first, rc != -1, rc, "the exchange of the ranks' statuses");
 }
 
 static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
@@ -847,19 +861,21 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
     if (st != BP_OK && status == BP_OK)
         status = st; /* bad tensors: this rank takes part as a failed one */
     const size_t count = (size_t)bp_nelements(first);
-    c->sig = (int)(((uint32_t)count * 2654435761u ^ (uint32_t)first->type * 40503u) & SIG_MASK);
+    const bool small = count <= (size_t)c->small;
+    c->type = (int)first->type;
+    c->sig = small ? small_sig(count, c->type) : large_sig(count, c->type);
     if (c->dev != NULL && first->type != BP_TYPE_I32) {
         /* The devices' own communicator (NCCL): the statuses through MPI with the deadline,
          * then the data device to device. */
-        st = settle_statuses(c, status, first);
+        st = status_round(c, status, first);
         return st != BP_OK ? st : c->dev_allreduce(c->dev, t, n);
     }
     /* Small sums go by recursive doubling with the ranks' statuses alongside (latency is all
-     * that counts there); larger ones first exchange the statuses with a deadline, which tells
-     * that every rank has arrived, and then sum with MPI's blocking all-reduce, whose
-     * algorithms for large messages are the fast ones. One local F32 member in host memory is
-     * summed in place; anything else through buf. */
-    const bool small = count <= (size_t)c->small;
+     * that counts there); larger ones first exchange the statuses the same way, which tells
+     * that every rank has arrived (and that a rank whose sum is small is refused, not left
+     * waiting), and then sum with MPI's blocking all-reduce, whose algorithms for large
+     * messages are the fast ones. One local F32 member in host memory is summed in place;
+     * anything else through buf. */
     int n_local = 0;
     for (int i = 0; i < n; i++)
         n_local += t[i] != NULL;
@@ -909,27 +925,35 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
     int rc = MPI_SUCCESS;
     if (small) {
         own_status(c, status);
-        c->clean = world.fast_tags && status == BP_OK;
+        c->clean = status == BP_OK;
         rc = small_sum(c, data, (int)count, &(struct deadline){0, c->timeout});
         st = rc == MPI_SUCCESS && c->clean
                  ? BP_OK
                  : verdict(c, status, first, rc != -1, rc, "the exchange of a small sum");
     } else {
-        st = settle_statuses(c, status, first);
+        st = status_round(c, status, first);
     }
     if (st != BP_OK)
         return st;
     if (!small) {
         /* Every rank is here and well. A second round, also with the deadline, before MPI's
          * blocking sum: a rank that arrived at the first only after another had given up on
-         * it (and so completed it alone) stops here instead of waiting in the sum forever. */
-        int go = 1;
+         * it (and so completed it alone) stops here instead of waiting in the sum forever.
+         * It also compares the counts and types exactly (the signatures of large sums are
+         * hashes): MPI's sum of different counts would never return. */
+        int64_t go[4] = {(int64_t)count, -(int64_t)count, c->type, -c->type};
         MPI_Request req;
-        rc = MPI_Iallreduce(MPI_IN_PLACE, &go, 1, MPI_INT, MPI_MIN, c->comm, &req);
-        const bool in_time = rc != MPI_SUCCESS || wait_all(&req, 1, &(struct deadline){0, c->timeout}, &rc);
+        rc = MPI_Iallreduce(MPI_IN_PLACE, go, 4, MPI_INT64_T, MPI_MIN, c->comm, &req);
+        const bool in_time = rc != MPI_SUCCESS ||
+                             wait_all(&req, 1, &(struct deadline){0, c->timeout}, &rc);
         st = verdict(c, BP_OK, first, in_time, rc, "MPI_Iallreduce");
         if (st != BP_OK)
             return st;
+        if (go[0] != -go[1] || go[2] != -go[3])
+            return bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_allreduce (MPI) on rank %d: the "
+                                "ranks sum different numbers or types of values (%lld to %lld "
+                                "values) for %s; every rank must pass the same", world.rank,
+                                (long long)go[0], (long long)-go[1], tname(first));
         const size_t chunk = (size_t)1 << 30;
         for (size_t off = 0; off < count && rc == MPI_SUCCESS; off += chunk)
             rc = MPI_Allreduce(MPI_IN_PLACE, data + off,
