@@ -139,12 +139,29 @@ struct bp_comm {
     int small;           /* sums of at most this many values are small (SMALL_SUM*) */
     int msg_bytes;       /* a small sum's messages, at most: values and statuses */
     char *msg;           /* 2 * msg_bytes: a small sum's message out, and the one in */
-    int *status;         /* 2 * n_ranks: the ranks' statuses, then their sums' signatures */
+    int *status;         /* FIELDS * n_ranks: per field (F_*), each rank's at its index */
     int sig;             /* the signature (count and type) of the sum under way */
     int type;            /* its type */
+    size_t count;        /* its count */
     bool clean;          /* small sum: every rank heard from is well and sums the same (then
                           * status[] is not kept up to date: it holds only this rank's own) */
 };
+
+/* What each rank tells the others with a sum (c->status: n_ranks entries per field, the
+ * ranks' in order): its status, its sum's signature, and the count (in two 31-bit halves) and
+ * type exactly, since a large sum's signature is a hash. */
+enum { F_STATUS, F_SIG, F_LO, F_HI, F_TYPE, FIELDS };
+
+static int *field(const bp_comm *c, int f)
+{
+    return c->status + (size_t)f * (size_t)c->n_ranks;
+}
+
+/* The bytes of those fields, ahead of the values in a message that carries them. */
+static size_t head_bytes(const bp_comm *c)
+{
+    return FIELDS * (size_t)c->n_ranks * sizeof(int);
+}
 
 /* A deadline that starts at the first look at the clock, so that a wait which completes at
  * once (a small sum's usual case) never reads it: that look comes after about a thousand
@@ -406,9 +423,9 @@ static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_s
         comm_free(c);
         return NULL;
     }
-    c->status = calloc(2 * (size_t)c->n_ranks, sizeof(int));
+    c->status = calloc(FIELDS * (size_t)c->n_ranks, sizeof(int));
     c->small = c->n_ranks == 2 ? SMALL_SUM_PAIR : SMALL_SUM;
-    c->msg_bytes = c->small * 4 + 2 * c->n_ranks * 4;
+    c->msg_bytes = c->small * 4 + (int)head_bytes(c);
     c->msg = malloc(2 * (size_t)c->msg_bytes);
     if (c->status == NULL || c->msg == NULL) {
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_init_ranks: out of memory");
@@ -596,17 +613,18 @@ static int exchange(bp_comm *c, int to, const void *send, int send_bytes, int ta
     return rc;
 }
 
-/* The statuses and signatures combined (the lowest: a failure, a rank's own signature); the
- * values added only when the message's sum is this one (same signature). */
+/* The statuses, signatures and counts combined (the lowest: a failure, a rank's own entry
+ * rather than INT_MAX); the values added only when the message's sum is this one (same
+ * signature: exact for small sums, the only ones with values). */
 static void combine(bp_comm *c, float *data, const char *msg, int count)
 {
-    const size_t head = 2 * (size_t)c->n_ranks * sizeof(int);
+    const size_t head = head_bytes(c);
     bool same = true;
-    for (int r = 0; r < 2 * c->n_ranks; r++) {
+    for (int r = 0; r < FIELDS * c->n_ranks; r++) {
         int v;
         memcpy(&v, msg + (size_t)r * sizeof(int), sizeof(v));
         c->status[r] = v < c->status[r] ? v : c->status[r];
-        same &= r < c->n_ranks || v == INT_MAX || v == c->sig;
+        same &= r / c->n_ranks != F_SIG || v == INT_MAX || v == c->sig;
     }
     if (same)
         add_values(data, msg + head, (size_t)count, c->integer);
@@ -618,24 +636,6 @@ static void combine(bp_comm *c, float *data, const char *msg, int count)
 struct group {
     int first, n, rank;
 };
-
-/* Notes that the ranks of g, this one aside (its own entry is its own), are well and sum with
- * signature sig (the lowest signature wins, as in combine). */
-static void set_group(bp_comm *c, struct group g, int rem, int sig)
-{
-    const int last = g.n > 0 ? g.first + g.n - 1 : 0;
-    for (int y = g.first; y <= last; y++) {
-        const int lo = g.n == 0 ? g.rank : y < rem ? 2 * y : y + rem;
-        const int hi = g.n > 0 && y < rem ? lo + 1 : lo;
-        for (int r = lo; r <= hi; r++) {
-            if (r == c->me)
-                continue;
-            c->status[r] = c->status[r] < 0 ? c->status[r] : 0;
-            int *theirs = &c->status[c->n_ranks + r];
-            *theirs = sig < *theirs ? sig : *theirs;
-        }
-    }
-}
 
 /* A small sum's signature: its count and type exactly (below 2^28 for the counts of small
  * sums); a large sum's is a hash of them with bit 30 set, so never equal to a small one's. Never
@@ -654,6 +654,28 @@ static int large_sig(size_t count, int type)
     return (int)((h & 0x3ffffff0u) | 0x40000000u);
 }
 
+/* Notes that the ranks of g, this one aside (its own entries are its own), are well and sum
+ * `count` values of `type` in a small sum (each entry the lowest, as in combine). */
+static void set_group(bp_comm *c, struct group g, int rem, size_t count, int type)
+{
+    const int v[FIELDS] = {[F_STATUS] = 0, [F_SIG] = small_sig(count, type),
+                           [F_LO] = (int)(count & 0x7fffffff), [F_HI] = (int)(count >> 31),
+                           [F_TYPE] = type};
+    const int last = g.n > 0 ? g.first + g.n - 1 : 0;
+    for (int y = g.first; y <= last; y++) {
+        const int lo = g.n == 0 ? g.rank : y < rem ? 2 * y : y + rem;
+        const int hi = g.n > 0 && y < rem ? lo + 1 : lo;
+        for (int r = lo; r <= hi; r++) {
+            if (r == c->me)
+                continue;
+            for (int f = 0; f < FIELDS; f++) {
+                int *e = &field(c, f)[r];
+                *e = v[f] < *e ? v[f] : *e;
+            }
+        }
+    }
+}
+
 /* A partner's message folded in; `theirs`: the ranks it has heard from, `mine`: the ranks this
  * one has. The bare form (tag TAG_FAST + type, the count from its size) says that every rank of
  * the partner's group is well and sums that many values of that type: while this rank's group
@@ -665,14 +687,14 @@ static void take(bp_comm *c, float *data, const char *in, int tag, int bytes, in
 {
     const size_t values = (size_t)count * sizeof(float);
     if (tag >= TAG_FAST) {
-        const int sig = small_sig((size_t)bytes / sizeof(float), tag - TAG_FAST);
-        const bool same = sig == c->sig;
+        const size_t their_count = (size_t)bytes / sizeof(float);
+        const bool same = small_sig(their_count, tag - TAG_FAST) == c->sig;
         if (!same && c->clean) {
-            set_group(c, mine, rem, c->sig);
+            set_group(c, mine, rem, c->count, c->type);
             c->clean = false;
         }
         if (!c->clean)
-            set_group(c, theirs, rem, sig);
+            set_group(c, theirs, rem, their_count, tag - TAG_FAST);
         if (same && final)
             memcpy(data, in, values);
         else if (same)
@@ -680,14 +702,14 @@ static void take(bp_comm *c, float *data, const char *in, int tag, int bytes, in
         return;
     }
     if (c->clean) {
-        set_group(c, mine, rem, c->sig);
+        set_group(c, mine, rem, c->count, c->type);
         c->clean = false;
     }
-    const size_t head = 2 * (size_t)c->n_ranks * sizeof(int);
+    const size_t head = head_bytes(c);
     if ((size_t)bytes != head + values) { /* another count, or a large sum's status round */
-        int v[2 * MAX_MEMBERS];
+        int v[FIELDS * MAX_MEMBERS];
         memcpy(v, in, head < (size_t)bytes ? head : (size_t)bytes);
-        for (int r = 0; r < 2 * c->n_ranks && (size_t)r * sizeof(int) < (size_t)bytes; r++)
+        for (int r = 0; r < FIELDS * c->n_ranks && (size_t)r * sizeof(int) < (size_t)bytes; r++)
             c->status[r] = v[r] < c->status[r] ? v[r] : c->status[r];
         return;
     }
@@ -714,7 +736,7 @@ static int step(bp_comm *c, float *data, int count, int to, int from, struct gro
         bytes = values;
         tag = TAG_FAST + c->type;
     } else if (to >= 0) {
-        const size_t head = 2 * (size_t)c->n_ranks * sizeof(int);
+        const size_t head = head_bytes(c);
         memcpy(out, c->status, head);
         memcpy(out + head, data, (size_t)values);
         send = out;
@@ -798,8 +820,11 @@ static enum bp_status verdict(bp_comm *c, enum bp_status status, const bp_tensor
                                 "failed (%s) before the all-reduce of %s", world.rank,
                                 c->world_of[r], bp_status_name((enum bp_status)c->status[r]),
                                 tname(first));
+    const int *sig = field(c, F_SIG), *lo = field(c, F_LO), *hi = field(c, F_HI),
+              *type = field(c, F_TYPE);
     for (int r = 0; r < c->n_ranks; r++)
-        if (c->status[c->n_ranks + r] != c->sig)
+        if (sig[r] != c->sig || lo[r] != (int)(c->count & 0x7fffffff) ||
+            hi[r] != (int)(c->count >> 31) || type[r] != c->type)
             return bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_allreduce (MPI) on rank %d: rank %d "
                                 "sums another number or type of values than %s (%s [%lld]); "
                                 "every rank must pass the same", world.rank, c->world_of[r],
@@ -808,15 +833,17 @@ static enum bp_status verdict(bp_comm *c, enum bp_status status, const bp_tensor
     return BP_OK;
 }
 
-/* This rank's status and its sum's signature at its index, the others' neutral. */
+/* This rank's status, its sum's signature, count and type at its index, the others' neutral
+ * (status 0, INT_MAX elsewhere). */
 static void own_status(bp_comm *c, enum bp_status status)
 {
-    for (int r = 0; r < c->n_ranks; r++) {
-        c->status[r] = 0;
-        c->status[c->n_ranks + r] = INT_MAX;
-    }
-    c->status[c->me] = (int)status;
-    c->status[c->n_ranks + c->me] = c->sig;
+    for (int r = 0; r < FIELDS * c->n_ranks; r++)
+        c->status[r] = r < c->n_ranks ? 0 : INT_MAX;
+    field(c, F_STATUS)[c->me] = (int)status;
+    field(c, F_SIG)[c->me] = c->sig;
+    field(c, F_LO)[c->me] = (int)(c->count & 0x7fffffff);
+    field(c, F_HI)[c->me] = (int)(c->count >> 31);
+    field(c, F_TYPE)[c->me] = c->type;
 }
 
 /* The ranks' statuses and signatures alone, exchanged like a small sum of no values (messages
@@ -863,6 +890,7 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
     const size_t count = (size_t)bp_nelements(first);
     const bool small = count <= (size_t)c->small;
     c->type = (int)first->type;
+    c->count = count;
     c->sig = small ? small_sig(count, c->type) : large_sig(count, c->type);
     if (c->dev != NULL && first->type != BP_TYPE_I32) {
         /* The devices' own communicator (NCCL): the statuses through MPI with the deadline,
@@ -936,24 +964,13 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
     if (st != BP_OK)
         return st;
     if (!small) {
-        /* Every rank is here and well. A second round, also with the deadline, before MPI's
-         * blocking sum: a rank that arrived at the first only after another had given up on
-         * it (and so completed it alone) stops here instead of waiting in the sum forever.
-         * It also compares the counts and types exactly (the signatures of large sums are
-         * hashes): MPI's sum of different counts would never return. */
-        int64_t go[4] = {(int64_t)count, -(int64_t)count, c->type, -c->type};
-        MPI_Request req;
-        rc = MPI_Iallreduce(MPI_IN_PLACE, go, 4, MPI_INT64_T, MPI_MIN, c->comm, &req);
-        const bool in_time = rc != MPI_SUCCESS ||
-                             wait_all(&req, 1, &(struct deadline){0, c->timeout}, &rc);
-        st = verdict(c, BP_OK, first, in_time, rc, "MPI_Iallreduce");
+        /* Every rank is here, well, and sums the same (the counts and types compared
+         * exactly). A second round, also with the deadline, before MPI's blocking sum: a rank
+         * that reached the first only after another had given up on it (and so completed it
+         * alone) stops here instead of waiting in the sum forever. */
+        st = status_round(c, BP_OK, first);
         if (st != BP_OK)
             return st;
-        if (go[0] != -go[1] || go[2] != -go[3])
-            return bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_allreduce (MPI) on rank %d: the "
-                                "ranks sum different numbers or types of values (%lld to %lld "
-                                "values) for %s; every rank must pass the same", world.rank,
-                                (long long)go[0], (long long)-go[1], tname(first));
         const size_t chunk = (size_t)1 << 30;
         for (size_t off = 0; off < count && rc == MPI_SUCCESS; off += chunk)
             rc = MPI_Allreduce(MPI_IN_PLACE, data + off,
