@@ -248,12 +248,12 @@ START_TEST(test_rank_failing_before_an_allreduce)
     }
     /* One more value on the last rank: every rank refuses, naming a rank that differs, nothing
      * is summed, and the communicator goes on. Small sums, large ones, and counts on both sides
-     * of the small sums' limit (16384 values, 131072 between two ranks), where one rank's sum
+     * of the small sums' limit (16384 values, 32768 between two ranks), where one rank's sum
      * is small and the other's large. Then as many values of another type alike. */
     const bool odd_one = rank == n_ranks - 1;
     char want[64];
     snprintf(want, sizeof(want), "rank %d sums another number or type", odd_one ? 0 : n_ranks - 1);
-    static const int64_t counts[] = {7, 200000, 16384, 131072};
+    static const int64_t counts[] = {7, 200000, 16384, 32768};
     for (int k = 0; k < 8; k++) {
         const int64_t count = counts[k % 4] + (k < 4 && odd_one ? 1 : 0);
         bp_context *c2 = bp_context_new(1);
