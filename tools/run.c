@@ -976,7 +976,8 @@ static void run_usage(FILE *f)
                "              every GPU, then CPU)\n"
                "  --check     also run on the CPU alone; compare the logits (NMSE within the weight\n"
                "              type's bound, else exit status 1) and the generated tokens\n"
-               "  --no-repack Q4_0/Q8_0 weights on a CPU device stay in host memory as they are\n"
+               "  --no-repack Q4_0/Q8_0 weights on a CPU device (or a meta device's CPU parts) stay\n"
+               "              in host memory as they are\n"
                "              (default: the CPU's CPU_REPACK buffer type, row-interleaved\n"
                "              where the CPU variant has a kernel for that layout)\n"
                "  --precision half lets the products of BF16/F16 weights round the activations\n"
@@ -1104,6 +1105,7 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
                 o->json = true;
             } else if (strcmp(a, "--no-repack") == 0) {
                 o->no_repack = true;
+                setenv("BP_META_NO_REPACK", "1", 1); /* and a meta device's parts' slices */
             } else if (strcmp(a, "--no-expert-stream") == 0) {
                 o->no_expert_stream = true;
             } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -1408,11 +1410,13 @@ static int run_cmd_main(struct run_opts *o_)
     r.n_ranks = n_ranks;
     struct run_check c = {.agree = true, .pass = true};
     if (o.check) {
-        /* The reference keeps the CPU_REPACK layout only when the run under test used it: the
-         * two layouts quantise the activations at different points, which a mixture of experts'
+        /* The reference keeps the CPU_REPACK layout only when the run under test used it (a
+         * meta device's parts store Q4_0/Q8_0 slices in it unless --no-repack): the two
+         * layouts quantise the activations at different points, which a mixture of experts'
          * router can turn into another expert on a near tie. */
         struct run_opts ro = o;
-        ro.no_repack = o.no_repack || strncmp(r.weight_buft, "CPU_REPACK", 10) != 0;
+        ro.no_repack = o.no_repack || (strncmp(r.weight_buft, "CPU_REPACK", 10) != 0 &&
+                                       strncmp(r.weight_buft, "Meta(", 5) != 0);
         const int ran = run_once(&ro, "CPU", &ref, true);
         if (ran == 0)
             c = compare_runs(&o, &r, &ref);

@@ -19,6 +19,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include <backplane/bp-cpu.h>
+
 #include "meta-impl.h"
 #include "meta-rules.h"
 
@@ -207,6 +209,44 @@ static size_t slice_bytes(const bp_tensor *w, const struct bp_meta_split *s, int
                         : (size_t)(w->ne[1] * w->ne[2]) * bp_row_size(w->type, s->sizes[p]);
 }
 
+/* Part p's packed slice of weight w in split s as a tensor description: w's shape with the
+ * slice's extent on the split axis, contiguous (no buffer, no data). */
+static bp_tensor packed_desc(const bp_tensor *w, const struct bp_meta_split *s, int p)
+{
+    bp_tensor d = *w;
+    d.view_src = NULL;
+    d.view_offs = 0;
+    d.buffer = NULL;
+    d.data = NULL;
+    d.ne[s->axis] = s->sizes[p];
+    d.nb[0] = bp_type_size(w->type);
+    d.nb[1] = bp_row_size(w->type, d.ne[0]);
+    d.nb[2] = d.nb[1] * (size_t)d.ne[1];
+    d.nb[3] = d.nb[2] * (size_t)d.ne[2];
+    return d;
+}
+
+/* Where part p keeps its slice of weight w: in the layout its device multiplies such weights
+ * fastest in when its plugin offers one for weights (the CPU's row-interleaved CPU_REPACK for
+ * Q4_0 and Q8_0, as a CPU device's own weights get it), else its default buffer type.
+ * BP_META_NO_REPACK=1 keeps every slice in the default one. */
+static bp_buffer_type *slice_buffer_type(const struct meta_dev *md, const bp_tensor *w, int p)
+{
+    bp_device *dev = md->parts[p];
+    const char *off = getenv("BP_META_NO_REPACK");
+    if ((w->type == BP_TYPE_Q4_0 || w->type == BP_TYPE_Q8_0) && !(off && off[0] == '1')) {
+        void *proc = bp_registry_get_proc_address(bp_device_get_registry(dev),
+                                                  "bp_cpu_repack_buffer_type");
+        bp_cpu_repack_buffer_type_fn get;
+        memcpy(&get, &proc, sizeof(get));
+        bp_buffer_type *buft = proc != NULL ? get(dev) : NULL;
+        bp_clear_error();
+        if (buft != NULL)
+            return buft;
+    }
+    return bp_device_get_buffer_type(dev);
+}
+
 /* The slot of weight t's owner, made (and its part buffers allocated, zeroed) when missing. */
 static enum bp_status slot_for(struct meta_buf *mb, const bp_tensor *t, struct meta_slot **out)
 {
@@ -234,7 +274,15 @@ static enum bp_status slot_for(struct meta_buf *mb, const bp_tensor *t, struct m
         n.part_bytes[p] = bytes;
         if (!bp_meta_local(mb->md, p))
             continue; /* its process stores it */
-        n.part[p] = bp_buffer_type_alloc(bp_device_get_buffer_type(mb->md->parts[p]), bytes);
+        bp_buffer_type *buft = n.sliced ? slice_buffer_type(mb->md, w, p)
+                                         : bp_device_get_buffer_type(mb->md->parts[p]);
+        size_t alloc = bytes;
+        if (n.sliced) { /* (a layout of its own may take more: CPU_REPACK pads row groups) */
+            const bp_tensor d = packed_desc(w, &n.s, p);
+            const size_t a = bp_buffer_type_get_alloc_size(buft, &d);
+            alloc = a > alloc ? a : alloc;
+        }
+        n.part[p] = bp_buffer_type_alloc(buft, alloc);
         st = n.part[p] != NULL ? bp_buffer_clear(n.part[p], 0) : bp_last_status();
     }
     if (st != BP_OK) {
@@ -517,8 +565,9 @@ static enum bp_status scatter(struct meta_buf *mb, const struct meta_slot *sl, c
         for (int p = 0; p < mb->md->n && st == BP_OK; p++) {
             if (sl->part[p] == NULL)
                 continue; /* a part on another process: its own rank stores its share */
-            bp_tensor dst = *w;
-            dst.view_src = NULL;
+            /* The packed slice as computations see it (bp_meta_packed_shadow), so that a
+             * buffer that lays weights out its own way places these bytes where they go. */
+            bp_tensor dst = packed_desc(w, &sl->s, p);
             dst.buffer = sl->part[p];
             dst.data = bp_buffer_get_base(sl->part[p]);
             size_t to, from, len;
@@ -535,10 +584,6 @@ static enum bp_status scatter(struct meta_buf *mb, const struct meta_slot *sl, c
             }
             if (len == 0)
                 continue;
-            dst.ne[0] = (int64_t)(slice_bytes(w, &sl->s, p) / bp_type_size(w->type)) *
-                        bp_type_block_size(w->type);
-            dst.ne[1] = dst.ne[2] = dst.ne[3] = 1;
-            dst.nb[1] = dst.nb[2] = dst.nb[3] = slice_bytes(w, &sl->s, p);
             st = src ? bp_tensor_set(&dst, src + from, to, len)
                      : bp_tensor_memset(&dst, (uint8_t)value, to, len);
         }
