@@ -23,6 +23,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include <backplane/bp-comm.h>
 #include <backplane/bp-meta.h>
 
 #include "../common/bench-util.h" /* bench_now, bench_median, bench_repack_buft */
@@ -708,6 +709,53 @@ static void close_run(struct run *run)
         bp_backend_free(run->be[i]);
 }
 
+/* With devices on other processes (DEVICE@RANK): waits until every rank is here, by a sum of
+ * one value over a communicator of every rank, so that the prompt's time that follows is this
+ * step's and not a slower rank's loading. True always: a rank that cannot get here fails the
+ * prompt's own collectives, with the reason. */
+static bool sync_ranks(const char *devices)
+{
+    bp_registry *reg = devices != NULL && strchr(devices, '@') ? bp_registry_by_name("MPI") : NULL;
+    void *pw = reg ? bp_registry_get_proc_address(reg, "bp_comm_world") : NULL;
+    void *pi = reg ? bp_registry_get_proc_address(reg, "bp_comm_init_ranks") : NULL;
+    void *pa = reg ? bp_registry_get_proc_address(reg, "bp_comm_allreduce") : NULL;
+    void *pf = reg ? bp_registry_get_proc_address(reg, "bp_comm_free") : NULL;
+    if (pw == NULL || pi == NULL || pa == NULL || pf == NULL)
+        return true;
+    bp_comm_world_fn world;
+    bp_comm_init_ranks_fn init;
+    bp_comm_allreduce_fn allreduce;
+    bp_comm_free_fn comm_free;
+    memcpy(&world, &pw, sizeof(world));
+    memcpy(&init, &pi, sizeof(init));
+    memcpy(&allreduce, &pa, sizeof(allreduce));
+    memcpy(&comm_free, &pf, sizeof(comm_free));
+    int rank, n_ranks;
+    bp_backend *cpu = bp_backend_init_by_name("CPU", "threads=1");
+    struct bp_comm_member m[BP_META_MAX_DEVICES];
+    if (cpu == NULL || world(&rank, &n_ranks) != BP_OK || n_ranks > BP_META_MAX_DEVICES) {
+        bp_backend_free(cpu);
+        return true;
+    }
+    for (int r = 0; r < n_ranks; r++)
+        m[r] = (struct bp_comm_member){r, r == rank ? cpu : NULL};
+    bp_comm *c = init(m, n_ranks, BP_OK, 0);
+    bp_context *ctx = bp_context_new(1);
+    bp_tensor *t = ctx ? bp_new_tensor_1d(ctx, BP_TYPE_F32, 1) : NULL;
+    bp_buffer *buf = t ? bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(cpu)) : NULL;
+    bp_tensor *ts[BP_META_MAX_DEVICES] = {NULL};
+    ts[rank] = t;
+    if (c != NULL && buf != NULL && bp_buffer_clear(buf, 0) == BP_OK)
+        (void)allreduce(c, ts, n_ranks);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+    if (c != NULL)
+        comm_free(c);
+    bp_backend_free(cpu);
+    bp_clear_error();
+    return true;
+}
+
 /* One run of the model on devices (quiet: the --check run, which writes no --dot); r is filled
  * (and freed by the caller with result_free, also on failure). 0, or 1 after printing why. */
 static int run_once(const struct run_opts *o, const char *devices, struct run_result *r,
@@ -722,7 +770,8 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     record_devices(&run);
     const bool ok = place_weights(&run) && place_experts(&run) && place_embedding_and_kv(&run) &&
                     choose_attention(&run) && check_memory(&run) &&
-                    load_model(&run) && new_scheduler(&run) && run_prompt(&run) &&
+                    load_model(&run) && new_scheduler(&run) && sync_ranks(devices) &&
+                    run_prompt(&run) &&
                     generate(&run);
     for (int i = 0; ok && i < run.nb; i++)
         r->compute_bytes[i] = bp_sched_get_buffer_size(run.s, run.be[i]);
