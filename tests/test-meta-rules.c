@@ -507,6 +507,9 @@ START_TEST(test_view_and_get_rows)
     assert_fallback(&d);
     d = decide(bp_view_2d(ctx, x, 8, 3, 2 * x->nb[1], 0), cols, MIRRORED);
     assert_fallback(&d);
+    /* A view of a weight: its split may be how it is stored, packed per part */
+    d = decide_n(bp_view_2d(ctx, x, 8, 1, x->nb[1], 5 * x->nb[1]), 2, cols, MIRRORED, true);
+    assert_fallback(&d);
     bp_tensor *y = bp_new_tensor_2d(ctx, BP_TYPE_F32, 8, 6);
     bp_tensor *vy = bp_view_1d(ctx, y, 8, 0);
     vy->src[0] = x; /* (a node whose source is not what it views) */

@@ -238,6 +238,59 @@ START_TEST(test_weights_stored_as_slices)
     bp_graph_free(g);
     bp_buffer_free(yb);
     bp_context_free(ctx);
+    /* A view into the sliced weight (rows 8.. of it) is no part's slice: refused with the
+     * reason, for computations, reads and writes alike; the weight itself is untouched. */
+    ctx = bp_context_new(4);
+    bp_tensor *v = bp_view_2d(ctx, w, 96, 8, w->nb[1], 8 * w->nb[1]);
+    y = bp_scale(ctx, v, 2.0f);
+    yb = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(m));
+    g = bp_graph_new(4);
+    bp_graph_build_forward(g, y);
+    ck_assert_int_eq(bp_backend_graph_compute(m, g), BP_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "stores in slices"));
+    ck_assert_int_eq(bp_tensor_get(v, out, 0, bp_nbytes(v)), BP_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "a read of"));
+    ck_assert_int_eq(bp_tensor_set(v, in, 0, bp_nbytes(v)), BP_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "a write of"));
+    ck_assert_int_eq(bp_tensor_get(w, out, 0, sizeof(out)), BP_OK);
+    ck_assert_mem_eq(in, out, sizeof(in));
+    bp_graph_free(g);
+    bp_buffer_free(yb);
+    bp_context_free(ctx);
+
+    /* A Q8_0 slice (rows of "blk.0.wq") lives in the part's repacked layout where the CPU
+     * variant has one: it reads back as written, and an op other than a product of it either
+     * computes right (plain layout) or is refused with the reason, never run on the
+     * interleaved bytes. */
+    bp_context *qctx = bp_context_new(1);
+    bp_tensor *q = bp_set_name(bp_new_tensor_2d(qctx, BP_TYPE_Q8_0, 64, 48), "blk.0.wq");
+    bp_buffer *qb = bp_alloc_ctx_tensors(qctx, bp_backend_get_default_buffer_type(m));
+    bp_buffer_set_usage(qb, BP_BUFFER_USAGE_WEIGHTS);
+    static char qin[48 * 68], qout[48 * 68];
+    for (size_t i = 0; i < sizeof(qin); i++)
+        qin[i] = (char)(i % 68 < 2 ? (i % 68 ? 0x20 : 0x00) : (int)(i * 7 % 251) - 125);
+    ck_assert_int_eq(bp_tensor_set(q, qin, 0, sizeof(qin)), BP_OK);
+    ck_assert_uint_lt(part_bytes(qb, 0), sizeof(qin));
+    ck_assert_int_eq(bp_tensor_get(q, qout, 0, sizeof(qout)), BP_OK);
+    ck_assert_mem_eq(qin, qout, sizeof(qin));
+    ctx = bp_context_new(4);
+    y = bp_cont(ctx, q);
+    yb = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(m));
+    g = bp_graph_new(4);
+    bp_graph_build_forward(g, y);
+    const enum bp_status cst = bp_backend_graph_compute(m, g);
+    if (cst == BP_OK) {
+        ck_assert_int_eq(bp_tensor_get(y, qout, 0, sizeof(qout)), BP_OK);
+        ck_assert_mem_eq(qin, qout, sizeof(qin));
+    } else {
+        ck_assert_int_eq(cst, BP_ERR_UNSUPPORTED);
+        ck_assert_ptr_nonnull(strstr(bp_last_error(), "layout of its own"));
+    }
+    bp_graph_free(g);
+    bp_buffer_free(yb);
+    bp_context_free(ctx);
+    bp_buffer_free(qb);
+    bp_context_free(qctx);
     bp_buffer_free(wb);
     bp_context_free(wctx);
     bp_backend_free(m);

@@ -709,51 +709,86 @@ static void close_run(struct run *run)
         bp_backend_free(run->be[i]);
 }
 
-/* With devices on other processes (DEVICE@RANK): waits until every rank is here, by a sum of
- * one value over a communicator of every rank, so that the prompt's time that follows is this
- * step's and not a slower rank's loading. True always: a rank that cannot get here fails the
- * prompt's own collectives, with the reason. */
-static bool sync_ranks(const char *devices)
+/* Whether a run's Q4_0/Q8_0 weights in buffer type `buft` are in the CPU's repacked layout:
+ * CPU_REPACK itself, or a meta device over CPU devices only, whose parts store their slices
+ * so unless BP_META_NO_REPACK=1 (a meta device with other parts is taken as plain). */
+static bool repacked_weights(const char *buft)
+{
+    if (strncmp(buft, "CPU_REPACK", 10) == 0)
+        return true;
+    const char *off = getenv("BP_META_NO_REPACK");
+    if (strncmp(buft, "Meta(", 5) != 0 || (off != NULL && off[0] == '1'))
+        return false;
+    for (const char *p = buft + 5; *p != '\0' && *p != ')'; p += strcspn(p, ",)")) {
+        if (*p == ',')
+            p++;
+        if (strncmp(p, "CPU", 3) != 0)
+            return false;
+    }
+    return true;
+}
+
+/* With devices on other processes (DEVICE@RANK): waits until every rank is here, by making a
+ * communicator of every rank with this rank's state (`ok`: everything before went well) and
+ * summing one value over it, so that the prompt's time that follows is this step's and not a
+ * slower rank's loading, and a rank that failed before tells the others now instead of leaving
+ * them waiting in the prompt's first collective. False when this rank or another failed
+ * (printed, naming the rank); true without devices on other processes. Waits as long as the
+ * meta device's collectives do (BP_COMM_TIMEOUT). */
+static bool sync_ranks(const char *devices, bool ok)
 {
     bp_registry *reg = devices != NULL && strchr(devices, '@') ? bp_registry_by_name("MPI") : NULL;
     void *pw = reg ? bp_registry_get_proc_address(reg, "bp_comm_world") : NULL;
     void *pi = reg ? bp_registry_get_proc_address(reg, "bp_comm_init_ranks") : NULL;
-    void *pa = reg ? bp_registry_get_proc_address(reg, "bp_comm_allreduce") : NULL;
+    void *pa = reg ? bp_registry_get_proc_address(reg, "bp_comm_allreduce_checked") : NULL;
     void *pf = reg ? bp_registry_get_proc_address(reg, "bp_comm_free") : NULL;
     if (pw == NULL || pi == NULL || pa == NULL || pf == NULL)
-        return true;
+        return ok;
     bp_comm_world_fn world;
     bp_comm_init_ranks_fn init;
-    bp_comm_allreduce_fn allreduce;
+    bp_comm_allreduce_checked_fn allreduce;
     bp_comm_free_fn comm_free;
     memcpy(&world, &pw, sizeof(world));
     memcpy(&init, &pi, sizeof(init));
     memcpy(&allreduce, &pa, sizeof(allreduce));
     memcpy(&comm_free, &pf, sizeof(comm_free));
-    int rank, n_ranks;
+    int rank = 0, n_ranks = 1;
+    if (world(&rank, &n_ranks) != BP_OK || n_ranks > BP_META_MAX_DEVICES)
+        return ok;
+    const char *v = getenv("BP_COMM_TIMEOUT");
+    char *end = NULL;
+    const double t = v != NULL ? strtod(v, &end) : 0;
+    const double timeout = v != NULL && end != v && *end == '\0' && t > 0 && t < 1e9 ? t : 0;
+    enum bp_status mine = ok ? BP_OK : bp_last_status();
+    if (mine == BP_OK && !ok)
+        mine = BP_ERR_BACKEND;
     bp_backend *cpu = bp_backend_init_by_name("CPU", "threads=1");
+    if (cpu == NULL && mine == BP_OK)
+        mine = bp_last_status();
     struct bp_comm_member m[BP_META_MAX_DEVICES];
-    if (cpu == NULL || world(&rank, &n_ranks) != BP_OK || n_ranks > BP_META_MAX_DEVICES) {
-        bp_backend_free(cpu);
-        return true;
-    }
     for (int r = 0; r < n_ranks; r++)
         m[r] = (struct bp_comm_member){r, r == rank ? cpu : NULL};
-    bp_comm *c = init(m, n_ranks, BP_OK, 0);
+    bp_comm *c = init(m, n_ranks, mine, timeout);
     bp_context *ctx = bp_context_new(1);
-    bp_tensor *t = ctx ? bp_new_tensor_1d(ctx, BP_TYPE_F32, 1) : NULL;
-    bp_buffer *buf = t ? bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(cpu)) : NULL;
-    bp_tensor *ts[BP_META_MAX_DEVICES] = {NULL};
-    ts[rank] = t;
-    if (c != NULL && buf != NULL && bp_buffer_clear(buf, 0) == BP_OK)
-        (void)allreduce(c, ts, n_ranks);
+    bp_tensor *x = ctx != NULL ? bp_new_tensor_1d(ctx, BP_TYPE_F32, 1) : NULL;
+    bp_buffer *buf = x != NULL && cpu != NULL
+                         ? bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(cpu))
+                         : NULL;
+    enum bp_status st = c == NULL ? bp_last_status() : BP_OK;
+    if (c != NULL) {
+        if (mine == BP_OK && (buf == NULL || bp_buffer_clear(buf, 0) != BP_OK))
+            mine = bp_last_status() != BP_OK ? bp_last_status() : BP_ERR_OUT_OF_MEMORY;
+        bp_tensor *ts[BP_META_MAX_DEVICES] = {NULL};
+        ts[rank] = x;
+        st = allreduce(c, ts, n_ranks, mine);
+        comm_free(c);
+    }
+    if (st != BP_OK && ok) /* (this rank's own failure was printed where it happened) */
+        fprintf(stderr, "backplane run: rank %d: %s\n", rank, bp_last_error());
     bp_buffer_free(buf);
     bp_context_free(ctx);
-    if (c != NULL)
-        comm_free(c);
     bp_backend_free(cpu);
-    bp_clear_error();
-    return true;
+    return ok && st == BP_OK;
 }
 
 /* One run of the model on devices (quiet: the --check run, which writes no --dot); r is filled
@@ -768,11 +803,10 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     run.show = !quiet && !o->json && isatty(2);
     run.started = bench_now();
     record_devices(&run);
-    const bool ok = place_weights(&run) && place_experts(&run) && place_embedding_and_kv(&run) &&
-                    choose_attention(&run) && check_memory(&run) &&
-                    load_model(&run) && new_scheduler(&run) && sync_ranks(devices) &&
-                    run_prompt(&run) &&
-                    generate(&run);
+    bool ok = place_weights(&run) && place_experts(&run) && place_embedding_and_kv(&run) &&
+              choose_attention(&run) && check_memory(&run) && load_model(&run) &&
+              new_scheduler(&run);
+    ok = sync_ranks(devices, ok) && run_prompt(&run) && generate(&run);
     for (int i = 0; ok && i < run.nb; i++)
         r->compute_bytes[i] = bp_sched_get_buffer_size(run.s, run.be[i]);
     close_run(&run);
@@ -1464,8 +1498,7 @@ static int run_cmd_main(struct run_opts *o_)
          * layouts quantise the activations at different points, which a mixture of experts'
          * router can turn into another expert on a near tie. */
         struct run_opts ro = o;
-        ro.no_repack = o.no_repack || (strncmp(r.weight_buft, "CPU_REPACK", 10) != 0 &&
-                                       strncmp(r.weight_buft, "Meta(", 5) != 0);
+        ro.no_repack = o.no_repack || !repacked_weights(r.weight_buft);
         const int ran = run_once(&ro, "CPU", &ref, true);
         if (ran == 0)
             c = compare_runs(&o, &r, &ref);

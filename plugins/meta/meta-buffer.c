@@ -111,6 +111,30 @@ static const bp_tensor *owner_of(const bp_tensor *t)
     return t;
 }
 
+bool bp_meta_inside_slices(const bp_tensor *t)
+{
+    if (t->buffer == NULL)
+        return false;
+    struct meta_buf *mb = bp_buffer_get_context(t->buffer);
+    const struct meta_slot *sl = mb->materialized ? NULL : slot_at(mb, t->data);
+    if (sl == NULL || !sl->sliced)
+        return false;
+    const bp_tensor *w = owner_of(t);
+    return sl->data != (const char *)t->data || memcmp(t->ne, w->ne, sizeof(t->ne)) != 0 ||
+           memcmp(t->nb, w->nb, sizeof(t->nb)) != 0;
+}
+
+enum bp_status bp_meta_refuse_inside_slices(const struct meta_dev *md, const bp_tensor *t,
+                                            const char *what)
+{
+    char desc[BP_TENSOR_DESC_SIZE], wdesc[BP_TENSOR_DESC_SIZE];
+    return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s of %s: it is a view into the weight %s, "
+                        "which the split callback stores in slices (each part holds only its "
+                        "own, packed); use the weight itself, or let the callback store it whole",
+                        md->name, what, bp_describe_tensor(t, desc, sizeof(desc)),
+                        bp_describe_tensor(owner_of(t), wdesc, sizeof(wdesc)));
+}
+
 /* "a+b+c": the first n sizes of s, for messages. */
 static void sizes_text(const struct bp_meta_split *s, int n, char *buf, size_t cap)
 {
@@ -601,6 +625,8 @@ static enum bp_status write_parts(bp_buffer *buf, bp_tensor *t, const void *d, u
     enum bp_status st = bp_meta_prepare(t);
     if (st != BP_OK)
         return st;
+    if (bp_meta_inside_slices(t))
+        return bp_meta_refuse_inside_slices(mb->md, t, d ? "a write" : "a memset");
     const struct meta_slot *sl = bp_meta_sliced_slot(t);
     if (sl != NULL)
         return scatter(mb, sl, owner_of(t), d, off, n, v);
@@ -629,6 +655,8 @@ static enum bp_status mbuf_get(bp_buffer *buf, const bp_tensor *t, void *d, size
 {
     struct meta_buf *mb = bp_buffer_get_context(buf);
     enum bp_status st = bp_meta_prepare(t);
+    if (st == BP_OK && bp_meta_inside_slices(t))
+        return bp_meta_refuse_inside_slices(mb->md, t, "a read");
     return st == BP_OK ? read_tensor(mb->md, t, d, off, n) : st;
 }
 

@@ -549,6 +549,8 @@ static enum bp_status allreduce(struct run *r, const bp_tensor *t)
 static enum bp_status need(struct run *r, const bp_tensor *t, const struct bp_meta_split *want,
                            bp_tensor **out)
 {
+    if (bp_meta_inside_slices(t))
+        return bp_meta_refuse_inside_slices(r->md, t, "a computation");
     struct record *rec = rec_of(r, t);
     if (rec == NULL)
         return bp_last_status();
@@ -713,6 +715,8 @@ static enum bp_status prepare_graph(struct meta_dev *md, bp_graph *g)
  * view computes nothing: its shadows already point at its data). */
 static enum bp_status compute_node(struct run *r, bp_tensor *node)
 {
+    if (bp_meta_inside_slices(node)) /* (a view into a sliced weight: no part can address it) */
+        return bp_meta_refuse_inside_slices(r->md, node, bp_op_name(node->op));
     struct bp_meta_split want[BP_MAX_SRC], out;
     enum bp_status st = decide(r, node, want, &out);
     bp_tensor *srcs[BP_MAX_SRC][BP_META_MAX_DEVICES] = {{0}};
@@ -740,8 +744,25 @@ static enum bp_status compute_node(struct run *r, bp_tensor *node)
         if (sh == NULL)
             return bp_last_status();
         sh->op = node->op;
-        for (int k = 0; k < BP_MAX_SRC; k++)
+        const bp_tensor *own_layout = NULL; /* a weight slice in a layout of the part's own */
+        for (int k = 0; k < BP_MAX_SRC; k++) {
             sh->src[k] = srcs[k][p];
+            if (sh->src[k] != NULL && sh->src[k]->buffer != NULL &&
+                bp_buffer_get_type(sh->src[k]->buffer) !=
+                    bp_device_get_buffer_type(r->md->parts[p]) &&
+                bp_meta_sliced_slot(node->src[k]) != NULL)
+                own_layout = sh->src[k];
+        }
+        if (own_layout != NULL && !bp_device_supports_op(r->md->parts[p], sh)) {
+            char desc[BP_TENSOR_DESC_SIZE];
+            return bp_set_error(BP_ERR_UNSUPPORTED, "%s: %s %s: part %d (%s) holds its slice of "
+                                "a source in a layout of its own (%s), which it cannot compute "
+                                "this op from; BP_META_NO_REPACK=1 keeps slices plain",
+                                r->md->name, bp_op_name(node->op),
+                                bp_describe_tensor(node, desc, sizeof(desc)), p,
+                                bp_device_get_name(r->md->parts[p]),
+                                bp_buffer_type_get_name(bp_buffer_get_type(own_layout->buffer)));
+        }
         if (!queue(r, p, sh))
             return bp_set_error(BP_ERR_OUT_OF_MEMORY, "%s: out of memory", r->md->name);
     }

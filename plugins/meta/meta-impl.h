@@ -101,6 +101,12 @@ bp_buffer *bp_meta_part_buffer(const bp_tensor *t, int part);
 enum bp_status bp_meta_prepare(const bp_tensor *t);
 /* The slot of a sliced weight whose data t is (t itself or a same-address view), else NULL. */
 const struct meta_slot *bp_meta_sliced_slot(const bp_tensor *t);
+/* Whether t lies in a sliced weight's storage without being that weight (a view at another
+ * address, or of another shape): no part's packed slice can hold it as it is. */
+bool bp_meta_inside_slices(const bp_tensor *t);
+/* BP_ERR_UNSUPPORTED for such a t, saying `what` (an op, "a read") cannot use it. */
+enum bp_status bp_meta_refuse_inside_slices(const struct meta_dev *md, const bp_tensor *t,
+                                            const char *what);
 /* Asks md's split callback how weight w is split and checks the answer (docs/meta.md,
  * "Overriding the policy"). BP_OK with *given true and *out filled when the callback chose a
  * split or MIRRORED; BP_OK with *given false when there is no callback or it left the choice to

@@ -98,10 +98,10 @@ static const char *permute_rule(const struct bp_meta_rule_in *in, struct bp_meta
     return NULL;
 }
 
-/* VIEW: a view that takes whole rows of a source split on axis 0 (each row of the view is a
- * row of the source, same width and element stride: the last token's row of a prompt, say)
- * keeps the split, each part viewing the rows of its own slice. Any other view is computed
- * whole. Contiguous views only, so that converting the result later is like converting any
+/* VIEW: a view that takes whole rows of an activation split on axis 0 (each row of the view
+ * is a row of the source, same width and element stride: the last token's row of a prompt,
+ * say) keeps the split, each part viewing the rows of its own slice. Any other view, and any
+ * view of a weight, is computed whole. Contiguous views only, so that converting the result later is like converting any
  * tensor split on axis 0. */
 static const char *view_rule(const struct bp_meta_rule_in *in, struct bp_meta_decision *d)
 {
@@ -109,6 +109,8 @@ static const char *view_rule(const struct bp_meta_rule_in *in, struct bp_meta_de
     const struct bp_meta_split sa = src_state(in, 0);
     if (!is_split(&sa) || sa.axis != 0)
         return "a view keeps only a split on axis 0";
+    if (in->src0_weight) /* (a weight's split may be how it is stored: packed per part) */
+        return "a view of a weight is computed whole";
     const bp_tensor *owner = a->view_src != NULL ? a->view_src : a;
     const size_t a_offs = a->view_src != NULL ? a->view_offs : 0;
     if (node->view_src != owner || node->view_offs < a_offs)
