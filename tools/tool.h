@@ -17,6 +17,13 @@ int cmd_bench(int argc, char **argv);
 /* backplane conformance (conformance.c) */
 int cmd_conformance(int argc, char **argv);
 
+/* With devices on other processes (DEVICE@RANK in devices: one of several processes started
+ * by mpirun), this process's rank and in *n_ranks how many there are; else 0 of 1 (ranks.c). */
+int tool_process_rank(const char *devices, int *n_ranks);
+/* With devices on other processes, every rank meets here, telling the others its state (ok):
+ * false when this rank or another failed (printed, naming the rank); else ok (ranks.c). */
+bool tool_sync_ranks(const char *devices, bool ok);
+
 /* Writes s to f with control characters as C escapes ("\n", "\x1b"): for names and paths
  * that come from outside the tool, printed as text (text.c). */
 void tool_put_text(const char *s, FILE *f);
