@@ -685,7 +685,7 @@ size_t bp_meta_buffer_bytes_on(bp_buffer *buf, int part)
 {
     struct meta_buf *mb = bp_buffer_get_context(buf);
     /* A part on another process: what that process holds, known from the same splits. */
-    size_t bytes = mb->parts[part]                                   ? bp_buffer_get_size(mb->parts[part])
+    size_t bytes = mb->parts[part] ? bp_buffer_get_size(mb->parts[part])
                    : mb->materialized && !bp_meta_local(mb->md, part) ? mb->size
                                                                       : 0;
     for (size_t i = 0; i < mb->n_slots; i++)

@@ -101,8 +101,8 @@ static const char *permute_rule(const struct bp_meta_rule_in *in, struct bp_meta
 /* VIEW: a view that takes whole rows of an activation split on axis 0 (each row of the view
  * is a row of the source, same width and element stride: the last token's row of a prompt,
  * say) keeps the split, each part viewing the rows of its own slice. Any other view, and any
- * view of a weight, is computed whole. Contiguous views only, so that converting the result later is like converting any
- * tensor split on axis 0. */
+ * view of a weight, is computed whole. Contiguous views only, so that converting the result
+ * later is like converting any tensor split on axis 0. */
 static const char *view_rule(const struct bp_meta_rule_in *in, struct bp_meta_decision *d)
 {
     const bp_tensor *node = in->node, *a = node->src[0];
