@@ -140,16 +140,14 @@ static bp_device *find_device(const char *name)
     return NULL;
 }
 
-bp_device *bp_device_by_name(const char *name)
+/* The device of that name, or "CPU0" for a registry's only device "CPU"; NULL (no error). */
+static bp_device *device_named(const char *name)
 {
-    if (name == NULL)
-        return bp__error_null(BP_ERR_INVALID_ARG, "bp_device_by_name: name is NULL");
     bp_device *d = find_device(name);
     if (d != NULL)
         return d;
     const size_t len = strlen(name);
     if (len >= 2 && len < 256 && name[len - 1] == '0' && name[len - 2] != '0') {
-        /* "CPU0" for a registry's only device "CPU" */
         char base[256];
         memcpy(base, name, len - 1);
         base[len - 1] = '\0';
@@ -157,6 +155,16 @@ bp_device *bp_device_by_name(const char *name)
         if (d != NULL && bp_registry_get_device_count(bp_device_get_registry(d)) == 1)
             return d;
     }
+    return NULL;
+}
+
+bp_device *bp_device_by_name(const char *name)
+{
+    if (name == NULL)
+        return bp__error_null(BP_ERR_INVALID_ARG, "bp_device_by_name: name is NULL");
+    bp_device *d = device_named(name);
+    if (d != NULL)
+        return d;
     char *names = list_names(true);
     bp__error(BP_ERR_NOT_FOUND, "no device is named '%s'; devices: %s", name, names_or_oom(names));
     bp__free(names);
@@ -210,7 +218,7 @@ bp_backend *bp_backend_init_by_name(const char *name, const char *params)
         return bp__error_null(BP_ERR_INVALID_ARG, "bp_backend_init_by_name: name is NULL");
     if (strchr(name, '(') != NULL)
         return init_meta(name, params);
-    bp_device *d = find_device(name);
+    bp_device *d = device_named(name);
     if (d == NULL) {
         bp_registry *regs[MAX_REGISTRIES];
         size_t n = bp_registry_count();

@@ -71,6 +71,14 @@ START_TEST(test_device)
     bp_backend *best = bp_backend_init_best(); /* no GPU or accelerator here: the CPU */
     ck_assert_ptr_eq(bp_backend_get_device(best), d);
     bp_backend_free(best);
+    /* "CPU0" names the lone "CPU", for devices and backends alike; "CPU1" names nothing */
+    ck_assert_ptr_eq(bp_device_by_name("cpu0"), d);
+    bp_backend *be = bp_backend_init_by_name("CPU0", NULL);
+    ck_assert_msg(be != NULL, "%s", bp_last_error());
+    ck_assert_ptr_eq(bp_backend_get_device(be), d);
+    bp_backend_free(be);
+    ck_assert_ptr_null(bp_backend_init_by_name("CPU1", NULL));
+    ck_assert_int_eq(bp_last_status(), BP_ERR_NOT_FOUND);
 }
 END_TEST
 

@@ -268,6 +268,28 @@ START_TEST(test_rank_failing_before_an_allreduce)
         bp_buffer_free(b2);
         bp_context_free(c2);
     }
+    /* The last rank has no tensor for its member (or no tensor and a failed status): it
+     * still takes part, as a failed one, so the others hear of it at this call instead of
+     * pairing with its next one; then a sum works as usual. */
+    for (int failed = 0; failed < 2; failed++) {
+        ts[rank] = odd_one ? NULL : t;
+        const enum bp_status own = odd_one && failed ? BP_ERR_OUT_OF_MEMORY : BP_OK;
+        if (own != BP_OK)
+            bp_set_error(own, "out of memory for the activations");
+        const enum bp_status got = allreduce_checked(c, ts, n_ranks, own);
+        if (odd_one && failed) {
+            ck_assert_int_eq(got, BP_ERR_OUT_OF_MEMORY);
+            ck_assert_error_has(BP_ERR_OUT_OF_MEMORY, "activations");
+        } else if (odd_one) {
+            ck_assert_int_eq(got, BP_ERR_INVALID_ARG);
+            ck_assert_error_has(BP_ERR_INVALID_ARG, "tensor is NULL");
+        } else {
+            char failed_rank[64];
+            snprintf(failed_rank, sizeof(failed_rank), "rank %d failed", n_ranks - 1);
+            ck_assert_int_eq(got, BP_ERR_REMOTE);
+            ck_assert_error_has(BP_ERR_REMOTE, failed_rank);
+        }
+    }
     ts[rank] = t; /* still working */
     float one[32];
     for (int i = 0; i < 32; i++)
@@ -336,6 +358,7 @@ START_TEST(test_timeouts)
         ck_assert_int_eq(st, BP_ERR_TIMEOUT);
         ck_assert_error_has(BP_ERR_TIMEOUT, "did not complete within 0.5 s");
         ck_assert_error_has(BP_ERR_TIMEOUT, "over ranks 0, 1");
+        ck_assert_error_has(BP_ERR_TIMEOUT, "(waiting for rank 1)");
         ck_assert(took < 1.5);
         ck_assert_int_eq(allreduce(c, ts, n_ranks), BP_ERR_TIMEOUT);
         ck_assert_error_has(BP_ERR_TIMEOUT, "takes no more");

@@ -306,7 +306,8 @@ BP_API bp_device *bp_device_by_name(const char *name);
 /* The first device of that type, NULL with an error when there is none. */
 BP_API bp_device *bp_device_by_type(enum bp_device_type type);
 /* A backend on the device (or first device of the registry) called name: "CPU", "CUDA0",
- * "Meta(CPU0,CPU1)". Caller frees with bp_backend_free. */
+ * "Meta(CPU0,CPU1)"; device names as bp_device_by_name takes them ("CPU0" for a lone "CPU").
+ * Caller frees with bp_backend_free. */
 BP_API bp_backend *bp_backend_init_by_name(const char *name, const char *params);
 BP_API bp_backend *bp_backend_init_by_type(enum bp_device_type type, const char *params);
 /* The first GPU, else the first accelerator, else the first CPU device. */

@@ -143,6 +143,7 @@ struct bp_comm {
     int sig;             /* the signature (count and type) of the sum under way */
     int type;            /* its type */
     size_t count;        /* its count */
+    int awaited;         /* the rank (in comm) a wait that ran out was for, or -1 */
     bool clean;          /* small sum: every rank heard from is well and sums the same (then
                           * status[] is not kept up to date: it holds only this rank's own) */
 };
@@ -379,8 +380,8 @@ static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_s
     if (start_mpi() != BP_OK)
         return NULL;
     if (m == NULL || n < 1 || n > MAX_MEMBERS) {
-        bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_init_ranks: need 1 to %d members, got %d",
-                     MAX_MEMBERS, m == NULL ? 0 : n);
+        bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_init_ranks: need 1 to %d members, got %s%d",
+                     MAX_MEMBERS, m == NULL ? "no member array for " : "", n);
         return NULL;
     }
     bp_comm *c = calloc(1, sizeof(*c));
@@ -494,7 +495,8 @@ static bp_comm *comm_init(bp_backend *const *backends, int n)
 
 static const char *tname(const bp_tensor *t)
 {
-    return t->name[0] ? t->name : "an unnamed tensor";
+    return t == NULL ? "a sum this rank had no tensor for" : t->name[0] ? t->name
+                                                                         : "an unnamed tensor";
 }
 
 static bool summable(enum bp_type t)
@@ -597,6 +599,7 @@ static int exchange(bp_comm *c, int to, const void *send, int send_bytes, int ta
         if (rc != MPI_SUCCESS || done)
             break;
         if ((spin & 1023) == 0 && expired(deadline)) {
+            c->awaited = r[0] != MPI_REQUEST_NULL ? from : to;
             if (r[0] != MPI_REQUEST_NULL) {
                 MPI_Cancel(&r[0]);
                 MPI_Request_free(&r[0]);
@@ -758,6 +761,7 @@ static int step(bp_comm *c, float *data, int count, int to, int from, struct gro
 static int small_sum(bp_comm *c, float *data, int count, struct deadline *deadline)
 {
     const int n = c->n_ranks, me = c->me;
+    c->awaited = -1;
     int pof2 = 1;
     while (pof2 * 2 <= n)
         pof2 *= 2;
@@ -803,10 +807,14 @@ static enum bp_status verdict(bp_comm *c, enum bp_status status, const bp_tensor
         for (int r = 0; r < c->n_ranks; r++)
             len += (size_t)snprintf(ranks + len, len < sizeof(ranks) ? sizeof(ranks) - len : 0,
                                     "%s%d", r ? ", " : "", c->world_of[r]);
+        char awaited[64] = "";
+        if (c->awaited >= 0 && c->awaited < c->n_ranks)
+            snprintf(awaited, sizeof(awaited), " (waiting for rank %d)",
+                     c->world_of[c->awaited]);
         return bp_set_error(BP_ERR_TIMEOUT, "bp_comm_allreduce (MPI) on rank %d: the all-reduce "
-                            "of %s over ranks %s did not complete within %g s: a rank is gone, "
-                            "stuck, or did not reach it; this communicator takes no more",
-                            world.rank, tname(first), ranks, c->timeout);
+                            "of %s over ranks %s did not complete within %g s%s: a rank is "
+                            "gone, stuck, or did not reach it; this communicator takes no more",
+                            world.rank, tname(first), ranks, c->timeout, awaited);
     }
     if (rc != MPI_SUCCESS) {
         c->broken = true;
@@ -879,12 +887,22 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
         for (int i = 0; i < n && i < c->n && first == NULL; i++)
             if (c->members[i].rank == world.rank)
                 first = t[i];
-        if (first == NULL)
-            st = bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_allreduce (MPI): no tensor of this "
-                              "rank's members says how many values the others sum");
     }
-    if (st != BP_OK && first == NULL)
-        return st; /* (the other ranks time out: nothing here says what they sum) */
+    if (first == NULL) {
+        /* No tensor here says how many values the others sum. The exchange's steps do not
+         * depend on the count, so this rank still takes part, in the statuses alone and as a
+         * failed one: the others learn of it now instead of pairing with its next call. */
+        const enum bp_status mine = status != BP_OK ? status : st;
+        char saved[256];
+        snprintf(saved, sizeof(saved), "%s", bp_last_error());
+        c->type = 0;
+        c->count = 0;
+        c->sig = large_sig(0, 0);
+        const enum bp_status got = status_round(c, mine, NULL);
+        if (got == mine && status == BP_OK) /* (its own error, as it was) */
+            bp_set_error(mine, "%s", saved);
+        return got;
+    }
     if (st != BP_OK && status == BP_OK)
         status = st; /* bad tensors: this rank takes part as a failed one */
     const size_t count = (size_t)bp_nelements(first);
