@@ -5,6 +5,9 @@
 
 #include <backplane/backplane.h>
 
+#include <stdio.h>
+#include <sys/types.h>
+
 /* Broken internal invariant: print where and abort. Never for anything a user controls. */
 #define BP_ASSERT(cond)                                                                        \
     do {                                                                                       \
@@ -139,6 +142,31 @@ void bp__expert_caches_drain(struct bp__expert_caches *ec, struct bp_sched_exper
  * only, so a freed buffer is never read. */
 bool bp__gallocr_owns(const bp_gallocr *ga, const bp_buffer *buf);
 bp_tensor **bp__graph_leafs(const bp_graph *g);
+
+/* ---- Files a user names (files.c) ----
+ * "a directory", "a FIFO", "a character device", ... for messages. */
+const char *bp__file_kind(mode_t mode);
+struct stat;
+/* Opens path for reading without blocking (a FIFO with no writer, a terminal) and refuses,
+ * with BP_ERR_IO and a sentence naming `what` and path, anything fstat does not call a regular
+ * file. The descriptor (close-on-exec, O_NONBLOCK cleared) with *st filled in, or -1. */
+int bp__open_regular(const char *path, const char *what, struct stat *st);
+/* Replacing a file: bp__replace_open resolves symbolic links in path to the file they name
+ * (which is replaced, the links stay), refuses a target that exists and is not a regular file,
+ * and opens a temporary file beside the target with its owner and permissions (a new file's:
+ * 0666 less the umask) as r->f. Write to r->f, then bp__replace_commit syncs it, renames it
+ * over the target and syncs the directory, or bp__replace_abort removes it; either way the
+ * target is untouched until the rename and nothing is left behind after a failure. `what`
+ * names the file in messages ("GGUF file"), path is what the user gave. */
+struct bp__replace {
+    FILE *f;
+    int fd;
+    char *target, *tmp;
+    const char *what;
+};
+bool bp__replace_open(struct bp__replace *r, const char *path, const char *what);
+enum bp_status bp__replace_commit(struct bp__replace *r, const char *path);
+void bp__replace_abort(struct bp__replace *r);
 
 /* Like bp__error but returns NULL, for constructors and builders. */
 void *bp__error_null(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3);

@@ -159,27 +159,16 @@ bp_buffer *bp_buffer_from_file(const char *path, uint64_t offset, size_t size)
         return NULL;
     snprintf(fb->path, sizeof(fb->path), "%s", path);
     fb->offset = offset;
-    fb->fd = open(path, O_RDONLY | O_CLOEXEC);
+    fb->fd = bp__open_regular(path, "the file for a file buffer", &fb->at_open);
     if (fb->fd < 0) {
-        const int err = errno;
         bp__free(fb);
-        return bp__error_null(BP_ERR_IO, "bp_buffer_from_file: cannot open '%s': %s", path,
-                              strerror(err));
+        return NULL;
     }
     uint64_t end;
-    if (fstat(fb->fd, &fb->at_open) != 0) {
-        const int err = errno;
-        close(fb->fd);
-        bp__free(fb);
-        return bp__error_null(BP_ERR_IO, "bp_buffer_from_file: cannot look at '%s': %s", path,
-                              strerror(err));
-    }
-    if (!S_ISREG(fb->at_open.st_mode) ||
-        __builtin_add_overflow(offset, (uint64_t)size, &end) ||
+    if (__builtin_add_overflow(offset, (uint64_t)size, &end) ||
         end > (uint64_t)fb->at_open.st_size) {
-        bp__error(BP_ERR_OUT_OF_BOUNDS, "bp_buffer_from_file: '%s' is %s; bytes [%llu, %llu + "
-                  "%zu) are not all in it", path,
-                  S_ISREG(fb->at_open.st_mode) ? "shorter" : "not a regular file",
+        bp__error(BP_ERR_OUT_OF_BOUNDS, "bp_buffer_from_file: '%s' is %lld bytes; bytes [%llu, "
+                  "%llu + %zu) are not all in it", path, (long long)fb->at_open.st_size,
                   (unsigned long long)offset, (unsigned long long)offset, size);
         close(fb->fd);
         bp__free(fb);

@@ -6,8 +6,12 @@
  * are also bounded by the smallest size their items can take (a million-entry array of strings
  * needs at least 8 MB), tensors' offsets and sizes are checked against the data section and
  * against each other (sorted by offset, each must end before the next begins). Keys and tensor
- * names are copied out NUL-terminated; string values too; numeric arrays and tensor data stay in
- * the mapping. */
+ * names are copied out NUL-terminated, string values too, and every scalar and numeric array
+ * is copied: after the open only tensor data is read from the file (where a file cut short under
+ * its mapping is a SIGBUS, bp-gguf.h), never a metadata getter.
+ *
+ * The writer never rewrites a file in place (files.c): a process serving the old file from its
+ * mapping keeps it, and a write that fails half-way leaves it as it was. */
 #include "config.h"
 
 #include <errno.h>
@@ -97,7 +101,7 @@ struct gguf_kv {
     uint32_t type;     /* enum bp_gguf_type */
     uint32_t arr_type; /* for arrays */
     uint64_t n;        /* array elements */
-    const unsigned char *raw; /* scalar or numeric array bytes, in the mapping */
+    unsigned char *raw;       /* scalar or numeric array bytes, a copy */
     char **strs;              /* string value (one) or string array elements, NUL-terminated */
     size_t *lens;
 };
@@ -261,8 +265,10 @@ static bool read_value(struct cursor *c, struct gguf_kv *kv)
     const size_t es = scalar_size(et);
     if (!count_fits(c, n, es, "the length of an array"))
         return false;
-    kv->raw = c->g->bytes + c->pos;
-    return take(c, NULL, (size_t)n * es, "a value");
+    /* Bounded by the file's size (count_fits); one byte more so that an empty array is not a
+     * zero-byte allocation. */
+    kv->raw = bp__malloc((size_t)n * es + 1, "a GGUF value");
+    return kv->raw != NULL && take(c, kv->raw, (size_t)n * es, "a value");
 }
 
 static bool read_kvs(struct cursor *c)
@@ -492,14 +498,10 @@ bp_gguf *bp_gguf_open(const char *path)
 {
     if (path == NULL)
         return bp__error_null(BP_ERR_INVALID_ARG, "bp_gguf_open: path is NULL");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return bp__error_null(BP_ERR_IO, "cannot open GGUF file %s: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return bp__error_null(BP_ERR_IO, "GGUF file %s is not a regular file", path);
-    }
+    const int fd = bp__open_regular(path, "GGUF file", &st);
+    if (fd < 0)
+        return NULL;
     if (st.st_size == 0) {
         close(fd);
         return bp__error_null(BP_ERR_SHAPE, "GGUF file %s is empty", path);
@@ -525,6 +527,7 @@ void bp_gguf_close(bp_gguf *g)
             bp__free(kv->strs[j]);
         bp__free(kv->strs);
         bp__free(kv->lens);
+        bp__free(kv->raw);
     }
     for (int64_t i = 0; g->tensors != NULL && i < g->n_tensors; i++)
         bp__free(g->tensors[i].name);
@@ -987,12 +990,15 @@ struct out {
     FILE *f;
     uint64_t pos;
     bool ok;
+    int err; /* errno of the first write that failed */
 };
 
 static void put(struct out *o, const void *p, size_t n)
 {
-    if (o->ok && n > 0 && fwrite(p, 1, n, o->f) != n)
+    if (o->ok && n > 0 && fwrite(p, 1, n, o->f) != n) {
         o->ok = false;
+        o->err = errno;
+    }
     o->pos += n;
 }
 
@@ -1049,6 +1055,62 @@ static uint64_t writer_alignment(const bp_gguf_writer *w)
     return GGUF_DEFAULT_ALIGNMENT;
 }
 
+/* Metadata and tensor infos, then the padding before the data section. */
+static void write_header(struct out *o, const bp_gguf_writer *w, uint64_t align)
+{
+    put(o, GGUF_MAGIC, 4);
+    put_u32(o, 3);
+    put_u64(o, w->n_tensors);
+    put_u64(o, w->n_kv);
+    for (size_t i = 0; i < w->n_kv; i++) {
+        const struct wkv *kv = &w->kv[i];
+        put_str(o, kv->key);
+        put_u32(o, kv->type);
+        if (kv->type == BP_GGUF_TYPE_ARRAY) {
+            put_u32(o, kv->arr_type);
+            put_u64(o, kv->n);
+        }
+        if (kv->arr_type == BP_GGUF_TYPE_STRING && kv->strs != NULL)
+            for (uint64_t j = 0; j < kv->n; j++)
+                put_str(o, kv->strs[j]);
+        else
+            put(o, kv->data, scalar_size(kv->arr_type) * (size_t)kv->n);
+    }
+    uint64_t offset = 0;
+    for (size_t i = 0; i < w->n_tensors; i++) {
+        const bp_tensor *t = w->tensors[i].t;
+        int nd = GGUF_MAX_DIMS;
+        while (nd > 1 && t->ne[nd - 1] == 1)
+            nd--;
+        put_str(o, w->tensors[i].name);
+        put_u32(o, (uint32_t)nd);
+        for (int d = 0; d < nd; d++)
+            put_u64(o, (uint64_t)t->ne[d]);
+        put_u32(o, (uint32_t)ggml_id_of(t->type));
+        put_u64(o, offset);
+        offset += aligned(bp_nbytes(t), align);
+    }
+    put_pad(o, align);
+}
+
+/* The tensors' bytes, each padded to the alignment; the status of reading them. */
+static enum bp_status write_data(struct out *o, const bp_gguf_writer *w, uint64_t align)
+{
+    enum bp_status st = BP_OK;
+    for (size_t i = 0; i < w->n_tensors && st == BP_OK && o->ok; i++) {
+        const bp_tensor *t = w->tensors[i].t;
+        const size_t n = bp_nbytes(t);
+        void *tmp = bp__malloc(n ? n : 1, "a tensor's bytes for a GGUF file");
+        if (tmp == NULL)
+            return BP_ERR_OUT_OF_MEMORY;
+        st = bp_tensor_get(t, tmp, 0, n);
+        put(o, tmp, n);
+        bp__free(tmp);
+        put_pad(o, align);
+    }
+    return st;
+}
+
 enum bp_status bp_gguf_writer_write(bp_gguf_writer *w, const char *path)
 {
     if (w == NULL || path == NULL)
@@ -1057,64 +1119,18 @@ enum bp_status bp_gguf_writer_write(bp_gguf_writer *w, const char *path)
     const uint64_t align = writer_alignment(w);
     if (align == 0)
         return bp_last_status();
-    FILE *f = fopen(path, "wb");
-    if (f == NULL)
-        return bp__error(BP_ERR_IO, "cannot write GGUF file %s: %s", path, strerror(errno));
-    struct out o = {f, 0, true};
-    put(&o, GGUF_MAGIC, 4);
-    put_u32(&o, 3);
-    put_u64(&o, w->n_tensors);
-    put_u64(&o, w->n_kv);
-    for (size_t i = 0; i < w->n_kv; i++) {
-        const struct wkv *kv = &w->kv[i];
-        put_str(&o, kv->key);
-        put_u32(&o, kv->type);
-        if (kv->type == BP_GGUF_TYPE_ARRAY) {
-            put_u32(&o, kv->arr_type);
-            put_u64(&o, kv->n);
-        }
-        if (kv->arr_type == BP_GGUF_TYPE_STRING && kv->strs != NULL)
-            for (uint64_t j = 0; j < kv->n; j++)
-                put_str(&o, kv->strs[j]);
-        else
-            put(&o, kv->data, scalar_size(kv->arr_type) * (size_t)kv->n);
-    }
-    uint64_t offset = 0;
-    for (size_t i = 0; i < w->n_tensors; i++) {
-        const bp_tensor *t = w->tensors[i].t;
-        int nd = GGUF_MAX_DIMS;
-        while (nd > 1 && t->ne[nd - 1] == 1)
-            nd--;
-        put_str(&o, w->tensors[i].name);
-        put_u32(&o, (uint32_t)nd);
-        for (int d = 0; d < nd; d++)
-            put_u64(&o, (uint64_t)t->ne[d]);
-        put_u32(&o, (uint32_t)ggml_id_of(t->type));
-        put_u64(&o, offset);
-        offset += aligned(bp_nbytes(t), align);
-    }
-    put_pad(&o, align);
-    enum bp_status st = BP_OK;
-    for (size_t i = 0; i < w->n_tensors && st == BP_OK && o.ok; i++) {
-        const bp_tensor *t = w->tensors[i].t;
-        const size_t n = bp_nbytes(t);
-        void *tmp = bp__malloc(n ? n : 1, "a tensor's bytes for a GGUF file");
-        if (tmp == NULL) {
-            st = BP_ERR_OUT_OF_MEMORY;
-            break;
-        }
-        st = bp_tensor_get(t, tmp, 0, n);
-        put(&o, tmp, n);
-        bp__free(tmp);
-        put_pad(&o, align);
-    }
-    const int saved = errno;
-    if (fclose(f) != 0 && o.ok)
-        o.ok = false;
+    struct bp__replace r;
+    if (!bp__replace_open(&r, path, "GGUF file"))
+        return bp_last_status();
+    struct out o = {r.f, 0, true, 0};
+    write_header(&o, w, align);
+    enum bp_status st = write_data(&o, w, align);
     if (st == BP_OK && !o.ok)
         st = bp__error(BP_ERR_IO, "cannot write GGUF file %s: %s", path,
-                       strerror(saved ? saved : EIO));
-    if (st != BP_OK)
-        remove(path);
-    return st;
+                       strerror(o.err ? o.err : EIO));
+    if (st != BP_OK) {
+        bp__replace_abort(&r);
+        return st;
+    }
+    return bp__replace_commit(&r, path);
 }

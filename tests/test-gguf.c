@@ -2,8 +2,17 @@
  * package (tests/gguf/reference.gguf, made by tests/gguf/make-reference.py) read exactly as that
  * package reads it; our writer's files read back exactly; and every kind of hostile file refused
  * with a sentence (every truncation of a valid file, bad magic and versions, absurd counts and
- * lengths, offsets past the end, overlapping or misaligned tensors, bad keys, duplicates). */
+ * lengths, offsets past the end, overlapping or misaligned tensors, bad keys, duplicates); and
+ * the files around them: FIFOs, devices and directories refused at once, metadata that outlives
+ * the file it came from, and a writer that replaces a file without disturbing its readers, its
+ * permissions or its links, and leaves it whole when a write fails. */
+#include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test-util.h"
@@ -320,6 +329,379 @@ START_TEST(test_writer_round_trip)
 }
 END_TEST
 
+/* ---- The files around the format ------------------------------------------------------------ */
+
+/* A new empty directory under /tmp; the caller removes it with rm_dir. */
+static void make_dir(char *dir, size_t size)
+{
+    snprintf(dir, size, "/tmp/bp-gguf-dir-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+/* The names in dir other than . and .., as one string "a b c" (readdir's order, sorted by the
+ * caller's expectations: these tests leave at most one or two files). */
+static int dir_entries(const char *dir, char *names, size_t size)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    names[0] = '\0';
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        n++;
+        strncat(names, e->d_name, size - strlen(names) - 2);
+        strcat(names, " ");
+    }
+    closedir(d);
+    return n;
+}
+
+static void rm_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    char path[4096];
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        ck_assert_int_eq(unlink(path), 0);
+    }
+    closedir(d);
+    ck_assert_int_eq(rmdir(dir), 0);
+}
+
+static unsigned char *read_whole(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    static unsigned char buf[1 << 20];
+    *n = fread(buf, 1, sizeof(buf), f);
+    ck_assert(feof(f));
+    fclose(f);
+    unsigned char *copy = malloc(*n + 1);
+    memcpy(copy, buf, *n);
+    return copy;
+}
+
+/* A FIFO (whose blocking open would wait for a writer forever), a device and a directory: each
+ * refused at once, naming what it is. The case's short timeout turns a hang into a failure. */
+START_TEST(test_special_files_refused_at_once)
+{
+    char dir[64], fifo[96];
+    make_dir(dir, sizeof(dir));
+    snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    const struct {
+        const char *path, *kind;
+    } bad[] = {{fifo, "is a FIFO, not a regular file"},
+               {"/dev/null", "is a character device, not a regular file"},
+               {dir, "is a directory, not a regular file"}};
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        ck_assert_rejected(bp_gguf_open(bad[k].path), BP_ERR_IO, bad[k].kind);
+        ck_assert_ptr_nonnull(strstr(bp_last_error(), bad[k].path));
+        /* a file buffer of any size, even 0, over one of them: not "out of bounds" */
+        ck_assert_rejected(bp_buffer_from_file(bad[k].path, 0, 0), BP_ERR_IO, bad[k].kind);
+        ck_assert_ptr_nonnull(strstr(bp_last_error(), bad[k].path));
+    }
+    /* nor is one replaced by the writer: refused, and still what it was */
+    bp_gguf_writer *w = bp_gguf_writer_new();
+    ck_assert_int_eq(bp_gguf_writer_set_u32(w, "a.u32", 1), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_write(w, fifo), BP_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "is a FIFO; only a regular file is replaced"));
+    ck_assert_int_eq(bp_gguf_writer_write(w, dir), BP_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "is a directory;"));
+    ck_assert_int_eq(bp_gguf_writer_write(w, "/dev/null"), BP_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "is a character device;"));
+    bp_gguf_writer_free(w);
+    struct stat st;
+    ck_assert_int_eq(lstat(fifo, &st), 0);
+    ck_assert(S_ISFIFO(st.st_mode));
+    char names[256];
+    ck_assert_int_eq(dir_entries(dir, names, sizeof(names)), 1); /* no temporary left */
+    rm_dir(dir);
+}
+END_TEST
+
+/* Every kind of value, with a long string first so that the later values lie pages into the
+ * file (a getter reading the mapping of a file cut short there would die of SIGBUS). */
+static bp_gguf_writer *all_kinds(void)
+{
+    static char big[3 * 4096];
+    memset(big, 'x', sizeof(big) - 1);
+    bp_gguf_writer *w = bp_gguf_writer_new();
+    const int32_t ints[3] = {3, -1, 4};
+    const float floats[2] = {0.5f, -8.0f};
+    const char *const strs[2] = {"first", "second"};
+    ck_assert_int_eq(bp_gguf_writer_set_str(w, "a.big", big), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_u32(w, "a.u32", 4000000000u), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_i32(w, "a.i32", -5), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_f32(w, "a.f32", 0.25f), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_bool(w, "a.bool", true), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_str(w, "a.str", "hello"), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_arr_i32(w, "a.ints", ints, 3), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_arr_f32(w, "a.floats", floats, 2), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_arr_str(w, "a.strs", strs, 2), BP_OK);
+    return w;
+}
+
+START_TEST(test_metadata_outlives_a_truncated_file)
+{
+    char path[] = "/tmp/bp-gguf-XXXXXX";
+    const int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    bp_gguf_writer *w = all_kinds();
+    ck_assert_int_eq(bp_gguf_writer_write(w, path), BP_OK);
+    bp_gguf_writer_free(w);
+    bp_gguf *g = bp_gguf_open(path);
+    ck_assert_msg(g != NULL, "%s", bp_last_error());
+    ck_assert_int_eq(truncate(path, 8), 0); /* under the open file's mapping */
+    int64_t v;
+    double d;
+    bool b;
+    const char *s;
+    size_t len;
+    ck_assert_int_eq(bp_gguf_get_n_kv(g), 9);
+    ck_assert_int_eq(bp_gguf_get_int(g, bp_gguf_find_key(g, "a.u32"), &v), BP_OK);
+    ck_assert_int_eq(v, 4000000000LL);
+    ck_assert_int_eq(bp_gguf_get_int(g, bp_gguf_find_key(g, "a.i32"), &v), BP_OK);
+    ck_assert_int_eq(v, -5);
+    ck_assert_int_eq(bp_gguf_get_float(g, bp_gguf_find_key(g, "a.f32"), &d), BP_OK);
+    ck_assert(d == 0.25);
+    ck_assert_int_eq(bp_gguf_get_bool(g, bp_gguf_find_key(g, "a.bool"), &b), BP_OK);
+    ck_assert(b);
+    ck_assert_int_eq(bp_gguf_get_str(g, bp_gguf_find_key(g, "a.str"), &s, &len), BP_OK);
+    ck_assert_str_eq(s, "hello");
+    ck_assert_int_eq(bp_gguf_get_str(g, bp_gguf_find_key(g, "a.big"), &s, &len), BP_OK);
+    ck_assert_uint_eq(len, 3 * 4096 - 1);
+    ck_assert_int_eq(s[len - 1], 'x');
+    const int64_t ints = bp_gguf_find_key(g, "a.ints"), floats = bp_gguf_find_key(g, "a.floats");
+    const int32_t want_i[3] = {3, -1, 4};
+    for (uint64_t j = 0; j < 3; j++) {
+        ck_assert_int_eq(bp_gguf_get_arr_int(g, ints, j, &v), BP_OK);
+        ck_assert_int_eq(v, want_i[j]);
+    }
+    ck_assert_int_eq(bp_gguf_get_arr_float(g, floats, 0, &d), BP_OK);
+    ck_assert(d == 0.5);
+    ck_assert_int_eq(bp_gguf_get_arr_float(g, floats, 1, &d), BP_OK);
+    ck_assert(d == -8.0);
+    ck_assert_int_eq(bp_gguf_get_arr_str(g, bp_gguf_find_key(g, "a.strs"), 1, &s, NULL), BP_OK);
+    ck_assert_str_eq(s, "second");
+    bp_gguf_close(g);
+    unlink(path);
+}
+END_TEST
+
+/* One f32 tensor of n values, all v, in a host buffer; *buf and *ctx for the caller to free. */
+static bp_tensor *filled(int n, float v, bp_context **ctx, bp_buffer **buf)
+{
+    *ctx = bp_context_new(1);
+    bp_tensor *t = bp_new_tensor_1d(*ctx, BP_TYPE_F32, n);
+    bp_set_name(t, "w");
+    *buf = bp_alloc_ctx_tensors(*ctx, bp_host_buffer_type());
+    ck_assert_ptr_nonnull(*buf);
+    for (int i = 0; i < n; i++)
+        ((float *)t->data)[i] = v;
+    return t;
+}
+
+static void write_filled(const char *path, int n, float v)
+{
+    bp_context *ctx;
+    bp_buffer *buf;
+    bp_tensor *t = filled(n, v, &ctx, &buf);
+    bp_gguf_writer *w = bp_gguf_writer_new();
+    ck_assert_int_eq(bp_gguf_writer_add_tensor(w, NULL, t), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_set_f32(w, "a.value", v), BP_OK);
+    ck_assert_msg(bp_gguf_writer_write(w, path) == BP_OK, "%s", bp_last_error());
+    bp_gguf_writer_free(w);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+}
+
+/* The value the file at path holds (a.value), or NAN. */
+static double value_of(const char *path)
+{
+    bp_gguf *g = bp_gguf_open(path);
+    ck_assert_msg(g != NULL, "%s", bp_last_error());
+    double d = NAN;
+    ck_assert_int_eq(bp_gguf_get_float(g, bp_gguf_find_key(g, "a.value"), &d), BP_OK);
+    bp_gguf_close(g);
+    return d;
+}
+
+/* A file rewritten while a reader has it mapped: the reader keeps the old bytes (the writer
+ * renames a new file over the name; the old inode lives on in the mapping). */
+START_TEST(test_rewrite_under_a_reader)
+{
+    char dir[64], path[96];
+    make_dir(dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/m.gguf", dir);
+    write_filled(path, 4096, 1.0f);
+    bp_gguf *g = bp_gguf_open(path);
+    ck_assert_msg(g != NULL, "%s", bp_last_error());
+    write_filled(path, 16, 2.0f); /* shorter: an in-place rewrite would cut the mapping short */
+    struct bp_gguf_tensor t;
+    ck_assert_int_eq(bp_gguf_get_tensor(g, 0, &t), BP_OK);
+    ck_assert_int_eq(t.ne[0], 4096);
+    for (int i = 0; i < 4096; i++)
+        ck_assert(((const float *)t.data)[i] == 1.0f);
+    bp_gguf_close(g);
+    ck_assert(value_of(path) == 2.0);
+    char names[256];
+    ck_assert_int_eq(dir_entries(dir, names, sizeof(names)), 1);
+    ck_assert_str_eq(names, "m.gguf ");
+    rm_dir(dir);
+}
+END_TEST
+
+/* A write that fails half-way, once because a tensor's bytes cannot be read and once because
+ * the file size limit stops the write itself: the old file stays byte for byte, and no
+ * temporary file is left beside it. Neither depends on permissions (tests may run as root). */
+START_TEST(test_failed_write_leaves_the_old_file)
+{
+    char dir[64], path[96], src[96], names[256];
+    make_dir(dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/m.gguf", dir);
+    snprintf(src, sizeof(src), "%s/src.bin", dir);
+    write_filled(path, 64, 1.0f);
+    size_t n0, n1;
+    unsigned char *before = read_whole(path, &n0);
+
+    /* a tensor of a file buffer whose file changed since: bp_tensor_get fails */
+    static float zeros[4096];
+    FILE *f = fopen(src, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(zeros, sizeof(zeros), 1, f), 1);
+    fclose(f);
+    bp_buffer *fbuf = bp_buffer_from_file(src, 0, sizeof(zeros));
+    ck_assert_msg(fbuf != NULL, "%s", bp_last_error());
+    bp_context *ctx = bp_context_new(1);
+    bp_tensor *t = bp_new_tensor_1d(ctx, BP_TYPE_F32, 4096);
+    bp_set_name(t, "w");
+    ck_assert_int_eq(bp_buffer_place_tensor(fbuf, t, bp_buffer_get_base(fbuf)), BP_OK);
+    bp_gguf_writer *w = bp_gguf_writer_new();
+    ck_assert_int_eq(bp_gguf_writer_set_str(w, "a.str", "new"), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_add_tensor(w, NULL, t), BP_OK);
+    ck_assert_int_eq(truncate(src, 100), 0);
+    ck_assert_int_eq(bp_gguf_writer_write(w, path), BP_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "changed on disk"));
+    bp_gguf_writer_free(w);
+    bp_buffer_free(fbuf);
+    bp_context_free(ctx);
+    unsigned char *after = read_whole(path, &n1);
+    ck_assert_uint_eq(n1, n0);
+    ck_assert_mem_eq(after, before, n0);
+    free(after);
+    ck_assert_int_eq(dir_entries(dir, names, sizeof(names)), 2); /* m.gguf and src.bin */
+
+    /* the file size limit, in a child of its own (SIGXFSZ ignored: the write fails EFBIG) */
+    const pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        signal(SIGXFSZ, SIG_IGN);
+        const struct rlimit lim = {4096, 4096};
+        bp_context *cctx;
+        bp_buffer *cbuf;
+        bp_tensor *ct = filled(8192, 3.0f, &cctx, &cbuf);
+        bp_gguf_writer *cw = bp_gguf_writer_new();
+        const bool ok = setrlimit(RLIMIT_FSIZE, &lim) == 0 &&
+                        bp_gguf_writer_add_tensor(cw, NULL, ct) == BP_OK &&
+                        bp_gguf_writer_write(cw, path) == BP_ERR_IO &&
+                        strstr(bp_last_error(), "File too large") != NULL;
+        if (!ok)
+            fprintf(stderr, "child: %s\n", bp_last_error());
+        _exit(ok ? 0 : 1);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the write did not fail as "
+                  "expected (status %d)", status);
+    after = read_whole(path, &n1);
+    ck_assert_uint_eq(n1, n0);
+    ck_assert_mem_eq(after, before, n0);
+    free(after);
+    free(before);
+    ck_assert_int_eq(dir_entries(dir, names, sizeof(names)), 2);
+    rm_dir(dir);
+}
+END_TEST
+
+static unsigned mode_of(const char *path)
+{
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    return st.st_mode & 07777;
+}
+
+static bool is_link(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+/* The replaced file keeps its permissions; a new one gets 0666 less the umask; a symbolic link
+ * (relative, absolute, a chain, one to a file not there yet) is written through and stays. */
+START_TEST(test_write_keeps_mode_and_follows_links)
+{
+    char dir[64], path[96], p2[96], l1[96], l2[96], l3[96], dangle[96], made[96], names[512];
+    make_dir(dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/m.gguf", dir);
+    snprintf(p2, sizeof(p2), "%s/new.gguf", dir);
+    snprintf(l1, sizeof(l1), "%s/l1.gguf", dir);
+    snprintf(l2, sizeof(l2), "%s/l2.gguf", dir);
+    snprintf(l3, sizeof(l3), "%s/l3.gguf", dir);
+    snprintf(dangle, sizeof(dangle), "%s/dangle.gguf", dir);
+    snprintf(made, sizeof(made), "%s/made.gguf", dir);
+    write_filled(path, 16, 1.0f);
+    ck_assert_int_eq(chmod(path, 0604), 0);
+    write_filled(path, 16, 2.0f);
+    ck_assert_uint_eq(mode_of(path), 0604);
+    ck_assert(value_of(path) == 2.0);
+    const mode_t old_mask = umask(027);
+    write_filled(p2, 16, 1.0f);
+    umask(old_mask);
+    ck_assert_uint_eq(mode_of(p2), 0640);
+
+    ck_assert_int_eq(symlink("m.gguf", l1), 0);  /* relative */
+    ck_assert_int_eq(symlink("l1.gguf", l2), 0); /* a chain */
+    ck_assert_int_eq(symlink(path, l3), 0);      /* absolute */
+    ck_assert_int_eq(symlink("made.gguf", dangle), 0);
+    write_filled(l1, 16, 3.0f);
+    ck_assert(value_of(path) == 3.0);
+    write_filled(l2, 16, 4.0f);
+    ck_assert(value_of(path) == 4.0);
+    write_filled(l3, 16, 5.0f);
+    ck_assert(value_of(path) == 5.0);
+    ck_assert_uint_eq(mode_of(path), 0604);
+    write_filled(dangle, 16, 6.0f);
+    ck_assert(value_of(made) == 6.0);
+    ck_assert(is_link(l1) && is_link(l2) && is_link(l3) && is_link(dangle));
+    ck_assert(!is_link(path) && !is_link(made));
+    char target[64];
+    const ssize_t n = readlink(l1, target, sizeof(target) - 1);
+    ck_assert_int_eq(n, 6);
+    target[n] = '\0';
+    ck_assert_str_eq(target, "m.gguf");
+
+    /* a loop of links has no file at its end */
+    char a[96], b[96];
+    snprintf(a, sizeof(a), "%s/a", dir);
+    snprintf(b, sizeof(b), "%s/b", dir);
+    ck_assert_int_eq(symlink("b", a), 0);
+    ck_assert_int_eq(symlink("a", b), 0);
+    bp_gguf_writer *w = bp_gguf_writer_new();
+    ck_assert_int_eq(bp_gguf_writer_write(w, a), BP_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "symbolic links"));
+    bp_gguf_writer_free(w);
+    /* m, new, l1, l2, l3, dangle, made, a, b: no temporary file among them */
+    ck_assert_int_eq(dir_entries(dir, names, sizeof(names)), 9);
+    rm_dir(dir);
+}
+END_TEST
+
 /* ---- Hostile files ---------------------------------------------------------------------------- */
 
 struct bytes {
@@ -612,5 +994,10 @@ int main(void)
     BP_TCASE(s, test_hostile_headers, 60);
     BP_TCASE(s, test_hostile_metadata, 60);
     BP_TCASE(s, test_hostile_tensors, 60);
+    BP_TCASE(s, test_special_files_refused_at_once, 10);
+    BP_TCASE(s, test_metadata_outlives_a_truncated_file, 60);
+    BP_TCASE(s, test_rewrite_under_a_reader, 60);
+    BP_TCASE(s, test_failed_write_leaves_the_old_file, 60);
+    BP_TCASE(s, test_write_keeps_mode_and_follows_links, 60);
     return bp_test_run(s);
 }

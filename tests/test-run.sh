@@ -100,10 +100,28 @@ check "bench refuses an unknown option" usage "unknown or incomplete option '--f
 check "bench refuses an unknown type before running" usage "'f33' in --types is not a weight type" sh -c "exec '$tool' bench $small --types f32,f33"
 # --dot: a file that cannot be written is an error, not a warning
 check "--dot to a missing directory exits 1 before running" sh -c "'$tool' run -n 2 --dot /nonexistent/x.dot > '$tmp/o' 2> '$tmp/e'; test \$? -eq 1 && grep -q \"cannot write --dot file '/nonexistent/x.dot'\" '$tmp/e' && test ! -s '$tmp/o'"
+# a write that fails half-way: the file size limit (SIGXFSZ ignored, so the write fails EFBIG)
+check "--dot that cannot be written to the end exits 1" sh -c "(trap '' XFSZ; ulimit -f 1; exec '$tool' run -n 2 --dot '$tmp/big.dot') >/dev/null 2>'$tmp/e'; test \$? -eq 1 && grep -q \"cannot write the graph to $tmp/big.dot: .*write failed\" '$tmp/e'"
 if [ -w /dev/full ]; then
-    check "--dot to a full disk exits 1" sh -c "'$tool' run -n 2 --dot /dev/full >/dev/null 2>&1; test \$? -eq 1"
     check "run output to a full disk exits 1" sh -c "'$tool' run -n 2 --json >/dev/full 2>/dev/null; test \$? -eq 1"
 fi
+# Files named on the command line are opened without blocking and must be regular files: a FIFO
+# (no writer or reader ever comes: a blocking open would hang), a device, a directory are refused
+# at once with what they are. timeout turns a hang into a failure.
+mkfifo "$tmp/fifo"
+for opt in --dot --logits; do
+    for bad in "$tmp/fifo:a FIFO" "/dev/null:a character device" "$tmp:a directory"; do
+        path=${bad%%:*} kind=${bad#*:}
+        check "$opt to $kind is refused at once" sh -c "timeout 20 '$tool' run -n 2 $opt '$path' >/dev/null 2>'$tmp/e'; test \$? -eq 1 && grep -qF \"cannot write $opt file '$path': it is $kind, not a regular file\" '$tmp/e'"
+    done
+done
+for bad in "$tmp/fifo:a FIFO" "/dev/null:a character device" "$tmp:a directory"; do
+    path=${bad%%:*} kind=${bad#*:}
+    check "--gguf of $kind is refused at once" sh -c "timeout 20 '$tool' run --gguf '$path' >'$tmp/o' 2>'$tmp/e'; test \$? -eq 1 && grep -qF \"GGUF file $path is $kind, not a regular file\" '$tmp/e' && test ! -s '$tmp/o'"
+    check "--save-gguf to $kind is refused at once" sh -c "timeout 20 '$tool' run --model tiny --save-gguf '$path' >/dev/null 2>'$tmp/e'; test \$? -eq 1 && grep -qF \"GGUF file $path is $kind; only a regular file is replaced\" '$tmp/e'"
+done
+test -p "$tmp/fifo" || echo "FAIL: the FIFO was replaced"
+
 check "--dot without a generation step is refused" usage "needs -n 2 or more" "$tool" run -n 1 --dot "$tmp/g1.dot"
 # backplane bench: the same benchmarks on the chosen devices
 check "bench measures matmul and add on the CPU" sh -c "'$tool' bench -d CPU --M 64 --K 64 --N 1,3 --types f32,q4_0 --min-time 0.01 --no-limits > '$tmp/b' && grep -q '^mul_mat_q4_0 M=64,K=64,N=3 CPU [0-9.]* GFLOP/s' '$tmp/b' && grep -q '^mul_mat_f32_weight_bw M=64,K=64,N=1 CPU' '$tmp/b' && grep -q '^add n=16777216 CPU [0-9.]* GB/s' '$tmp/b'"
@@ -133,6 +151,10 @@ check "a saved f32 GGUF is used in place in its mapping on the CPU, a q8_0 one r
 check "--gguf with --model, and --tokens with -p, are refused" sh -c "'$tool' run --gguf '$tmp/tiny-f32.gguf' --model tiny 2>&1 | grep -q -- '--model does not apply' && '$tool' run --tokens 1,2 -p 4 2>&1 | grep -q -- '-p does not apply'"
 check "--tokens takes plain digits only" usage "token 2 ('+5') is not an id" "$tool" run --tokens 1,+5
 check "a saved GGUF on the accelerator agrees with the CPU" sh -c "'$tool' run --gguf '$tmp/tiny-f32.gguf' -n 6 -d ACCEL0,CPU --check | grep -q 'check: .*tokens agree.*pass'"
+# --save-gguf replaces the file: a run serving the old one keeps it (a new inode), the target's
+# permissions stay, and a link is written through; a write cut short leaves the old file whole
+check "--save-gguf replaces a file: new inode, same permissions, a link followed" sh -c "cp '$tmp/tiny-f32.gguf' '$tmp/r.gguf' && chmod 640 '$tmp/r.gguf' && ln -s r.gguf '$tmp/link.gguf' && old=\$(stat -c %i '$tmp/r.gguf') && '$tool' run --model tiny --wtype q8_0 --save-gguf '$tmp/link.gguf' > /dev/null && test -L '$tmp/link.gguf' && test \$(stat -c %a '$tmp/r.gguf') = 640 && test \$(stat -c %i '$tmp/r.gguf') != \$old && cmp -s '$tmp/r.gguf' '$tmp/tiny-q8_0.gguf'"
+check "--save-gguf cut short leaves the old file and no temporary" sh -c "mkdir '$tmp/cut' && cp '$tmp/tiny-f32.gguf' '$tmp/cut/m.gguf' && (trap '' XFSZ; ulimit -f 64; exec '$tool' run --model tiny --save-gguf '$tmp/cut/m.gguf') >/dev/null 2>'$tmp/e'; test \$? -eq 1 && grep -q 'File too large' '$tmp/e' && cmp -s '$tmp/cut/m.gguf' '$tmp/tiny-f32.gguf' && test \"\$(ls -A '$tmp/cut')\" = m.gguf"
 check "--save-gguf to a missing directory fails with the reason" sh -c "'$tool' run --model tiny --save-gguf /nonexistent/x.gguf 2>&1 >/dev/null | grep -q \"cannot write '/nonexistent/x.gguf'\""
 # Files written by the GGUF project's Python package (tests/gguf/make-models.py): the tokens of
 # an independent numpy forward pass, from token ids given with --tokens

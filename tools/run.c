@@ -1271,11 +1271,8 @@ static int check_run_opts(struct run_opts *o)
                 run_cmd);
         return 2;
     }
-    if (o->dot != NULL && (o->dot_file = fopen(o->dot, "w")) == NULL) {
-        fprintf(stderr, "%s: cannot write --dot file '%s': %s\n", run_cmd, o->dot,
-                strerror(errno));
+    if (o->dot != NULL && (o->dot_file = tool_open_output(run_cmd, "--dot", o->dot)) == NULL)
         return 1;
-    }
     return -1;
 }
 
@@ -1343,14 +1340,20 @@ static struct run_check compare_runs(const struct run_opts *o, const struct run_
 /* --logits: the n_gen x n_vocab logits of the run, raw f32. */
 static bool write_logits(const struct run_opts *o, const struct run_result *r)
 {
-    FILE *f = fopen(o->logits_path, "wb");
+    FILE *f = tool_open_output(run_cmd, "--logits", o->logits_path);
+    if (f == NULL)
+        return false;
     const size_t n = (size_t)o->n_gen * (size_t)o->cfg->n_vocab;
-    bool ok = f != NULL && fwrite(r->logits, sizeof(float), n, f) == n;
-    if (f != NULL && fclose(f) != 0)
+    errno = 0;
+    bool ok = fwrite(r->logits, sizeof(float), n, f) == n;
+    int err = errno;
+    if (fclose(f) != 0 && ok) {
         ok = false;
+        err = errno;
+    }
     if (!ok)
         fprintf(stderr, "%s: cannot write --logits file '%s': %s\n", run_cmd, o->logits_path,
-                strerror(errno));
+                strerror(err ? err : EIO));
     return ok;
 }
 

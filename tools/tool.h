@@ -28,6 +28,12 @@ bool tool_sync_ranks(const char *devices, bool ok);
  * that come from outside the tool, printed as text (text.c). */
 void tool_put_text(const char *s, FILE *f);
 
+/* A file the tool writes, named by opt ("--dot") of cmd: created (0666 less the umask) or
+ * emptied, without blocking; anything but a regular file (a FIFO, a device, a directory) is
+ * refused. The stream, or NULL after printing "<cmd>: cannot write <opt> file '<path>': <why>"
+ * (files.c). */
+FILE *tool_open_output(const char *cmd, const char *opt, const char *path);
+
 /* How a "Meta(A,B,...)" device stores the weights: fn and user go to bp_meta_device_new. */
 struct tool_meta_split {
     bp_meta_split_fn fn;

@@ -94,7 +94,9 @@ BP_API bp_buffer *bp_buffer_from_host_ptr(void *ptr, size_t size);
  * Writes are refused (BP_ERR_UNSUPPORTED). A read after the file changed on disk (its size or
  * modification time; a file replaced under the same name is not seen: the buffer keeps reading
  * the one it opened) or that meets its end fails with BP_ERR_IO and the reason. NULL with an
- * error when the file cannot be opened or is shorter than offset + size. */
+ * error when the file cannot be opened (BP_ERR_IO; the open never blocks, and a FIFO, socket,
+ * device or directory is refused with what it is) or is shorter than offset + size
+ * (BP_ERR_OUT_OF_BOUNDS). */
 BP_API bp_buffer *bp_buffer_from_file(const char *path, uint64_t offset, size_t size);
 BP_API bp_buffer_type *bp_file_buffer_type(void);
 

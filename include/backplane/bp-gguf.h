@@ -7,7 +7,18 @@
  * what was wrong and where; nothing it contains can make the reader read outside the file.
  * Tensors of every ggml type are described; those backplane computes with (F32, F16, BF16,
  * I32, Q8_0, Q4_0, whose block layouts are ggml's) get a bp_type, the others are named in the
- * error of bp_gguf_get_tensor. */
+ * error of bp_gguf_get_tensor.
+ *
+ * Files that change underneath. bp_gguf_open reads the header through the mapping once and
+ * copies everything in it (keys, every value, tensor infos): after the open, the metadata
+ * getters and bp_gguf_get_tensor never touch the file, whatever becomes of it. Tensor data is
+ * the one thing read from the mapping, as with any mmap reader: if the file is modified while it
+ * is open, the bytes seen are undefined (MAP_PRIVATE does not snapshot pages not yet read), and
+ * if it is truncated, touching data past the new end kills the process with SIGBUS. Do not
+ * modify a file that is being served; replace it instead (bp_gguf_writer_write does: a reader
+ * keeps the file it opened). Truncation during bp_gguf_open itself is the same SIGBUS. Tensors
+ * that must survive a file changing on disk belong in a File buffer (bp_buffer_from_file, in
+ * bp-backend.h), whose reads use pread and report a file cut short or changed as BP_ERR_IO. */
 #ifndef BACKPLANE_BP_GGUF_H
 #define BACKPLANE_BP_GGUF_H
 
@@ -40,7 +51,9 @@ enum bp_gguf_type {
 BP_API const char *bp_gguf_type_name(enum bp_gguf_type type);
 
 /* Opens and checks path (mapped read-only, private). NULL with bp_last_error() set when the
- * file cannot be read or is not a well-formed GGUF file. Close with bp_gguf_close. */
+ * file cannot be read or is not a well-formed GGUF file. The open never blocks: a FIFO, socket,
+ * device or directory is refused with BP_ERR_IO and a sentence saying what it is. Close with
+ * bp_gguf_close. */
 BP_API bp_gguf *bp_gguf_open(const char *path);
 /* The same over size bytes at data, which the caller keeps unchanged until bp_gguf_close;
  * name is what error messages call it. */
@@ -95,7 +108,8 @@ struct bp_gguf_tensor {
     int64_t ne[4];          /* elements per dimension, ne[0] innermost; 1 beyond n_dims */
     size_t offset;          /* from the start of the file */
     size_t size;            /* bytes */
-    const void *data;       /* the bytes, in the mapping (valid until bp_gguf_close) */
+    const void *data;       /* the bytes, in the mapping (valid until bp_gguf_close; see the
+                               top of this file for a file that changes while open) */
 };
 
 BP_API int64_t bp_gguf_get_n_tensors(const bp_gguf *gguf);
@@ -132,7 +146,17 @@ BP_API enum bp_status bp_gguf_writer_add_tensor(bp_gguf_writer *w, const char *n
 /* Writes the file, replacing path; BP_ERR_IO with the system's reason. The alignment of the
  * tensor data is GGUF's default 32, or general.alignment when set (bp_gguf_writer_set_u32; a
  * power of two from 8 to 65536: 64 lets a reader use the data in place where tensors must be
- * 64-byte aligned). */
+ * 64-byte aligned).
+ * The file is never rewritten in place: it is written to a temporary file in the target's
+ * directory (".NAME.XXXXXXXXXXXX.tmp"), synced, renamed over the target, and the directory is
+ * synced. So a process that has the old file open or mapped keeps reading the old file, and a
+ * write that fails half-way (a tensor that cannot be read, a full disk) leaves the old file as
+ * it was and no temporary file behind. An existing target keeps its permissions (and its owner
+ * where the caller may set it); a new one gets 0666 less the umask, as fopen gives. When path is
+ * a symbolic link (or a chain of them), the file it points to is replaced and the link stays,
+ * as editors do; a dangling link creates the file it names. Other hard links to the old file
+ * keep the old contents. A target that exists and is not a regular file (a directory, FIFO,
+ * device) is refused with BP_ERR_IO. The target's directory must be writable. */
 BP_API enum bp_status bp_gguf_writer_write(bp_gguf_writer *w, const char *path);
 
 #ifdef __cplusplus

@@ -1,0 +1,62 @@
+/* files.c - the files the tool writes (--dot, --logits). Each is opened without blocking and
+ * used only when it is a regular file: a FIFO with no reader would hang the run in open, and a
+ * directory, socket or device named by mistake is refused with a sentence before anything is
+ * written (and before a regular file is emptied, which happens only after the check). */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tool.h"
+
+static const char *kind(mode_t mode)
+{
+    return S_ISDIR(mode)    ? "a directory"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISSOCK(mode) ? "a socket"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+                            : "not a regular file";
+}
+
+static FILE *refuse(const char *cmd, const char *opt, const char *path, const char *why)
+{
+    fprintf(stderr, "%s: cannot write %s file '", cmd, opt);
+    tool_put_text(path, stderr);
+    fprintf(stderr, "': %s\n", why);
+    return NULL;
+}
+
+FILE *tool_open_output(const char *cmd, const char *opt, const char *path)
+{
+    struct stat st;
+    const int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        /* A FIFO without a reader (ENXIO) or a directory (EISDIR): say what it is. */
+        const int err = errno;
+        if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+            char why[64];
+            snprintf(why, sizeof(why), "it is %s, not a regular file", kind(st.st_mode));
+            return refuse(cmd, opt, path, why);
+        }
+        return refuse(cmd, opt, path, strerror(err));
+    }
+    FILE *f = NULL;
+    if (fstat(fd, &st) != 0) {
+        refuse(cmd, opt, path, strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+        char why[64];
+        snprintf(why, sizeof(why), "it is %s, not a regular file", kind(st.st_mode));
+        refuse(cmd, opt, path, why);
+    } else if (ftruncate(fd, 0) != 0 ||
+               fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 ||
+               (f = fdopen(fd, "w")) == NULL) {
+        refuse(cmd, opt, path, strerror(errno));
+    }
+    if (f == NULL)
+        close(fd);
+    return f;
+}
