@@ -105,15 +105,17 @@ check "--dot that cannot be written to the end exits 1" sh -c "(trap '' XFSZ; ul
 if [ -w /dev/full ]; then
     check "run output to a full disk exits 1" sh -c "'$tool' run -n 2 --json >/dev/full 2>/dev/null; test \$? -eq 1"
 fi
-# Files named on the command line are opened without blocking and must be regular files: a FIFO
-# (no writer or reader ever comes: a blocking open would hang), a device, a directory are refused
-# at once with what they are. timeout turns a hang into a failure.
+# Files named on the command line are opened without blocking. Outputs may be regular files or
+# streams (a FIFO something reads, /dev/null); a FIFO that nothing reads (a blocking open would
+# hang) or a directory is refused at once with what it is. Inputs must be regular files.
+# timeout turns a hang into a failure.
 mkfifo "$tmp/fifo"
 for opt in --dot --logits; do
-    for bad in "$tmp/fifo:a FIFO" "/dev/null:a character device" "$tmp:a directory"; do
-        path=${bad%%:*} kind=${bad#*:}
-        check "$opt to $kind is refused at once" sh -c "timeout 20 '$tool' run -n 2 $opt '$path' >/dev/null 2>'$tmp/e'; test \$? -eq 1 && grep -qF \"cannot write $opt file '$path': it is $kind, not a regular file\" '$tmp/e'"
-    done
+    check "$opt to a FIFO nothing reads is refused at once" sh -c "timeout 20 '$tool' run -n 2 $opt '$tmp/fifo' >/dev/null 2>'$tmp/e'; test \$? -eq 1 && grep -qF \"cannot write $opt file '$tmp/fifo': it is a FIFO that nothing reads\" '$tmp/e'"
+    check "$opt to a directory is refused at once" sh -c "timeout 20 '$tool' run -n 2 $opt '$tmp' >/dev/null 2>'$tmp/e'; test \$? -eq 1 && grep -qF \"cannot write $opt file '$tmp': it is a directory, not a file or stream\" '$tmp/e'"
+    check "$opt to /dev/null is written" sh -c "timeout 60 '$tool' run -n 2 $opt /dev/null >/dev/null"
+    # The shell opens the FIFO read-write first, so a reader exists before the tool opens it.
+    check "$opt to a FIFO with a reader is written" sh -c "exec 3<>'$tmp/fifo'; cat <&3 >'$tmp/fifo.out' & c=\$!; exec 3>&-; timeout 60 '$tool' run -n 2 $opt '$tmp/fifo' >/dev/null; r=\$?; sleep 1; kill \$c; test \$r -eq 0 && test -s '$tmp/fifo.out'"
 done
 for bad in "$tmp/fifo:a FIFO" "/dev/null:a character device" "$tmp:a directory"; do
     path=${bad%%:*} kind=${bad#*:}

@@ -1,7 +1,9 @@
-/* files.c - the files the tool writes (--dot, --logits). Each is opened without blocking and
- * used only when it is a regular file: a FIFO with no reader would hang the run in open, and a
- * directory, socket or device named by mistake is refused with a sentence before anything is
- * written (and before a regular file is emptied, which happens only after the check). */
+/* files.c - the files the tool writes (--dot, --logits). Each is opened without blocking, so
+ * that nothing named on the command line can hang the run in open: a FIFO that has a reader
+ * (`--dot >(dot -Tsvg)`, a pipe through /dev/stdout) and a character device (/dev/null, a
+ * terminal) are streams to write to; a FIFO without a reader, a directory, a socket or a block
+ * device is refused with a sentence before anything is written. A regular file is emptied only
+ * after that check. */
 #include "config.h"
 
 #include <errno.h>
@@ -37,9 +39,11 @@ FILE *tool_open_output(const char *cmd, const char *opt, const char *path)
     if (fd < 0) {
         /* A FIFO without a reader (ENXIO) or a directory (EISDIR): say what it is. */
         const int err = errno;
+        if (err == ENXIO && stat(path, &st) == 0 && S_ISFIFO(st.st_mode))
+            return refuse(cmd, opt, path, "it is a FIFO that nothing reads");
         if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
             char why[64];
-            snprintf(why, sizeof(why), "it is %s, not a regular file", kind(st.st_mode));
+            snprintf(why, sizeof(why), "it is %s, not a file or stream", kind(st.st_mode));
             return refuse(cmd, opt, path, why);
         }
         return refuse(cmd, opt, path, strerror(err));
@@ -47,11 +51,11 @@ FILE *tool_open_output(const char *cmd, const char *opt, const char *path)
     FILE *f = NULL;
     if (fstat(fd, &st) != 0) {
         refuse(cmd, opt, path, strerror(errno));
-    } else if (!S_ISREG(st.st_mode)) {
+    } else if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !S_ISCHR(st.st_mode)) {
         char why[64];
-        snprintf(why, sizeof(why), "it is %s, not a regular file", kind(st.st_mode));
+        snprintf(why, sizeof(why), "it is %s, not a file or stream", kind(st.st_mode));
         refuse(cmd, opt, path, why);
-    } else if (ftruncate(fd, 0) != 0 ||
+    } else if ((S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0) ||
                fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 ||
                (f = fdopen(fd, "w")) == NULL) {
         refuse(cmd, opt, path, strerror(errno));
