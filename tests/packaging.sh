@@ -56,6 +56,7 @@ check "the six packages were built" sh -c "ls '$work'/*.deb | grep -v dbgsym | g
 check "libbackplane0 holds the versioned library only" sh -c "dpkg -c \$(ls '$work'/libbackplane0_*.deb) | grep -q 'libbackplane.so.0.0.0' && ! dpkg -c \$(ls '$work'/libbackplane0_*.deb) | grep -q 'include/'"
 check "each plugin package holds its plugin" sh -c "dpkg -c \$(ls '$work'/backplane-plugin-cpu_*.deb) | grep -q 'backplane/plugins/backplane-cpu-avx512.so' && dpkg -c \$(ls '$work'/backplane-plugin-meta_*.deb) | grep -q 'backplane/plugins/backplane-meta.so'"
 check "the mpi plugin package holds its plugin and depends on Open MPI" sh -c "dpkg -c \$(ls '$work'/backplane-plugin-mpi_*.deb) | grep -q 'backplane/plugins/backplane-mpi.so' && dpkg -f \$(ls '$work'/backplane-plugin-mpi_*.deb) Depends | grep -q 'libopenmpi'"
+check "backplane-tools holds the command and its manual page" sh -c "dpkg -c \$(ls '$work'/backplane-tools_*.deb) | grep -q 'usr/bin/backplane\$' && dpkg -c \$(ls '$work'/backplane-tools_*.deb) | grep -q 'usr/share/man/man1/backplane.1'"
 check "plugin packages depend on the plugin API" sh -c "dpkg -f \$(ls '$work'/backplane-plugin-meta_*.deb) Depends | grep -q 'backplane-plugin-api-1'"
 
 check "runtime, tools and the CPU plugin install" dpkg -i "$(deb libbackplane0)" "$(deb backplane-tools)" "$(deb backplane-plugin-cpu)"

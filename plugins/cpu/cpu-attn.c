@@ -372,9 +372,6 @@ BP_CPU_INLINE void tile_values(float *const y[QB], const float *w, const float *
     tile_values_impl(y, w, vt, nk, Dv, true, unused);
 }
 
-/* One unit: sequence b, key/value head g, query rows [t0, t1). Its queries (G heads x the rows)
- * go through each tile QB at a time. The key tile is kt: transposed ([D][ATTN_TILE]) for the
- * blocked scores, row-major ([nk][D]) when there are few queries. */
 /* Whether mask entry j of a row is -inf (that key is out). */
 static bool masked_out(const bp_tensor *mask, const char *row, int64_t j)
 {
@@ -405,137 +402,214 @@ static int64_t mask_end(const struct attn *a, int64_t b, int64_t g, int64_t t0, 
     return last;
 }
 
-static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, int64_t t1,
-                      float *scratch)
-{
-    const bp_tensor *q = a->q, *k = a->k, *v = a->v, *mask = a->mask;
-    const int64_t D = a->D, Dv = a->Dv, G = a->G, nr = t1 - t0, nq = G * nr;
-    const int64_t kb = k->ne[3] == 1 ? 0 : b;
-    float *kt = scratch, *krow = kt + ATTN_TILE * D, *vt = krow + D;
-    float *s = vt + ATTN_TILE * Dv, *mrow = s + QB * ATTN_TILE, *M = mrow + ATTN_TILE;
-    float *S = M + nq, *acc = S + nq, *dummy = acc + nq * Dv;
-    for (int64_t qi = 0; qi < nq; qi++) {
-        M[qi] = -INFINITY;
-        S[qi] = 0.0f;
-    }
-    memset(acc, 0, (size_t)(nq * Dv) * sizeof(float));
-    /* The last key any of the unit's rows sees: causally, and where a mask ends in keys it
-     * masks out (a cache padded past the filled positions) the keys after its last open one. */
-    int64_t kv_end = a->causal ? a->KV - a->T + t1 : a->KV;
-    if (mask != NULL)
-        kv_end = mask_end(a, b, g, t0, t1, kv_end);
+/* One unit's working state: where it is in the problem, its buffers in the thread's scratch,
+ * and the choices made once for all its tiles. The helpers below copy what their loops read
+ * into locals, so a store through a float pointer never makes the compiler reload a field. */
+struct attn_unit {
+    int64_t b, g, t0, nr, nq, kb;
+    float *kt, *krow, *vt, *s, *mrow, *M, *S, *acc, *dummy;
     /* Few queries (decoding): the key tile stays row-major and each score is a dot product;
      * transposing the tile for the blocked scores would cost as much as the scores. */
-    const bool few = nq < 2 * QB;
-    /* Fewer queries than a register block (decoding without grouped heads): F16 keys and values
-     * are read in place, converted in the registers, and each query takes its own values rather
-     * than a block of QB of which most would be empty. */
-#if defined(ATTN_DIRECT_F16)
-    const bool direct_k = few && k->type == BP_TYPE_F16;
-    const bool direct_v = nq < QB && v->type == BP_TYPE_F16;
-#else
-    const bool direct_k = false, direct_v = false;
-#endif
-    const bool capped = a->softcap > 0.0f;
-    const float pre = capped ? a->scale / a->softcap : a->scale;
-    for (int64_t j0 = 0; j0 < kv_end; j0 += ATTN_TILE) {
-        const int64_t nk = kv_end - j0 < ATTN_TILE ? kv_end - j0 : ATTN_TILE;
-        const int64_t padded = (nk + KC - 1) / KC * KC;
-        for (int64_t jj = 0; jj < padded && !(direct_k && direct_v); jj++) {
-            if (jj < nk && !direct_k)
-                bp_cpu_to_float(k->type, bp_cpu_row(k, j0 + jj, g, kb), few ? kt + jj * D : krow,
-                                D);
-            if (jj < nk && !direct_v)
-                bp_cpu_to_float(v->type, bp_cpu_row(v, j0 + jj, g, kb), vt + jj * Dv, Dv);
-            for (int64_t d = 0; !few && d < D; d++)
-                kt[d * ATTN_TILE + jj] = jj < nk ? krow[d] : 0.0f;
-        }
-        for (int64_t q0 = 0; q0 < nq; q0 += QB) {
-            const float *qp[QB];
-            float *y[QB];
-            int64_t vis[QB]; /* keys of the tile each query sees; 0 for a missing query */
-            for (int r = 0; r < QB; r++) {
-                const int64_t qi = q0 + r < nq ? q0 + r : q0;
-                const int64_t hh = qi / nr, i = t0 + qi % nr;
-                qp[r] = bp_cpu_row(q, i, g * G + hh, b);
-                y[r] = q0 + r < nq ? acc + qi * Dv : dummy;
-                vis[r] = q0 + r < nq ? nk : 0;
-                if (a->causal && a->KV - a->T + i + 1 - j0 < vis[r])
-                    vis[r] = a->KV - a->T + i + 1 - j0 > 0 ? a->KV - a->T + i + 1 - j0 : 0;
-            }
-            if (vis[0] == 0 && vis[1] == 0 && vis[2] == 0 && vis[3] == 0)
-                continue;
-            if (direct_k) {
-#if defined(ATTN_DIRECT_F16)
-                for (int r = 0; r < QB; r++)
-                    for (int64_t jj = 0; jj < vis[r]; jj++)
-                        s[r * ATTN_TILE + jj] =
-                            dot_f16(qp[r], bp_cpu_row(k, j0 + jj, g, kb), D);
-#endif
-            } else if (few) {
-                for (int r = 0; r < QB; r++)
-                    for (int64_t jj = 0; jj < vis[r]; jj++)
-                        s[r * ATTN_TILE + jj] = dot(qp[r], kt + jj * D, D);
-            } else {
-                tile_scores(qp, kt, D, nk, s);
-            }
-            /* Each query's scores to weights, its running state rescaled where its maximum
-             * grows. */
-            for (int r = 0; r < QB; r++) {
-                float *sr = s + r * ATTN_TILE;
-                const int64_t qi = q0 + r;
-                float tmax = -INFINITY;
-                if (vis[r] > 0 && mask != NULL) {
-                    const int64_t i = t0 + qi % nr, h = g * G + qi / nr;
-                    bp_cpu_to_float(mask->type,
-                                    (const char *)bp_cpu_row(mask, i, h % mask->ne[2],
-                                                             b % mask->ne[3]) +
-                                        j0 * (int64_t)mask->nb[0],
-                                    mrow, vis[r]);
-                }
-                for (int64_t jj = 0; jj < vis[r]; jj++) {
-                    float x = sr[jj] * pre;
-                    if (capped)
-                        x = a->softcap * tanhf(x);
-                    if (mask != NULL) /* a masked key is out, whatever its score (even NaN) */
-                        x = mrow[jj] == -INFINITY ? -INFINITY : x + mrow[jj];
-                    sr[jj] = x;
-                    tmax = x > tmax ? x : tmax;
-                }
-                if (tmax == -INFINITY) { /* nothing visible: no weight anywhere */
-                    memset(sr, 0, (size_t)nk * sizeof(float));
-                    continue;
-                }
-                if (tmax > M[qi]) {
-                    const float c = expf(M[qi] - tmax); /* 0 the first time */
-                    S[qi] *= c;
-                    for (int64_t d = 0; d < Dv; d++)
-                        y[r][d] *= c;
-                    M[qi] = tmax;
-                }
-                for (int64_t jj = 0; jj < vis[r]; jj++)
-                    sr[jj] -= M[qi];
-                bp_cpu_exp_inplace(sr, vis[r]);
-                float sum = 0.0f;
-                for (int64_t jj = 0; jj < vis[r]; jj++)
-                    sum += sr[jj];
-                for (int64_t jj = vis[r]; jj < nk; jj++)
-                    sr[jj] = 0.0f;
-                S[qi] += sum;
-            }
-            if (direct_v) {
-#if defined(ATTN_DIRECT_F16)
-                for (int r = 0; r < QB && q0 + r < nq; r++) /* keys it does not weigh: skipped */
-                    for (int64_t jj = 0; jj < vis[r]; jj++)
-                        if (s[r * ATTN_TILE + jj] != 0.0f)
-                            axpy_f16(y[r], s[r * ATTN_TILE + jj], bp_cpu_row(v, j0 + jj, g, kb),
-                                     Dv);
-#endif
-            } else {
-                tile_values(y, s, vt, nk, Dv, mask != NULL);
-            }
-        }
+    bool few;
+    /* Fewer queries than a register block (decoding without grouped heads): F16 keys and
+     * values are read in place, converted in the registers, and each query takes its own
+     * values rather than a block of QB of which most would be empty. */
+    bool direct_k, direct_v;
+    bool capped;
+    float pre; /* the factor of a raw score: the scale, over the softcap where there is one */
+};
+
+/* Up to QB queries of the unit against one tile of keys. */
+struct attn_block {
+    int64_t q0;       /* the block's first query in the unit */
+    const float *qp[QB];
+    float *y[QB];     /* each query's weighted values (the scratch row for a missing query) */
+    int64_t vis[QB];  /* keys of the tile each query sees; 0 for a missing query */
+};
+
+/* Carves the unit's buffers out of scratch and starts every query's running state empty. */
+BP_CPU_INLINE void attn_unit_begin(const struct attn *a, struct attn_unit *u, int64_t b,
+                                   int64_t g, int64_t t0, int64_t t1, float *scratch)
+{
+    const bp_tensor *k = a->k, *v = a->v;
+    const int64_t D = a->D, Dv = a->Dv, nq = a->G * (t1 - t0);
+    u->b = b;
+    u->g = g;
+    u->t0 = t0;
+    u->nr = t1 - t0;
+    u->nq = nq;
+    u->kb = k->ne[3] == 1 ? 0 : b;
+    u->kt = scratch;
+    u->krow = u->kt + ATTN_TILE * D;
+    u->vt = u->krow + D;
+    u->s = u->vt + ATTN_TILE * Dv;
+    u->mrow = u->s + QB * ATTN_TILE;
+    u->M = u->mrow + ATTN_TILE;
+    u->S = u->M + nq;
+    u->acc = u->S + nq;
+    u->dummy = u->acc + nq * Dv;
+    for (int64_t qi = 0; qi < nq; qi++) {
+        u->M[qi] = -INFINITY;
+        u->S[qi] = 0.0f;
     }
+    memset(u->acc, 0, (size_t)(nq * Dv) * sizeof(float));
+    u->few = nq < 2 * QB;
+#if defined(ATTN_DIRECT_F16)
+    u->direct_k = u->few && k->type == BP_TYPE_F16;
+    u->direct_v = nq < QB && v->type == BP_TYPE_F16;
+#else
+    (void)v;
+    u->direct_k = false;
+    u->direct_v = false;
+#endif
+    u->capped = a->softcap > 0.0f;
+    u->pre = u->capped ? a->scale / a->softcap : a->scale;
+}
+
+/* Converts keys j0..j0+nk-1 and their values to f32 (those not read in place): keys row-major
+ * for few queries, else transposed and padded with zeros to a multiple of KC. */
+BP_CPU_INLINE void attn_load_tile(const struct attn *a, const struct attn_unit *u, int64_t j0,
+                                  int64_t nk)
+{
+    const bp_tensor *k = a->k, *v = a->v;
+    const int64_t D = a->D, Dv = a->Dv, g = u->g, kb = u->kb;
+    const bool few = u->few, direct_k = u->direct_k, direct_v = u->direct_v;
+    float *const kt = u->kt, *const krow = u->krow, *const vt = u->vt;
+    const int64_t padded = (nk + KC - 1) / KC * KC;
+    for (int64_t jj = 0; jj < padded && !(direct_k && direct_v); jj++) {
+        if (jj < nk && !direct_k)
+            bp_cpu_to_float(k->type, bp_cpu_row(k, j0 + jj, g, kb), few ? kt + jj * D : krow, D);
+        if (jj < nk && !direct_v)
+            bp_cpu_to_float(v->type, bp_cpu_row(v, j0 + jj, g, kb), vt + jj * Dv, Dv);
+        for (int64_t d = 0; !few && d < D; d++)
+            kt[d * ATTN_TILE + jj] = jj < nk ? krow[d] : 0.0f;
+    }
+}
+
+/* Fills in the block of queries q0.. against the tile of nk keys from j0; false when none of
+ * them sees any key of the tile. */
+BP_CPU_INLINE bool attn_block_begin(const struct attn *a, const struct attn_unit *u,
+                                    struct attn_block *blk, int64_t q0, int64_t j0, int64_t nk)
+{
+    const int64_t nq = u->nq, nr = u->nr;
+    blk->q0 = q0;
+    for (int r = 0; r < QB; r++) {
+        const int64_t qi = q0 + r < nq ? q0 + r : q0;
+        const int64_t hh = qi / nr, i = u->t0 + qi % nr;
+        blk->qp[r] = bp_cpu_row(a->q, i, u->g * a->G + hh, u->b);
+        blk->y[r] = q0 + r < nq ? u->acc + qi * a->Dv : u->dummy;
+        blk->vis[r] = q0 + r < nq ? nk : 0;
+        if (a->causal && a->KV - a->T + i + 1 - j0 < blk->vis[r])
+            blk->vis[r] = a->KV - a->T + i + 1 - j0 > 0 ? a->KV - a->T + i + 1 - j0 : 0;
+    }
+    return blk->vis[0] != 0 || blk->vis[1] != 0 || blk->vis[2] != 0 || blk->vis[3] != 0;
+}
+
+/* The block's raw scores, query r's in s[r * ATTN_TILE ...]. */
+BP_CPU_INLINE void attn_block_scores(const struct attn *a, const struct attn_unit *u,
+                                     const struct attn_block *blk, int64_t j0, int64_t nk)
+{
+    const int64_t D = a->D;
+    float *const s = u->s;
+    if (u->direct_k) {
+#if defined(ATTN_DIRECT_F16)
+        const bp_tensor *k = a->k;
+        const int64_t g = u->g, kb = u->kb;
+        for (int r = 0; r < QB; r++)
+            for (int64_t jj = 0; jj < blk->vis[r]; jj++)
+                s[r * ATTN_TILE + jj] = dot_f16(blk->qp[r], bp_cpu_row(k, j0 + jj, g, kb), D);
+#else
+        (void)j0;
+#endif
+    } else if (u->few) {
+        const float *const kt = u->kt;
+        for (int r = 0; r < QB; r++)
+            for (int64_t jj = 0; jj < blk->vis[r]; jj++)
+                s[r * ATTN_TILE + jj] = dot(blk->qp[r], kt + jj * D, D);
+    } else {
+        tile_scores(blk->qp, u->kt, D, nk, s);
+    }
+}
+
+/* Each query's scores to weights, its running state rescaled where its maximum grows. */
+BP_CPU_INLINE void attn_block_weights(const struct attn *a, const struct attn_unit *u,
+                                      const struct attn_block *blk, int64_t j0, int64_t nk)
+{
+    const bp_tensor *mask = a->mask;
+    const int64_t Dv = a->Dv, G = a->G, nr = u->nr, t0 = u->t0, g = u->g, b = u->b;
+    const bool capped = u->capped;
+    const float pre = u->pre, softcap = a->softcap;
+    float *const s = u->s, *const mrow = u->mrow, *const M = u->M, *const S = u->S;
+    for (int r = 0; r < QB; r++) {
+        float *sr = s + r * ATTN_TILE;
+        float *const yr = blk->y[r];
+        const int64_t qi = blk->q0 + r, vis = blk->vis[r];
+        float tmax = -INFINITY;
+        if (vis > 0 && mask != NULL) {
+            const int64_t i = t0 + qi % nr, h = g * G + qi / nr;
+            bp_cpu_to_float(mask->type,
+                            (const char *)bp_cpu_row(mask, i, h % mask->ne[2], b % mask->ne[3]) +
+                                j0 * (int64_t)mask->nb[0],
+                            mrow, vis);
+        }
+        for (int64_t jj = 0; jj < vis; jj++) {
+            float x = sr[jj] * pre;
+            if (capped)
+                x = softcap * tanhf(x);
+            if (mask != NULL) /* a masked key is out, whatever its score (even NaN) */
+                x = mrow[jj] == -INFINITY ? -INFINITY : x + mrow[jj];
+            sr[jj] = x;
+            tmax = x > tmax ? x : tmax;
+        }
+        if (tmax == -INFINITY) { /* nothing visible: no weight anywhere */
+            memset(sr, 0, (size_t)nk * sizeof(float));
+            continue;
+        }
+        if (tmax > M[qi]) {
+            const float c = expf(M[qi] - tmax); /* 0 the first time */
+            S[qi] *= c;
+            for (int64_t d = 0; d < Dv; d++)
+                yr[d] *= c;
+            M[qi] = tmax;
+        }
+        for (int64_t jj = 0; jj < vis; jj++)
+            sr[jj] -= M[qi];
+        bp_cpu_exp_inplace(sr, vis);
+        float sum = 0.0f;
+        for (int64_t jj = 0; jj < vis; jj++)
+            sum += sr[jj];
+        for (int64_t jj = vis; jj < nk; jj++)
+            sr[jj] = 0.0f;
+        S[qi] += sum;
+    }
+}
+
+/* Adds the block's weighted values of the tile to each query's running sum. */
+BP_CPU_INLINE void attn_block_values(const struct attn *a, const struct attn_unit *u,
+                                     const struct attn_block *blk, int64_t j0, int64_t nk)
+{
+    if (u->direct_v) {
+#if defined(ATTN_DIRECT_F16)
+        const bp_tensor *v = a->v;
+        const int64_t Dv = a->Dv, g = u->g, kb = u->kb, q0 = blk->q0, nq = u->nq;
+        const float *const s = u->s;
+        for (int r = 0; r < QB && q0 + r < nq; r++) /* keys it does not weigh: skipped */
+            for (int64_t jj = 0; jj < blk->vis[r]; jj++)
+                if (s[r * ATTN_TILE + jj] != 0.0f)
+                    axpy_f16(blk->y[r], s[r * ATTN_TILE + jj], bp_cpu_row(v, j0 + jj, g, kb), Dv);
+#else
+        (void)j0;
+#endif
+    } else {
+        tile_values(blk->y, u->s, u->vt, nk, a->Dv, a->mask != NULL);
+    }
+}
+
+/* Each query's weighted values over its sum of weights, into the result. */
+BP_CPU_INLINE void attn_unit_store(const struct attn *a, const struct attn_unit *u, int64_t t1)
+{
+    const int64_t G = a->G, Dv = a->Dv, nr = u->nr, t0 = u->t0, g = u->g, b = u->b;
+    const float *const S = u->S, *const acc = u->acc;
     for (int64_t hh = 0; hh < G; hh++) {
         for (int64_t i = t0; i < t1; i++) {
             const int64_t qi = hh * nr + (i - t0);
@@ -545,6 +619,34 @@ static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, in
                 out[d] = acc[qi * Dv + d] * inv;
         }
     }
+}
+
+/* One unit: sequence b, key/value head g, query rows [t0, t1). Its queries (G heads x the rows)
+ * go through each tile QB at a time. The key tile is kt: transposed ([D][ATTN_TILE]) for the
+ * blocked scores, row-major ([nk][D]) when there are few queries. */
+static void attn_unit(const struct attn *a, int64_t b, int64_t g, int64_t t0, int64_t t1,
+                      float *scratch)
+{
+    struct attn_unit u;
+    attn_unit_begin(a, &u, b, g, t0, t1, scratch);
+    /* The last key any of the unit's rows sees: causally, and where a mask ends in keys it
+     * masks out (a cache padded past the filled positions) the keys after its last open one. */
+    int64_t kv_end = a->causal ? a->KV - a->T + t1 : a->KV;
+    if (a->mask != NULL)
+        kv_end = mask_end(a, b, g, t0, t1, kv_end);
+    for (int64_t j0 = 0; j0 < kv_end; j0 += ATTN_TILE) {
+        const int64_t nk = kv_end - j0 < ATTN_TILE ? kv_end - j0 : ATTN_TILE;
+        attn_load_tile(a, &u, j0, nk);
+        for (int64_t q0 = 0; q0 < u.nq; q0 += QB) {
+            struct attn_block blk;
+            if (!attn_block_begin(a, &u, &blk, q0, j0, nk))
+                continue;
+            attn_block_scores(a, &u, &blk, j0, nk);
+            attn_block_weights(a, &u, &blk, j0, nk);
+            attn_block_values(a, &u, &blk, j0, nk);
+        }
+    }
+    attn_unit_store(a, &u, t1);
 }
 
 void bp_cpu_flash_attn(bp_tensor *dst, const struct bp_cpu_params *p)

@@ -339,12 +339,135 @@ static enum bp_status mul_mat_id(struct cuda_backend *cb, bp_tensor *d)
     return k == 0 ? BP_OK : bp_cuda_fail((cudaError_t)k, who, "placing MUL_MAT_ID products");
 }
 
-static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)
+/* Copies, row gathers and scatters, and element-wise arithmetic: launches n's kernel on the
+ * backend's stream and sets *e to the launch's status (a cudaError_t, 0 on success); false,
+ * launching nothing, when n's op is none of these. */
+static bool launch_elementwise(struct cuda_backend *cb, const bp_tensor *n, int *e)
 {
     cudaStream_t s = cb->stream;
     const bp_tensor *a = n->src[0], *b = n->src[1];
-    int e = 0;
+    switch (n->op) {
+    case BP_OP_DUP:
+    case BP_OP_CONT:
+        *e = bp_cu_copy(cu(n), cu(a), s);
+        return true;
+    case BP_OP_CPY: /* the node is the destination (b's memory) */
+        *e = bp_cu_copy(cu(n), cu(a), s);
+        return true;
+    case BP_OP_GET_ROWS:
+        *e = bp_cu_get_rows(cu(n), cu(a), cu(b), cb->err_dev, s);
+        return true;
+    case BP_OP_SET_ROWS:
+        *e = bp_cu_set_rows(cu(n), cu(b), cu(n->src[2]), cb->err_dev, s);
+        return true;
+    case BP_OP_ADD:
+        *e = bp_cu_binary(CU_ADD, cu(n), cu(a), cu(b), s);
+        return true;
+    case BP_OP_SUB:
+        *e = bp_cu_binary(CU_SUB, cu(n), cu(a), cu(b), s);
+        return true;
+    case BP_OP_MUL:
+        *e = bp_cu_binary(CU_MUL, cu(n), cu(a), cu(b), s);
+        return true;
+    case BP_OP_DIV:
+        *e = bp_cu_binary(CU_DIV, cu(n), cu(a), cu(b), s);
+        return true;
+    case BP_OP_SCALE:
+        *e = bp_cu_unary(CU_SCALE, bp_get_op_param_f32(n, 0), cu(n), cu(a), s);
+        return true;
+    case BP_OP_UNARY:
+        *e = bp_cu_unary(bp_get_op_param_i32(n, 0), 0.0f, cu(n), cu(a), s);
+        return true;
+    case BP_OP_CLAMP:
+        *e = bp_cu_unary2(CU_CLAMP, bp_get_op_param_f32(n, 0), bp_get_op_param_f32(n, 1), cu(n),
+                          cu(a), s);
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Row reductions, sorts and norms, as launch_elementwise. */
+static bool launch_rows(struct cuda_backend *cb, const bp_tensor *n, int *e)
+{
+    cudaStream_t s = cb->stream;
+    const bp_tensor *a = n->src[0];
+    switch (n->op) {
+    case BP_OP_SUM_ROWS:
+        *e = bp_cu_sum_rows(0, cu(n), cu(a), s);
+        return true;
+    case BP_OP_MEAN:
+        *e = bp_cu_sum_rows(1, cu(n), cu(a), s);
+        return true;
+    case BP_OP_ARGMAX:
+        *e = bp_cu_argmax(cu(n), cu(a), s);
+        return true;
+    case BP_OP_NORM:
+        *e = bp_cu_norm(0, bp_get_op_param_f32(n, 0), cu(n), cu(a), s);
+        return true;
+    case BP_OP_RMS_NORM:
+        *e = bp_cu_norm(1, bp_get_op_param_f32(n, 0), cu(n), cu(a), s);
+        return true;
+    case BP_OP_ARGSORT:
+    case BP_OP_TOP_K:
+        *e = bp_cu_sort_rows(n->op == BP_OP_TOP_K || bp_get_op_param_i32(n, 0) == BP_SORT_DESC,
+                             cu(n), cu(a), s);
+        return true;
+    case BP_OP_L2_NORM:
+        *e = bp_cu_norm(2, bp_get_op_param_f32(n, 0), cu(n), cu(a), s);
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Softmax, attention, rotary embedding, concatenation and gated units (the ops with optional
+ * sources or many parameters), as launch_elementwise. */
+static bool launch_composite(struct cuda_backend *cb, const bp_tensor *n, int *e)
+{
+    cudaStream_t s = cb->stream;
+    const bp_tensor *a = n->src[0], *b = n->src[1];
+    switch (n->op) {
+    case BP_OP_SOFT_MAX: {
+        struct cu_t m = b ? cu(b) : cu(a);
+        const bp_tensor *sk = n->src[2];
+        struct cu_t sc = sk ? cu(sk) : cu(a);
+        *e = bp_cu_soft_max(bp_get_op_param_f32(n, 0), cu(n), cu(a), b ? &m : NULL,
+                            sk ? &sc : NULL, s);
+        return true;
+    }
+    case BP_OP_FLASH_ATTN_EXT: {
+        const bp_tensor *mk = n->src[3];
+        struct cu_t m = mk ? cu(mk) : cu(a);
+        *e = bp_cu_flash_attn(cu(n), cu(a), cu(b), cu(n->src[2]), mk ? &m : NULL,
+                              bp_get_op_param_f32(n, 0), bp_get_op_param_f32(n, 1),
+                              (bp_get_op_param_i32(n, 2) & BP_ATTN_CAUSAL) != 0, s);
+        return true;
+    }
+    case BP_OP_ROPE:
+        *e = bp_cu_rope(cu(n), cu(a), cu(b), bp_get_op_param_i32(n, 0), bp_get_op_param_i32(n, 1),
+                        bp_get_op_param_f32(n, 2), bp_get_op_param_f32(n, 3),
+                        (struct cu_yarn){bp_get_op_param_f32(n, 4), bp_get_op_param_f32(n, 5),
+                                         bp_get_op_param_f32(n, 6), bp_get_op_param_f32(n, 7)},
+                        s);
+        return true;
+    case BP_OP_CONCAT:
+        *e = bp_cu_concat(cu(n), cu(a), cu(b), bp_get_op_param_i32(n, 0), s);
+        return true;
+    case BP_OP_GLU: {
+        struct cu_t ub = b ? cu(b) : cu(a);
+        *e = bp_cu_glu((int)bp_get_glu_op(n), cu(n), cu(a), b ? &ub : NULL, s);
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
+static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)
+{
     char desc[BP_TENSOR_DESC_SIZE];
+    int e = 0;
     switch (n->op) {
     case BP_OP_NONE:
     case BP_OP_RESHAPE:
@@ -352,103 +475,17 @@ static enum bp_status compute_node(struct cuda_backend *cb, bp_tensor *n)
     case BP_OP_PERMUTE:
     case BP_OP_TRANSPOSE:
         return BP_OK;
-    case BP_OP_DUP:
-    case BP_OP_CONT:
-        e = bp_cu_copy(cu(n), cu(a), s);
-        break;
-    case BP_OP_CPY: /* the node is the destination (b's memory) */
-        e = bp_cu_copy(cu(n), cu(a), s);
-        break;
-    case BP_OP_GET_ROWS:
-        e = bp_cu_get_rows(cu(n), cu(a), cu(b), cb->err_dev, s);
-        break;
-    case BP_OP_SET_ROWS:
-        e = bp_cu_set_rows(cu(n), cu(b), cu(n->src[2]), cb->err_dev, s);
-        break;
-    case BP_OP_ADD:
-        e = bp_cu_binary(CU_ADD, cu(n), cu(a), cu(b), s);
-        break;
-    case BP_OP_SUB:
-        e = bp_cu_binary(CU_SUB, cu(n), cu(a), cu(b), s);
-        break;
-    case BP_OP_MUL:
-        e = bp_cu_binary(CU_MUL, cu(n), cu(a), cu(b), s);
-        break;
-    case BP_OP_DIV:
-        e = bp_cu_binary(CU_DIV, cu(n), cu(a), cu(b), s);
-        break;
-    case BP_OP_SCALE:
-        e = bp_cu_unary(CU_SCALE, bp_get_op_param_f32(n, 0), cu(n), cu(a), s);
-        break;
-    case BP_OP_UNARY:
-        e = bp_cu_unary(bp_get_op_param_i32(n, 0), 0.0f, cu(n), cu(a), s);
-        break;
-    case BP_OP_SUM_ROWS:
-        e = bp_cu_sum_rows(0, cu(n), cu(a), s);
-        break;
-    case BP_OP_MEAN:
-        e = bp_cu_sum_rows(1, cu(n), cu(a), s);
-        break;
-    case BP_OP_ARGMAX:
-        e = bp_cu_argmax(cu(n), cu(a), s);
-        break;
-    case BP_OP_NORM:
-        e = bp_cu_norm(0, bp_get_op_param_f32(n, 0), cu(n), cu(a), s);
-        break;
-    case BP_OP_RMS_NORM:
-        e = bp_cu_norm(1, bp_get_op_param_f32(n, 0), cu(n), cu(a), s);
-        break;
-    case BP_OP_ARGSORT:
-    case BP_OP_TOP_K:
-        e = bp_cu_sort_rows(n->op == BP_OP_TOP_K || bp_get_op_param_i32(n, 0) == BP_SORT_DESC,
-                            cu(n), cu(a), s);
-        break;
-    case BP_OP_L2_NORM:
-        e = bp_cu_norm(2, bp_get_op_param_f32(n, 0), cu(n), cu(a), s);
-        break;
-    case BP_OP_CLAMP:
-        e = bp_cu_unary2(CU_CLAMP, bp_get_op_param_f32(n, 0), bp_get_op_param_f32(n, 1), cu(n),
-                         cu(a), s);
-        break;
-    case BP_OP_SOFT_MAX: {
-        struct cu_t m = b ? cu(b) : cu(a);
-        const bp_tensor *sk = n->src[2];
-        struct cu_t sc = sk ? cu(sk) : cu(a);
-        e = bp_cu_soft_max(bp_get_op_param_f32(n, 0), cu(n), cu(a), b ? &m : NULL,
-                           sk ? &sc : NULL, s);
-        break;
-    }
-    case BP_OP_FLASH_ATTN_EXT: {
-        const bp_tensor *mk = n->src[3];
-        struct cu_t m = mk ? cu(mk) : cu(a);
-        e = bp_cu_flash_attn(cu(n), cu(a), cu(b), cu(n->src[2]), mk ? &m : NULL,
-                             bp_get_op_param_f32(n, 0), bp_get_op_param_f32(n, 1),
-                             (bp_get_op_param_i32(n, 2) & BP_ATTN_CAUSAL) != 0, s);
-        break;
-    }
-    case BP_OP_ROPE:
-        e = bp_cu_rope(cu(n), cu(a), cu(b), bp_get_op_param_i32(n, 0), bp_get_op_param_i32(n, 1),
-                       bp_get_op_param_f32(n, 2), bp_get_op_param_f32(n, 3),
-                       (struct cu_yarn){bp_get_op_param_f32(n, 4), bp_get_op_param_f32(n, 5),
-                                        bp_get_op_param_f32(n, 6), bp_get_op_param_f32(n, 7)},
-                       s);
-        break;
-    case BP_OP_CONCAT:
-        e = bp_cu_concat(cu(n), cu(a), cu(b), bp_get_op_param_i32(n, 0), s);
-        break;
-    case BP_OP_GLU: {
-        struct cu_t ub = b ? cu(b) : cu(a);
-        e = bp_cu_glu((int)bp_get_glu_op(n), cu(n), cu(a), b ? &ub : NULL, s);
-        break;
-    }
     case BP_OP_MUL_MAT:
         return mul_mat(cb, n);
     case BP_OP_MUL_MAT_ID:
         return mul_mat_id(cb, n);
     default:
+        break;
+    }
+    if (!launch_elementwise(cb, n, &e) && !launch_rows(cb, n, &e) &&
+        !launch_composite(cb, n, &e))
         return bp_set_error(BP_ERR_UNSUPPORTED, "%s: no kernel for %s node %s", cb->cd->name,
                             bp_op_name(n->op), bp_describe_tensor(n, desc, sizeof(desc)));
-    }
     if (e != 0)
         return bp_set_error(BP_ERR_BACKEND, "%s: launching %s node %s failed: %s", cb->cd->name,
                             bp_op_name(n->op), bp_describe_tensor(n, desc, sizeof(desc)),

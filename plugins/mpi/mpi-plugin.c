@@ -374,16 +374,14 @@ static void join_device_comm(bp_comm *c)
     c->dev = d;
 }
 
-static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_status status,
-                                double timeout_s)
+/* A communicator over the n members m (1 to MAX_MEMBERS), with its buffers, before any
+ * exchange with the other ranks; status: the caller's (a rank that failed before may lack its
+ * members' backends). NULL, with the error set, when a member's rank does not exist, a
+ * member's backend does not match its rank, no member is on this rank, or memory runs out;
+ * else the caller frees it with comm_free. */
+static bp_comm *comm_new(const struct bp_comm_member *m, int n, enum bp_status status,
+                         double timeout_s)
 {
-    if (start_mpi() != BP_OK)
-        return NULL;
-    if (m == NULL || n < 1 || n > MAX_MEMBERS) {
-        bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_init_ranks: need 1 to %d members, got %s%d",
-                     MAX_MEMBERS, m == NULL ? "no member array for " : "", n);
-        return NULL;
-    }
     bp_comm *c = calloc(1, sizeof(*c));
     if (c == NULL) {
         bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_init_ranks: out of memory");
@@ -433,8 +431,15 @@ static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_s
         comm_free(c);
         return NULL;
     }
-    enum bp_status st = exchange_status(c, status, &(struct deadline){0, c->timeout});
-    if (st == BP_OK && c->n_ranks == world.size) {
+    return c;
+}
+
+/* c's MPI communicator, once the status exchange has found every member rank there, well and
+ * agreeing; on failure c->comm stays MPI_COMM_NULL. */
+static enum bp_status comm_make_mpi(bp_comm *c)
+{
+    enum bp_status st = BP_OK;
+    if (c->n_ranks == world.size) {
         /* Every rank of the program: a duplicate of MPI_COMM_WORLD, made without blocking (a
          * rank that gave up on the exchange just before cannot leave this one waiting). In
          * world order, so the communicator's ranks are the world's. */
@@ -455,7 +460,7 @@ static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_s
             MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
         else
             c->comm = MPI_COMM_NULL;
-    } else if (st == BP_OK) { /* every member rank is here: the group is made at once */
+    } else { /* every member rank is here: the group is made at once */
         MPI_Group all, sub;
         MPI_Comm_group(MPI_COMM_WORLD, &all);
         MPI_Group_incl(all, c->n_ranks, c->world_of, &sub);
@@ -467,12 +472,30 @@ static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_s
         else
             MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
     }
+    return st;
+}
+
+static bp_comm *comm_init_ranks(const struct bp_comm_member *m, int n, enum bp_status status,
+                                double timeout_s)
+{
+    if (start_mpi() != BP_OK)
+        return NULL;
+    if (m == NULL || n < 1 || n > MAX_MEMBERS) {
+        bp_set_error(BP_ERR_INVALID_ARG, "bp_comm_init_ranks: need 1 to %d members, got %s%d",
+                     MAX_MEMBERS, m == NULL ? "no member array for " : "", n);
+        return NULL;
+    }
+    bp_comm *c = comm_new(m, n, status, timeout_s);
+    if (c == NULL)
+        return NULL;
+    enum bp_status st = exchange_status(c, status, &(struct deadline){0, c->timeout});
     if (st == BP_OK)
-        join_device_comm(c);
+        st = comm_make_mpi(c);
     if (st != BP_OK) {
         comm_free(c);
         return NULL;
     }
+    join_device_comm(c);
     return c;
 }
 
@@ -864,6 +887,133 @@ static enum bp_status status_round(bp_comm *c, enum bp_status status, const bp_t
     return verdict(c, status, first, rc != -1, rc, "the exchange of the ranks' statuses");
 }
 
+/* A rank with no tensor that says how many values the others sum (st: why; status: the
+ * caller's). The exchange's steps do not depend on the count, so this rank still takes part,
+ * in the statuses alone and as a failed one: the others learn of it now instead of pairing
+ * with its next call. */
+static enum bp_status allreduce_absent(bp_comm *c, enum bp_status status, enum bp_status st)
+{
+    const enum bp_status mine = status != BP_OK ? status : st;
+    char saved[256];
+    snprintf(saved, sizeof(saved), "%s", bp_last_error());
+    c->type = 0;
+    c->count = 0;
+    c->sig = large_sig(0, 0);
+    const enum bp_status got = status_round(c, mine, NULL);
+    if (got == mine && status == BP_OK) /* (its own error, as it was) */
+        bp_set_error(mine, "%s", saved);
+    return got;
+}
+
+/* The n_local local members' count values added up into c->buf, in F32 (I32 for an integer
+ * sum). Running out of memory for the buffers is returned at once (this rank then takes no
+ * part); a member that cannot be read makes *status this rank's failure, which reaches the
+ * others with the sum. */
+static enum bp_status gather_local(bp_comm *c, bp_tensor *const *t, int n,
+                                   const bp_tensor *first, size_t count, int n_local,
+                                   enum bp_status *status)
+{
+    if (c->cap < count) {
+        float *b = realloc(c->buf, (count > 0 ? count : 1) * sizeof(float));
+        if (b == NULL)
+            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce (MPI): out of "
+                                "memory for %zu values", count);
+        c->buf = b;
+        c->cap = count;
+    }
+    float *data = c->buf;
+    memset(data, 0, count * sizeof(float));
+    const struct bp_type_traits *tr = bp_type_get_traits(first->type);
+    float *one = n_local > 1 ? malloc((count > 0 ? count : 1) * sizeof(float)) : NULL;
+    if (n_local > 1 && one == NULL)
+        return bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce (MPI): out of memory "
+                            "for %zu values", count);
+    enum bp_status st = BP_OK;
+    for (int i = 0, k = 0; i < n && st == BP_OK && *status == BP_OK; i++) {
+        if (t[i] == NULL)
+            continue;
+        float *dst = k++ == 0 ? data : one;
+        if (first->type == BP_TYPE_F32 || c->integer) { /* (4 bytes either way) */
+            st = bp_tensor_get(t[i], dst, 0, count * sizeof(float));
+        } else { /* the raw values, then widened */
+            void *raw = malloc((count > 0 ? count : 1) * bp_type_size(first->type));
+            st = raw == NULL ? bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce "
+                                            "(MPI): out of memory")
+                             : bp_tensor_get(t[i], raw, 0, bp_nbytes(t[i]));
+            if (st == BP_OK)
+                tr->to_float(raw, dst, (int64_t)count);
+            free(raw);
+        }
+        if (dst == one)
+            add_values(data, one, count, c->integer);
+    }
+    free(one);
+    if (st != BP_OK && *status == BP_OK)
+        *status = st; /* a failure here reaches the others as this rank's */
+    return BP_OK;
+}
+
+/* The ranks' count values in data summed, with their statuses. Small sums go by recursive
+ * doubling with the statuses alongside (latency is all that counts there); larger ones first
+ * exchange the statuses the same way, which tells that every rank has arrived (and that a
+ * rank whose sum is small is refused, not left waiting), and then sum with MPI's blocking
+ * all-reduce, whose algorithms for large messages are the fast ones. */
+static enum bp_status sum_ranks(bp_comm *c, enum bp_status status, const bp_tensor *first,
+                                float *data, size_t count, bool small)
+{
+    int rc = MPI_SUCCESS;
+    enum bp_status st;
+    if (small) {
+        own_status(c, status);
+        c->clean = status == BP_OK;
+        rc = small_sum(c, data, (int)count, &(struct deadline){0, c->timeout});
+        st = rc == MPI_SUCCESS && c->clean
+                 ? BP_OK
+                 : verdict(c, status, first, rc != -1, rc, "the exchange of a small sum");
+    } else {
+        st = status_round(c, status, first);
+    }
+    if (st != BP_OK || small)
+        return st;
+    /* Every rank is here, well, and sums the same (the counts and types compared exactly). A
+     * second round, also with the deadline, before MPI's blocking sum: a rank that reached the
+     * first only after another had given up on it (and so completed it alone) stops here
+     * instead of waiting in the sum forever. */
+    st = status_round(c, BP_OK, first);
+    if (st != BP_OK)
+        return st;
+    const size_t chunk = (size_t)1 << 30;
+    for (size_t off = 0; off < count && rc == MPI_SUCCESS; off += chunk)
+        rc = MPI_Allreduce(MPI_IN_PLACE, data + off,
+                           (int)(count - off < chunk ? count - off : chunk),
+                           c->integer ? MPI_INT32_T : MPI_FLOAT, MPI_SUM, c->comm);
+    if (rc != MPI_SUCCESS) {
+        c->broken = true;
+        return mpi_fail(rc, "MPI_Allreduce");
+    }
+    return BP_OK;
+}
+
+/* The sum (count values in data, F32 or I32) into every local member, in its type. */
+static enum bp_status scatter_local(const bp_comm *c, bp_tensor *const *t, int n,
+                                    const bp_tensor *first, float *data, size_t count)
+{
+    void *out = data;
+    if (first->type != BP_TYPE_F32 && !c->integer) {
+        out = malloc((count > 0 ? count : 1) * bp_type_size(first->type));
+        if (out == NULL)
+            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce (MPI): out of memory");
+        bp_type_get_traits(first->type)->from_float(data, out, (int64_t)count);
+    }
+    enum bp_status st = BP_OK;
+    for (int i = 0; i < n && st == BP_OK; i++)
+        if (t[i] != NULL)
+            st = bp_tensor_set(t[i], out, 0, bp_nbytes(t[i]));
+    if (out != data)
+        free(out);
+    return st;
+}
+
 static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
                                         enum bp_status status)
 {
@@ -886,21 +1036,8 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
             if (c->members[i].rank == world.rank)
                 first = t[i];
     }
-    if (first == NULL) {
-        /* No tensor here says how many values the others sum. The exchange's steps do not
-         * depend on the count, so this rank still takes part, in the statuses alone and as a
-         * failed one: the others learn of it now instead of pairing with its next call. */
-        const enum bp_status mine = status != BP_OK ? status : st;
-        char saved[256];
-        snprintf(saved, sizeof(saved), "%s", bp_last_error());
-        c->type = 0;
-        c->count = 0;
-        c->sig = large_sig(0, 0);
-        const enum bp_status got = status_round(c, mine, NULL);
-        if (got == mine && status == BP_OK) /* (its own error, as it was) */
-            bp_set_error(mine, "%s", saved);
-        return got;
-    }
+    if (first == NULL)
+        return allreduce_absent(c, status, st);
     if (st != BP_OK && status == BP_OK)
         status = st; /* bad tensors: this rank takes part as a failed one */
     const size_t count = (size_t)bp_nelements(first);
@@ -914,12 +1051,8 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
         st = status_round(c, status, first);
         return st != BP_OK ? st : c->dev_allreduce(c->dev, t, n);
     }
-    /* Small sums go by recursive doubling with the ranks' statuses alongside (latency is all
-     * that counts there); larger ones first exchange the statuses the same way, which tells
-     * that every rank has arrived (and that a rank whose sum is small is refused, not left
-     * waiting), and then sum with MPI's blocking all-reduce, whose algorithms for large
-     * messages are the fast ones. One local F32 member in host memory is summed in place;
-     * anything else through buf. */
+    /* One local F32 (or I32) member in host memory is summed in place; anything else through
+     * buf. */
     int n_local = 0;
     for (int i = 0; i < n; i++)
         n_local += t[i] != NULL;
@@ -929,90 +1062,15 @@ static enum bp_status allreduce_checked(bp_comm *c, bp_tensor *const *t, int n,
                           bp_buffer_is_host(first->buffer);
     float *data = in_place ? first->data : NULL;
     if (!in_place) {
-        if (c->cap < count) {
-            float *b = realloc(c->buf, (count > 0 ? count : 1) * sizeof(float));
-            if (b == NULL)
-                return bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce (MPI): out of "
-                                    "memory for %zu values", count);
-            c->buf = b;
-            c->cap = count;
-        }
-        data = c->buf;
-        memset(data, 0, count * sizeof(float));
-        const struct bp_type_traits *tr = bp_type_get_traits(first->type);
-        float *one = n_local > 1 ? malloc((count > 0 ? count : 1) * sizeof(float)) : NULL;
-        if (n_local > 1 && one == NULL)
-            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce (MPI): out of memory "
-                                "for %zu values", count);
-        for (int i = 0, k = 0; i < n && st == BP_OK && status == BP_OK; i++) {
-            if (t[i] == NULL)
-                continue;
-            float *dst = k++ == 0 ? data : one;
-            if (first->type == BP_TYPE_F32 || c->integer) { /* (4 bytes either way) */
-                st = bp_tensor_get(t[i], dst, 0, count * sizeof(float));
-            } else { /* the raw values, then widened */
-                void *raw = malloc((count > 0 ? count : 1) * bp_type_size(first->type));
-                st = raw == NULL ? bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce "
-                                                "(MPI): out of memory")
-                                 : bp_tensor_get(t[i], raw, 0, bp_nbytes(t[i]));
-                if (st == BP_OK)
-                    tr->to_float(raw, dst, (int64_t)count);
-                free(raw);
-            }
-            if (dst == one)
-                add_values(data, one, count, c->integer);
-        }
-        free(one);
-        if (st != BP_OK && status == BP_OK)
-            status = st; /* a failure here reaches the others as this rank's */
-    }
-    int rc = MPI_SUCCESS;
-    if (small) {
-        own_status(c, status);
-        c->clean = status == BP_OK;
-        rc = small_sum(c, data, (int)count, &(struct deadline){0, c->timeout});
-        st = rc == MPI_SUCCESS && c->clean
-                 ? BP_OK
-                 : verdict(c, status, first, rc != -1, rc, "the exchange of a small sum");
-    } else {
-        st = status_round(c, status, first);
-    }
-    if (st != BP_OK)
-        return st;
-    if (!small) {
-        /* Every rank is here, well, and sums the same (the counts and types compared
-         * exactly). A second round, also with the deadline, before MPI's blocking sum: a rank
-         * that reached the first only after another had given up on it (and so completed it
-         * alone) stops here instead of waiting in the sum forever. */
-        st = status_round(c, BP_OK, first);
+        st = gather_local(c, t, n, first, count, n_local, &status);
         if (st != BP_OK)
             return st;
-        const size_t chunk = (size_t)1 << 30;
-        for (size_t off = 0; off < count && rc == MPI_SUCCESS; off += chunk)
-            rc = MPI_Allreduce(MPI_IN_PLACE, data + off,
-                               (int)(count - off < chunk ? count - off : chunk),
-                               c->integer ? MPI_INT32_T : MPI_FLOAT, MPI_SUM, c->comm);
-        if (rc != MPI_SUCCESS) {
-            c->broken = true;
-            return mpi_fail(rc, "MPI_Allreduce");
-        }
+        data = c->buf;
     }
-    if (in_place)
-        return BP_OK;
-    /* The sum into every local member, in its type. */
-    void *out = data;
-    if (first->type != BP_TYPE_F32 && !c->integer) {
-        out = malloc((count > 0 ? count : 1) * bp_type_size(first->type));
-        if (out == NULL)
-            return bp_set_error(BP_ERR_OUT_OF_MEMORY, "bp_comm_allreduce (MPI): out of memory");
-        bp_type_get_traits(first->type)->from_float(data, out, (int64_t)count);
-    }
-    for (int i = 0; i < n && st == BP_OK; i++)
-        if (t[i] != NULL)
-            st = bp_tensor_set(t[i], out, 0, bp_nbytes(t[i]));
-    if (out != data)
-        free(out);
-    return st;
+    st = sum_ranks(c, status, first, data, count, small);
+    if (st != BP_OK || in_place)
+        return st;
+    return scatter_local(c, t, n, first, data, count);
 }
 
 static enum bp_status allreduce(bp_comm *c, bp_tensor *const *t, int n)
