@@ -1,5 +1,5 @@
 /* test-runtime-util.c - the runtime's internal helpers: array growth (bp__grow in mem.c) and
- * the pointer map (ptrmap.c).
+ * the pointer map (ptrmap.c), and the escaping of outside text (escape.c).
  *
  * These helpers are hidden inside the library, so this program is built from their source
  * files (and the error and log files they report through) instead of linking libbackplane. */
@@ -267,10 +267,54 @@ START_TEST(test_ptrmap_collisions)
 }
 END_TEST
 
+/* The one escaping rule: printable ASCII and well-formed UTF-8 as they are; \a..\r as C
+ * escapes; other controls, DEL, C1 controls and every byte of ill-formed UTF-8 as \xNN. */
+START_TEST(test_escape_rule)
+{
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"plain ~", "plain ~"},
+        {"a\nb\tc\r", "a\\nb\\tc\\r"},
+        {"\x1b[31mred\x7f", "\\x1b[31mred\\x7f"},
+        {"\x01\x1f", "\\x01\\x1f"},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"},
+        {"\xc2\x9b" "2J", "\\xc2\\x9b2J"},             /* a C1 CSI */
+        {"\xc2\xa0", "\xc2\xa0"},                      /* U+00A0 is a character */
+        {"\xff\xfe", "\\xff\\xfe"},                    /* never UTF-8 */
+        {"\xc0\xaf", "\\xc0\\xaf"},                    /* an overlong '/' */
+        {"\xed\xa0\x80", "\\xed\\xa0\\x80"},           /* a surrogate */
+        {"\xe2\x82", "\\xe2\\x82"},                    /* cut short */
+        {"\xe2\x82x", "\\xe2\\x82x"},
+        {"\xf4\x90\x80\x80", "\\xf4\\x90\\x80\\x80"},  /* above U+10FFFF */
+        {"\x80", "\\x80"},                             /* a stray continuation */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char out[64];
+        const size_t n = bp__escape_controls(out, sizeof(out), cases[i].in);
+        ck_assert_str_eq(out, cases[i].want);
+        ck_assert_uint_eq(n, strlen(cases[i].want));
+        ck_assert_uint_eq(bp__escaped_size(cases[i].in), strlen(cases[i].want) + 1);
+    }
+    /* Cut short: "..." after whole pieces only, never inside an escape or a character. */
+    char small[10];
+    bp__escape_controls(small, sizeof(small), "ab\x1b\x1b\x1b");
+    ck_assert_str_eq(small, "ab\\x1b...");
+    bp__escape_controls(small, sizeof(small), "abcd\xe2\x82\xac\xe2\x82\xac");
+    ck_assert_str_eq(small, "abcd...");
+    bp__escape_controls(small, sizeof(small), "abcdefghijk");
+    ck_assert_str_eq(small, "abcdef...");
+    char exact[6];
+    ck_assert_uint_eq(bp__escape_controls(exact, sizeof(exact), "a\x1b"), 5);
+    ck_assert_str_eq(exact, "a\\x1b");
+}
+END_TEST
+
 static Suite *runtime_util_suite(void)
 {
     Suite *s = suite_create("runtime-util");
     BP_TCASE(s, test_grow_keeps_contents, 10);
+    BP_TCASE(s, test_escape_rule, 10);
     BP_TCASE(s, test_grow_doubles, 10);
     BP_TCASE(s, test_grow_refuses_overflow, 10);
 #ifdef BP_FAULT_INJECTION
