@@ -53,10 +53,10 @@ typedef bp_device *(*bp_meta_device_new_fn)(bp_device *const *devices, int n,
 
 /* The "bp_meta_device_by_name" proc address: the meta device a "Meta(A,B,...)" name describes
  * (as bp_backend_init_by_name reads it) with the split policy (split, user_data), keyed as
- * bp_meta_device_new keys devices. The way to give a policy to a device with parts on other processes ("DEVICE@RANK",
- * the distributed guide): every rank calls it with the same name and policy. A rank that fails
- * here (its device missing) tells the others when they make the device's backend, where they
- * then fail too. */
+ * bp_meta_device_new keys devices. The way to give a policy to a device with parts on other
+ * processes ("DEVICE@RANK", the distributed guide): every rank calls it with the same name and
+ * policy. A rank that fails here (its device missing) tells the others when they make the
+ * device's backend, where they then fail too. */
 typedef bp_device *(*bp_meta_device_by_name_fn)(const char *name, bp_meta_split_fn split,
                                                 void *user_data);
 
