@@ -1,5 +1,6 @@
 /* test-runtime-util.c - the runtime's internal helpers: array growth (bp__grow in mem.c) and
- * the pointer map (ptrmap.c), and the escaping of outside text (escape.c).
+ * the pointer map (ptrmap.c), the escaping of outside text (escape.c) and the description of
+ * tensors by their place in a graph (bp__describe_in, tensor.c).
  *
  * These helpers are hidden inside the library, so this program is built from their source
  * files (and the error and log files they report through) instead of linking libbackplane. */
@@ -310,11 +311,35 @@ START_TEST(test_escape_rule)
 }
 END_TEST
 
+/* Unnamed tensors are named by their place in the graph: "#index (op)" for a node, "leaf #index"
+ * for a leaf; a named one, or one outside the graph, as bp__describe says. */
+START_TEST(test_describe_in_graph)
+{
+    bp_context *ctx = bp_context_new(8);
+    bp_tensor *a = bp_new_tensor_2d(ctx, BP_TYPE_F32, 4, 3);
+    bp_tensor *b = bp_set_name(bp_new_tensor_2d(ctx, BP_TYPE_F32, 4, 3), "b");
+    bp_tensor *sum = bp_add(ctx, a, b);
+    bp_tensor *out = bp_neg(ctx, sum);
+    bp_tensor *stray = bp_new_tensor_1d(ctx, BP_TYPE_I32, 2);
+    bp_graph *g = bp_graph_new(8);
+    ck_assert_int_eq(bp_graph_build_forward(g, out), BP_OK);
+    ck_assert_str_eq(bp__describe_in(g, sum).s, "#0 (ADD) f32 [4, 3, 1, 1]");
+    ck_assert_str_eq(bp__describe_in(g, out).s, "#1 (NEG) f32 [4, 3, 1, 1]");
+    ck_assert_str_eq(bp__describe_in(g, a).s, "leaf #0 f32 [4, 3, 1, 1]");
+    ck_assert_str_eq(bp__describe_in(g, b).s, "'b' f32 [4, 3, 1, 1]");
+    ck_assert_str_eq(bp__describe_in(g, stray).s, "unnamed i32 [2, 1, 1, 1]");
+    ck_assert_str_eq(bp__describe_in(NULL, sum).s, "unnamed ADD result f32 [4, 3, 1, 1]");
+    bp_graph_free(g);
+    bp_context_free(ctx);
+}
+END_TEST
+
 static Suite *runtime_util_suite(void)
 {
     Suite *s = suite_create("runtime-util");
     BP_TCASE(s, test_grow_keeps_contents, 10);
     BP_TCASE(s, test_escape_rule, 10);
+    BP_TCASE(s, test_describe_in_graph, 10);
     BP_TCASE(s, test_grow_doubles, 10);
     BP_TCASE(s, test_grow_refuses_overflow, 10);
 #ifdef BP_FAULT_INJECTION
