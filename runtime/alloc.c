@@ -404,25 +404,31 @@ static bool plan_inplace(bp_gallocr *ga, struct tinfo *ti, const bp_tensor *node
     return false;
 }
 
+/* The buffer type id given for tensor t (node or leaf i): an index into the allocator's
+ * buffer types. The message says which tensor and what the index means; -1 is what a caller
+ * that has not placed a tensor anywhere passes. */
+static enum bp_status bad_id(const bp_gallocr *ga, const char *what, int i, const bp_tensor *t,
+                             int id)
+{
+    if (id < 0)
+        return bp__error(BP_ERR_INVALID_ARG, "graph allocator: %s %d, %s, is placed in no buffer "
+                         "type (its index is %d; the allocator's buffer types are numbered 0 "
+                         "to %d)", what, i, bp__describe(t).s, id, ga->n_bufts - 1);
+    return bp__error(BP_ERR_INVALID_ARG, "graph allocator: %s %d, %s, is placed in buffer type "
+                     "%d, but the allocator has %d buffer type%s (0 to %d)", what, i,
+                     bp__describe(t).s, id, ga->n_bufts, BP_PLURAL(ga->n_bufts),
+                     ga->n_bufts - 1);
+}
+
 static enum bp_status check_ids(const bp_gallocr *ga, const bp_graph *g, const int *node_ids,
                                 const int *leaf_ids)
 {
-    for (int i = 0; node_ids && i < bp_graph_get_n_nodes(g); i++) {
+    for (int i = 0; node_ids && i < bp_graph_get_n_nodes(g); i++)
         if (node_ids[i] < 0 || node_ids[i] >= ga->n_bufts)
-            return bp__error(BP_ERR_INVALID_ARG,
-                             "graph allocator: node %d %s has buffer type id %d, but the "
-                             "allocator has %d buffer type%s",
-                             i, bp__describe(bp_graph_get_node(g, i)).s, node_ids[i], ga->n_bufts,
-                             BP_PLURAL(ga->n_bufts));
-    }
-    for (int i = 0; leaf_ids && i < bp_graph_get_n_leafs(g); i++) {
+            return bad_id(ga, "node", i, bp_graph_get_node(g, i), node_ids[i]);
+    for (int i = 0; leaf_ids && i < bp_graph_get_n_leafs(g); i++)
         if (leaf_ids[i] < 0 || leaf_ids[i] >= ga->n_bufts)
-            return bp__error(BP_ERR_INVALID_ARG,
-                             "graph allocator: leaf %d %s has buffer type id %d, but the "
-                             "allocator has %d buffer type%s",
-                             i, bp__describe(bp_graph_get_leaf(g, i)).s, leaf_ids[i], ga->n_bufts,
-                             BP_PLURAL(ga->n_bufts));
-    }
+            return bad_id(ga, "leaf", i, bp_graph_get_leaf(g, i), leaf_ids[i]);
     return BP_OK;
 }
 

@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <sys/types.h>
+#include "escape.h"
 
 /* Broken internal invariant: print where and abort. Never for anything a user controls. */
 #define BP_ASSERT(cond)                                                                        \
@@ -25,11 +26,8 @@ void bp__assert_fail(const char *file, int line, const char *cond) __attribute__
 enum bp_status bp__error(enum bp_status status, const char *fmt, ...) BP_PRINTF(2, 3);
 enum bp_status bp__verror(enum bp_status status, const char *fmt, va_list ap);
 
-/* Copies src into dst (size bytes) with control characters written as C escapes ("\n",
- * "\x1b"), so text from users and files stays one printable line; a copy that does not fit ends
- * in "...". Returns the length written. */
-size_t bp__escape_controls(char *dst, size_t size, const char *src);
-/* The same into a new allocation of the right size (bp__free it); NULL when out of memory. */
+/* src escaped by bp__escape_controls (escape.h) into a new allocation of the right size
+ * (bp__free it); NULL when out of memory. */
 char *bp__escape_dup(const char *src, const char *what);
 
 /* The library's one allocation path, so out-of-memory handling can be exercised by tests.
@@ -116,7 +114,8 @@ struct bp__expert_caches *bp__expert_caches_new(void);
 void bp__expert_caches_free(struct bp__expert_caches *ec);
 void bp__expert_caches_clear(struct bp__expert_caches *ec); /* every cache emptied and freed */
 /* ... copying into copy on backend b, through ec's cache of `slots` experts for src there when
- * slots > 0, counting into *stats. With a cache that can hold every used expert, the products
+ * slots > 0, counting into *stats. ug, the user's graph (NULL: unknown), names unnamed tensors
+ * in messages (bp__describe_in). With a cache that can hold every used expert, the products
  * read them in place there instead: swaps[] (room for 2 * 16) then lists the sources to give
  * them for this compute (the caller swaps them and puts them back after). */
 struct bp__expert_swap {
@@ -125,14 +124,16 @@ struct bp__expert_swap {
     bp_tensor *to;
 };
 enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backends, int b,
-                                      const bp_graph *sg, bp_tensor *src, bp_tensor *copy,
+                                      const bp_graph *ug, const bp_graph *sg, bp_tensor *src,
+                                      bp_tensor *copy,
                                       struct bp__expert_caches *ec, int slots,
                                       struct bp_sched_expert_stats *stats,
                                       struct bp__expert_swap *swaps, int *n_swaps);
 /* Queues, for ec's copy thread, the experts of src that ids (known now) names and that the
- * cache of src on backend b lacks, into its least recently used slots. */
+ * cache of src on backend b lacks, into its least recently used slots (ug: as above). */
 enum bp_status bp__sched_prefetch_experts(bp_backend *const *backends, int b,
-                                          const bp_tensor *src, const bp_tensor *ids,
+                                          const bp_graph *ug, const bp_tensor *src,
+                                          const bp_tensor *ids,
                                           struct bp__expert_caches *ec, int slots,
                                           struct bp_sched_expert_stats *stats);
 /* Waits for the copy thread's jobs under way and drops those not started, adding the wait and
@@ -177,4 +178,7 @@ struct bp__tdesc {
     char s[BP_TENSOR_DESC_SIZE];
 };
 struct bp__tdesc bp__describe(const bp_tensor *t);
+/* The same, for a tensor of graph g (NULL: bp__describe): an unnamed one is named by its place
+ * in g, "#12 (MUL_MAT) f32 [64, 8, 1, 1]" for node 12, "leaf #3 f32 [...]" for a leaf. */
+struct bp__tdesc bp__describe_in(const bp_graph *g, const bp_tensor *t);
 #endif

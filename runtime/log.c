@@ -36,8 +36,10 @@ static void log_level_from_env(void)
         atomic_store(&log_level, BP_LOG_WARN);
         return;
     }
+    char shown[64]; /* a user's value: escaped, and cut short with "..." past this */
+    bp__escape_controls(shown, sizeof(shown), env);
     fprintf(stderr, "backplane: ignoring BP_LOG_LEVEL='%s': expected debug, info, warn, error, "
-                    "none or 0-4\n", env);
+                    "none or 0-4\n", shown);
 }
 
 void bp_log_set_level(enum bp_log_level level)

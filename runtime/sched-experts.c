@@ -54,7 +54,7 @@ static enum bp_status copy_range(const bp_tensor *src, bp_tensor *copy, size_t o
     void *tmp = malloc(size);
     if (tmp == NULL)
         return bp__error(BP_ERR_OUT_OF_MEMORY, "scheduler: out of memory staging %zu bytes of "
-                         "experts of %s", size, src->name);
+                         "experts of %s", size, bp__describe(src).s);
     enum bp_status st = bp_tensor_get(src, tmp, off, size);
     if (st == BP_OK)
         st = bp_tensor_set(copy, tmp, off, size);
@@ -263,8 +263,8 @@ static size_t pad_of(const bp_tensor *src)
 
 /* The cache of src on backend b with `slots` slots, made on first use; NULL when it cannot be
  * had (no memory for it on the device: the experts are then copied from the source). */
-static struct expert_cache *cache_of(struct bp__expert_caches *ec, const bp_tensor *src, int b,
-                                     bp_backend *be, int slots)
+static struct expert_cache *cache_of(struct bp__expert_caches *ec, const bp_graph *ug,
+                                     const bp_tensor *src, int b, bp_backend *be, int slots)
 {
     if (slots > src->ne[2]) /* more slots than experts hold nothing more */
         slots = (int)src->ne[2];
@@ -293,7 +293,7 @@ static struct expert_cache *cache_of(struct bp__expert_caches *ec, const bp_tens
     if (bp_device_get_type(bp_backend_get_device(be)) == BP_DEVICE_TYPE_META) {
         /* A meta device stores each tensor split by its rule; slots have none. */
         bp_log(BP_LOG_INFO, "scheduler: no expert cache on the meta device %s; the experts of "
-               "%s are copied from their source", bp_backend_get_name(be), src->name);
+               "%s are copied from their source", bp_backend_get_name(be), bp__describe_in(ug, src).s);
         return NULL;
     }
     /* The slots, then rows covering the padding a kernel may read past the last one; cleared,
@@ -316,7 +316,8 @@ static struct expert_cache *cache_of(struct bp__expert_caches *ec, const bp_tens
          * failure is said once, not at every compute (the entry stays, without a buffer). */
         bp_log(BP_LOG_WARN, "scheduler: no expert cache of %d slots (%zu bytes) for %s on %s: "
                "%s; its experts are copied from their source", slots,
-               (size_t)slots * src->nb[2], src->name, bp_backend_get_name(be), bp_last_error());
+               (size_t)slots * src->nb[2], bp__describe_in(ug, src).s, bp_backend_get_name(be),
+               bp_last_error());
         bp_clear_error();
         bp_buffer_free(c->buf);
         c->buf = NULL;
@@ -503,7 +504,7 @@ static enum bp_status fill_slot(struct bp__expert_caches *ec, struct expert_cach
     void *tmp = malloc(stride);
     if (tmp == NULL)
         return bp__error(BP_ERR_OUT_OF_MEMORY, "scheduler: out of memory staging an expert of "
-                         "%s", src->name);
+                         "%s", bp__describe(src).s);
     enum bp_status st = bp_tensor_get(src, tmp, (size_t)e * stride, stride);
     if (st == BP_OK) {
         pthread_mutex_lock(&ec->buf_lock);
@@ -594,7 +595,8 @@ static enum bp_status read_in_place(struct bp__expert_caches *ec, struct expert_
 }
 
 enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backends, int b,
-                                      const bp_graph *sg, bp_tensor *src, bp_tensor *copy,
+                                      const bp_graph *ug, const bp_graph *sg, bp_tensor *src,
+                                      bp_tensor *copy,
                                       struct bp__expert_caches *ec, int slots,
                                       struct bp_sched_expert_stats *stats,
                                       struct bp__expert_swap *swaps, int *n_swaps)
@@ -615,7 +617,7 @@ enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backend
     bool *used = calloc((size_t)n_expert, sizeof(bool));
     if (used == NULL)
         return bp__error(BP_ERR_OUT_OF_MEMORY, "scheduler: out of memory for the experts of %s",
-                         src->name);
+                         bp__describe_in(ug, src).s);
     /* The ids' values: the experts used, and whether all are in range (then the products can
      * read them in place from a cache; an id out of range is left to the product to report). */
     enum bp_status st = BP_OK;
@@ -631,7 +633,7 @@ enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backend
         }
         if ((vals[u] = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t))) == NULL) {
             st = bp__error(BP_ERR_OUT_OF_MEMORY, "scheduler: out of memory reading the expert "
-                           "ids %s", ids->name);
+                           "ids %s", bp__describe_in(ug, ids).s);
             break;
         }
         st = bp_tensor_get(ids, vals[u], 0, (size_t)n * sizeof(int32_t));
@@ -643,7 +645,7 @@ enum bp_status bp__sched_copy_experts(bp_backend *const *backends, int n_backend
         }
     }
     struct expert_cache *c =
-        slots > 0 && ec != NULL && st == BP_OK ? cache_of(ec, src, b, backends[b], slots) : NULL;
+        slots > 0 && ec != NULL && st == BP_OK ? cache_of(ec, ug, src, b, backends[b], slots) : NULL;
     if (c != NULL) /* c's wrong predictions are dropped; nothing else writes c after this */
         quiesce(ec, c, used, stats);
     const uint64_t now = ec != NULL ? ++ec->clock : 0;
@@ -728,7 +730,7 @@ static enum bp_status load_slot(struct bp__expert_caches *ec, const struct prefe
         void *tmp = staging(ec, stride, j->staging_type);
         if (tmp == NULL)
             return bp__error(BP_ERR_OUT_OF_MEMORY, "scheduler: no staging memory for "
-                             "prefetching %s", src->name);
+                             "prefetching %s", bp__describe(src).s);
         enum bp_status st = bp_tensor_get(src, tmp, (size_t)j->e * stride, stride);
         if (st != BP_OK)
             return st;
@@ -793,25 +795,27 @@ static bool thread_running(struct bp__expert_caches *ec)
 }
 
 enum bp_status bp__sched_prefetch_experts(bp_backend *const *backends, int b,
-                                          const bp_tensor *src, const bp_tensor *ids,
+                                          const bp_graph *ug, const bp_tensor *src,
+                                          const bp_tensor *ids,
                                           struct bp__expert_caches *ec, int slots,
                                           struct bp_sched_expert_stats *stats)
 {
     const int64_t n_expert = src->ne[2];
     if (ids->type != BP_TYPE_I32 || !bp_is_contiguous(ids))
         return BP_OK; /* (a tensor other than the prediction at its address: nothing to do) */
-    struct expert_cache *c = cache_of(ec, src, b, backends[b], slots);
+    struct expert_cache *c = cache_of(ec, ug, src, b, backends[b], slots);
     if (c == NULL || !thread_running(ec))
         return BP_OK; /* nothing to fill: the experts are copied when used */
     bool *want = calloc((size_t)n_expert, sizeof(bool));
     if (want == NULL)
         return bp__error(BP_ERR_OUT_OF_MEMORY, "scheduler: out of memory for the predicted "
-                         "experts of %s", src->name);
+                         "experts of %s", bp__describe_in(ug, src).s);
     /* The ids in their order (most likely first, when they come from a top-k) */
     const int64_t n = bp_nelements(ids);
     int32_t *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     enum bp_status st = v == NULL ? bp__error(BP_ERR_OUT_OF_MEMORY, "scheduler: out of memory "
-                                              "reading the expert ids %s", ids->name)
+                                              "reading the expert ids %s",
+                                              bp__describe_in(ug, ids).s)
                                   : bp_tensor_get(ids, v, 0, (size_t)n * sizeof(int32_t));
     for (int64_t i = 0; i < n && st == BP_OK; i++)
         if (v[i] >= 0 && v[i] < n_expert)

@@ -122,13 +122,11 @@ enum bp_status bp_sched_predict_experts(bp_sched *s, const bp_tensor *experts,
                          "experts must not be NULL");
     if (ids != NULL && (ids->type != BP_TYPE_I32 || !bp_is_contiguous(ids)))
         return bp__error(BP_ERR_INVALID_ARG, "bp_sched_predict_experts: the ids %s are %s%s; a "
-                         "prediction takes contiguous I32 expert ids", ids->name,
+                         "prediction takes contiguous I32 expert ids", bp__describe(ids).s,
                          bp_is_contiguous(ids) ? "" : "a non-contiguous ", bp_type_name(ids->type));
     if (experts->ne[2] < 2 || experts->ne[3] != 1)
-        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_predict_experts: %s [%lld, %lld, %lld, "
-                         "%lld] is not a stack of experts [K, M, n_expert]", experts->name,
-                         (long long)experts->ne[0], (long long)experts->ne[1],
-                         (long long)experts->ne[2], (long long)experts->ne[3]);
+        return bp__error(BP_ERR_INVALID_ARG, "bp_sched_predict_experts: %s is not a stack of "
+                         "experts [K, M, n_expert, 1]", bp__describe(experts).s);
     if (!bp__sched_enter(s, __func__))
         return BP_ERR_BUSY;
     int i = 0;

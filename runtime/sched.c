@@ -899,6 +899,18 @@ static int alloc_nodes(bp_sched *s, bp_graph *g)
         struct split *sp = &s->splits[i];
         for (int j = 0; j < sp->n_inputs; j++) {
             bp_tensor *in = sp->inputs[j];
+            if (info(s, in)->backend < 0) {
+                /* Said in the graph's terms, not as the allocator's complaint about the
+                 * buffer type of the view that keeps the input alive. */
+                const bp_buffer *own = buffer_of(s, in);
+                bp__error(BP_ERR_UNSUPPORTED, "scheduler: %s, an input of the part of the "
+                          "graph that runs on %s, is held by none of the scheduler's backends "
+                          "(its memory: %s); give the scheduler a backend that can use that "
+                          "memory, or copy the tensor where one can", bp__describe(in).s,
+                          bp_backend_get_name(s->backends[sp->backend]),
+                          own != NULL ? bp_buffer_type_get_name(own->buft) : "none yet");
+                return -1;
+            }
             bp_tensor *dep = bp__view_of(s->ctx, in, "scheduler input dependency");
             if (dep == NULL)
                 return -1;
@@ -1213,7 +1225,8 @@ static enum bp_status prefetch(bp_sched *s, struct split *sp, bool synced)
                 return st;
             waited[wait_for[w]] = true;
         }
-        if (bp__sched_prefetch_experts(s->backends, s->splits[pr->user].backend, pr->experts,
+        if (bp__sched_prefetch_experts(s->backends, s->splits[pr->user].backend, s->kept,
+                                       pr->experts,
                                        pr->ids, s->expert_caches, s->expert_slots,
                                        &s->expert_stats) != BP_OK)
             bp_clear_error(); /* (out of memory: that prediction is not loaded ahead) */
@@ -1279,7 +1292,7 @@ static enum bp_status copy_inputs(bp_sched *s, struct split *sp)
         struct bp__expert_swap swaps[32];
         int n_swaps = 0;
         enum bp_status st = bp__sched_copy_experts(
-            s->backends, s->n_backends, sp->backend, graph_of(s, sp), src,
+            s->backends, s->n_backends, sp->backend, s->kept, graph_of(s, sp), src,
             copy_for(s, src, sp->backend), s->expert_caches, s->expert_slots, &s->expert_stats,
             swaps, &n_swaps);
         /* The products read the experts in place in a cache: given its slots and mapped ids

@@ -53,51 +53,9 @@ const char *bp_strerror(enum bp_status status)
     return "unknown status";
 }
 
-size_t bp__escape_controls(char *dst, size_t size, const char *src)
-{
-    static const char letters[] = "abtnvfr"; /* \a (7) .. \r (13) */
-    size_t o = 0;
-    bool cut = false;
-    for (const unsigned char *p = (const unsigned char *)src; *p != '\0'; p++) {
-        char esc[5];
-        size_t len;
-        if (*p >= 7 && *p <= 13) {
-            esc[0] = '\\';
-            esc[1] = letters[*p - 7];
-            len = 2;
-        } else if (*p < 0x20 || *p == 0x7f) {
-            snprintf(esc, sizeof(esc), "\\x%02x", *p);
-            len = 4;
-        } else {
-            esc[0] = (char)*p;
-            len = 1;
-        }
-        if (o + len + 1 > size) {
-            cut = true;
-            break;
-        }
-        memcpy(dst + o, esc, len);
-        o += len;
-    }
-    if (size > 0)
-        dst[o] = '\0';
-    if (cut && size >= 4)
-        memcpy(dst + (o > size - 4 ? size - 4 : o), "...", 4);
-    return o;
-}
-
-/* Bytes bp__escape_controls needs for all of src, its NUL included. */
-static size_t escaped_size(const char *src)
-{
-    size_t n = 1;
-    for (const unsigned char *p = (const unsigned char *)src; *p != '\0'; p++)
-        n += *p >= 7 && *p <= 13 ? 2 : *p < 0x20 || *p == 0x7f ? 4 : 1;
-    return n;
-}
-
 char *bp__escape_dup(const char *src, const char *what)
 {
-    size_t need = escaped_size(src);
+    size_t need = bp__escaped_size(src);
     char *dst = bp__malloc(need, what);
     if (dst != NULL)
         bp__escape_controls(dst, need, src);
@@ -107,7 +65,7 @@ char *bp__escape_dup(const char *src, const char *what)
 /* Makes raw (already formatted) the thread's message, escaped. */
 static void store_message(const char *raw)
 {
-    size_t need = escaped_size(raw);
+    size_t need = bp__escaped_size(raw);
     if (need > sizeof(tls_error) && need > tls_heap_size) {
         pthread_once(&heap_key_once, make_heap_key);
         char *grown = realloc(tls_heap, need);

@@ -360,6 +360,13 @@ const char *bp_format_shape(const bp_tensor *t, char *buf, size_t size)
     return buf;
 }
 
+static const char *op_label(const bp_tensor *t)
+{
+    return t->op == BP_OP_UNARY ? bp_unary_op_name((enum bp_unary_op)t->op_params[0])
+           : t->op == BP_OP_GLU ? bp_glu_op_name((enum bp_glu_op)t->op_params[0])
+                                : bp_op_name(t->op);
+}
+
 const char *bp_describe_tensor(const bp_tensor *t, char *buf, size_t size)
 {
     if (buf == NULL || size == 0)
@@ -375,11 +382,7 @@ const char *bp_describe_tensor(const bp_tensor *t, char *buf, size_t size)
     else if (t->op == BP_OP_NONE)
         snprintf(buf, size, "unnamed %s %s", bp_type_name(t->type), shape);
     else
-        snprintf(buf, size, "unnamed %s result %s %s",
-                 t->op == BP_OP_UNARY ? bp_unary_op_name((enum bp_unary_op)t->op_params[0])
-                 : t->op == BP_OP_GLU ? bp_glu_op_name((enum bp_glu_op)t->op_params[0])
-                                      : bp_op_name(t->op),
-                 bp_type_name(t->type), shape);
+        snprintf(buf, size, "unnamed %s result %s %s", op_label(t), bp_type_name(t->type), shape);
     return buf;
 }
 
@@ -388,6 +391,27 @@ struct bp__tdesc bp__describe(const bp_tensor *t)
     struct bp__tdesc d;
     bp_describe_tensor(t, d.s, sizeof(d.s));
     return d;
+}
+
+struct bp__tdesc bp__describe_in(const bp_graph *g, const bp_tensor *t)
+{
+    if (g == NULL || t == NULL || t->name[0] != '\0')
+        return bp__describe(t);
+    struct bp__tdesc d;
+    char shape[96];
+    bp_format_shape(t, shape, sizeof(shape));
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++)
+        if (bp_graph_get_node(g, i) == t) {
+            snprintf(d.s, sizeof(d.s), "#%d (%s) %s %s", i, op_label(t), bp_type_name(t->type),
+                     shape);
+            return d;
+        }
+    for (int i = 0; i < bp_graph_get_n_leafs(g); i++)
+        if (bp_graph_get_leaf(g, i) == t) {
+            snprintf(d.s, sizeof(d.s), "leaf #%d %s %s", i, bp_type_name(t->type), shape);
+            return d;
+        }
+    return bp__describe(t);
 }
 
 #define N_OP_PARAMS ((int)(BP_MAX_OP_PARAMS / sizeof(int32_t)))

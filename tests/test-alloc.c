@@ -272,7 +272,13 @@ START_TEST(test_gallocr_errors)
     bp_graph_build_forward(g, bp_neg(ctx, x));
     int bad[1] = {3};
     ck_assert_int_eq(bp_gallocr_alloc_graph(ga, g, bad, NULL), BP_ERR_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(bp_last_error(), "buffer type id 3"));
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "is placed in buffer type 3, but the allocator "
+                                 "has 1 buffer type (0 to 0)"));
+    bad[0] = -1;
+    ck_assert_int_eq(bp_gallocr_alloc_graph(ga, g, bad, NULL), BP_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "node 0, unnamed NEG result f32 [4, 1, 1, 1], "
+                                 "is placed in no buffer type"));
+    ck_assert_ptr_null(strstr(bp_last_error(), "buffer type id"));
     ck_assert_int_eq(bp_gallocr_reserve(ga, g, NULL, bad), BP_ERR_INVALID_ARG);
     ck_assert_int_eq(bp_gallocr_reserve(NULL, g, NULL, NULL), BP_ERR_INVALID_ARG);
     /* A graph view whose sources lie outside it and have no memory. */

@@ -21,6 +21,13 @@ void test_device_set_op_subset(bool on)
     op_subset = on;
 }
 
+static int declined_op = -1;
+
+void test_device_set_declined_op(int op)
+{
+    declined_op = op;
+}
+
 #define MAX_DEVICES 4
 
 struct accel;
@@ -451,6 +458,8 @@ static bp_buffer_type *dev_host_buft(bp_device *dev)
 static bool dev_supports_op(bp_device *dev, const bp_tensor *op)
 {
     (void)dev;
+    if ((int)op->op == declined_op)
+        return false;
     if (!op_subset)
         return op->op != BP_OP_ROPE; /* one op it says no to */
     switch (op->op) {

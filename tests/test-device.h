@@ -41,6 +41,10 @@ void test_device_set_host_buffer(bool on);
  * the registry's proc address "test_device_fail_host_buffers", for tests that load the plugin. */
 int test_device_fail_host_buffers(int n);
 
+/* Makes the devices of this process decline op (an enum bp_op; -1: none) in supports_op, like a
+ * device without that kernel. */
+void test_device_set_declined_op(int op);
+
 /* Makes the devices of this process compute op (an enum bp_op; -1: none) wrongly: the first
  * element of every F32 result of it is off by 1, as a broken kernel would be. */
 void test_device_set_wrong_op(int op);

@@ -597,33 +597,84 @@ static size_t devices_named(const char *name)
     return n;
 }
 
-/* One set of parts makes one meta device, whichever way it is asked for: by name, or with
- * bp_meta_device_new with no policy or the same one; another policy is refused. */
-START_TEST(test_one_device_per_name)
+/* Counts the weights it is asked about (user: an int); keeps the default policy. */
+static bool counting(const bp_tensor *w, int n, struct bp_meta_split *out, void *user)
+{
+    (void)w;
+    (void)n;
+    (void)out;
+    (*(int *)user)++;
+    return false;
+}
+
+/* Writes one weight through a buffer of d; the weight is asked about when it is first written. */
+static void write_weight(bp_device *d)
+{
+    bp_context *c = bp_context_new(1);
+    bp_tensor *w = bp_new_tensor_2d(c, BP_TYPE_F32, 32, 8);
+    bp_buffer *b = bp_alloc_ctx_tensors(c, bp_device_get_buffer_type(d));
+    ck_assert_msg(b != NULL, "%s", bp_last_error());
+    bp_buffer_set_usage(b, BP_BUFFER_USAGE_WEIGHTS);
+    static const float zeros[32 * 8];
+    ck_assert_int_eq(bp_tensor_set(w, zeros, 0, sizeof(zeros)), BP_OK);
+    bp_buffer_free(b);
+    bp_context_free(c);
+}
+
+/* Meta devices are keyed by (parts in order, callback, user data), as ggml keys them: the same
+ * key gives the same device, whichever way it is asked for; another callback or user data gives
+ * another device over the same parts, of the same name, with its own policy. No callback is the
+ * default policy, the one names make. */
+START_TEST(test_one_device_per_policy)
 {
     bp_device *parts[2] = {bp_device_by_name("CPU0"), bp_device_by_name("CPU1")};
-    static int mode0 = 0, mode1 = 1;
-    bp_device *d = bp_meta_device_new(parts, 2, uneven, &mode0);
+    static int count0 = 0, count1 = 0;
+    bp_device *d = bp_meta_device_new(parts, 2, counting, &count0);
     ck_assert_msg(d != NULL, "%s", bp_last_error());
-    ck_assert_ptr_eq(bp_meta_device_new(parts, 2, uneven, &mode0), d);
-    ck_assert_ptr_eq(bp_meta_device_new(parts, 2, NULL, NULL), d);
+    ck_assert_ptr_eq(bp_meta_device_new(parts, 2, counting, &count0), d);
+    bp_device *dflt = bp_meta_device_new(parts, 2, NULL, NULL);
+    ck_assert_msg(dflt != NULL, "%s", bp_last_error());
+    ck_assert_ptr_ne(dflt, d);
+    static int ignored;
+    ck_assert_ptr_eq(bp_meta_device_new(parts, 2, NULL, &ignored), dflt); /* no callback */
     bp_backend *m = meta_by_name("META(cpu0, cpu1)");
-    ck_assert_ptr_eq(bp_backend_get_device(m), d);
+    ck_assert_ptr_eq(bp_backend_get_device(m), dflt);
     bp_backend_free(m);
-    ck_assert_rejected(bp_meta_device_new(parts, 2, uneven, &mode1), BP_ERR_INVALID_ARG,
-                       "'Meta(CPU0,CPU1)' already exists with another split policy");
-    ck_assert_rejected(bp_meta_device_new(parts, 2, megatron, NULL), BP_ERR_INVALID_ARG,
-                       "already exists");
-    ck_assert_uint_eq(devices_named("Meta(CPU0,CPU1)"), 1);
+    bp_device *other_user = bp_meta_device_new(parts, 2, counting, &count1);
+    bp_device *other_fn = bp_meta_device_new(parts, 2, megatron, &count0);
+    ck_assert_msg(other_user != NULL && other_fn != NULL, "%s", bp_last_error());
+    ck_assert_ptr_ne(other_user, d);
+    ck_assert_ptr_ne(other_user, dflt);
+    ck_assert_ptr_ne(other_fn, d);
+    ck_assert_ptr_ne(other_fn, other_user);
+    ck_assert_ptr_eq(bp_meta_device_new(parts, 2, counting, &count1), other_user);
+    ck_assert_uint_eq(devices_named("Meta(CPU0,CPU1)"), 4);
+    ck_assert_str_eq(bp_device_get_name(other_user), "Meta(CPU0,CPU1)");
 
-    /* made by name first: the default policy, which a user policy cannot replace */
-    bp_device *other[2] = {parts[1], bp_device_by_name("CPU2")};
+    /* Each device stores its weights by its own policy: only its callback is asked. */
+    write_weight(d);
+    ck_assert_int_eq(count0, 1);
+    ck_assert_int_eq(count1, 0);
+    write_weight(other_user);
+    ck_assert_int_eq(count0, 1);
+    ck_assert_int_eq(count1, 1);
+    write_weight(dflt);
+    ck_assert_int_eq(count0 + count1, 2);
+
+    /* Made by name first (the default policy): a callback makes another device beside it. */
+    bp_device *pair[2] = {parts[1], bp_device_by_name("CPU2")};
     m = meta_by_name("Meta(CPU1,CPU2)");
-    ck_assert_ptr_eq(bp_meta_device_new(other, 2, NULL, NULL), bp_backend_get_device(m));
-    ck_assert_rejected(bp_meta_device_new(other, 2, megatron, NULL), BP_ERR_INVALID_ARG,
-                       "already exists with the default split policy");
-    ck_assert_uint_eq(devices_named("Meta(CPU1,CPU2)"), 1);
+    ck_assert_ptr_eq(bp_meta_device_new(pair, 2, NULL, NULL), bp_backend_get_device(m));
+    bp_device *with_policy = bp_meta_device_new(pair, 2, megatron, NULL);
+    ck_assert_msg(with_policy != NULL, "%s", bp_last_error());
+    ck_assert_ptr_ne(with_policy, bp_backend_get_device(m));
+    ck_assert_uint_eq(devices_named("Meta(CPU1,CPU2)"), 2);
     bp_backend_free(m);
+    /* The same parts in another order are another device. */
+    bp_device *swapped[2] = {parts[1], parts[0]};
+    bp_device *s = bp_meta_device_new(swapped, 2, NULL, NULL);
+    ck_assert_msg(s != NULL, "%s", bp_last_error());
+    ck_assert_str_eq(bp_device_get_name(s), "Meta(CPU1,CPU0)");
 }
 END_TEST
 
@@ -724,7 +775,7 @@ static Suite *meta_suite(void)
     tcase_add_test(tc, test_split_answers_checked_when_stored);
     tcase_add_test(tc, test_split_answers_checked_when_computed);
     tcase_add_test(tc, test_name_parsing);
-    tcase_add_test(tc, test_one_device_per_name);
+    tcase_add_test(tc, test_one_device_per_policy);
     tcase_add_test(tc, test_arguments_checked);
     tcase_add_test(tc, test_foreign_memory_refused);
     suite_add_tcase(s, tc);

@@ -1,5 +1,6 @@
 /* test-runtime-util.c - the runtime's internal helpers: array growth (bp__grow in mem.c) and
- * the pointer map (ptrmap.c).
+ * the pointer map (ptrmap.c), the escaping of outside text (escape.c) and the description of
+ * tensors by their place in a graph (bp__describe_in, tensor.c).
  *
  * These helpers are hidden inside the library, so this program is built from their source
  * files (and the error and log files they report through) instead of linking libbackplane. */
@@ -267,10 +268,78 @@ START_TEST(test_ptrmap_collisions)
 }
 END_TEST
 
+/* The one escaping rule: printable ASCII and well-formed UTF-8 as they are; \a..\r as C
+ * escapes; other controls, DEL, C1 controls and every byte of ill-formed UTF-8 as \xNN. */
+START_TEST(test_escape_rule)
+{
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"plain ~", "plain ~"},
+        {"a\nb\tc\r", "a\\nb\\tc\\r"},
+        {"\x1b[31mred\x7f", "\\x1b[31mred\\x7f"},
+        {"\x01\x1f", "\\x01\\x1f"},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"},
+        {"\xc2\x9b" "2J", "\\xc2\\x9b2J"},             /* a C1 CSI */
+        {"\xc2\xa0", "\xc2\xa0"},                      /* U+00A0 is a character */
+        {"\xff\xfe", "\\xff\\xfe"},                    /* never UTF-8 */
+        {"\xc0\xaf", "\\xc0\\xaf"},                    /* an overlong '/' */
+        {"\xed\xa0\x80", "\\xed\\xa0\\x80"},           /* a surrogate */
+        {"\xe2\x82", "\\xe2\\x82"},                    /* cut short */
+        {"\xe2\x82x", "\\xe2\\x82x"},
+        {"\xf4\x90\x80\x80", "\\xf4\\x90\\x80\\x80"},  /* above U+10FFFF */
+        {"\x80", "\\x80"},                             /* a stray continuation */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char out[64];
+        const size_t n = bp__escape_controls(out, sizeof(out), cases[i].in);
+        ck_assert_str_eq(out, cases[i].want);
+        ck_assert_uint_eq(n, strlen(cases[i].want));
+        ck_assert_uint_eq(bp__escaped_size(cases[i].in), strlen(cases[i].want) + 1);
+    }
+    /* Cut short: "..." after whole pieces only, never inside an escape or a character. */
+    char small[10];
+    bp__escape_controls(small, sizeof(small), "ab\x1b\x1b\x1b");
+    ck_assert_str_eq(small, "ab\\x1b...");
+    bp__escape_controls(small, sizeof(small), "abcd\xe2\x82\xac\xe2\x82\xac");
+    ck_assert_str_eq(small, "abcd...");
+    bp__escape_controls(small, sizeof(small), "abcdefghijk");
+    ck_assert_str_eq(small, "abcdef...");
+    char exact[6];
+    ck_assert_uint_eq(bp__escape_controls(exact, sizeof(exact), "a\x1b"), 5);
+    ck_assert_str_eq(exact, "a\\x1b");
+}
+END_TEST
+
+/* Unnamed tensors are named by their place in the graph: "#index (op)" for a node, "leaf #index"
+ * for a leaf; a named one, or one outside the graph, as bp__describe says. */
+START_TEST(test_describe_in_graph)
+{
+    bp_context *ctx = bp_context_new(8);
+    bp_tensor *a = bp_new_tensor_2d(ctx, BP_TYPE_F32, 4, 3);
+    bp_tensor *b = bp_set_name(bp_new_tensor_2d(ctx, BP_TYPE_F32, 4, 3), "b");
+    bp_tensor *sum = bp_add(ctx, a, b);
+    bp_tensor *out = bp_neg(ctx, sum);
+    bp_tensor *stray = bp_new_tensor_1d(ctx, BP_TYPE_I32, 2);
+    bp_graph *g = bp_graph_new(8);
+    ck_assert_int_eq(bp_graph_build_forward(g, out), BP_OK);
+    ck_assert_str_eq(bp__describe_in(g, sum).s, "#0 (ADD) f32 [4, 3, 1, 1]");
+    ck_assert_str_eq(bp__describe_in(g, out).s, "#1 (NEG) f32 [4, 3, 1, 1]");
+    ck_assert_str_eq(bp__describe_in(g, a).s, "leaf #0 f32 [4, 3, 1, 1]");
+    ck_assert_str_eq(bp__describe_in(g, b).s, "'b' f32 [4, 3, 1, 1]");
+    ck_assert_str_eq(bp__describe_in(g, stray).s, "unnamed i32 [2, 1, 1, 1]");
+    ck_assert_str_eq(bp__describe_in(NULL, sum).s, "unnamed ADD result f32 [4, 3, 1, 1]");
+    bp_graph_free(g);
+    bp_context_free(ctx);
+}
+END_TEST
+
 static Suite *runtime_util_suite(void)
 {
     Suite *s = suite_create("runtime-util");
     BP_TCASE(s, test_grow_keeps_contents, 10);
+    BP_TCASE(s, test_escape_rule, 10);
+    BP_TCASE(s, test_describe_in_graph, 10);
     BP_TCASE(s, test_grow_doubles, 10);
     BP_TCASE(s, test_grow_refuses_overflow, 10);
 #ifdef BP_FAULT_INJECTION

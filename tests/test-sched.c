@@ -1136,6 +1136,8 @@ START_TEST(test_expert_prefetch)
     /* Refused: ids that are not I32, experts that are not a stack, no scheduler. */
     ck_assert_int_eq(bp_sched_predict_experts(s2, m.e2, m.x), BP_ERR_INVALID_ARG);
     ck_assert_error_has(BP_ERR_INVALID_ARG, "contiguous I32");
+    /* A tensor without a name is described, not left as an empty quote. */
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "the ids unnamed f32 [");
     ck_assert_int_eq(bp_sched_predict_experts(s2, m.r2, m.pred), BP_ERR_INVALID_ARG);
     ck_assert_error_has(BP_ERR_INVALID_ARG, "not a stack of experts");
     ck_assert_int_eq(bp_sched_predict_experts(NULL, m.e2, m.pred), BP_ERR_INVALID_ARG);

@@ -1,7 +1,9 @@
 #!/bin/sh
 # test-tool.sh - the `backplane` command-line tool against the test plugins: version, list,
-# list --json (also with hostile file names, for list and run), and its errors. Run by make
-# check (automake's test driver judges the exit code).
+# list --json (also with hostile file names, for list and run), its errors (every command
+# refuses what it does not understand, with exit status 2 and its usage line) and the escaping
+# of outside text in what it prints. Run by make check (automake's test driver judges the exit
+# code).
 set -u
 tool="${top_builddir:-.}/tools/backplane"
 export BP_PLUGIN_PATH="$BP_TEST_PLUGIN_DIR" BP_PLUGIN_SYSTEM_PATH= BP_LOG_LEVEL=none
@@ -30,6 +32,7 @@ check "json escapes and closes" sh -c "echo \"\$1\" | tail -n 1 | grep -q '^}$'"
 check "BP_PLUGINS_DISABLE is honoured" sh -c "BP_PLUGINS_DISABLE=good '$tool' list | grep -q 'filtered .*backplane-good.so'"
 check "unknown command exits 2" sh -c "'$tool' frobnicate; test \$? -eq 2"
 check "unknown list option exits 2" sh -c "'$tool' list --yaml; test \$? -eq 2"
+check "every command takes -h" sh -c "for c in version list ops run bench conformance help; do '$tool' \$c -h | grep -q '^usage: backplane' || exit 1; done"
 if command -v python3 >/dev/null 2>&1; then
     check "json parses" sh -c "echo \"\$1\" | python3 -m json.tool" - "$json"
 fi
@@ -82,5 +85,62 @@ fi
 escaped=$(printf 'x"\\\\n\\t\\x7f')
 check "list prints hostile file names with escapes" sh -c "out=\$(BP_PLUGIN_PATH=\"\$EVIL_DIR\" '$tool' list) && printf '%s' \"\$out\" | grep -qF '$escaped' && ! printf '%s' \"\$out\" | grep -q \"\$(printf '\\177')\""
 check "run prints a hostile plugin path with escapes" sh -c "BP_PLUGIN_PATH=\"\$EVIL_DIR\" '$tool' run -n 2 | grep -a '(plugin ' | grep -aqF '$escaped'"
+
+# refused CMD ARGS...: exit status 2, a message and the command's usage line on stderr, nothing
+# on stdout (nothing ran).
+refused() {
+    cmd=$1
+    "$tool" "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    test "$rc" -eq 2 && test ! -s "$tmp/out" && grep -q "^usage: backplane $cmd" "$tmp/err" &&
+        test "$(grep -c '' "$tmp/err")" -ge 2
+}
+# Every command of the dispatcher, with an unknown option and with an argument it does not take
+# (conformance takes device names: an empty one is not a name).
+for c in version list ops run bench conformance help; do
+    check "$c refuses an unknown option" refused $c --frobnicate
+    stray=stray
+    [ $c = conformance ] && stray=
+    check "$c refuses a stray argument" refused $c "$stray"
+done
+check "--version refuses an argument too" sh -c "'$tool' --version x 2>&1 >/dev/null | grep -q '^usage: backplane version'"
+check "the messages say which" sh -c "'$tool' ops --frob 2>&1 | grep -q \"^backplane ops: unknown option '--frob'\" && '$tool' run extra 2>&1 | grep -q \"^backplane run: unexpected argument 'extra'\""
+check "an option without its value is named" sh -c "'$tool' run -d 2>&1 | grep -q '^backplane run: -d needs a value' && '$tool' bench --types 2>&1 | grep -q 'types needs a value' && '$tool' conformance --ops 2>&1 | grep -q 'ops needs a value'"
+check "bench refuses an empty --types" refused bench --types ""
+check "bench refuses a type named twice" sh -c "'$tool' bench --types f32,q8_0,f32 2>&1 | grep -q \"names 'f32' twice\" && { '$tool' bench --types f32,f32 >/dev/null 2>&1; test \$? -eq 2; }"
+check "bench refuses an empty entry in --types" refused bench --types f32,,f16
+check "bench refuses an --N value twice" refused bench --N 1,1
+check "conformance refuses a case named twice" refused conformance --ops add,add
+check "conformance refuses a device named twice" env BP_PLUGIN_PATH="$BP_TEST_CPU_PLUGIN_DIR" sh -c "'$tool' conformance CPU cpu --ops add 2>&1 >/dev/null | grep -q 'is named twice' && { '$tool' conformance CPU CPU --ops add >/dev/null 2>&1; test \$? -eq 2; }"
+check "an empty or repeated -d entry exits 2" sh -c "'$tool' bench -d CPU,,CPU >/dev/null 2>&1; test \$? -eq 2"
+check "--save-gguf refuses the options of a run" sh -c "'$tool' run --save-gguf '$tmp/never.gguf' -d NOPE0 2>&1 | grep -q -- '-d does not apply' && { '$tool' run --save-gguf '$tmp/never.gguf' -d NOPE0 >/dev/null 2>&1; test \$? -eq 2; } && test ! -e '$tmp/never.gguf'"
+
+# Outside text with control bytes, through every route that prints it: it comes out escaped
+# (ESC as \x1b), never as the raw byte a terminal would obey. Bytes that are not UTF-8 and C1
+# controls (U+009B is a CSI to some terminals) are escaped too.
+esc=$(printf '\033')
+red=$(printf '\033[31m')
+# clean FILE WANT: FILE has WANT (a fixed string) and no raw ESC, 0xff or 0xc2 0x9b.
+clean() {
+    grep -qF -- "$2" "$1" && ! grep -q "$esc" "$1" && ! LC_ALL=C grep -q "$(printf '\377')" "$1" &&
+        ! LC_ALL=C grep -q "$(printf '\302\233')" "$1"
+}
+BP_LOG_LEVEL="$red" "$tool" list >/dev/null 2>"$tmp/e"
+check "BP_LOG_LEVEL's value is escaped in the runtime's warning" clean "$tmp/e" "ignoring BP_LOG_LEVEL='\x1b[31m'"
+"$tool" run --tokens "1,2$red" >/dev/null 2>"$tmp/e"
+check "--tokens is escaped in its error" clean "$tmp/e" "token 2 ('2\\x1b[31m')"
+BP_PLUGIN_PATH="$BP_TEST_CPU_PLUGIN_DIR" "$tool" conformance "NOPE$red" >/dev/null 2>"$tmp/e"
+check "a conformance device name is escaped" clean "$tmp/e" "device 'NOPE\\x1b[31m'"
+BP_PLUGIN_PATH="$BP_TEST_CPU_PLUGIN_DIR" "$tool" run --model tiny --save-gguf "$tmp/m$red.gguf" >"$tmp/o" 2>&1
+check "the --save-gguf 'wrote' line is escaped" clean "$tmp/o" "wrote $tmp/m\\x1b[31m.gguf: model tiny"
+"$tool" run --flash-attn "x$(printf '\377\302\233')y" >/dev/null 2>"$tmp/e"
+check "bytes that are not UTF-8 and C1 controls are escaped" clean "$tmp/e" "not 'x\\xff\\xc2\\x9by'"
+"$tool" bench "--$red" >/dev/null 2>"$tmp/e"
+check "an unknown option is escaped" clean "$tmp/e" "unknown option '--\\x1b[31m'"
+"$tool" "cmd$red" >/dev/null 2>"$tmp/e"
+check "an unknown command is escaped" clean "$tmp/e" "unknown command 'cmd\\x1b[31m'"
+"$tool" run -d "CPU$red,CPU" >/dev/null 2>"$tmp/e"
+check "a -d device name is escaped" clean "$tmp/e" "device 'CPU\\x1b[31m'"
+check "valid UTF-8 stays as it is" sh -c "'$tool' run --flash-attn 'é' 2>&1 | grep -qF \"not 'é'\""
 echo "$pass passed, $fail failed"
 test "$fail" -eq 0

@@ -31,7 +31,7 @@ bool tool_parse_int(const char *cmd, const char *opt, const char *text, long lon
     }
     if (!ok) {
         fprintf(stderr, "%s: %s needs a whole number from %lld to %lld, not '%s'\n", cmd, opt, min,
-                max, text);
+                max, tool_text(text));
         return false;
     }
     *out = v;
@@ -51,7 +51,7 @@ bool tool_parse_u64(const char *cmd, const char *opt, const char *text, uint64_t
     }
     if (!ok) {
         fprintf(stderr, "%s: %s needs a whole number from 0 to %llu, not '%s'\n", cmd, opt,
-                (unsigned long long)UINT64_MAX, text);
+                (unsigned long long)UINT64_MAX, tool_text(text));
         return false;
     }
     *out = (uint64_t)v;
@@ -72,7 +72,7 @@ bool tool_parse_seconds(const char *cmd, const char *opt, const char *text, doub
     }
     if (!ok) {
         fprintf(stderr, "%s: %s needs a number of seconds above 0 and at most %g, not '%s'\n", cmd,
-                opt, max, text);
+                opt, max, tool_text(text));
         return false;
     }
     *out = v;
@@ -90,16 +90,65 @@ int tool_parse_int_list(const char *cmd, const char *opt, const char *text, long
         char item[32];
         if (n == max_n || len == 0 || len >= sizeof(item)) {
             fprintf(stderr, "%s: %s needs 1 to %d comma-separated whole numbers from %lld to "
-                    "%lld, not '%s'\n", cmd, opt, max_n, min, max, text);
+                    "%lld, not '%s'\n", cmd, opt, max_n, min, max, tool_text(text));
             return -1;
         }
         memcpy(item, p, len);
         item[len] = '\0';
         if (!tool_parse_int(cmd, opt, item, min, max, &out[n]))
             return -1;
+        for (int j = 0; j < n; j++)
+            if (out[j] == out[n]) {
+                fprintf(stderr, "%s: %s names %lld twice: '%s'\n", cmd, opt, out[n],
+                        tool_text(text));
+                return -1;
+            }
         n++;
         if (comma == NULL)
             return n;
         p = comma + 1;
+    }
+}
+
+int tool_bad_arg(const char *cmd, const char *arg)
+{
+    if (arg[0] == '-' && arg[1] != '\0')
+        fprintf(stderr, "%s: unknown option '%s'\n", cmd, tool_text(arg));
+    else
+        fprintf(stderr, "%s: unexpected argument '%s'\n", cmd, tool_text(arg));
+    return 2;
+}
+
+int tool_no_value(const char *cmd, const char *opt)
+{
+    fprintf(stderr, "%s: %s needs a value\n", cmd, tool_text(opt));
+    return 2;
+}
+
+bool tool_check_list(const char *cmd, const char *opt, const char *text)
+{
+    if (*text == '\0') {
+        fprintf(stderr, "%s: %s is empty\n", cmd, opt);
+        return false;
+    }
+    for (const char *p = text;; p++) {
+        const size_t len = strcspn(p, ",");
+        if (len == 0) {
+            fprintf(stderr, "%s: %s has an empty entry (an extra comma?): '%s'\n", cmd, opt,
+                    tool_text(text));
+            return false;
+        }
+        for (const char *q = text; q < p; q += strcspn(q, ",") + 1) {
+            if (strcspn(q, ",") != len || strncmp(q, p, len) != 0)
+                continue;
+            char *item = strndup(p, len);
+            fprintf(stderr, "%s: %s names '%s' twice: '%s'\n", cmd, opt,
+                    tool_text(item ? item : "?"), tool_text(text));
+            free(item);
+            return false;
+        }
+        p += len;
+        if (*p == '\0')
+            return true;
     }
 }

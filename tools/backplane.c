@@ -35,23 +35,49 @@ static void usage(FILE *f)
                "                 --types, --M, --K, --N, -t, --min-time) beside the machine's\n"
                "                 FMA peak and triad bandwidth; --types q4_0_repack or\n"
                "                 q8_0_repack puts the weights in the CPU's CPU_REPACK buffer type\n"
+               "                 (backplane bench --help)\n"
                "  conformance [DEVICE...] [--ops LIST] [--json]\n"
                "                 run every op case (op, type, shape) on the devices and compare\n"
                "                 with the reference implementation (backplane conformance --help)\n"
                "  help           print this message\n"
                "\n"
+               "Every command takes -h or --help. What a command does not understand (an unknown\n"
+               "option, an extra argument, an empty or repeated list entry) stops it with exit\n"
+               "status 2 and its usage line on stderr.\n"
+               "\n"
                "environment: BP_PLUGIN_PATH, BP_PLUGINS_ONLY, BP_PLUGINS_DISABLE, BP_CPU_DISABLE,\n"
                "BP_LOG_LEVEL (see README.md)\n");
 }
 
-static int cmd_version(void)
+/* For the commands that take no arguments: -1 to go on, else the exit status (0 after -h). */
+static int no_args(const char *cmd, const char *synopsis, int argc, char **argv)
 {
+    if (argc == 0)
+        return -1;
+    if (strcmp(argv[0], "-h") == 0 || strcmp(argv[0], "--help") == 0) {
+        if (argc == 1) {
+            printf("usage: %s\n", synopsis);
+            return 0;
+        }
+        return tool_bad_arg(cmd, argv[1]);
+    }
+    return tool_bad_arg(cmd, argv[0]);
+}
+
+static int cmd_version(int argc, char **argv)
+{
+    const int st = no_args("backplane version", "backplane version", argc, argv);
+    if (st >= 0)
+        return st;
     printf("backplane %s (library %s)\n", BP_VERSION_STRING, bp_version());
     return bp_version_hex() == BP_VERSION_HEX ? 0 : 1;
 }
 
-static int cmd_ops(void)
+static int cmd_ops(int argc, char **argv)
 {
+    const int st = no_args("backplane ops", "backplane ops", argc, argv);
+    if (st >= 0)
+        return st;
     printf("types:\n");
     for (int t = 0; t < BP_TYPE_COUNT; t++) {
         const struct bp_type_traits *tr = bp_type_get_traits((enum bp_type)t);
@@ -106,7 +132,7 @@ static void list_text(void)
         tool_put_text(r->name[0] ? r->name : "-", stdout);
         printf("%s", r->variant[0] ? ", variant " : "");
         tool_put_text(r->variant, stdout);
-        printf(", score %s: %s\n", score, r->message);
+        printf(", score %s: %s\n", score, tool_text(r->message));
     }
 
     size_t nd = bp_device_count();
@@ -124,7 +150,7 @@ static void list_text(void)
         printf("\n");
         printf("  %-10s memory %.1f of %.1f MiB free, caps: %s, registry %s\n", "",
                (double)p.memory_free / (1 << 20), (double)p.memory_total / (1 << 20), caps,
-               bp_registry_get_name(bp_device_get_registry(bp_device_get(i))));
+               tool_text(bp_registry_get_name(bp_device_get_registry(bp_device_get(i)))));
     }
 }
 
@@ -180,12 +206,14 @@ static void list_json(void)
 static int cmd_list(int argc, char **argv)
 {
     bool json = false;
-    for (int i = 2; i < argc; i++) {
+    for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = true;
+        } else if ((strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) && argc == 1) {
+            printf("usage: backplane list [--json]\n");
+            return 0;
         } else {
-            fprintf(stderr, "backplane list: unknown option '%s'\n", argv[i]);
-            return 2;
+            return tool_bad_arg("backplane list", argv[i]);
         }
     }
     bp_plugin_load_all();
@@ -196,29 +224,51 @@ static int cmd_list(int argc, char **argv)
     return 0;
 }
 
+static int cmd_help(int argc, char **argv)
+{
+    const int st = no_args("backplane help", "backplane help", argc, argv);
+    if (st >= 0)
+        return st;
+    usage(stdout);
+    return 0;
+}
+
+/* Every command, with the usage line printed on stderr when it refuses its arguments (exit
+ * status 2): the command's own message says what it did not understand. */
+static const struct command {
+    const char *name, *alias;
+    int (*fn)(int argc, char **argv); /* the arguments after the command's name */
+    const char *synopsis;
+} commands[] = {
+    {"version", "--version", cmd_version, "backplane version"},
+    {"list", NULL, cmd_list, "backplane list [--json]"},
+    {"ops", NULL, cmd_ops, "backplane ops"},
+    {"run", NULL, cmd_run, "backplane run [OPTIONS] (backplane run --help lists them)"},
+    {"bench", NULL, cmd_bench,
+     "backplane bench [-d DEVICES] [--types LIST] [--M N] [--K N] [--N LIST] [-t N]\n"
+     "                       [--min-time SECONDS] [--no-limits] (backplane bench --help)"},
+    {"conformance", NULL, cmd_conformance,
+     "backplane conformance [DEVICE...] [--ops LIST] [-t N] [--json] [--list]\n"
+     "                       (backplane conformance --help)"},
+    {"help", "--help", cmd_help, "backplane help"},
+};
+
 static int dispatch(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
         return 2;
     }
-    if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0)
-        return cmd_version();
-    if (strcmp(argv[1], "list") == 0)
-        return cmd_list(argc, argv);
-    if (strcmp(argv[1], "ops") == 0)
-        return cmd_ops();
-    if (strcmp(argv[1], "run") == 0)
-        return cmd_run(argc - 2, argv + 2);
-    if (strcmp(argv[1], "bench") == 0)
-        return cmd_bench(argc - 2, argv + 2);
-    if (strcmp(argv[1], "conformance") == 0)
-        return cmd_conformance(argc - 2, argv + 2);
-    if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
-        usage(stdout);
-        return 0;
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+        const struct command *c = &commands[i];
+        if (strcmp(argv[1], c->name) != 0 && (c->alias == NULL || strcmp(argv[1], c->alias) != 0))
+            continue;
+        const int status = c->fn(argc - 2, argv + 2);
+        if (status == 2)
+            fprintf(stderr, "usage: %s\n", c->synopsis);
+        return status;
     }
-    fprintf(stderr, "backplane: unknown command '%s'\n", argv[1]);
+    fprintf(stderr, "backplane: unknown command '%s'\n", tool_text(argv[1]));
     usage(stderr);
     return 2;
 }

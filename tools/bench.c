@@ -40,7 +40,7 @@ static double median_compute(bp_backend *be, bp_graph *g, double min_time)
 static void bench_matmul(bp_backend *be, const char *name, enum bp_type wt, bool repack, long M,
                          long K, long N, double min_time)
 {
-    const char *dev = bp_backend_get_name(be);
+    const char *dev = tool_text(bp_backend_get_name(be));
     bp_buffer_type *wbt = repack ? bench_repack_buft(be) : bp_backend_get_default_buffer_type(be);
     if (wbt == NULL) {
         printf("# mul_mat_%s on %s: no CPU_REPACK buffer type, skipped\n", name, dev);
@@ -55,7 +55,7 @@ static void bench_matmul(bp_backend *be, const char *name, enum bp_type wt, bool
     bp_buffer *buf = wbuf ? bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be)) : NULL;
     if (buf == NULL) {
         printf("# mul_mat_%s on %s: %s\n", name, dev,
-               supported ? bp_last_error() : "not supported, skipped");
+               supported ? tool_text(bp_last_error()) : "not supported, skipped");
         bp_buffer_free(buf);
         bp_buffer_free(wbuf);
         bp_context_free(ctx);
@@ -74,7 +74,7 @@ static void bench_matmul(bp_backend *be, const char *name, enum bp_type wt, bool
             printf("mul_mat_%s_weight_bw M=%ld,K=%ld,N=1 %s %.1f GB/s\n", name, M, K, dev,
                    (double)bp_nbytes(w) / t * 1e-9);
     } else {
-        printf("# mul_mat_%s on %s failed: %s\n", name, dev, bp_last_error());
+        printf("# mul_mat_%s on %s failed: %s\n", name, dev, tool_text(bp_last_error()));
     }
     fflush(stdout);
     bp_graph_free(g);
@@ -86,14 +86,14 @@ static void bench_matmul(bp_backend *be, const char *name, enum bp_type wt, bool
 
 static void bench_add(bp_backend *be, long n, double min_time)
 {
-    const char *dev = bp_backend_get_name(be);
+    const char *dev = tool_text(bp_backend_get_name(be));
     bp_context *ctx = bp_context_new(4);
     bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, n);
     bp_tensor *b = bp_new_tensor_1d(ctx, BP_TYPE_F32, n);
     bp_tensor *c = bp_add(ctx, a, b);
     bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
     if (buf == NULL || !bp_backend_supports_op(be, c)) {
-        printf("# add on %s: %s\n", dev, buf ? "not supported, skipped" : bp_last_error());
+        printf("# add on %s: %s\n", dev, buf ? "not supported, skipped" : tool_text(bp_last_error()));
         bp_buffer_free(buf);
         bp_context_free(ctx);
         return;
@@ -115,48 +115,91 @@ static void bench_add(bp_backend *be, long n, double min_time)
 #define BENCH_MAX_DIM (1LL << 24)
 #define BENCH_MAX_N 8
 
-int cmd_bench(int argc, char **argv)
+static void bench_usage(FILE *f)
+{
+    fprintf(f, "usage: backplane bench [-d DEVICES] [--types LIST] [--M N] [--K N] [--N LIST] [-t N]\n"
+               "                       [--min-time SECONDS] [--no-limits]\n"
+               "\n"
+               "Measures matmul (GFLOP/s, and weight bandwidth at N = 1) and an element-wise add\n"
+               "(GB/s) on each device, beside the machine's FMA peak and triad bandwidth.\n"
+               "\n"
+               "  -d DEVICES     comma-separated devices (default: every device)\n"
+               "  --types LIST   weight types, each once: f32, f16, bf16, q8_0, q4_0, and\n"
+               "                 q4_0_repack or q8_0_repack for the CPU's CPU_REPACK buffer type\n"
+               "                 (default: f32,f16,bf16,q8_0,q4_0)\n"
+               "  --M N, --K N   weight rows and columns (default 4096; K a multiple of 32)\n"
+               "  --N LIST       activation columns, up to 8 distinct numbers (default: 1,32)\n"
+               "  -t N           threads of CPU devices (default: the CPU plugin's)\n"
+               "  --min-time S   seconds to repeat each measurement for (default 0.5)\n"
+               "  --no-limits    skip the FMA peak and triad measurements\n");
+}
+
+/* The options into the arguments; -1 to go on, else the exit status. */
+struct bench_opts {
+    const char *devices, *types;
+    long long M, K, threads, Ns[BENCH_MAX_N];
+    int nN;
+    double min_time;
+    bool limits;
+};
+
+static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
 {
     static const char cmd[] = "backplane bench";
-    const char *devices = NULL, *types = "f32,f16,bf16,q8_0,q4_0";
-    long long M = 4096, K = 4096, threads = 0, Ns[BENCH_MAX_N] = {1, 32};
-    int nN = 2;
-    double min_time = 0.5;
-    bool limits = true;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
         if (strcmp(a, "--no-limits") == 0) {
-            limits = false;
+            o->limits = false;
             continue;
         }
-        if (v == NULL) {
-            fprintf(stderr, "%s: unknown or incomplete option '%s'\n", cmd, a);
-            return 2;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            bench_usage(stdout);
+            return 0;
         }
+        const bool known = strcmp(a, "-d") == 0 || strcmp(a, "--types") == 0 ||
+                           strcmp(a, "--M") == 0 || strcmp(a, "--K") == 0 ||
+                           strcmp(a, "--N") == 0 || strcmp(a, "-t") == 0 ||
+                           strcmp(a, "--min-time") == 0;
+        if (!known)
+            return tool_bad_arg(cmd, a);
+        if (v == NULL)
+            return tool_no_value(cmd, a);
         if (strcmp(a, "-d") == 0)
-            devices = v;
+            o->devices = v;
         else if (strcmp(a, "--types") == 0)
-            types = v;
+            ok = tool_check_list(cmd, a, v), o->types = v;
         else if (strcmp(a, "--M") == 0)
-            ok = tool_parse_int(cmd, a, v, 1, BENCH_MAX_DIM, &M);
+            ok = tool_parse_int(cmd, a, v, 1, BENCH_MAX_DIM, &o->M);
         else if (strcmp(a, "--K") == 0)
-            ok = tool_parse_int(cmd, a, v, 32, BENCH_MAX_DIM, &K);
+            ok = tool_parse_int(cmd, a, v, 32, BENCH_MAX_DIM, &o->K);
         else if (strcmp(a, "--N") == 0)
-            ok = (nN = tool_parse_int_list(cmd, a, v, 1, BENCH_MAX_DIM, Ns, BENCH_MAX_N)) > 0;
+            ok = (o->nN = tool_parse_int_list(cmd, a, v, 1, BENCH_MAX_DIM, o->Ns, BENCH_MAX_N)) > 0;
         else if (strcmp(a, "-t") == 0)
-            ok = tool_parse_int(cmd, a, v, 0, 1024, &threads); /* the CPU plugin's limit */
-        else if (strcmp(a, "--min-time") == 0)
-            ok = tool_parse_seconds(cmd, a, v, 3600.0, &min_time);
-        else {
-            fprintf(stderr, "%s: unknown or incomplete option '%s'\n", cmd, a);
-            return 2;
-        }
+            ok = tool_parse_int(cmd, a, v, 0, 1024, &o->threads); /* the CPU plugin's limit */
+        else
+            ok = tool_parse_seconds(cmd, a, v, 3600.0, &o->min_time);
         if (!ok)
             return 2;
         i++;
     }
+    return -1;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    static const char cmd[] = "backplane bench";
+    struct bench_opts o = {.types = "f32,f16,bf16,q8_0,q4_0", .M = 4096, .K = 4096, .Ns = {1, 32},
+                           .nN = 2, .min_time = 0.5, .limits = true};
+    const int st = parse_bench_args(argc, argv, &o);
+    if (st >= 0)
+        return st;
+    const char *devices = o.devices, *types = o.types;
+    const long long M = o.M, K = o.K, threads = o.threads, *Ns = o.Ns;
+    const int nN = o.nN;
+    const double min_time = o.min_time;
+    const bool limits = o.limits;
     if (K % 32 != 0) {
         fprintf(stderr, "%s: --K needs a multiple of 32 (the block size of q8_0 and q4_0), not "
                 "%lld\n", cmd, K);
@@ -173,7 +216,7 @@ int cmd_bench(int argc, char **argv)
         bool repack;
         if (!bench_weight_type(tn, &t, &repack)) {
             fprintf(stderr, "%s: '%s' in --types is not a weight type (f32, f16, bf16, q8_0, "
-                    "q4_0, q4_0_repack, q8_0_repack)\n", cmd, tn);
+                    "q4_0, q4_0_repack, q8_0_repack)\n", cmd, tool_text(tn));
             return 2;
         }
     }
@@ -181,7 +224,7 @@ int cmd_bench(int argc, char **argv)
     bp_backend *be[8];
     const int nb = tool_open_backends(devices, (int)threads, be, 8, false, NULL);
     if (nb < 0)
-        return 1;
+        return nb == TOOL_BAD_LIST ? 2 : 1;
     if (limits) {
         const int t = threads > 0 ? (int)threads : 1;
         printf("fma_peak - host %.1f GFLOP/s (%d thread%s)\n", bench_fma_peak(t), t,
@@ -190,8 +233,8 @@ int cmd_bench(int argc, char **argv)
                t == 1 ? "" : "s");
     }
     for (int i = 0; i < nb; i++) {
-        printf("# device: %s (%s)\n", bp_backend_get_name(be[i]),
-               bp_device_get_description(bp_backend_get_device(be[i])));
+        printf("# device: %s (%s)\n", tool_text(bp_backend_get_name(be[i])),
+               tool_text(bp_device_get_description(bp_backend_get_device(be[i]))));
         snprintf(tb, sizeof(tb), "%s", types); /* strtok_r above cut it */
         for (char *save = NULL, *tn = strtok_r(tb, ",", &save); tn;
              tn = strtok_r(NULL, ",", &save)) {

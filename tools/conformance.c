@@ -62,6 +62,8 @@ static bool list_valid(const char *list)
         fprintf(stderr, "%s: --ops is empty: name cases or families (--list)\n", conf_cmd);
         return false;
     }
+    if (!tool_check_list(conf_cmd, "--ops", list))
+        return false;
     for (const char *p = list; *p != '\0';) {
         const size_t len = strcspn(p, ",");
         bool found = false;
@@ -70,8 +72,10 @@ static bool list_valid(const char *list)
             found |= strncmp(p, name, len) == 0 && (name[len] == '\0' || name[len] == '_');
         }
         if (!found) {
-            fprintf(stderr, "%s: --ops: '%.*s' names no case (backplane conformance --list)\n",
-                    conf_cmd, (int)len, p);
+            char *item = strndup(p, len);
+            fprintf(stderr, "%s: --ops: '%s' names no case (backplane conformance --list)\n",
+                    conf_cmd, tool_text(item ? item : "?"));
+            free(item);
             return false;
         }
         p += len + (p[len] == ',');
@@ -117,7 +121,7 @@ static void run_device(bp_backend *be, const char *ops, struct json_writer *w,
         json_key(w, "cases");
         json_begin_array(w);
     } else {
-        printf("%s (", d->name);
+        printf("%s (", tool_text(d->name));
         tool_put_text(bp_device_get_description(bp_backend_get_device(be)), stdout);
         printf("):\n");
     }
@@ -147,7 +151,7 @@ static void run_device(bp_backend *be, const char *ops, struct json_writer *w,
             if (r.unsupported > 0)
                 printf(", %d not supported", r.unsupported);
             if (r.failed > 0)
-                printf(", %d FAILED: %s", r.failed, r.first);
+                printf(", %d FAILED: %s", r.failed, tool_text(r.first));
             printf("\n");
         }
         fflush(stdout);
@@ -159,9 +163,42 @@ static void run_device(bp_backend *be, const char *ops, struct json_writer *w,
         json_member_int(w, "not_supported", d->unsupported);
         json_end_object(w);
     } else {
-        printf("%s: %d passed, %d failed, %d not supported\n", d->name, d->passed, d->failed,
-               d->unsupported);
+        printf("%s: %d passed, %d failed, %d not supported\n", tool_text(d->name), d->passed,
+               d->failed, d->unsupported);
     }
+}
+
+/* The backends of the named devices (every device when there are none) into be; their count,
+ * or minus the exit status after printing why (-2: a name given twice, or not a name). */
+static int open_devices(const char *const *names, int n_names, int threads, bp_backend **be)
+{
+    int nb = 0;
+    if (n_names == 0) {
+        nb = tool_open_backends(NULL, threads, be, MAX_DEVICES, false, NULL);
+        return nb < 0 ? -1 : nb;
+    }
+    for (int i = 0; i < n_names; i++) {
+        int got = tool_open_backends(names[i], threads, be + nb, 1, false, NULL);
+        for (int j = 0; got > 0 && j < nb; j++) {
+            if (bp_backend_get_device(be[j]) != bp_backend_get_device(be[nb]))
+                continue;
+            fprintf(stderr, "%s: the device '%s' is named twice\n", conf_cmd,
+                    tool_text(bp_device_get_name(bp_backend_get_device(be[nb]))));
+            bp_backend_free(be[nb]);
+            got = TOOL_BAD_LIST;
+        }
+        if (got < 0) {
+            for (int j = 0; j < nb; j++)
+                bp_backend_free(be[j]);
+            return got == TOOL_BAD_LIST ? -2 : -1;
+        }
+        nb += got;
+    }
+    if (nb == 0) {
+        fprintf(stderr, "%s: no devices (see `backplane list`)\n", conf_cmd);
+        return -1;
+    }
+    return nb;
 }
 
 int cmd_conformance(int argc, char **argv)
@@ -169,14 +206,16 @@ int cmd_conformance(int argc, char **argv)
     const char *ops = NULL;
     const char *names[MAX_DEVICES];
     int n_names = 0, threads = 0;
-    bool json = false;
+    bool json = false, list = false;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long long num;
-        if (strcmp(a, "--ops") == 0 && v != NULL) {
+        if ((strcmp(a, "--ops") == 0 || strcmp(a, "-t") == 0) && v == NULL) {
+            return tool_no_value(conf_cmd, a);
+        } else if (strcmp(a, "--ops") == 0) {
             ops = v;
             i++;
-        } else if (strcmp(a, "-t") == 0 && v != NULL) {
+        } else if (strcmp(a, "-t") == 0) {
             if (!tool_parse_int(conf_cmd, a, v, 1, 1024, &num))
                 return 2;
             threads = (int)num;
@@ -184,46 +223,34 @@ int cmd_conformance(int argc, char **argv)
         } else if (strcmp(a, "--json") == 0) {
             json = true;
         } else if (strcmp(a, "--list") == 0) {
-            for (int c = 0; c < conf_n_cases; c++)
-                printf("%-26s %d variants, NMSE <= %g\n", conf_cases[c].name,
-                       conf_cases[c].n_variants, conf_cases[c].max_nmse);
-            return 0;
+            list = true;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             conf_usage(stdout);
             return 0;
-        } else if (a[0] == '-' || n_names == MAX_DEVICES) {
-            fprintf(stderr, "%s: %s '%s'\n", conf_cmd,
-                    a[0] == '-' ? "unknown or incomplete option" : "too many devices, at", a);
-            conf_usage(stderr);
+        } else if (a[0] == '-' || a[0] == '\0') {
+            return tool_bad_arg(conf_cmd, a);
+        } else if (n_names == MAX_DEVICES) {
+            fprintf(stderr, "%s: too many devices (at most %d), at '%s'\n", conf_cmd, MAX_DEVICES,
+                    tool_text(a));
             return 2;
         } else {
             names[n_names++] = a;
         }
+    }
+    if (list) {
+        for (int c = 0; c < conf_n_cases; c++)
+            printf("%-26s %d variants, NMSE <= %g\n", conf_cases[c].name,
+                   conf_cases[c].n_variants, conf_cases[c].max_nmse);
+        return 0;
     }
     if (ops != NULL && !list_valid(ops))
         return 2;
     bp_plugin_load_all();
 
     bp_backend *be[MAX_DEVICES];
-    int nb = 0;
-    if (n_names == 0) {
-        nb = tool_open_backends(NULL, threads, be, MAX_DEVICES, false, NULL);
-        if (nb < 0)
-            return 1;
-    }
-    for (int i = 0; i < n_names; i++) {
-        const int got = tool_open_backends(names[i], threads, be + nb, 1, false, NULL);
-        if (got < 0) {
-            for (int j = 0; j < nb; j++)
-                bp_backend_free(be[j]);
-            return 1;
-        }
-        nb += got;
-    }
-    if (nb == 0) {
-        fprintf(stderr, "%s: no devices (see `backplane list`)\n", conf_cmd);
-        return 1;
-    }
+    const int nb = open_devices(names, n_names, threads, be);
+    if (nb < 0)
+        return -nb;
 
     struct json_writer w;
     if (json) {

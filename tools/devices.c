@@ -221,7 +221,7 @@ static bool list_names(const char *list, struct name_list *names, int room, bool
     const int err = split_devices(list, strlen(list), names, room);
     if (err < 0) {
         fprintf(stderr, "backplane: cannot read the device list '%s': %s (at most %d "
-                "comma-separated names)\n", list, split_error_text(err), room);
+                "comma-separated names)\n", tool_text(list), split_error_text(err), room);
         return false;
     }
     return true;
@@ -236,28 +236,30 @@ static bool named_twice(bp_backend *const *out, char *const *name, int i)
         if (bp_backend_get_device(out[j]) != dev)
             continue;
         if (strcmp(name[j], name[i]) == 0)
-            fprintf(stderr, "backplane: -d lists the device '%s' twice\n", name[i]);
+            fprintf(stderr, "backplane: -d lists the device '%s' twice\n", tool_text(name[i]));
         else
             fprintf(stderr, "backplane: -d lists the device '%s' twice (as '%s' and '%s')\n",
-                    bp_device_get_name(dev), name[j], name[i]);
+                    tool_text(bp_device_get_name(dev)), tool_text(name[j]), tool_text(name[i]));
         return true;
     }
     return false;
 }
 
 /* Opens every named backend into out (*nb counts what is open, also on failure). Duplicates are
- * refused before any rule about the order of the list. False after printing why. */
+ * refused before any rule about the order of the list (*twice is then true). False after
+ * printing why. */
 static bool open_named(const struct name_list *names, int threads,
-                       const struct tool_meta_split *split, bp_backend **out, int *nb)
+                       const struct tool_meta_split *split, bp_backend **out, int *nb, bool *twice)
 {
     for (int i = 0; i < names->n; i++) {
         bp_backend *be = open_backend(names->name[i], threads, split);
         if (be == NULL) {
-            fprintf(stderr, "backplane: device '%s': %s\n", names->name[i], bp_last_error());
+            fprintf(stderr, "backplane: device '%s': %s\n", tool_text(names->name[i]),
+                    tool_text(bp_last_error()));
             return false;
         }
         out[(*nb)++] = be;
-        if (named_twice(out, names->name, i))
+        if ((*twice = named_twice(out, names->name, i)))
             return false;
     }
     return true;
@@ -274,7 +276,7 @@ static bool cpu_last(const struct name_list *names, int threads, bp_backend **ou
         have_cpu = true;
         if (i != *nb - 1) {
             fprintf(stderr, "backplane run: the CPU device '%s' must come last in -d\n",
-                    names->name[i]);
+                    tool_text(names->name[i]));
             return false;
         }
     }
@@ -283,7 +285,7 @@ static bool cpu_last(const struct name_list *names, int threads, bp_backend **ou
     bp_backend *cpu = open_backend("CPU", threads, NULL);
     if (cpu == NULL) {
         fprintf(stderr, "backplane run: no CPU backend to finish the graph with: %s\n",
-                bp_last_error());
+                tool_text(bp_last_error()));
         return false;
     }
     out[(*nb)++] = cpu;
@@ -298,15 +300,16 @@ int tool_open_backends(const char *list, int threads, bp_backend **out, int max,
         max = MAX_NAMES;
     const int room = for_run ? max - 1 : max; /* run keeps a place for the CPU */
     if (!list_names(list, &names, room, for_run))
-        return -1;
+        return TOOL_BAD_LIST;
     int nb = 0;
-    const bool ok = open_named(&names, threads, split, out, &nb) &&
+    bool twice = false;
+    const bool ok = open_named(&names, threads, split, out, &nb, &twice) &&
                     (!for_run || cpu_last(&names, threads, out, &nb));
     names_free(&names);
     if (!ok) {
         for (int i = 0; i < nb; i++)
             bp_backend_free(out[i]);
-        return -1;
+        return twice ? TOOL_BAD_LIST : -1;
     }
     if (nb == 0)
         fprintf(stderr, "backplane: no devices (see `backplane list`)\n");

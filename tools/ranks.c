@@ -85,7 +85,7 @@ bool tool_sync_ranks(const char *devices, bool ok)
         comm_free(c);
     }
     if (st != BP_OK && ok) /* (this rank's own failure was printed where it happened) */
-        fprintf(stderr, "backplane run: rank %d: %s\n", rank, bp_last_error());
+        fprintf(stderr, "backplane run: rank %d: %s\n", rank, tool_text(bp_last_error()));
     bp_buffer_free(buf);
     bp_context_free(ctx);
     bp_backend_free(cpu);

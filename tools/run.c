@@ -67,6 +67,7 @@ struct run_opts {
     bool no_expert_stream; /* --no-expert-stream: whole stacked experts, no cache, no prefetch */
     const char *dot; /* --dot FILE, opened by cmd_run as dot_file before anything runs */
     FILE *dot_file;
+    const char *run_only; /* the first option given that only a run takes (not --save-gguf) */
 };
 
 struct split_info {
@@ -135,9 +136,17 @@ static char *dup_text(const char *s)
 }
 
 /* For printing a field of the result that may have failed to copy. */
+/* or_unknown(s) escaped, for text output (text.c). */
+static const char *shown(const char *s);
+
 static const char *or_unknown(const char *s)
 {
     return s != NULL ? s : "?";
+}
+
+static const char *shown(const char *s)
+{
+    return tool_text(or_unknown(s));
 }
 
 /* The ops the model's long-lived tensors take part in, as each device is asked about them:
@@ -277,16 +286,18 @@ struct run {
     struct model_step st; /* the last step's graph, reused by the next where it can be */
 };
 
-/* Opens the backends of the device list (NULL: the default ones). */
-static bool open_devices(struct run *run, const char *devices)
+/* Opens the backends of the device list (NULL: the default ones). 0, or the exit status after
+ * printing why: 2 for a list that is wrong in itself, else 1. */
+static int open_devices(struct run *run, const char *devices)
 {
     const struct tool_meta_split split = {model_meta_split, (void *)run->cfg};
     run->nb = tool_open_backends(devices, run->o->threads, run->be, MAX_BACKENDS, true, &split);
     if (run->nb < 0) {
+        const int status = run->nb == TOOL_BAD_LIST ? 2 : 1;
         run->nb = 0;
-        return false;
+        return status;
     }
-    return true;
+    return 0;
 }
 
 /* Names, descriptions and plugin files of the open backends, for the report. */
@@ -318,16 +329,9 @@ static bool place_weights(struct run *run)
         if (can[0] != '\0')
             break;
     }
-    if (w < run->nb && run->cfg->n_expert > 0 &&
-        !runs_op(run->be[w], OP_MUL_MAT_ID, run->o->wtype, n_embd)) {
-        fprintf(stderr, "backplane run: %s cannot run MUL_MAT_ID of %s weights, which the "
-                "model's experts need\n", or_unknown(run->r->names[w]),
-                bp_type_name(run->o->wtype));
-        return false;
-    }
     if (w == run->nb || !runs_op(run->be[w], OP_MUL_MAT, run->o->wtype, n_embd)) {
         fprintf(stderr, "backplane run: %s cannot run %s weights; it can run: %s\n",
-                or_unknown(run->r->names[w < run->nb ? w : 0]), bp_type_name(run->o->wtype),
+                shown(run->r->names[w < run->nb ? w : 0]), bp_type_name(run->o->wtype),
                 can[0] ? can : "none of them");
         return false;
     }
@@ -363,10 +367,31 @@ static bool place_experts(struct run *run)
             return true;
         }
     fprintf(stderr, "backplane run: --experts-on names '%s', which is not one of the devices "
-            "of this run:", run->o->experts_on);
+            "of this run:", tool_text(run->o->experts_on));
     for (int i = 0; i < run->nb; i++)
-        fprintf(stderr, "%s %s", i ? "," : "", or_unknown(r->names[i]));
+        fprintf(stderr, "%s %s", i ? "," : "", shown(r->names[i]));
     fprintf(stderr, "\n");
+    return false;
+}
+
+/* The products of a model's experts (MUL_MAT_ID) run where the stacked experts live or, copied
+ * over, on the weights' device: one of the two must run them. */
+static bool experts_runnable(struct run *run)
+{
+    const struct run_result *r = run->r;
+    const int w = r->weights_on, e = r->experts_on;
+    const enum bp_type t = run->o->wtype;
+    if (run->cfg->n_expert == 0 || runs_op(run->be[w], OP_MUL_MAT_ID, t, run->cfg->n_embd) ||
+        (e >= 0 && e != w && runs_op(run->be[e], OP_MUL_MAT_ID, t, run->cfg->n_embd)))
+        return true;
+    if (e >= 0 && e != w)
+        fprintf(stderr, "backplane run: neither %s (the weights) nor %s (--experts-on) can run "
+                "MUL_MAT_ID of %s weights, which the model's experts need\n", shown(r->names[w]),
+                shown(r->names[e]), bp_type_name(t));
+    else
+        fprintf(stderr, "backplane run: %s cannot run MUL_MAT_ID of %s weights, which the "
+                "model's experts need; --experts-on can put them on a device that does\n",
+                shown(r->names[w]), bp_type_name(t));
     return false;
 }
 
@@ -436,7 +461,7 @@ static bool choose_attention(struct run *run)
         fprintf(stderr, "backplane run: %s: %s, which holds the KV cache, does not run "
                 "FLASH_ATTN_EXT for this model\n",
                 run->o->flash_attn == 1 ? "--flash-attn on" : "a quantised KV cache",
-                or_unknown(r->names[r->kv_on]));
+                shown(r->names[r->kv_on]));
         return false;
     }
     r->flash_attn = can && run->o->flash_attn != 0;
@@ -458,7 +483,7 @@ static bool check_memory(struct run *run)
     if (mem_total > 0 && need > mem_free) {
         fprintf(stderr, "backplane run: model '%s' with %s weights needs %.2f GiB for weights "
                 "and KV cache; %s has %.2f GiB free of %.2f GiB\n", cfg->name,
-                bp_type_name(run->o->wtype), need / 1073741824.0, or_unknown(r->names[w]),
+                bp_type_name(run->o->wtype), need / 1073741824.0, shown(r->names[w]),
                 mem_free / 1073741824.0,
                 mem_total / 1073741824.0);
         return false;
@@ -519,8 +544,8 @@ static bool load_model(struct run *run)
     const int w = r->weights_on;
     run->wbuft = weight_buffer_type(run);
     if (run->show && weight_bytes(o) > (64u << 20)) /* takes a while */
-        fprintf(stderr, "loading %s (%s weights) on %s...", cfg->name, bp_type_name(o->wtype),
-                or_unknown(r->names[w]));
+        fprintf(stderr, "loading %s (%s weights) on %s...", tool_text(cfg->name), bp_type_name(o->wtype),
+                shown(r->names[w]));
     const struct model_placement where = {
         .weights = run->wbuft,
         .embedding = r->embd_on == w ? run->wbuft
@@ -536,7 +561,7 @@ static bool load_model(struct run *run)
                                               : model_init(&run->m, cfg, o->wtype, &where, o->seed);
     if (st != BP_OK) {
         fprintf(stderr, "%sbackplane run: cannot load model '%s' on %s: %s\n",
-                run->show ? "\n" : "", cfg->name, or_unknown(r->names[w]), bp_last_error());
+                run->show ? "\n" : "", tool_text(cfg->name), shown(r->names[w]), tool_text(bp_last_error()));
         return false;
     }
     if (run->show)
@@ -565,7 +590,7 @@ static bool new_scheduler(struct run *run)
     if (run->s != NULL) {
         bp_sched_set_used_experts(run->s, !o->expert_copies_all);
         if (bp_sched_set_expert_cache(run->s, o->expert_cache) != BP_OK) {
-            fprintf(stderr, "backplane run: %s\n", bp_last_error());
+            fprintf(stderr, "backplane run: %s\n", tool_text(bp_last_error()));
             return false;
         }
     }
@@ -576,7 +601,7 @@ static bool new_scheduler(struct run *run)
     if (run->s == NULL || run->prompt == NULL || r->tokens == NULL || r->logits == NULL ||
         run->times == NULL) {
         fprintf(stderr, "backplane run: %s\n",
-                run->s == NULL ? bp_last_error() : "out of memory");
+                run->s == NULL ? tool_text(bp_last_error()) : "out of memory");
         return false;
     }
     return true;
@@ -600,7 +625,7 @@ static bool run_prompt(struct run *run)
     bool reused;
     if (step(run->s, &run->m, o->n_prompt, 0, run->prompt, r->logits, &run->st, &reused) !=
         BP_OK) {
-        fprintf(stderr, "backplane run: prompt: %s\n", bp_last_error());
+        fprintf(stderr, "backplane run: prompt: %s\n", tool_text(bp_last_error()));
         return false;
     }
     r->prompt_seconds = bench_now() - t0;
@@ -625,8 +650,8 @@ static bool record_last_step(struct run *run, struct model_step *keep)
     bool ok = true;
     if (run->o->dot_file != NULL && !run->quiet &&
         bp_sched_dump_dot(run->s, keep->graph, run->o->dot_file) != BP_OK) {
-        fprintf(stderr, "backplane run: cannot write the graph to %s: %s\n", run->o->dot,
-                bp_last_error());
+        fprintf(stderr, "backplane run: cannot write the graph to %s: %s\n", tool_text(run->o->dot),
+                tool_text(bp_last_error()));
         ok = false;
     }
     model_step_free(keep);
@@ -665,7 +690,7 @@ static bool generate(struct run *run)
         if (step(run->s, &run->m, 1, o->n_prompt + i - 1, &r->tokens[i - 1], logits, &run->st,
                  &reused) != BP_OK) {
             fprintf(stderr, "%sbackplane run: generating token %d: %s\n", run->show ? "\n" : "",
-                    i + 1, bp_last_error());
+                    i + 1, tool_text(bp_last_error()));
             return false;
         }
         run->times[i - 1] = bench_now() - t0;
@@ -728,20 +753,22 @@ static bool repacked_weights(const char *buft)
 }
 
 /* One run of the model on devices (quiet: the --check run, which writes no --dot); r is filled
- * (and freed by the caller with result_free, also on failure). 0, or 1 after printing why. */
+ * (and freed by the caller with result_free, also on failure). 0, or the exit status after
+ * printing why (2: a device list that is wrong in itself). */
 static int run_once(const struct run_opts *o, const char *devices, struct run_result *r,
                     bool quiet)
 {
     memset(r, 0, sizeof(*r));
     struct run run = {.o = o, .cfg = o->cfg, .r = r, .quiet = quiet};
-    if (!open_devices(&run, devices))
-        return 1;
+    const int opened = open_devices(&run, devices);
+    if (opened != 0)
+        return opened;
     run.show = !quiet && !o->json && isatty(2);
     run.started = bench_now();
     record_devices(&run);
-    bool ok = place_weights(&run) && place_experts(&run) && place_embedding_and_kv(&run) &&
-              choose_attention(&run) && check_memory(&run) && load_model(&run) &&
-              new_scheduler(&run);
+    bool ok = place_weights(&run) && place_experts(&run) && experts_runnable(&run) &&
+              place_embedding_and_kv(&run) && choose_attention(&run) && check_memory(&run) &&
+              load_model(&run) && new_scheduler(&run);
     ok = tool_sync_ranks(devices, ok) && run_prompt(&run) && generate(&run);
     for (int i = 0; ok && i < run.nb; i++)
         r->compute_bytes[i] = bp_sched_get_buffer_size(run.s, run.be[i]);
@@ -752,6 +779,42 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
 static double mib(size_t b)
 {
     return (double)b / 1048576.0;
+}
+
+/* The "experts:" line of the report, without its newline. */
+static void print_experts(const struct run_opts *o, const struct run_result *r)
+{
+    const struct model_config *c = o->cfg;
+    printf("experts:    %d per layer, %d used per token; %.2f MiB %s %s (%s)", c->n_expert,
+           c->n_expert_used, mib(r->expert_bytes), r->experts_on < 0 ? "in" : "on",
+           r->experts_on < 0 ? "the file" : shown(r->names[r->experts_on]),
+           tool_text(r->expert_buft));
+    for (int p = 0; p < r->n_weight_parts && r->experts_on == r->weights_on; p++)
+        printf("%s%.2f", p == 0 ? "; per part: " : " + ", mib(r->expert_part_bytes[p]));
+    if (r->n_weight_parts > 0 && r->experts_on == r->weights_on)
+        printf(" MiB");
+    if (o->n_gen > 1 && r->gen_expert_whole > 0)
+        printf("; copied per generated token: %.3f MiB of experts (%s; whole tensors: %.3f "
+               "MiB), %.3f MiB in all", r->gen_expert_copied / (o->n_gen - 1) / 1048576.0,
+               o->no_expert_stream    ? "--no-expert-stream"
+               : o->expert_copies_all ? "--expert-copies all"
+                                      : "the ones used",
+               r->gen_expert_whole / (o->n_gen - 1) / 1048576.0,
+               r->gen_copied / (o->n_gen - 1) / 1048576.0);
+    if (o->expert_cache > 0 && r->gen_hits + r->gen_misses > 0)
+        printf("; cache of %d per tensor: %.0f hits, %.0f misses (%.1f%% hits)",
+               o->expert_cache, r->gen_hits, r->gen_misses,
+               100.0 * r->gen_hits / (r->gen_hits + r->gen_misses));
+    if (r->prefetch && o->n_gen > 1)
+        printf("; prefetch: %.0f experts loaded ahead (%.3f MiB per generated token of "
+               "those copied), %.0f of them used; per generated token %.3f ms copying, "
+               "%.3f ms waiting, %.3f ms prefetching alongside", r->gen_prefetched,
+               r->gen_prefetch_bytes / (o->n_gen - 1) / 1048576.0, r->gen_prefetch_hits,
+               1e3 * r->gen_copy_s / (o->n_gen - 1),
+               1e3 * r->gen_wait_s / (o->n_gen - 1), 1e3 * r->gen_prefetch_s / (o->n_gen - 1));
+    else if (o->n_gen > 1 && r->gen_expert_whole > 0)
+        printf("; %.3f ms per generated token copying experts",
+               1e3 * r->gen_copy_s / (o->n_gen - 1));
 }
 
 static void print_text(const struct run_opts *o, const struct run_result *r)
@@ -782,50 +845,21 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
     }
     if (r->kv_on == r->weights_on && r->embd_on == r->weights_on)
         printf("buffers:    weights %.2f MiB and KV cache %.2f MiB on %s (%s)",
-               mib(r->weight_bytes), mib(r->kv_bytes), or_unknown(r->names[r->weights_on]),
-               r->weight_buft);
+               mib(r->weight_bytes), mib(r->kv_bytes), shown(r->names[r->weights_on]),
+               tool_text(r->weight_buft));
     else
         printf("buffers:    weights %.2f MiB on %s (%s), token embedding on %s, KV cache %.2f MiB "
-               "on %s", mib(r->weight_bytes), or_unknown(r->names[r->weights_on]), r->weight_buft,
-               or_unknown(r->names[r->embd_on]), mib(r->kv_bytes), or_unknown(r->names[r->kv_on]));
+               "on %s", mib(r->weight_bytes), shown(r->names[r->weights_on]), tool_text(r->weight_buft),
+               shown(r->names[r->embd_on]), mib(r->kv_bytes), shown(r->names[r->kv_on]));
     for (int p = 0; p < r->n_weight_parts; p++)
         printf("%s%.2f", p == 0 ? "; weights per part: " : " + ", mib(r->weight_part_bytes[p]));
     if (r->n_weight_parts > 0)
         printf(" MiB");
     for (int i = 0; i < r->n_backends; i++)
-        printf("; compute %s %.2f MiB", or_unknown(r->names[i]), mib(r->compute_bytes[i]));
+        printf("; compute %s %.2f MiB", shown(r->names[i]), mib(r->compute_bytes[i]));
     printf("\n");
     if (c->n_expert > 0) {
-        printf("experts:    %d per layer, %d used per token; %.2f MiB %s %s (%s)", c->n_expert,
-               c->n_expert_used, mib(r->expert_bytes), r->experts_on < 0 ? "in" : "on",
-               r->experts_on < 0 ? "the file" : or_unknown(r->names[r->experts_on]),
-               r->expert_buft);
-        for (int p = 0; p < r->n_weight_parts && r->experts_on == r->weights_on; p++)
-            printf("%s%.2f", p == 0 ? "; per part: " : " + ", mib(r->expert_part_bytes[p]));
-        if (r->n_weight_parts > 0 && r->experts_on == r->weights_on)
-            printf(" MiB");
-        if (o->n_gen > 1 && r->gen_expert_whole > 0)
-            printf("; copied per generated token: %.3f MiB of experts (%s; whole tensors: %.3f "
-                   "MiB), %.3f MiB in all", r->gen_expert_copied / (o->n_gen - 1) / 1048576.0,
-                   o->no_expert_stream    ? "--no-expert-stream"
-                   : o->expert_copies_all ? "--expert-copies all"
-                                          : "the ones used",
-                   r->gen_expert_whole / (o->n_gen - 1) / 1048576.0,
-                   r->gen_copied / (o->n_gen - 1) / 1048576.0);
-        if (o->expert_cache > 0 && r->gen_hits + r->gen_misses > 0)
-            printf("; cache of %d per tensor: %.0f hits, %.0f misses (%.1f%% hits)",
-                   o->expert_cache, r->gen_hits, r->gen_misses,
-                   100.0 * r->gen_hits / (r->gen_hits + r->gen_misses));
-        if (r->prefetch && o->n_gen > 1)
-            printf("; prefetch: %.0f experts loaded ahead (%.3f MiB per generated token of "
-                   "those copied), %.0f of them used; per generated token %.3f ms copying, "
-                   "%.3f ms waiting, %.3f ms prefetching alongside", r->gen_prefetched,
-                   r->gen_prefetch_bytes / (o->n_gen - 1) / 1048576.0, r->gen_prefetch_hits,
-                   1e3 * r->gen_copy_s / (o->n_gen - 1),
-                   1e3 * r->gen_wait_s / (o->n_gen - 1), 1e3 * r->gen_prefetch_s / (o->n_gen - 1));
-        else if (o->n_gen > 1 && r->gen_expert_whole > 0)
-            printf("; %.3f ms per generated token copying experts",
-                   1e3 * r->gen_copy_s / (o->n_gen - 1));
+        print_experts(o, r);
         printf("\n");
     }
     if (r->gen_reduced > 0 && o->n_gen > 1)
@@ -845,7 +879,7 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
         printf("generation: %d tokens, %d split%s per graph:", o->n_gen - 1, r->gen_splits,
                r->gen_splits == 1 ? "" : "s");
         for (int i = 0; i < r->n_gen_split_info; i++)
-            printf(" %s %d nodes%s", r->gen_split[i].backend, r->gen_split[i].nodes,
+            printf(" %s %d nodes%s", tool_text(r->gen_split[i].backend), r->gen_split[i].nodes,
                    i + 1 < r->n_gen_split_info ? "," : "");
         if (r->gen_splits > r->n_gen_split_info)
             printf(", ...");
@@ -911,7 +945,7 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
         json_member_int(&w, "experts", c->n_expert);
         json_member_int(&w, "experts_used", c->n_expert_used);
         json_member_string(&w, "experts_on",
-                           r->experts_on < 0 ? "file" : or_unknown(r->names[r->experts_on]));
+                           r->experts_on < 0 ? "file" : shown(r->names[r->experts_on]));
         json_member_uint(&w, "expert_bytes", r->expert_bytes);
         json_member_string(&w, "expert_copies", o->expert_copies_all ? "all" : "used");
         json_member_double(&w, "expert_bytes_copied_per_token", r->gen_expert_copied / steps, 10);
@@ -1019,125 +1053,174 @@ static void run_usage(FILE *f)
 
 static const char run_cmd[] = "backplane run";
 
+/* An option whose value is one word of a fixed set: 1 taken, 0 not such an option, 2 after a
+ * message (v is not one of its words). */
+static int take_choice(const char *a, const char *v, struct run_opts *o)
+{
+    if (strcmp(a, "--flash-attn") == 0) {
+        if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0 && strcmp(v, "auto") != 0) {
+            fprintf(stderr, "%s: --flash-attn takes on, off or auto, not '%s'\n", run_cmd,
+                    tool_text(v));
+            return 2;
+        }
+        o->flash_attn = strcmp(v, "on") == 0 ? 1 : strcmp(v, "off") == 0 ? 0 : -1;
+    } else if (strcmp(a, "--kv-type") == 0) {
+        if (strcmp(v, "f16") != 0 && strcmp(v, "q8_0") != 0) {
+            fprintf(stderr, "%s: --kv-type takes f16 or q8_0, not '%s'\n", run_cmd, tool_text(v));
+            return 2;
+        }
+        o->kv_type = v;
+    } else if (strcmp(a, "--precision") == 0) {
+        if (strcmp(v, "full") != 0 && strcmp(v, "half") != 0) {
+            fprintf(stderr, "%s: --precision takes full or half, not '%s'\n", run_cmd,
+                    tool_text(v));
+            return 2;
+        }
+        o->half = strcmp(v, "half") == 0;
+    } else if (strcmp(a, "--expert-prefetch") == 0) {
+        if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0) {
+            fprintf(stderr, "%s: --expert-prefetch is on or off, not '%s'\n", run_cmd,
+                    tool_text(v));
+            return 2;
+        }
+        o->expert_prefetch = strcmp(v, "on") == 0;
+    } else if (strcmp(a, "--expert-copies") == 0) {
+        if (strcmp(v, "used") != 0 && strcmp(v, "all") != 0) {
+            fprintf(stderr, "%s: --expert-copies is used or all, not '%s'\n", run_cmd,
+                    tool_text(v));
+            return 2;
+        }
+        o->expert_copies_all = strcmp(v, "all") == 0;
+        o->expert_copies_given = true;
+    } else if (strcmp(a, "--model") == 0) {
+        if ((o->cfg = model_config_by_name(v)) == NULL) {
+            fprintf(stderr, "%s: no model '%s'; models: %s\n", run_cmd, tool_text(v),
+                    model_config_names());
+            return 2;
+        }
+        o->model_given = true;
+    } else if (strcmp(a, "--wtype") == 0) {
+        if (bp_type_from_name(v, &o->wtype) != BP_OK || o->wtype == BP_TYPE_I32) {
+            fprintf(stderr, "%s: '%s' is not a weight type (f32, f16, bf16, q8_0, q4_0)\n",
+                    run_cmd, tool_text(v));
+            return 2;
+        }
+        o->wtype_given = true;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* An option whose value is a number, a file or a list: 1 taken, 0 not such an option, 2 after a
+ * message. */
+static int take_value(const char *a, const char *v, struct run_opts *o)
+{
+    long long num = 0;
+    const char **text = strcmp(a, "--gguf") == 0        ? &o->gguf_path
+                        : strcmp(a, "--save-gguf") == 0 ? &o->save_gguf
+                        : strcmp(a, "--tokens") == 0    ? &o->tokens_arg
+                        : strcmp(a, "--logits") == 0    ? &o->logits_path
+                        : strcmp(a, "--dot") == 0       ? &o->dot
+                        : strcmp(a, "--experts-on") == 0 ? &o->experts_on
+                        : strcmp(a, "-d") == 0 || strcmp(a, "--devices") == 0 ? &o->devices
+                                                                              : NULL;
+    if (text != NULL) {
+        *text = v;
+    } else if (strcmp(a, "--ctx") == 0) {
+        if (!tool_parse_int(run_cmd, a, v, 1, 1 << 20, &num))
+            return 2;
+        o->n_ctx = (int)num;
+    } else if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) {
+        /* int: the model's positions are int; the context is checked by check_run_opts, once
+         * the model is known. */
+        if (!tool_parse_int(run_cmd, a, v, 1, INT_MAX, &num))
+            return 2;
+        o->n_prompt = (int)num;
+        o->prompt_given = true;
+    } else if (strcmp(a, "-n") == 0 || strcmp(a, "--gen") == 0) {
+        if (!tool_parse_int(run_cmd, a, v, 1, INT_MAX, &num))
+            return 2;
+        o->n_gen = (int)num;
+    } else if (strcmp(a, "-t") == 0 || strcmp(a, "--threads") == 0) {
+        /* 0: the CPU plugin's default; its upper limit is 1024 */
+        if (!tool_parse_int(run_cmd, a, v, 0, 1024, &num))
+            return 2;
+        o->threads = (int)num;
+    } else if (strcmp(a, "--expert-cache") == 0) {
+        if (!tool_parse_int(run_cmd, a, v, 0, 4096, &num))
+            return 2;
+        o->expert_cache = (int)num;
+        o->expert_cache_given = true;
+    } else if (strcmp(a, "--seed") == 0) {
+        if (!tool_parse_u64(run_cmd, a, v, &o->seed))
+            return 2;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* A flag (an option without a value): true when a is one. */
+static bool take_flag(const char *a, struct run_opts *o)
+{
+    if (strcmp(a, "--check") == 0) {
+        o->check = true;
+    } else if (strcmp(a, "--json") == 0) {
+        o->json = true;
+    } else if (strcmp(a, "--no-repack") == 0) {
+        o->no_repack = true;
+        setenv("BP_META_NO_REPACK", "1", 1); /* and a meta device's parts' slices */
+    } else if (strcmp(a, "--no-expert-stream") == 0) {
+        o->no_expert_stream = true;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+/* Whether a is an option that takes a value (take_choice and take_value know them all). */
+static bool takes_value(const char *a)
+{
+    static const char *const names[] = {
+        "--model", "--wtype", "--gguf", "--save-gguf", "--tokens", "--flash-attn", "--kv-type",
+        "--precision", "--logits", "--ctx", "-d", "--devices", "-p", "--prompt", "-n", "--gen",
+        "-t", "--threads", "--expert-cache", "--seed", "--dot", "--experts-on",
+        "--expert-prefetch", "--expert-copies"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcmp(a, names[i]) == 0)
+            return true;
+    return false;
+}
+
 /* The options into o. -1 to go on, else the exit status (0 after --help, 2 after a message). */
 static int parse_run_args(int argc, char **argv, struct run_opts *o)
 {
+    static const char *const save_opts[] = {"--model", "--wtype", "--seed", "--save-gguf"};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool takes = true;
-        long long num = 0;
-        if (strcmp(a, "--model") == 0 && v) {
-            o->cfg = model_config_by_name(v);
-            if (o->cfg == NULL) {
-                fprintf(stderr, "backplane run: no model '%s'; models: %s\n", v,
-                        model_config_names());
-                return 2;
-            }
-            o->model_given = true;
-        } else if (strcmp(a, "--wtype") == 0 && v) {
-            if (bp_type_from_name(v, &o->wtype) != BP_OK || o->wtype == BP_TYPE_I32) {
-                fprintf(stderr, "backplane run: '%s' is not a weight type (f32, f16, bf16, "
-                        "q8_0, q4_0)\n", v);
-                return 2;
-            }
-            o->wtype_given = true;
-        } else if (strcmp(a, "--gguf") == 0 && v) {
-            o->gguf_path = v;
-        } else if (strcmp(a, "--save-gguf") == 0 && v) {
-            o->save_gguf = v;
-        } else if (strcmp(a, "--tokens") == 0 && v) {
-            o->tokens_arg = v;
-        } else if (strcmp(a, "--flash-attn") == 0 && v) {
-            if (strcmp(v, "on") == 0 || strcmp(v, "off") == 0 || strcmp(v, "auto") == 0) {
-                o->flash_attn = strcmp(v, "on") == 0 ? 1 : strcmp(v, "off") == 0 ? 0 : -1;
-            } else {
-                fprintf(stderr, "%s: --flash-attn takes on, off or auto, not '%s'\n", run_cmd, v);
-                return 2;
-            }
-        } else if (strcmp(a, "--kv-type") == 0 && v) {
-            if (strcmp(v, "f16") != 0 && strcmp(v, "q8_0") != 0) {
-                fprintf(stderr, "%s: --kv-type takes f16 or q8_0, not '%s'\n", run_cmd, v);
-                return 2;
-            }
-            o->kv_type = v;
-        } else if (strcmp(a, "--precision") == 0 && v) {
-            if (strcmp(v, "full") != 0 && strcmp(v, "half") != 0) {
-                fprintf(stderr, "%s: --precision takes full or half, not '%s'\n", run_cmd, v);
-                return 2;
-            }
-            o->half = strcmp(v, "half") == 0;
-        } else if (strcmp(a, "--logits") == 0 && v) {
-            o->logits_path = v;
-        } else if (strcmp(a, "--ctx") == 0 && v) {
-            if (!tool_parse_int(run_cmd, a, v, 1, 1 << 20, &num))
-                return 2;
-            o->n_ctx = (int)num;
-        } else if ((strcmp(a, "-d") == 0 || strcmp(a, "--devices") == 0) && v) {
-            o->devices = v;
-        } else if ((strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) && v) {
-            /* int: the model's positions are int; the context is checked by check_run_opts,
-             * once the model is known. */
-            if (!tool_parse_int(run_cmd, a, v, 1, INT_MAX, &num))
-                return 2;
-            o->n_prompt = (int)num;
-            o->prompt_given = true;
-        } else if ((strcmp(a, "-n") == 0 || strcmp(a, "--gen") == 0) && v) {
-            if (!tool_parse_int(run_cmd, a, v, 1, INT_MAX, &num))
-                return 2;
-            o->n_gen = (int)num;
-        } else if ((strcmp(a, "-t") == 0 || strcmp(a, "--threads") == 0) && v) {
-            /* 0: the CPU plugin's default; its upper limit is 1024 */
-            if (!tool_parse_int(run_cmd, a, v, 0, 1024, &num))
-                return 2;
-            o->threads = (int)num;
-        } else if (strcmp(a, "--expert-cache") == 0 && v) {
-            if (!tool_parse_int(run_cmd, a, v, 0, 4096, &num))
-                return 2;
-            o->expert_cache = (int)num;
-            o->expert_cache_given = true;
-        } else if (strcmp(a, "--seed") == 0 && v) {
-            if (!tool_parse_u64(run_cmd, a, v, &o->seed))
-                return 2;
-        } else if (strcmp(a, "--dot") == 0 && v) {
-            o->dot = v;
-        } else if (strcmp(a, "--experts-on") == 0 && v) {
-            o->experts_on = v;
-        } else if (strcmp(a, "--expert-prefetch") == 0 && v) {
-            if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0) {
-                fprintf(stderr, "backplane run: --expert-prefetch is on or off, not '%s'\n", v);
-                return 2;
-            }
-            o->expert_prefetch = strcmp(v, "on") == 0;
-        } else if (strcmp(a, "--expert-copies") == 0 && v) {
-            if (strcmp(v, "used") != 0 && strcmp(v, "all") != 0) {
-                fprintf(stderr, "backplane run: --expert-copies is used or all, not '%s'\n", v);
-                return 2;
-            }
-            o->expert_copies_all = strcmp(v, "all") == 0;
-            o->expert_copies_given = true;
-        } else {
-            takes = false;
-            if (strcmp(a, "--check") == 0) {
-                o->check = true;
-            } else if (strcmp(a, "--json") == 0) {
-                o->json = true;
-            } else if (strcmp(a, "--no-repack") == 0) {
-                o->no_repack = true;
-                setenv("BP_META_NO_REPACK", "1", 1); /* and a meta device's parts' slices */
-            } else if (strcmp(a, "--no-expert-stream") == 0) {
-                o->no_expert_stream = true;
-            } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-                run_usage(stdout);
-                return 0;
-            } else {
-                fprintf(stderr, "backplane run: unknown or incomplete option '%s'\n", a);
-                run_usage(stderr);
-                return 2;
-            }
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            run_usage(stdout);
+            return 0;
         }
-        if (takes)
+        if (!take_flag(a, o)) {
+            /* The value is the next argument as it is ("-p -1" is a bad count, not an option). */
+            if (i + 1 == argc)
+                return takes_value(a) ? tool_no_value(run_cmd, a) : tool_bad_arg(run_cmd, a);
+            int st = take_choice(a, argv[i + 1], o);
+            if (st == 0)
+                st = take_value(a, argv[i + 1], o);
+            if (st == 0)
+                return tool_bad_arg(run_cmd, a);
+            if (st == 2)
+                return 2;
             i++;
+        }
+        bool saves = false;
+        for (size_t k = 0; k < sizeof(save_opts) / sizeof(save_opts[0]); k++)
+            saves |= strcmp(a, save_opts[k]) == 0;
+        if (!saves && o->run_only == NULL)
+            o->run_only = a;
     }
     return -1;
 }
@@ -1163,8 +1246,11 @@ static int parse_tokens(struct run_opts *o)
             end = (char *)p;
         if (end == p || errno != 0 || (*end != ',' && *end != '\0') || v < 0 ||
             v >= o->cfg->n_vocab) {
-            fprintf(stderr, "%s: --tokens: token %d ('%.*s') is not an id in [0, %d) of '%s'\n",
-                    run_cmd, i + 1, (int)strcspn(p, ","), p, o->cfg->n_vocab, o->cfg->name);
+            char *item = strndup(p, strcspn(p, ","));
+            fprintf(stderr, "%s: --tokens: token %d ('%s') is not an id in [0, %d) of '%s'\n",
+                    run_cmd, i + 1, tool_text(item ? item : "?"), o->cfg->n_vocab,
+                    tool_text(o->cfg->name));
+            free(item);
             return -1;
         }
         o->tokens[i] = (int32_t)v;
@@ -1174,47 +1260,9 @@ static int parse_tokens(struct run_opts *o)
     return n;
 }
 
-/* The options fit together and the --dot file can be written (it is opened here, before the
- * model runs, so that a path that cannot be written fails at once). -1 to go on, else the exit
- * status after a message. */
-static int check_run_opts(struct run_opts *o)
+/* The expert options fit the model and each other. -1 to go on, else 2 after a message. */
+static int check_expert_opts(struct run_opts *o)
 {
-    if (o->gguf_path != NULL && (o->save_gguf != NULL || o->wtype_given || o->model_given)) {
-        fprintf(stderr, "%s: --gguf serves the file's model as it is: --%s does not apply\n",
-                run_cmd, o->save_gguf != NULL ? "save-gguf" : o->wtype_given ? "wtype" : "model");
-        return 2;
-    }
-    if (o->tokens_arg != NULL && o->prompt_given) {
-        fprintf(stderr, "%s: --tokens is the prompt: -p does not apply\n", run_cmd);
-        return 2;
-    }
-    if (o->gguf_path != NULL) {
-        o->gguf = bp_gguf_open(o->gguf_path);
-        enum bp_type wtype;
-        if (o->gguf == NULL ||
-            model_gguf_config(o->gguf, &o->file_cfg, o->file_name, sizeof(o->file_name), &wtype) !=
-                BP_OK) {
-            fprintf(stderr, "%s: %s: %s\n", run_cmd, o->gguf_path, bp_last_error());
-            return 1;
-        }
-        o->cfg = &o->file_cfg;
-        o->wtype = wtype;
-    }
-    if (o->n_ctx > 0 || o->kv_type != NULL) {
-        if (o->cfg != &o->file_cfg) {
-            o->file_cfg = *o->cfg;
-            o->cfg = &o->file_cfg;
-        }
-        if (o->n_ctx > 0)
-            o->file_cfg.n_ctx = o->n_ctx;
-        if (o->kv_type != NULL)
-            o->file_cfg.kv_type = strcmp(o->kv_type, "q8_0") == 0 ? BP_TYPE_Q8_0 : BP_TYPE_F16;
-    }
-    if (o->cfg->kv_type == BP_TYPE_Q8_0 && (o->cfg->n_embd / o->cfg->n_head) % 32 != 0) {
-        fprintf(stderr, "%s: --kv-type q8_0 needs heads of a multiple of 32 values; '%s' has "
-                "%d\n", run_cmd, o->cfg->name, o->cfg->n_embd / o->cfg->n_head);
-        return 2;
-    }
     if (o->experts_on != NULL && strcasecmp(o->experts_on, "file") == 0 && o->gguf == NULL) {
         fprintf(stderr, "%s: --experts-on file leaves the experts in the --gguf file; give one\n",
                 run_cmd);
@@ -1229,7 +1277,7 @@ static int check_run_opts(struct run_opts *o)
                 : o->expert_copies_given ? "--expert-copies"
                 : o->no_expert_stream    ? "--no-expert-stream"
                                          : "--expert-prefetch",
-                o->cfg->name);
+                tool_text(o->cfg->name));
         return 2;
     }
     if (o->no_expert_stream && ((o->expert_copies_given && !o->expert_copies_all) ||
@@ -1252,6 +1300,59 @@ static int check_run_opts(struct run_opts *o)
                 "give --expert-cache N (and not --expert-copies all)\n", run_cmd);
         return 2;
     }
+    return -1;
+}
+
+/* The options fit together and the --dot file can be written (it is opened here, before the
+ * model runs, so that a path that cannot be written fails at once). -1 to go on, else the exit
+ * status after a message. */
+static int check_run_opts(struct run_opts *o)
+{
+    if (o->save_gguf != NULL && o->gguf_path == NULL && o->run_only != NULL) {
+        fprintf(stderr, "%s: --save-gguf writes the model and exits: %s does not apply (it "
+                "takes --model, --wtype and --seed)\n", run_cmd, o->run_only);
+        return 2;
+    }
+    if (o->gguf_path != NULL && (o->save_gguf != NULL || o->wtype_given || o->model_given)) {
+        fprintf(stderr, "%s: --gguf serves the file's model as it is: --%s does not apply\n",
+                run_cmd, o->save_gguf != NULL ? "save-gguf" : o->wtype_given ? "wtype" : "model");
+        return 2;
+    }
+    if (o->tokens_arg != NULL && o->prompt_given) {
+        fprintf(stderr, "%s: --tokens is the prompt: -p does not apply\n", run_cmd);
+        return 2;
+    }
+    if (o->gguf_path != NULL) {
+        o->gguf = bp_gguf_open(o->gguf_path);
+        enum bp_type wtype;
+        if (o->gguf == NULL ||
+            model_gguf_config(o->gguf, &o->file_cfg, o->file_name, sizeof(o->file_name), &wtype) !=
+                BP_OK) {
+            fprintf(stderr, "%s: %s: %s\n", run_cmd, tool_text(o->gguf_path),
+                    tool_text(bp_last_error()));
+            return 1;
+        }
+        o->cfg = &o->file_cfg;
+        o->wtype = wtype;
+    }
+    if (o->n_ctx > 0 || o->kv_type != NULL) {
+        if (o->cfg != &o->file_cfg) {
+            o->file_cfg = *o->cfg;
+            o->cfg = &o->file_cfg;
+        }
+        if (o->n_ctx > 0)
+            o->file_cfg.n_ctx = o->n_ctx;
+        if (o->kv_type != NULL)
+            o->file_cfg.kv_type = strcmp(o->kv_type, "q8_0") == 0 ? BP_TYPE_Q8_0 : BP_TYPE_F16;
+    }
+    if (o->cfg->kv_type == BP_TYPE_Q8_0 && (o->cfg->n_embd / o->cfg->n_head) % 32 != 0) {
+        fprintf(stderr, "%s: --kv-type q8_0 needs heads of a multiple of 32 values; '%s' has "
+                "%d\n", run_cmd, tool_text(o->cfg->name), o->cfg->n_embd / o->cfg->n_head);
+        return 2;
+    }
+    const int experts = check_expert_opts(o);
+    if (experts >= 0)
+        return experts;
     if (o->cfg->kv_type == BP_TYPE_Q8_0 && o->flash_attn == 0) {
         fprintf(stderr, "%s: --kv-type q8_0 needs --flash-attn on or auto\n", run_cmd);
         return 2;
@@ -1263,7 +1364,7 @@ static int check_run_opts(struct run_opts *o)
     const int n_ctx = o->cfg->n_ctx;
     if (o->n_prompt > n_ctx || o->n_gen > n_ctx - o->n_prompt + 1) {
         fprintf(stderr, "%s: -p %d and -n %d do not fit the context of '%s': -p + -n - 1 must be "
-                "at most %d\n", run_cmd, o->n_prompt, o->n_gen, o->cfg->name, n_ctx);
+                "at most %d\n", run_cmd, o->n_prompt, o->n_gen, tool_text(o->cfg->name), n_ctx);
         return 2;
     }
     if (o->dot != NULL && o->n_gen < 2) {
@@ -1285,7 +1386,7 @@ static int run_main(struct run_opts *o, struct run_result *r)
         const bool bad = ferror(o->dot_file) != 0;
         if (fclose(o->dot_file) != 0 || bad) {
             if (ran == 0)
-                fprintf(stderr, "%s: cannot write --dot file '%s'\n", run_cmd, o->dot);
+                fprintf(stderr, "%s: cannot write --dot file '%s'\n", run_cmd, tool_text(o->dot));
             ran = 1;
         }
         o->dot_file = NULL;
@@ -1352,8 +1453,8 @@ static bool write_logits(const struct run_opts *o, const struct run_result *r)
         err = errno;
     }
     if (!ok)
-        fprintf(stderr, "%s: cannot write --logits file '%s': %s\n", run_cmd, o->logits_path,
-                strerror(err ? err : EIO));
+        fprintf(stderr, "%s: cannot write --logits file '%s': %s\n", run_cmd,
+                tool_text(o->logits_path), strerror(err ? err : EIO));
     return ok;
 }
 
@@ -1369,11 +1470,12 @@ static int save_model(const struct run_opts *o)
         model_free(&m);
     }
     if (st != BP_OK) {
-        fprintf(stderr, "%s: cannot write '%s': %s\n", run_cmd, o->save_gguf, bp_last_error());
+        fprintf(stderr, "%s: cannot write '%s': %s\n", run_cmd, tool_text(o->save_gguf),
+                tool_text(bp_last_error()));
         return 1;
     }
-    printf("wrote %s: model %s (%s weights, seed %llu) as a llama GGUF file\n", o->save_gguf,
-           o->cfg->name, bp_type_name(o->wtype), (unsigned long long)o->seed);
+    printf("wrote %s: model %s (%s weights, seed %llu) as a llama GGUF file\n",
+           tool_text(o->save_gguf), tool_text(o->cfg->name), bp_type_name(o->wtype), (unsigned long long)o->seed);
     return 0;
 }
 
@@ -1408,9 +1510,10 @@ static int run_cmd_main(struct run_opts *o_)
         return 1;
 
     struct run_result r, ref;
-    if (run_main(&o, &r) != 0) {
+    const int ran = run_main(&o, &r);
+    if (ran != 0) {
         result_free(&r);
-        return 1;
+        return ran;
     }
     r.n_ranks = n_ranks;
     struct run_check c = {.agree = true, .pass = true};
@@ -1421,11 +1524,11 @@ static int run_cmd_main(struct run_opts *o_)
          * router can turn into another expert on a near tie. */
         struct run_opts ro = o;
         ro.no_repack = o.no_repack || !repacked_weights(r.weight_buft);
-        const int ran = run_once(&ro, "CPU", &ref, true);
-        if (ran == 0)
+        const int ref_ran = run_once(&ro, "CPU", &ref, true);
+        if (ref_ran == 0)
             c = compare_runs(&o, &r, &ref);
         result_free(&ref);
-        if (ran != 0) {
+        if (ref_ran != 0) {
             result_free(&r);
             return 1;
         }

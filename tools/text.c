@@ -1,22 +1,36 @@
-/* text.c - printing text that comes from outside the tool (file names, device names and
- * descriptions) on a terminal: control characters are written as C escapes, so a name with a
- * newline or a terminal escape sequence cannot forge lines or reprogram the terminal. The
- * JSON output has its own writer (json.c). */
+/* text.c - printing text that comes from outside the tool (file names, device, plugin and
+ * tensor names, option values, error sentences) on a terminal, escaped by the runtime's rule
+ * (runtime/escape.c): control characters as C escapes, C1 controls and bytes that are not
+ * UTF-8 as "\xNN", so a name cannot forge lines or reprogram the terminal. The JSON output has
+ * its own writer (json.c). */
 #include "config.h"
 
 #include <stdio.h>
 
+#include "../runtime/escape.h"
 #include "tool.h"
 
 void tool_put_text(const char *s, FILE *f)
 {
-    static const char letters[] = "abtnvfr"; /* \a (7) .. \r (13) */
-    for (const unsigned char *p = (const unsigned char *)(s ? s : "(null)"); *p; p++) {
-        if (*p >= 7 && *p <= 13)
-            fprintf(f, "\\%c", letters[*p - 7]);
-        else if (*p < 0x20 || *p == 0x7f)
-            fprintf(f, "\\x%02x", *p);
-        else
-            fputc(*p, f);
+    for (const char *p = s ? s : "(null)"; *p != '\0';) {
+        char piece[BP__ESCAPE_STEP_MAX];
+        size_t len;
+        p += bp__escape_step(p, piece, &len);
+        fwrite(piece, 1, len, f);
     }
+}
+
+/* A few buffers in turn, so that one printf can show several escaped strings; per thread, so
+ * that threads cannot overwrite each other's. */
+#define TEXT_SLOTS 4
+#define TEXT_SIZE 2048
+
+const char *tool_text(const char *s)
+{
+    static _Thread_local char slots[TEXT_SLOTS][TEXT_SIZE];
+    static _Thread_local int next;
+    char *out = slots[next];
+    next = (next + 1) % TEXT_SLOTS;
+    bp__escape_controls(out, TEXT_SIZE, s ? s : "(null)");
+    return out;
 }

@@ -24,9 +24,13 @@ int tool_process_rank(const char *devices, int *n_ranks);
  * false when this rank or another failed (printed, naming the rank); else ok (ranks.c). */
 bool tool_sync_ranks(const char *devices, bool ok);
 
-/* Writes s to f with control characters as C escapes ("\n", "\x1b"): for names and paths
- * that come from outside the tool, printed as text (text.c). */
+/* Writes s to f escaped (control characters as C escapes, "\n"; C1 controls and bytes that are
+ * not UTF-8 as "\x1b"): for names, paths, option values and messages that come from outside
+ * the tool, printed as text (text.c). */
 void tool_put_text(const char *s, FILE *f);
+/* s escaped the same way, for a printf argument: one of four per-thread buffers used in turn
+ * (so one call may show up to four), cut with "..." past 2 KiB; NULL shows as "(null)". */
+const char *tool_text(const char *s);
 
 /* A file the tool writes, named by opt ("--dot") of cmd: created (0666 less the umask) or
  * emptied, without blocking; anything but a regular file (a FIFO, a device, a directory) is
@@ -44,8 +48,11 @@ struct tool_meta_split {
  * devices), at most max, into out (devices.c). for_run: the default is every GPU, the CPU is
  * added last when missing and must be last; otherwise the default is every device. split
  * (optional): how meta devices store weights; NULL leaves them to the meta plugin's policy.
- * Returns how many (the caller frees each with bp_backend_free), or -1 after printing why
- * (nothing left open). */
+ * Returns how many (the caller frees each with bp_backend_free), or after printing why (nothing
+ * left open) TOOL_BAD_LIST when the list itself is wrong (an empty name, unbalanced parentheses,
+ * too many names, a device named twice: exit status 2), else -1 (a device that cannot be
+ * opened). */
+#define TOOL_BAD_LIST (-2)
 int tool_open_backends(const char *list, int threads, bp_backend **out, int max, bool for_run,
                        const struct tool_meta_split *split);
 
@@ -58,8 +65,17 @@ bool tool_parse_u64(const char *cmd, const char *opt, const char *text, uint64_t
 /* A duration in seconds: finite, above 0, at most max. */
 bool tool_parse_seconds(const char *cmd, const char *opt, const char *text, double max,
                         double *out);
-/* "1,8,32": 1 to max_n whole numbers in [min, max]; their count. */
+/* "1,8,32": 1 to max_n distinct whole numbers in [min, max]; their count. */
 int tool_parse_int_list(const char *cmd, const char *opt, const char *text, long long min,
                         long long max, long long *out, int max_n);
+
+/* What a command does not understand, each said on stderr; both return 2, the exit status.
+ * tool_bad_arg: "<cmd>: unknown option '-x'" or "<cmd>: unexpected argument 'x'" (arg is not an
+ * option); tool_no_value: "<cmd>: <opt> needs a value" (the last argument). */
+int tool_bad_arg(const char *cmd, const char *arg);
+int tool_no_value(const char *cmd, const char *opt);
+/* A comma-separated list of names: not empty, no empty entry, no entry twice; else false after
+ * saying which on stderr (args.c). */
+bool tool_check_list(const char *cmd, const char *opt, const char *text);
 
 #endif

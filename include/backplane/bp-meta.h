@@ -43,17 +43,20 @@ struct bp_meta_split {
 typedef bool (*bp_meta_split_fn)(const bp_tensor *weight, int n_devices, struct bp_meta_split *out,
                                  void *user_data);
 
-/* The "bp_meta_device_new" proc address of the "Meta" registry. The same devices (in the same
- * order) give the same meta device. Owned by the meta plugin. */
+/* The "bp_meta_device_new" proc address of the "Meta" registry. A meta device is keyed by its
+ * devices (in order), split and user_data: the same key gives the same meta device; another
+ * split or user_data over the same devices gives another device, of the same name, that stores
+ * its weights by its own policy. split NULL is the default policy (user_data is then ignored),
+ * the device a "Meta(A,B,...)" name gives. Owned by the meta plugin. */
 typedef bp_device *(*bp_meta_device_new_fn)(bp_device *const *devices, int n,
                                             bp_meta_split_fn split, void *user_data);
 
 /* The "bp_meta_device_by_name" proc address: the meta device a "Meta(A,B,...)" name describes
- * (as bp_backend_init_by_name reads it), stored with the split policy (split, user_data) when it
- * is new. The way to give a policy to a device with parts on other processes ("DEVICE@RANK",
- * the distributed guide): every rank calls it with the same name and policy. A rank that fails
- * here (its device missing) tells the others when they make the device's backend, where they
- * then fail too. */
+ * (as bp_backend_init_by_name reads it) with the split policy (split, user_data), keyed as
+ * bp_meta_device_new keys devices. The way to give a policy to a device with parts on other
+ * processes ("DEVICE@RANK", the distributed guide): every rank calls it with the same name and
+ * policy. A rank that fails here (its device missing) tells the others when they make the
+ * device's backend, where they then fail too. */
 typedef bp_device *(*bp_meta_device_by_name_fn)(const char *name, bp_meta_split_fn split,
                                                 void *user_data);
 

@@ -425,11 +425,12 @@ static bool parts_valid(const struct parts *ps, int n, const char *who)
     return true;
 }
 
-/* The meta device over devices[0..n) with split policy (fn, user): one device per name, so
- * asking again for the same parts gives the device already made. A request without a policy
- * (fn NULL, as "Meta(...)" names make) takes the device whatever policy it was made with; a
- * request with a policy other than the existing device's is an error, since the policy decides
- * how that device's weights are stored. `who` starts every error message. */
+/* The meta device over devices[0..n) with split policy (fn, user), keyed as ggml keys its meta
+ * devices: the same parts in the same order with the same callback and user data give the device
+ * already made; another callback or user data makes another device over the same parts (of the
+ * same name: the policy decides how each one's weights are stored, so one device cannot change
+ * policy under buffers that exist). No callback (fn NULL, as "Meta(...)" names make) is the
+ * default policy, and the user data then means nothing. `who` starts every error message. */
 static bp_device *find_or_make(const struct parts *ps, int n, bp_meta_split_fn fn, void *user,
                                const char *who, char *name);
 
@@ -464,19 +465,15 @@ static bp_device *find_or_make(const struct parts *ps, int n, bp_meta_split_fn f
         bool same_parts = md->n == n && md->ranked == (ps->ranks != NULL);
         for (int i = 0; same_parts && i < n; i++)
             same_parts = md->parts[i] == devices[i] && (!md->ranked || md->rank[i] == ps->ranks[i]);
-        free(name);
         if (!same_parts) {
+            free(name);
             bp_set_error(BP_ERR_INVALID_ARG, "%s: a meta device named '%.*s%s' already exists "
                          "over other devices of the same names", who, SHOW(md->name));
             return NULL;
         }
-        if (fn != NULL && (md->split_fn != fn || md->split_user != user)) {
-            bp_set_error(BP_ERR_INVALID_ARG, "%s: '%.*s%s' already exists with %s split policy; "
-                         "one set of devices makes one meta device, so use that device (or ask "
-                         "without a policy)", who, SHOW(md->name),
-                         md->split_fn ? "another" : "the default");
-            return NULL;
-        }
+        if (md->split_fn != fn || md->split_user != user)
+            continue; /* the same parts under another policy: another device */
+        free(name);
         return md->dev;
     }
     if (n_devices() == MAX_META_DEVICES) {
@@ -563,26 +560,12 @@ static int take_rank(char *item, const char *name)
     return (int)v;
 }
 
-/* "Meta(A,B,...)": the meta device over the named devices (the default policy when it is new).
- * The whole name is parsed, with no length limit: "Meta(" in any case, one or more device names
- * separated by commas (spaces around a name are ignored), ")" and nothing after it. An empty
- * name, a device listed twice, a nested "(" and anything after the ")" are errors. A name
- * "DEVICE@RANK" is a part on the process of that MPI rank (docs/distributed.md): every rank
- * makes the same device, holding and computing its own parts only; a part without '@' is on
- * the calling process. */
-static bp_device *meta_device_by_name(const char *name, bp_meta_split_fn fn, void *user)
+/* The part names of "Meta(A,B,...)" (name, already known to start with "Meta(") into names
+ * (heap copies, the caller frees them) and their ranks (-1: this process); their count, or -1
+ * after an error. The whole name is read: one or more names separated by commas, spaces around
+ * a name ignored, ")" and nothing after it. */
+static int parse_parts(const char *name, char **names, int *ranks)
 {
-    if (name == NULL)
-        return (bp_device *)(bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_device_by_name: name is "
-                                          "NULL"), NULL);
-    if (strncasecmp(name, "Meta(", 5) != 0)
-        return (bp_device *)(bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' is not of the form "
-                                          "Meta(A,B,...)", SHOW(name)), NULL);
-    bp_device *devs[BP_META_MAX_DEVICES] = {0};
-    char *names[BP_META_MAX_DEVICES] = {0};
-    int ranks[BP_META_MAX_DEVICES];
-    bool ranked = false;
-    bp_device *md = NULL;
     int n = 0;
     const char *p = name + 5;
     for (;;) {
@@ -596,12 +579,12 @@ static bp_device *meta_device_by_name(const char *name, bp_meta_split_fn fn, voi
         if (sep == '\0') {
             bp_set_error(BP_ERR_INVALID_ARG, "no closing parenthesis in '%.*s%s' (the form is "
                          "Meta(A,B,...))", SHOW(name));
-            goto done;
+            return -1;
         }
         if (sep == '(') {
             bp_set_error(BP_ERR_INVALID_ARG, "'(' inside '%.*s%s': a meta device cannot be a "
                          "part of another", SHOW(name));
-            goto done;
+            return -1;
         }
         if (start == stop) {
             if (n == 0 && sep == ')')
@@ -609,22 +592,21 @@ static bp_device *meta_device_by_name(const char *name, bp_meta_split_fn fn, voi
             else
                 bp_set_error(BP_ERR_INVALID_ARG, "device %d of '%.*s%s' is empty (an extra or "
                              "missing comma?)", n + 1, SHOW(name));
-            goto done;
+            return -1;
         }
         if (n == BP_META_MAX_DEVICES) {
             bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' names more than %d devices", SHOW(name),
                          BP_META_MAX_DEVICES);
-            goto done;
+            return -1;
         }
         if ((names[n] = malloc((size_t)(stop - start) + 1)) == NULL) {
             bp_set_error(BP_ERR_OUT_OF_MEMORY, "out of memory parsing '%.*s%s'", SHOW(name));
-            goto done;
+            return -1;
         }
         memcpy(names[n], start, (size_t)(stop - start));
         names[n][stop - start] = '\0';
         if ((ranks[n] = take_rank(names[n], name)) == -2)
-            goto done;
-        ranked |= ranks[n] >= 0;
+            return -1;
         n++;
         p = end + 1;
         if (sep == ')')
@@ -633,40 +615,71 @@ static bp_device *meta_device_by_name(const char *name, bp_meta_split_fn fn, voi
     if (*p != '\0') {
         bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' after the closing parenthesis of '%.*s%s'",
                      SHOW(p), SHOW(name));
-        goto done;
+        return -1;
     }
-    int me = 0, n_ranks = 1;
-    if (ranked) { /* which parts are this process's */
-        bp_comm_world_fn world;
-        bp_comm_init_ranks_fn init;
-        bp_comm_allreduce_checked_fn allreduce;
-        bp_comm_free_fn comm_free;
-        if (!mpi_procs(&world, &init, &allreduce, &comm_free, name) ||
-            world(&me, &n_ranks) != BP_OK)
-            goto done;
-        for (int i = 0; i < n; i++) {
-            if (ranks[i] < 0)
-                ranks[i] = me;
-            if (ranks[i] >= n_ranks) {
-                bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s': part %d is on rank %d, but the "
-                             "program runs as %d process%s (ranks 0 to %d)", SHOW(name), i,
-                             ranks[i], n_ranks, n_ranks == 1 ? "" : "es", n_ranks - 1);
-                goto done;
-            }
+    return n;
+}
+
+/* Parts across processes: this process's rank into *me, and every part without a rank is on
+ * it. False after an error (a rank the program does not have). */
+static bool resolve_ranks(const char *name, int *ranks, int n, int *me)
+{
+    int n_ranks = 1;
+    bp_comm_world_fn world;
+    bp_comm_init_ranks_fn init;
+    bp_comm_allreduce_checked_fn allreduce;
+    bp_comm_free_fn comm_free;
+    if (!mpi_procs(&world, &init, &allreduce, &comm_free, name) || world(me, &n_ranks) != BP_OK)
+        return false;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0)
+            ranks[i] = *me;
+        if (ranks[i] >= n_ranks) {
+            bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s': part %d is on rank %d, but the program "
+                         "runs as %d process%s (ranks 0 to %d)", SHOW(name), i, ranks[i],
+                         n_ranks, n_ranks == 1 ? "" : "es", n_ranks - 1);
+            return false;
         }
     }
-    char who[SHOWN + 8];
-    snprintf(who, sizeof(who), "'%.*s%s'", SHOW(name));
-    enum bp_status st = BP_OK;
-    for (int i = 0; i < n && st == BP_OK; i++)
-        if (!ranked || ranks[i] == me)
-            st = (devs[i] = bp_device_by_name(names[i])) != NULL ? BP_OK : bp_last_status();
-    /* (the lookup's error names the device and lists those that exist) */
-    const struct parts ps = {devs, ranked ? ranks : NULL, names};
-    md = st == BP_OK ? device_for(&ps, n, fn, user, who) : NULL;
-    if (md == NULL && ranked) /* the other ranks are told, and fail too */
-        tell_ranks(ranks, n, bp_last_status(), name);
-done:
+    return true;
+}
+
+/* "Meta(A,B,...)": the meta device over the named devices with the split policy (fn, user), made
+ * when new (find_or_make: the same parts and policy give the same device). The name is parsed
+ * whole, with no length limit (parse_parts): an empty name, a device listed twice, a nested "("
+ * and anything after the ")" are errors. A name "DEVICE@RANK" is a part on the process of that
+ * MPI rank (docs/distributed.md): every rank makes the same device, holding and computing its
+ * own parts only; a part without '@' is on the calling process. */
+static bp_device *meta_device_by_name(const char *name, bp_meta_split_fn fn, void *user)
+{
+    if (name == NULL)
+        return (bp_device *)(bp_set_error(BP_ERR_INVALID_ARG, "bp_meta_device_by_name: name is "
+                                          "NULL"), NULL);
+    if (strncasecmp(name, "Meta(", 5) != 0)
+        return (bp_device *)(bp_set_error(BP_ERR_INVALID_ARG, "'%.*s%s' is not of the form "
+                                          "Meta(A,B,...)", SHOW(name)), NULL);
+    bp_device *devs[BP_META_MAX_DEVICES] = {0};
+    char *names[BP_META_MAX_DEVICES] = {0};
+    int ranks[BP_META_MAX_DEVICES];
+    bp_device *md = NULL;
+    const int n = parse_parts(name, names, ranks);
+    bool ranked = false;
+    for (int i = 0; i < n; i++)
+        ranked |= ranks[i] >= 0;
+    int me = 0;
+    if (n > 0 && (!ranked || resolve_ranks(name, ranks, n, &me))) {
+        char who[SHOWN + 8];
+        snprintf(who, sizeof(who), "'%.*s%s'", SHOW(name));
+        enum bp_status st = BP_OK;
+        for (int i = 0; i < n && st == BP_OK; i++)
+            if (!ranked || ranks[i] == me)
+                st = (devs[i] = bp_device_by_name(names[i])) != NULL ? BP_OK : bp_last_status();
+        /* (the lookup's error names the device and lists those that exist) */
+        const struct parts ps = {devs, ranked ? ranks : NULL, names};
+        md = st == BP_OK ? device_for(&ps, n, fn, user, who) : NULL;
+        if (md == NULL && ranked) /* the other ranks are told, and fail too */
+            tell_ranks(ranks, n, bp_last_status(), name);
+    }
     for (int i = 0; i < BP_META_MAX_DEVICES; i++)
         free(names[i]);
     return md;

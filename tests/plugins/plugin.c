@@ -11,7 +11,8 @@
  *   MODE_NEEDS_LIB                init calls into libbpmissing.so, which is never installed
  *   MODE_OP_SUBSET                an accelerator with a partial op set and a host buffer
  *                                 type, like a GPU (scheduler tests); $BP_TEST_ACCEL_WRONG_OP
- *                                 names an op it then computes wrongly
+ *                                 names an op it then computes wrongly, $BP_TEST_ACCEL_NO_OP
+ *                                 one it then declines
  *   MODE_INIT_CRASH               init dereferences a null pointer (probing tests)
  *   MODE_SWAP_ON_INIT             init renames $BP_TEST_SWAP_FROM over $BP_TEST_SWAP_TO (its own
  *                                 file, in the test that the file checked is the file loaded) */
@@ -60,6 +61,11 @@ static bp_registry *plugin_init(void)
     for (int op = 0; wrong != NULL && op < BP_OP_COUNT; op++)
         if (strcmp(bp_op_name((enum bp_op)op), wrong) == 0)
             test_device_set_wrong_op(op);
+    /* BP_TEST_ACCEL_NO_OP=MUL_MAT_ID: a device without that kernel, for `backplane run`. */
+    const char *no = getenv("BP_TEST_ACCEL_NO_OP");
+    for (int op = 0; no != NULL && op < BP_OP_COUNT; op++)
+        if (strcmp(bp_op_name((enum bp_op)op), no) == 0)
+            test_device_set_declined_op(op);
 #endif
 #ifdef MODE_SWAP_ON_INIT
     const char *from = getenv("BP_TEST_SWAP_FROM"), *to = getenv("BP_TEST_SWAP_TO");
