@@ -29,8 +29,9 @@ static void usage(FILE *f)
                "  list [--json]  list every plugin considered (and why it did or did not load)\n"
                "                 and every device\n"
                "  ops            list the element types and ops the runtime knows\n"
-               "  run [options]  serve a transformer (tiny, small or base) on chosen devices:\n"
-               "                 a prompt, then greedy generation (backplane run --help)\n"
+               "  run [options]  serve a transformer (tiny, small, base, moe, or a GGUF file) on\n"
+               "                 chosen devices: a prompt, then greedy generation\n"
+               "                 (backplane run --help)\n"
                "  bench [opts]   matmul and element-wise throughput on chosen devices (-d LIST,\n"
                "                 --types, --M, --K, --N, -t, --min-time) beside the machine's\n"
                "                 FMA peak and triad bandwidth; --types q4_0_repack or\n"
@@ -46,7 +47,7 @@ static void usage(FILE *f)
                "status 2 and its usage line on stderr.\n"
                "\n"
                "environment: BP_PLUGIN_PATH, BP_PLUGINS_ONLY, BP_PLUGINS_DISABLE, BP_CPU_DISABLE,\n"
-               "BP_LOG_LEVEL (see README.md)\n");
+               "BP_LOG_LEVEL and others (backplane(1), README.md)\n");
 }
 
 /* For the commands that take no arguments: -1 to go on, else the exit status (0 after -h). */
