@@ -396,8 +396,8 @@ void bp_backend_free(bp_backend *backend)
         return;
     /* Free waits: the plugin's free may assume nothing is queued any more (bp-plugin.h). An
      * error of the last work has nobody left to be returned to. */
+    /* (bp_last_error() is left as the caller's last call set it, unless this wait fails) */
     if (BP_HAS(struct bp_backend_iface, backend->iface, synchronize)) {
-        bp_clear_error();
         if (backend->iface->synchronize(backend) != BP_OK)
             bp_log(BP_LOG_WARN, "backend %s: queued work failed before it was freed: %s",
                    bp_backend_get_name(backend), bp_last_error());
@@ -431,7 +431,6 @@ enum bp_status bp_backend_synchronize(bp_backend *backend)
     if (!BP_HAS(struct bp_backend_iface, backend->iface, synchronize))
         return BP_OK;
     BACKEND_ENTER(backend, BP_ERR_BUSY);
-    bp_clear_error();
     enum bp_status st = backend->iface->synchronize(backend);
     if (st != BP_OK && bp_last_status() == BP_OK)
         bp__error(st, "backend %s: queued work failed (%s)", bp_backend_get_name(backend),
@@ -440,6 +439,9 @@ enum bp_status bp_backend_synchronize(bp_backend *backend)
     return st;
 }
 
+/* The wrappers below do not clear bp_last_error() first: a caller's earlier error must survive
+ * a wait that succeeds (bp_sched_graph_compute synchronizes after a failed compute). A plugin
+ * that fails without a sentence gets one where no older error is still recorded. */
 enum bp_status bp_backend_synchronize_timeout(bp_backend *backend, int64_t timeout_ns)
 {
     CHECK_HANDLE(backend, BP_ERR_INVALID_ARG);
@@ -450,7 +452,6 @@ enum bp_status bp_backend_synchronize_timeout(bp_backend *backend, int64_t timeo
     if (!BP_HAS(struct bp_backend_iface, backend->iface, synchronize_timeout))
         return bp_backend_synchronize(backend);
     BACKEND_ENTER(backend, BP_ERR_BUSY);
-    bp_clear_error();
     enum bp_status st = backend->iface->synchronize_timeout(backend, timeout_ns);
     if (st == BP_ERR_TIMEOUT && bp_last_status() != BP_ERR_TIMEOUT)
         bp__error(st, "backend %s: queued work did not finish within %lld ns; it is still "
@@ -867,7 +868,6 @@ enum bp_status bp_event_wait(bp_event *event, bp_backend *backend)
 enum bp_status bp_event_synchronize(bp_event *event)
 {
     CHECK_HANDLE(event, BP_ERR_INVALID_ARG);
-    bp_clear_error();
     enum bp_status st = event->device->iface->event_synchronize(event->device, event->handle);
     if (st != BP_OK && bp_last_status() == BP_OK)
         bp__error(st, "device %s: waiting for an event failed (%s)",
@@ -884,7 +884,6 @@ enum bp_status bp_event_synchronize_timeout(bp_event *event, int64_t timeout_ns)
     bp_device *dev = event->device;
     if (!BP_HAS(struct bp_device_iface, dev->iface, event_synchronize_timeout))
         return bp_event_synchronize(event); /* no deadline-aware wait: documented */
-    bp_clear_error();
     enum bp_status st = dev->iface->event_synchronize_timeout(dev, event->handle, timeout_ns);
     if (st == BP_ERR_TIMEOUT && bp_last_status() != BP_ERR_TIMEOUT)
         bp__error(st, "device %s: the event did not happen within %lld ns",

@@ -86,13 +86,14 @@ static void prog_free(struct prog *p)
     bp_context_free(p->ctx);
 }
 
-/* out (read with plain bp_tensor_get) is (x + y) * 2 elementwise, x and y as prog_init set. */
-static void assert_result(const bp_tensor *out, float x_scale)
+/* out (read with plain bp_tensor_get) is (x + y) * 2 elementwise, y = 1 as prog_init set it
+ * and x[i] = x_scale * i + x_add. */
+static void assert_result(const bp_tensor *out, float x_scale, float x_add)
 {
     float got[N];
     ck_assert_int_eq(bp_tensor_get(out, got, 0, sizeof(got)), BP_OK);
     for (int i = 0; i < N; i++)
-        ck_assert_msg(got[i] == ((float)i * x_scale + 1.0f) * 2.0f, "element %d is %g", i,
+        ck_assert_msg(got[i] == ((float)i * x_scale + x_add + 1.0f) * 2.0f, "element %d is %g", i,
                       (double)got[i]);
 }
 
@@ -135,7 +136,7 @@ START_TEST(test_plain_get_waits_for_queued_work)
     pthread_t t;
     ck_assert_int_eq(pthread_create(&t, NULL, release_later, a), 0);
     const double t0 = now_s();
-    assert_result(p.out, 1.0f);
+    assert_result(p.out, 1.0f, 0.0f);
     ck_assert_double_ge(now_s() - t0, 0.05); /* it did wait */
     pthread_join(t, NULL);
     ck_assert_int_eq(bp_backend_synchronize(a), BP_OK);
@@ -159,7 +160,7 @@ START_TEST(test_synchronize_deadline)
     hold(a, false);
     ck_assert_msg(bp_backend_synchronize_timeout(a, 10LL * 1000 * 1000 * 1000) == BP_OK, "%s",
                   bp_last_error());
-    assert_result(p.out, 1.0f);
+    assert_result(p.out, 1.0f, 0.0f);
     ck_assert_int_eq(bp_backend_synchronize_timeout(a, 0), BP_OK); /* nothing left */
     prog_free(&p);
 }
@@ -236,7 +237,7 @@ START_TEST(test_event_between_async_backends)
     bp_event_free(ev); /* while b's wait on it is still queued */
     hold(a, false);
     ck_assert_int_eq(bp_backend_synchronize_timeout(b, 10LL * 1000 * 1000 * 1000), BP_OK);
-    assert_result(q.out, 2.0f); /* x = (i + 1) * 2: ((2i + 2) + 1) * 2 */
+    assert_result(q.out, 2.0f, 2.0f); /* q.x = p.out = (i + 1) * 2 */
     prog_free(&q);
     prog_free(&p);
 }
@@ -256,7 +257,7 @@ START_TEST(test_worker_error_reported_once)
     ck_assert_error_has(BP_ERR_BACKEND, "ASYNC0: a queued graph failed");
     ck_assert_int_eq(bp_backend_synchronize(a), BP_OK);
     ck_assert_int_eq(bp_backend_synchronize(a), BP_OK);
-    assert_result(p.out, 1.0f); /* the second graph ran */
+    assert_result(p.out, 1.0f, 0.0f); /* the second graph ran */
 
     fail_next(a);
     ck_assert_int_eq(bp_backend_graph_compute_async(a, p.g), BP_OK);
@@ -296,7 +297,7 @@ START_TEST(test_free_waits)
     bp_backend_free(a);
     a = NULL;
     pthread_join(t, NULL);
-    assert_result(p.out, 1.0f);
+    assert_result(p.out, 1.0f, 0.0f);
     prog_free(&p);
 }
 END_TEST
