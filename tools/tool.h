@@ -27,6 +27,9 @@ bool tool_sync_ranks(const char *devices, bool ok);
 /* Writes s to f with control characters as C escapes ("\n", "\x1b"): for names and paths
  * that come from outside the tool, printed as text (text.c). */
 void tool_put_text(const char *s, FILE *f);
+/* Writes a, b and c as "0.13 GiB", or in MiB ("131.50 MiB") or exact bytes when a and b would
+ * otherwise print the same although they differ (text.c). */
+void tool_format_sizes(size_t a, size_t b, size_t c, char out[3][40]);
 
 /* How a "Meta(A,B,...)" device stores the weights: fn and user go to bp_meta_device_new. */
 struct tool_meta_split {
