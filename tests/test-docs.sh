@@ -22,8 +22,8 @@ check "make install puts the example plugin under \$(docdir)/examples" sh -c "
 check "the example plugin compiles with -Wpedantic against the public headers" \
     $cc -std=c11 -Wall -Wextra -Wpedantic -Werror -I"$srcdir/include" -I"$builddir/include" \
     -fsyntax-only "$srcdir/examples/example-plugin.c"
-check "make install puts the asynchronous example plugin beside it" \
-    sh -c "find '$tmp/dest' -path '*/share/doc/backplane/examples/example-async-plugin.c' | grep -q ."
+check "make install puts the asynchronous example plugin beside it" sh -c \
+    "find '$tmp/dest' -path '*/share/doc/backplane/examples/example-async-plugin.c' | grep -q ."
 check "the asynchronous example plugin compiles with -Wpedantic against the public headers" \
     $cc -std=c11 -Wall -Wextra -Wpedantic -Werror -I"$srcdir/include" -I"$builddir/include" \
     -fsyntax-only "$srcdir/examples/example-async-plugin.c"

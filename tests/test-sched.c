@@ -195,7 +195,8 @@ START_TEST(test_device_buffer_oom_keeps_pinned)
     ck_assert_str_eq(bp_buffer_type_get_name(bp_sched_get_buffer_type(s, cpu)), "TestAccel_Host");
 
     bp_context *wx = bp_context_new(1), *wy = bp_context_new(1), *ctx = bp_context_new(8);
-    bp_tensor *x = bp_new_tensor_1d(wx, BP_TYPE_F32, 64), *y = bp_new_tensor_1d(wy, BP_TYPE_F32, 64);
+    bp_tensor *x = bp_new_tensor_1d(wx, BP_TYPE_F32, 64);
+    bp_tensor *y = bp_new_tensor_1d(wy, BP_TYPE_F32, 64);
     bp_buffer *bx = bp_alloc_ctx_tensors(wx, bp_backend_get_default_buffer_type(small));
     bp_buffer *by = bp_alloc_ctx_tensors(wy, bp_backend_get_default_buffer_type(small));
     ck_assert(bx != NULL && by != NULL);

@@ -37,11 +37,11 @@
  *   ordered after all work already queued on the device's backends: the member waits for that
  *   work (as CUDA's blocking streams do with the legacy default stream), then does its part and
  *   returns when done. So bp_tensor_get after bp_backend_graph_compute_async returns the
- *   result, whatever the device. They do not wait for work queued later by another thread, and
- *   they never report the worker's errors (synchronize does). Memory of host buffers
- *   (is_host) is read and written directly by the runtime and by other backends, without any
- *   member being called: nothing can order that, and an application synchronizes the backend
- *   before touching tensors in such memory that queued work uses.
+ *   result, whatever the device. They need not wait for work queued after they began (by
+ *   another thread), and they never report the worker's errors (synchronize does). Memory of
+ *   host buffers (is_host) is read and written directly by the runtime and by other backends,
+ *   without any member being called: nothing can order that, and an application synchronizes
+ *   the backend before touching tensors in such memory that queued work uses.
  * - set_tensor_async reads data, and get_tensor_async writes it, at any time until the next
  *   synchronize returns. cpy_tensor_async (called on dst's backend) reads src later, in
  *   dst_backend's queue order. src's memory stays allocated until dst_backend's next
@@ -78,9 +78,12 @@
  *   their work is done and that the rules above hold; it does not promise overlap of copies
  *   and compute. A device without it is treated as synchronous: every member is done when it
  *   returns (synchronize then has nothing to wait for).
- * - init_tensor is called when a tensor (or a view) is placed in the buffer, on the placing
- *   thread, before any data moves; it may record per-tensor state of its own (never write the
- *   tensor's fields other than through the public API) and is not ordered with queued work. */
+ * - init_tensor (optional) is called on the placing thread when a tensor or a view is placed
+ *   in the buffer (the allocators, bp_buffer_place_tensor, bp_tensor_init_view), after its
+ *   buffer and data are set and before any data moves. It may prepare state of the plugin's own
+ *   for the tensor; it does not change the tensor's fields, and an error from it fails the
+ *   placement. It is not ordered with queued work, so it does not touch memory that queued
+ *   work may be using. */
 #ifndef BACKPLANE_BP_PLUGIN_H
 #define BACKPLANE_BP_PLUGIN_H
 
