@@ -145,7 +145,9 @@ BP_API enum bp_status bp_tensor_copy(const bp_tensor *src, bp_tensor *dst);
 /* ---- Backends --------------------------------------------------------------------------- */
 
 BP_API const char *bp_backend_get_name(bp_backend *backend);
-BP_API void bp_backend_free(bp_backend *backend); /* NULL: no-op */
+/* Waits for the backend's queued work first (an error it meets is logged, as nobody is left to
+ * return it to), then frees it. NULL: no-op. */
+BP_API void bp_backend_free(bp_backend *backend);
 BP_API bp_device *bp_backend_get_device(bp_backend *backend);
 BP_API bp_buffer_type *bp_backend_get_default_buffer_type(bp_backend *backend);
 BP_API bp_buffer *bp_backend_alloc_buffer(bp_backend *backend, size_t size);
