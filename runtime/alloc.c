@@ -229,6 +229,8 @@ struct bp_gallocr {
     bp_buffer **old; /* buffers this allocator freed: tensors may still point into them */
     size_t n_old, cap_old;
     int n_reallocs;
+    int failed_id;      /* the buffer whose last growth failed (-1: none), and the size asked */
+    size_t failed_size;
 };
 
 bp_gallocr *bp_gallocr_new(bp_buffer_type *const *bufts, int n)
@@ -243,6 +245,7 @@ bp_gallocr *bp_gallocr_new(bp_buffer_type *const *bufts, int n)
     if (ga == NULL)
         return NULL;
     ga->n_bufts = n;
+    ga->failed_id = -1;
     ga->bufts = bp__calloc((size_t)n, sizeof(*ga->bufts), "graph allocator buffer types");
     ga->buffers = bp__calloc((size_t)n, sizeof(*ga->buffers), "graph allocator buffers");
     ga->lists = bp__calloc((size_t)n, sizeof(*ga->lists), "graph allocator free lists");
@@ -302,6 +305,13 @@ static bool owns_buffer(const bp_gallocr *ga, const bp_buffer *buf)
             return true;
     }
     return false;
+}
+
+int bp__gallocr_failed(const bp_gallocr *ga, size_t *size)
+{
+    if (size != NULL)
+        *size = ga->failed_size;
+    return ga->failed_id;
 }
 
 bool bp__gallocr_owns(const bp_gallocr *ga, const bp_buffer *buf)
@@ -584,6 +594,8 @@ static enum bp_status plan(bp_gallocr *ga, bp_graph *g, const int *node_ids, con
 static enum bp_status grow(bp_gallocr *ga, int id, size_t size)
 {
     bp_buffer *buf = bp_buffer_type_alloc(ga->bufts[id], size);
+    ga->failed_id = buf == NULL ? id : -1;
+    ga->failed_size = buf == NULL ? size : 0;
     if (buf == NULL)
         return bp_last_status() != BP_OK ? bp_last_status() : BP_ERR_OUT_OF_MEMORY;
     bp_buffer_set_usage(buf, BP_BUFFER_USAGE_COMPUTE);
@@ -608,6 +620,7 @@ enum bp_status bp_gallocr_reserve(bp_gallocr *ga, bp_graph *graph, const int *no
     if (ga == NULL || graph == NULL)
         return bp__error(BP_ERR_INVALID_ARG, "bp_gallocr_reserve: allocator and graph must not be "
                          "NULL");
+    ga->failed_id = -1;
     enum bp_status st = plan(ga, graph, node_ids, leaf_ids);
     for (int i = 0; st == BP_OK && i < ga->n_bufts; i++) {
         size_t need = ga->lists[i].high_water;
@@ -636,6 +649,7 @@ enum bp_status bp_gallocr_alloc_graph(bp_gallocr *ga, bp_graph *graph, const int
     if (ga == NULL || graph == NULL)
         return bp__error(BP_ERR_INVALID_ARG, "bp_gallocr_alloc_graph: allocator and graph must "
                          "not be NULL");
+    ga->failed_id = -1;
     enum bp_status st = plan(ga, graph, node_ids, leaf_ids);
     for (int i = 0; st == BP_OK && i < ga->n_bufts; i++) {
         size_t need = ga->lists[i].high_water;

@@ -394,6 +394,14 @@ void bp_backend_free(bp_backend *backend)
 {
     if (backend == NULL)
         return;
+    /* Free waits: the plugin's free may assume nothing is queued any more (bp-plugin.h). An
+     * error of the last work has nobody left to be returned to. */
+    /* (bp_last_error() is left as the caller's last call set it, unless this wait fails) */
+    if (BP_HAS(struct bp_backend_iface, backend->iface, synchronize)) {
+        if (backend->iface->synchronize(backend) != BP_OK)
+            bp_log(BP_LOG_WARN, "backend %s: queued work failed before it was freed: %s",
+                   bp_backend_get_name(backend), bp_last_error());
+    }
     if (BP_HAS(struct bp_backend_iface, backend->iface, free))
         backend->iface->free(backend);
     bp__plugin_unref(backend->plugin);
@@ -424,6 +432,34 @@ enum bp_status bp_backend_synchronize(bp_backend *backend)
         return BP_OK;
     BACKEND_ENTER(backend, BP_ERR_BUSY);
     enum bp_status st = backend->iface->synchronize(backend);
+    if (st != BP_OK && bp_last_status() == BP_OK)
+        bp__error(st, "backend %s: queued work failed (%s)", bp_backend_get_name(backend),
+                  bp_strerror(st));
+    backend_leave(backend);
+    return st;
+}
+
+/* The wrappers below do not clear bp_last_error() first: a caller's earlier error must survive
+ * a wait that succeeds (bp_sched_graph_compute synchronizes after a failed compute). A plugin
+ * that fails without a sentence gets one where no older error is still recorded. */
+enum bp_status bp_backend_synchronize_timeout(bp_backend *backend, int64_t timeout_ns)
+{
+    CHECK_HANDLE(backend, BP_ERR_INVALID_ARG);
+    if (timeout_ns < 0)
+        return bp__error(BP_ERR_INVALID_ARG, "%s: timeout %lld ns is negative", __func__,
+                         (long long)timeout_ns);
+    /* Without a deadline-aware member the plain wait is all there is (documented). */
+    if (!BP_HAS(struct bp_backend_iface, backend->iface, synchronize_timeout))
+        return bp_backend_synchronize(backend);
+    BACKEND_ENTER(backend, BP_ERR_BUSY);
+    enum bp_status st = backend->iface->synchronize_timeout(backend, timeout_ns);
+    if (st == BP_ERR_TIMEOUT && bp_last_status() != BP_ERR_TIMEOUT)
+        bp__error(st, "backend %s: queued work did not finish within %lld ns; it is still "
+                  "queued (wait again, or free the backend, which waits)",
+                  bp_backend_get_name(backend), (long long)timeout_ns);
+    else if (st != BP_OK && bp_last_status() == BP_OK)
+        bp__error(st, "backend %s: queued work failed (%s)", bp_backend_get_name(backend),
+                  bp_strerror(st));
     backend_leave(backend);
     return st;
 }
@@ -832,7 +868,30 @@ enum bp_status bp_event_wait(bp_event *event, bp_backend *backend)
 enum bp_status bp_event_synchronize(bp_event *event)
 {
     CHECK_HANDLE(event, BP_ERR_INVALID_ARG);
-    return event->device->iface->event_synchronize(event->device, event->handle);
+    enum bp_status st = event->device->iface->event_synchronize(event->device, event->handle);
+    if (st != BP_OK && bp_last_status() == BP_OK)
+        bp__error(st, "device %s: waiting for an event failed (%s)",
+                  bp_device_get_name(event->device), bp_strerror(st));
+    return st;
+}
+
+enum bp_status bp_event_synchronize_timeout(bp_event *event, int64_t timeout_ns)
+{
+    CHECK_HANDLE(event, BP_ERR_INVALID_ARG);
+    if (timeout_ns < 0)
+        return bp__error(BP_ERR_INVALID_ARG, "%s: timeout %lld ns is negative", __func__,
+                         (long long)timeout_ns);
+    bp_device *dev = event->device;
+    if (!BP_HAS(struct bp_device_iface, dev->iface, event_synchronize_timeout))
+        return bp_event_synchronize(event); /* no deadline-aware wait: documented */
+    enum bp_status st = dev->iface->event_synchronize_timeout(dev, event->handle, timeout_ns);
+    if (st == BP_ERR_TIMEOUT && bp_last_status() != BP_ERR_TIMEOUT)
+        bp__error(st, "device %s: the event did not happen within %lld ns",
+                  bp_device_get_name(dev), (long long)timeout_ns);
+    else if (st != BP_OK && bp_last_status() == BP_OK)
+        bp__error(st, "device %s: waiting for an event failed (%s)", bp_device_get_name(dev),
+                  bp_strerror(st));
+    return st;
 }
 
 /* ---- Registries ------------------------------------------------------------------------- */

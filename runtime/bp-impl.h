@@ -142,6 +142,9 @@ void bp__expert_caches_drain(struct bp__expert_caches *ec, struct bp_sched_exper
 /* Whether buf is (or was: freed when it grew) one of ga's compute buffers; compares pointers
  * only, so a freed buffer is never read. */
 bool bp__gallocr_owns(const bp_gallocr *ga, const bp_buffer *buf);
+/* The index of the buffer type whose compute buffer last failed to grow (its size asked in
+ * *size), or -1 when the last growth succeeded or none was tried. */
+int bp__gallocr_failed(const bp_gallocr *ga, size_t *size);
 bp_tensor **bp__graph_leafs(const bp_graph *g);
 
 /* ---- Files a user names (files.c) ----

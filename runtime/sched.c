@@ -1078,33 +1078,38 @@ static void debug_print(bp_sched *s, bp_graph *g)
     }
 }
 
-/* After an allocation failed for want of memory: the backends computing in another device's
- * pinned host memory that default_buft chose go back to their default buffer types, with a new
- * allocator. True when something changed, so that the allocation is worth another try. */
+/* After an allocation failed for want of memory. When the buffer that could not be had is
+ * pinned host memory that default_buft chose, that backend goes back to its default buffer type
+ * (with a new allocator) and true says the allocation is worth another try. Any other buffer
+ * (a device's own compute buffer, usually) is not the pinned memory's fault: every backend keeps
+ * its buffer type, and the error is made to name the buffer that failed, its type and size. */
 static bool drop_pinned(bp_sched *s)
 {
-    bp_buffer_type *bufts[BP_SCHED_MAX_BACKENDS];
-    bool any = false;
-    for (int i = 0; i < s->n_backends; i++) {
-        bufts[i] = s->bufts[i];
-        if (s->pinned[i]) {
-            bufts[i] = bp_backend_get_default_buffer_type(s->backends[i]);
-            any = any || bufts[i] != NULL;
-        }
+    size_t size = 0;
+    const int id = bp__gallocr_failed(s->galloc, &size);
+    if (id < 0 || id >= s->n_backends)
+        return false; /* not a compute buffer (the plan itself ran out of memory) */
+    if (!s->pinned[id]) {
+        bp__error(BP_ERR_OUT_OF_MEMORY,
+                  "scheduler: the compute buffer of backend %s (buffer type %s, %zu bytes) could "
+                  "not be allocated: %s",
+                  bp_backend_get_name(s->backends[id]), bp_buffer_type_get_name(s->bufts[id]),
+                  size, bp_last_error());
+        return false;
     }
-    if (!any)
+    bp_buffer_type *bufts[BP_SCHED_MAX_BACKENDS];
+    memcpy(bufts, s->bufts, sizeof(bufts));
+    bufts[id] = bp_backend_get_default_buffer_type(s->backends[id]);
+    if (bufts[id] == NULL)
         return false;
     bp_gallocr *galloc = bp_gallocr_new(bufts, s->n_backends);
     if (galloc == NULL)
         return false;
-    for (int i = 0; i < s->n_backends; i++) {
-        if (s->pinned[i])
-            bp_log(BP_LOG_INFO, "scheduler: %s buffer unavailable (%s); %s computes in %s instead",
-                   bp_buffer_type_get_name(s->bufts[i]), bp_last_error(),
-                   bp_backend_get_name(s->backends[i]), bp_buffer_type_get_name(bufts[i]));
-        s->bufts[i] = bufts[i];
-        s->pinned[i] = false;
-    }
+    bp_log(BP_LOG_INFO, "scheduler: %s buffer of %zu bytes unavailable (%s); %s computes in %s "
+           "instead", bp_buffer_type_get_name(s->bufts[id]), size, bp_last_error(),
+           bp_backend_get_name(s->backends[id]), bp_buffer_type_get_name(bufts[id]));
+    s->bufts[id] = bufts[id];
+    s->pinned[id] = false;
     bp_gallocr_free(s->galloc);
     s->galloc = galloc;
     return true;

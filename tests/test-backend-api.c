@@ -594,6 +594,61 @@ START_TEST(test_struct_size_rules)
 }
 END_TEST
 
+/* A backend of a plugin built against plugin API 1.0: its struct ends before
+ * synchronize_timeout, so a deadline is waited for with its plain synchronize (the member past
+ * the declared size is never called), and bp_backend_free synchronizes before its free. */
+static int old_syncs, syncs_seen_by_free;
+
+static const char *old_be_name(bp_backend *be)
+{
+    (void)be;
+    return "OLDBE";
+}
+
+static enum bp_status old_be_sync(bp_backend *be)
+{
+    (void)be;
+    old_syncs++;
+    return BP_OK;
+}
+
+static enum bp_status never_sync_timeout(bp_backend *be, int64_t timeout_ns)
+{
+    (void)be;
+    (void)timeout_ns;
+    return BP_ERR_TIMEOUT;
+}
+
+static enum bp_status old_be_compute(bp_backend *be, bp_graph *g)
+{
+    (void)be;
+    (void)g;
+    return BP_OK;
+}
+
+static void old_be_free(bp_backend *be)
+{
+    (void)be;
+    syncs_seen_by_free = old_syncs;
+}
+
+START_TEST(test_deadline_on_an_old_plugin)
+{
+    static const struct bp_backend_iface bei = {
+        .struct_size = offsetof(struct bp_backend_iface, synchronize_timeout),
+        .get_name = old_be_name, .free = old_be_free, .synchronize = old_be_sync,
+        .graph_compute = old_be_compute, .synchronize_timeout = never_sync_timeout,
+    };
+    old_syncs = 0;
+    bp_backend *be = bp_backend_new(accel, &bei, NULL);
+    ck_assert_ptr_nonnull(be);
+    ck_assert_int_eq(bp_backend_synchronize_timeout(be, 0), BP_OK);
+    ck_assert_int_eq(old_syncs, 1);
+    bp_backend_free(be);
+    ck_assert_int_eq(syncs_seen_by_free, 2);
+}
+END_TEST
+
 START_TEST(test_null_handles)
 {
     bp_clear_error();
@@ -641,6 +696,7 @@ int main(void)
         {test_short_buffers_refused, "short_buffers"},
         {test_events, "events"},
         {test_struct_size_rules, "struct_size"},
+        {test_deadline_on_an_old_plugin, "deadline_on_an_old_plugin"},
         {test_null_handles, "null_handles"},
     };
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {

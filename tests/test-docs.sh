@@ -23,6 +23,11 @@ check "make install puts the example plugin under \$(docdir)/examples" sh -c "
 check "the example plugin compiles with -Wpedantic against the public headers" \
     $cc -std=c11 -Wall -Wextra -Wpedantic -Werror -I"$srcdir/include" -I"$builddir/include" \
     -fsyntax-only "$srcdir/examples/example-plugin.c"
+check "make install puts the asynchronous example plugin beside it" sh -c \
+    "find '$tmp/dest' -path '*/share/doc/backplane/examples/example-async-plugin.c' | grep -q ."
+check "the asynchronous example plugin compiles with -Wpedantic against the public headers" \
+    $cc -std=c11 -Wall -Wextra -Wpedantic -Werror -I"$srcdir/include" -I"$builddir/include" \
+    -fsyntax-only "$srcdir/examples/example-async-plugin.c"
 # The environment tables of README.md and of the user guide name exactly the BP_* variables
 # the library, the plugins and the tool read (getenv or secure_getenv with the name written out,
 # as all of them are).

@@ -51,6 +51,7 @@ check "Meta(CPU0,CPU1,CPU2) agrees, q8_0 weights repacked in the parts" env BP_C
 check "Meta(CPU0,CPU1) agrees, q4_0 weights repacked in the parts" env BP_CPU_DEVICES=2 "$0" --agrees "Meta(CPU0,CPU1)" --wtype q4_0
 check "Meta(CPU0,CPU1,CPU2) agrees, q8_0 weights, --no-repack" env BP_CPU_DEVICES=3 "$0" --agrees "Meta(CPU0,CPU1,CPU2)" --wtype q8_0 --no-repack
 check "the example plugin (examples/) loads and serves the model with the CPU" agrees "EXAMPLE0"
+check "the asynchronous example plugin (examples/async/) serves the model with the CPU, exactly" env BP_PLUGIN_PATH="$BP_PLUGIN_PATH:$BP_TEST_ASYNC_PLUGIN_DIR" sh -c "'$tool' run --model tiny -p 12 -n 10 -t 1 -d ASYNC0 --check | grep -q 'tokens agree; largest logit difference 0 over 10 steps'"
 check "the example plugin runs the element-wise ops" sh -c "'$tool' run -d EXAMPLE0 -n 2 | grep -q 'splits per graph: .*EXAMPLE0'"
 check "json reports the check" sh -c "'$tool' run -n 4 --check --json | grep -q '\"check\": {\"tokens_agree\": true'"
 if command -v python3 >/dev/null 2>&1; then
@@ -209,6 +210,7 @@ check "the tiny model with the pool's contention mode gives the same tokens" sh 
 check "conformance passes on the CPU, every case claimed" sh -c "'$tool' conformance CPU > '$tmp/c' && grep -q '^CPU: [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^  flash_attn_ext  *ok   9/9 passed' '$tmp/c'"
 check "conformance on Meta(CPU0,CPU1) and the test accelerator passes what each supports" env BP_CPU_DEVICES=2 sh -c "'$tool' conformance 'Meta(CPU0,CPU1)' ACCEL0 --ops flash_attn_ext,mul_mat,soft_max,rope > '$tmp/c' && grep -q '^Meta(CPU0,CPU1): [0-9]* passed, 0 failed, 0 not supported' '$tmp/c' && grep -q '^ACCEL0: [0-9]* passed, 0 failed, [1-9][0-9]* not supported' '$tmp/c'"
 check "conformance runs a third-party plugin's device (the example plugin)" env BP_PLUGIN_PATH="$BP_PLUGIN_PATH:$example" sh -c "'$tool' conformance EXAMPLE0 --ops add,unary | grep -q '^EXAMPLE0: [1-9][0-9]* passed, 0 failed'"
+check "conformance runs the asynchronous example plugin's device (through its queue)" env BP_PLUGIN_PATH="$BP_PLUGIN_PATH:$BP_TEST_ASYNC_PLUGIN_DIR" sh -c "'$tool' conformance ASYNC0 --ops add,mul,scale | grep -q '^ASYNC0: [1-9][0-9]* passed, 0 failed'"
 check "conformance fails (exit 1) on a device with a wrong kernel, naming the case" env BP_TEST_ACCEL_WRONG_OP=MUL_MAT sh -c "'$tool' conformance ACCEL0 --ops mul_mat_f32,add > '$tmp/c'; test \$? -eq 1 && grep -q 'mul_mat_f32  *FAIL 0/18 passed, 18 FAILED: mul_mat_f32\\[0\\]: NMSE' '$tmp/c' && grep -q '^  add  *ok ' '$tmp/c'"
 check "conformance --json reports per case and in total" sh -c "'$tool' conformance CPU --ops glu --json | grep -q '\"case\": \"glu\", \"variants\": 9, \"passed\": 9, \"failed\": 0, \"not_supported\": 0'"
 check "conformance --list names every case" sh -c "'$tool' conformance --list | grep -q '^flash_attn_ext  *9 variants'"

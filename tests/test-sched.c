@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "test-device.h"
 #include "test-util.h"
 #include "tf-model.h"
 
@@ -175,6 +176,49 @@ START_TEST(test_cpu_computes_in_host_buffer)
     assert_close(got, ref, N_LOGITS(tiny));
     free(ref);
     free(got);
+}
+END_TEST
+
+/* A device whose own compute buffer cannot be had (its buffers hold at most 300 bytes, the
+ * graph needs two 256-byte results at once there): the error names that buffer, its type and
+ * size, and the CPU keeps computing in the pinned host memory, which was not at fault. */
+START_TEST(test_device_buffer_oom_keeps_pinned)
+{
+    test_device_set_host_buffer(true);
+    bp_registry *reg = test_device_registry_new(300);
+    test_device_set_host_buffer(false);
+    bp_backend *small = bp_device_init_backend(bp_registry_get_device(reg, 0), NULL);
+    ck_assert_msg(small != NULL, "%s", bp_last_error());
+    bp_backend *both[2] = {small, cpu};
+    bp_sched *s = bp_sched_new(both, NULL, 2, 64, false);
+    ck_assert_msg(s != NULL, "%s", bp_last_error());
+    ck_assert_str_eq(bp_buffer_type_get_name(bp_sched_get_buffer_type(s, cpu)), "TestAccel_Host");
+
+    bp_context *wx = bp_context_new(1), *wy = bp_context_new(1), *ctx = bp_context_new(8);
+    bp_tensor *x = bp_new_tensor_1d(wx, BP_TYPE_F32, 64);
+    bp_tensor *y = bp_new_tensor_1d(wy, BP_TYPE_F32, 64);
+    bp_buffer *bx = bp_alloc_ctx_tensors(wx, bp_backend_get_default_buffer_type(small));
+    bp_buffer *by = bp_alloc_ctx_tensors(wy, bp_backend_get_default_buffer_type(small));
+    ck_assert(bx != NULL && by != NULL);
+    bp_tensor *z = bp_add(ctx, x, y);
+    bp_tensor *out = bp_add(ctx, bp_mul(ctx, z, x), z); /* z lives while mul's result is made */
+    bp_graph *g = bp_graph_new(16);
+    ck_assert_int_eq(bp_graph_build_forward(g, out), BP_OK);
+    ck_assert_int_eq(bp_sched_alloc_graph(s, g), BP_ERR_OUT_OF_MEMORY);
+    ck_assert_error_has(BP_ERR_OUT_OF_MEMORY, "compute buffer of backend ACCEL0 (buffer type "
+                        "TestAccel, 512 bytes)");
+    ck_assert_error_has(BP_ERR_OUT_OF_MEMORY, "its largest buffer is 300 bytes");
+    ck_assert_str_eq(bp_buffer_type_get_name(bp_sched_get_buffer_type(s, cpu)), "TestAccel_Host");
+
+    bp_graph_free(g);
+    bp_sched_free(s);
+    bp_buffer_free(bx);
+    bp_buffer_free(by);
+    bp_context_free(ctx);
+    bp_context_free(wx);
+    bp_context_free(wy);
+    bp_backend_free(small);
+    bp_registry_free(reg);
 }
 END_TEST
 
@@ -1364,6 +1408,7 @@ int main(void)
         {test_weights_on_accelerator, "weights_on_accelerator"},
         {test_weights_on_cpu, "weights_on_cpu"},
         {test_cpu_computes_in_host_buffer, "cpu_in_host_buffer"},
+        {test_device_buffer_oom_keeps_pinned, "device_buffer_oom_keeps_pinned"},
         {test_weights_of_every_type, "weights_of_every_type"},
         {test_parallel_evaluations, "parallel"},
         {test_pins_and_queries, "pins_and_queries"},

@@ -104,7 +104,8 @@ check)
     fi
     # The threaded suites once more from a ThreadSanitizer build in ../build-tsan: two threads
     # with their own backends over shared weights, the scheduler's pipelined evaluations, the
-    # meta backend's worker threads. Any report fails the run. BP_CHECK_SANITIZE=0 skips it.
+    # meta backend's worker threads, the asynchronous example plugin's workers and events. Any
+    # report fails the run. BP_CHECK_SANITIZE=0 skips it.
     if [ "${BP_CHECK_SANITIZE:-1}" != 0 ]; then
         mkdir -p ../build-tsan
         (cd ../build-tsan &&
@@ -112,9 +113,9 @@ check)
                 ../configure --enable-werror --enable-tsan --without-cuda CFLAGS="-g -O1"; } &&
             make -j"$jobs" >/dev/null &&
             TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" make -j"$jobs" check \
-                TESTS="tests/test-threads tests/test-sched tests/test-meta") ||
+                TESTS="tests/test-threads tests/test-sched tests/test-meta tests/test-async") ||
             { cat ../build-tsan/test-suite.log 2>/dev/null; exit 1; }
-        echo "sanitizers: tests/test-threads, test-sched and test-meta clean under TSan (build-tsan)"
+        echo "sanitizers: test-threads, test-sched, test-meta, test-async clean under TSan (build-tsan)"
     fi
     # Fuzzing (tests/fuzz): random scheduled graphs against the reference, plugin files and
     # hostile names, BP_FUZZ_SECONDS (default 60) per target; any crash fails the run.

@@ -481,11 +481,11 @@ static bool check_memory(struct run *run)
     if (r->experts_on != w) /* the stacked experts live elsewhere (or stay in the file) */
         need -= expert_bytes(run->o);
     if (mem_total > 0 && need > mem_free) {
-        fprintf(stderr, "backplane run: model '%s' with %s weights needs %.2f GiB for weights "
-                "and KV cache; %s has %.2f GiB free of %.2f GiB\n", cfg->name,
-                bp_type_name(run->o->wtype), need / 1073741824.0, shown(r->names[w]),
-                mem_free / 1073741824.0,
-                mem_total / 1073741824.0);
+        char sz[3][40];
+        tool_format_sizes(need, mem_free, mem_total, sz);
+        fprintf(stderr, "backplane run: model '%s' with %s weights needs %s for weights "
+                "and KV cache; %s has %s free of %s\n", cfg->name, bp_type_name(run->o->wtype),
+                sz[0], shown(r->names[w]), sz[1], sz[2]);
         return false;
     }
     return true;

@@ -2,10 +2,11 @@
  * tensor names, option values, error sentences) on a terminal, escaped by the runtime's rule
  * (runtime/escape.c): control characters as C escapes, C1 controls and bytes that are not
  * UTF-8 as "\xNN", so a name cannot forge lines or reprogram the terminal. The JSON output has
- * its own writer (json.c). */
+ * its own writer (json.c). Also byte counts put side by side in a sentence. */
 #include "config.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "../runtime/escape.h"
 #include "tool.h"
@@ -33,4 +34,24 @@ const char *tool_text(const char *s)
     next = (next + 1) % TEXT_SLOTS;
     bp__escape_controls(out, TEXT_SIZE, s ? s : "(null)");
     return out;
+}
+
+/* The unit (GiB, then MiB, each with two decimals, then exact bytes) is the first in which
+ * a and b print differently, so that "needs X; has Y" never shows two equal numbers for two
+ * different sizes. */
+void tool_format_sizes(size_t a, size_t b, size_t c, char out[3][40])
+{
+    static const struct {
+        double div;
+        const char *unit;
+    } units[] = {{1073741824.0, "GiB"}, {1048576.0, "MiB"}};
+    const size_t v[3] = {a, b, c};
+    for (size_t u = 0; u < sizeof(units) / sizeof(units[0]); u++) {
+        for (int i = 0; i < 3; i++)
+            snprintf(out[i], 40, "%.2f %s", v[i] / units[u].div, units[u].unit);
+        if (a == b || strcmp(out[0], out[1]) != 0)
+            return;
+    }
+    for (int i = 0; i < 3; i++)
+        snprintf(out[i], 40, "%zu bytes", v[i]);
 }

@@ -33,10 +33,14 @@ void tool_put_text(const char *s, FILE *f);
 const char *tool_text(const char *s);
 
 /* A file the tool writes, named by opt ("--dot") of cmd: created (0666 less the umask) or
- * emptied, without blocking; anything but a regular file (a FIFO, a device, a directory) is
- * refused. The stream, or NULL after printing "<cmd>: cannot write <opt> file '<path>': <why>"
+ * emptied, without blocking; a FIFO that nothing reads, a directory, a socket or a block device
+ * is refused; regular files and streams are written. The stream, or NULL after printing "<cmd>: cannot write <opt> file '<path>': <why>"
  * (files.c). */
 FILE *tool_open_output(const char *cmd, const char *opt, const char *path);
+
+/* Writes a, b and c as "0.13 GiB", or in MiB ("131.50 MiB") or exact bytes when a and b would
+ * otherwise print the same although they differ (text.c). */
+void tool_format_sizes(size_t a, size_t b, size_t c, char out[3][40]);
 
 /* How a "Meta(A,B,...)" device stores the weights: fn and user go to bp_meta_device_new. */
 struct tool_meta_split {

@@ -51,7 +51,9 @@ enum bp_device_type {
 };
 
 struct bp_device_caps {
-    bool async;                /* async set/get/copy and graph compute */
+    /* async set/get/copy and graph compute may return before the work is done (bp-plugin.h,
+     * "Asynchronous devices", has the rules every such device keeps) */
+    bool async;
     bool host_buffer;          /* offers a pinned host buffer type */
     bool buffer_from_host_ptr; /* can wrap user memory as a buffer */
     bool events;               /* event record/wait/synchronize */
@@ -145,17 +147,35 @@ BP_API enum bp_status bp_tensor_copy(const bp_tensor *src, bp_tensor *dst);
 /* ---- Backends --------------------------------------------------------------------------- */
 
 BP_API const char *bp_backend_get_name(bp_backend *backend);
-BP_API void bp_backend_free(bp_backend *backend); /* NULL: no-op */
+/* Waits for the backend's queued work first (an error it meets is logged, as nobody is left to
+ * return it to), then frees it. NULL: no-op. */
+BP_API void bp_backend_free(bp_backend *backend);
 BP_API bp_device *bp_backend_get_device(bp_backend *backend);
 BP_API bp_buffer_type *bp_backend_get_default_buffer_type(bp_backend *backend);
 BP_API bp_buffer *bp_backend_alloc_buffer(bp_backend *backend, size_t size);
-/* Waits until every queued operation of the backend has finished. */
+/* Waits until every queued operation of the backend has finished. Returns the first error
+ * that queued work met since the previous synchronize (with its sentence in bp_last_error()),
+ * once: the error is then cleared, and the next synchronize returns BP_OK unless new work
+ * failed. */
 BP_API enum bp_status bp_backend_synchronize(bp_backend *backend);
+/* bp_backend_synchronize that waits at most timeout_ns nanoseconds (>= 0; 0 only looks).
+ * BP_ERR_TIMEOUT, with a sentence, when the deadline passes first: the work is still queued
+ * and nothing was reported or cleared; the caller may wait again (with or without a deadline),
+ * or free the backend, which waits for it. A backend whose plugin has no deadline-aware wait
+ * (plugin API 1.0, or no synchronize_timeout member) is waited for without one: the deadline
+ * cannot be kept, and the call returns whatever the plain wait returns. */
+BP_API enum bp_status bp_backend_synchronize_timeout(bp_backend *backend, int64_t timeout_ns);
 /* The number of threads the backend computes with (n >= 1). BP_ERR_UNSUPPORTED, with a
  * sentence, for a backend without threads (its registry offers no "bp_set_n_threads" proc
  * address); BP_ERR_BUSY while another thread is inside the backend. */
 BP_API enum bp_status bp_backend_set_n_threads(bp_backend *backend, int n_threads);
-/* Queues the graph (returns before it finishes on asynchronous backends)... */
+/* Queues the graph (returns before it finishes on asynchronous backends: props.caps.async).
+ * Until the backend's next synchronize (one that does not time out) has returned, the graph,
+ * every tensor it reaches and their memory stay alive and unchanged: the backend may still
+ * read them. Plain bp_tensor_set/get/copy on tensors in the device's own (not host) buffers
+ * wait for the queued work first, so a bp_tensor_get of a result after this call sees it;
+ * tensors in host memory (bp_buffer_is_host) are not waited for. Errors of the queued work
+ * are reported by that synchronize... */
 BP_API enum bp_status bp_backend_graph_compute_async(bp_backend *backend, bp_graph *graph);
 /* ...or computes it and waits. */
 BP_API enum bp_status bp_backend_graph_compute(bp_backend *backend, bp_graph *graph);
@@ -164,7 +184,8 @@ BP_API bool bp_backend_supports_buft(bp_backend *backend, bp_buffer_type *buft);
 /* Whether the backend wants to run op even though its weights live elsewhere. */
 BP_API bool bp_backend_offload_op(bp_backend *backend, const bp_tensor *op);
 /* Queued variants of set/get/copy; synchronous fallback on backends without async support.
- * The caller keeps data valid until bp_backend_synchronize. */
+ * The caller keeps data (and for a copy, src) valid and unchanged until dst's backend's next
+ * bp_backend_synchronize returns; get_async's data holds the bytes only then. */
 BP_API enum bp_status bp_backend_tensor_set_async(bp_backend *backend, bp_tensor *t,
                                                   const void *data, size_t offset, size_t size);
 BP_API enum bp_status bp_backend_tensor_get_async(bp_backend *backend, const bp_tensor *t,
@@ -204,12 +225,21 @@ BP_API bool bp_device_offload_op(bp_device *dev, const bp_tensor *op);
 /* NULL (with an error) when the device has no events. Caller frees with bp_event_free. */
 BP_API bp_event *bp_event_new(bp_device *dev);
 BP_API void bp_event_free(bp_event *event);
-/* Marks the point in backend's queue that event stands for. */
+/* Marks the point in backend's queue that event stands for: the work queued so far. Recording
+ * again moves the mark. The backend must be of the event's device. */
 BP_API enum bp_status bp_event_record(bp_event *event, bp_backend *backend);
-/* Makes backend's later work wait until the event has happened. */
+/* Makes backend's later work wait until the event's latest record (as of this call) has
+ * happened; an event never recorded is no wait. A backend of the same plugin queues the wait
+ * and returns; a backend of another plugin (the CPU's, say) cannot, and the caller blocks here
+ * instead, as bp_event_synchronize. */
 BP_API enum bp_status bp_event_wait(bp_event *event, bp_backend *backend);
 /* Blocks the caller until the event has happened. */
 BP_API enum bp_status bp_event_synchronize(bp_event *event);
+/* bp_event_synchronize that waits at most timeout_ns nanoseconds (>= 0): BP_ERR_TIMEOUT, with
+ * a sentence, when the deadline passes first (the event is unchanged; wait again or free it).
+ * On a device without a deadline-aware event wait it waits without one, as
+ * bp_backend_synchronize_timeout does. */
+BP_API enum bp_status bp_event_synchronize_timeout(bp_event *event, int64_t timeout_ns);
 
 /* ---- Registries ------------------------------------------------------------------------- */
 

@@ -16,7 +16,74 @@
  * writes, but different buffers of one device may be written from two threads at once, and a
  * buffer may be written while the device's backend computes with other buffers (the
  * scheduler's copy thread fills expert caches so). Keep them free of unsynchronised writes to
- * shared state. */
+ * shared state.
+ *
+ * Asynchronous devices (caps.async; a worker thread, a stream or a queue behind the backend).
+ * The contract below is what the runtime, the scheduler and applications rely on; an
+ * asynchronous plugin keeps all of it, and examples/example-async-plugin.c is one that does.
+ * - Queued work. graph_compute, set/get_tensor_async, cpy_tensor_async and event_record/wait
+ *   may return before the work is done; the backend's work then runs in the order it was
+ *   queued. A status returned by one of them is about queueing (bad arguments, an op it cannot
+ *   run): nothing was queued.
+ * - What graph_compute may keep. When it returns before the work is done, the plugin may keep
+ *   the graph pointer and read the graph and every tensor it reaches (nodes, sources, views'
+ *   sources: type, shape, strides, op, op params, data, buffer, flags) from its worker until
+ *   the backend's next synchronize that is not a timeout has returned. The application keeps
+ *   them alive and unchanged until then (bp-backend.h says so to users; the scheduler does),
+ *   and does not write the memory of any tensor the graph writes or reads. A plugin that wants
+ *   more freedom copies what it needs before returning.
+ * - Plain calls (a buffer's set/get/memset/clear/cpy_tensor members, which back bp_tensor_set,
+ *   bp_tensor_get, bp_tensor_copy, bp_buffer_clear) on a buffer that is not host memory are
+ *   ordered after all work already queued on the device's backends: the member waits for that
+ *   work (as CUDA's blocking streams do with the legacy default stream), then does its part and
+ *   returns when done. So bp_tensor_get after bp_backend_graph_compute_async returns the
+ *   result, whatever the device. They need not wait for work queued after they began (by
+ *   another thread), and they never report the worker's errors (synchronize does). Memory of
+ *   host buffers (is_host) is read and written directly by the runtime and by other backends,
+ *   without any member being called: nothing can order that, and an application synchronizes
+ *   the backend before touching tensors in such memory that queued work uses.
+ * - set_tensor_async reads data, and get_tensor_async writes it, at any time until the next
+ *   synchronize returns. cpy_tensor_async (called on dst's backend) reads src later, in
+ *   dst_backend's queue order. src's memory stays allocated until dst_backend's next
+ *   synchronize, but nothing stops other work from writing it once the call has returned (the
+ *   scheduler reuses compute memory, and a synchronous CPU backend writes at once). So queue a
+ *   copy only where the plugin's own queues order it: src complete before the read (work of
+ *   src_backend waited for, by queue order or an event) and the read before any later write of
+ *   src (src_backend's later work queued behind it). Otherwise decline (false, no error): the
+ *   runtime then synchronizes both backends and copies through the plain members.
+ * - Events. event_record marks the point in the backend's queue reached by the work queued so
+ *   far; the event "happens" when the worker gets there. Recording again moves the mark (a
+ *   new point; waits already queued keep the one they saw). event_wait, called with a backend
+ *   of the same registry (another backend of the device or of another device of the plugin),
+ *   makes that backend's later work wait until the most recent record of the event, as of the
+ *   call, has happened; waiting on an event that was never recorded waits for nothing (as
+ *   CUDA). The runtime turns a wait by a backend of another plugin into event_synchronize.
+ *   event_synchronize blocks until the latest record has happened (at once for an event never
+ *   recorded). event_free may come while a record or wait of the event is still queued: the
+ *   plugin keeps what the worker needs until the worker is done with it.
+ * - Errors of the worker. A failure while running queued work is recorded by the plugin and
+ *   returned by the backend's next synchronize (or synchronize_timeout that does not time out),
+ *   with its sentence set through bp_set_error, exactly once: that synchronize clears it, and
+ *   the next one returns BP_OK unless new work failed. When several queued items fail, the
+ *   first failure is reported. Work queued after a failed item still runs (events still
+ *   happen, so nothing waits forever); its results are undefined. Queueing calls do not report
+ *   a pending worker error.
+ * - Deadlines. synchronize_timeout and event_synchronize_timeout (optional, plugin API 1.1)
+ *   wait at most timeout_ns nanoseconds (0: only look) and return BP_ERR_TIMEOUT, with the work
+ *   still queued and nothing else changed, when the deadline passes first. Without them the
+ *   runtime waits with synchronize / event_synchronize and cannot keep a deadline.
+ * - free (of a backend) is called only after the runtime has synchronized the backend (its
+ *   error, if any, is logged and dropped); the plugin then stops its worker.
+ * - caps.async promises that the async members, graph_compute and events may return before
+ *   their work is done and that the rules above hold; it does not promise overlap of copies
+ *   and compute. A device without it is treated as synchronous: every member is done when it
+ *   returns (synchronize then has nothing to wait for).
+ * - init_tensor (optional) is called on the placing thread when a tensor or a view is placed
+ *   in the buffer (the allocators, bp_buffer_place_tensor, bp_tensor_init_view), after its
+ *   buffer and data are set and before any data moves. It may prepare state of the plugin's own
+ *   for the tensor; it does not change the tensor's fields, and an error from it fails the
+ *   placement. It is not ordered with queued work, so it does not touch memory that queued
+ *   work may be using. */
 #ifndef BACKPLANE_BP_PLUGIN_H
 #define BACKPLANE_BP_PLUGIN_H
 
@@ -29,7 +96,7 @@ extern "C" {
 /* The plugin API version a plugin is compiled against. A plugin needs the same major version
  * as the runtime and a minor version no newer than the runtime's. */
 #define BP_PLUGIN_API_MAJOR 1
-#define BP_PLUGIN_API_MINOR 0
+#define BP_PLUGIN_API_MINOR 1 /* 1.1: synchronize_timeout, event_synchronize_timeout */
 
 /* True when iface (a pointer to an interface struct of type T) declares member m and sets it. */
 #define BP_IFACE_HAS(T, iface, m)                                                              \
@@ -91,7 +158,8 @@ struct bp_backend_iface {
     size_t struct_size;
     const char *(*get_name)(bp_backend *backend);
     void (*free)(bp_backend *backend); /* optional: releases the context */
-    /* optional: synchronous set/get/copy are used instead */
+    /* optional: synchronous set/get/copy are used instead. Lifetimes: see "Asynchronous
+     * devices" above. */
     enum bp_status (*set_tensor_async)(bp_backend *backend, bp_tensor *t, const void *data,
                                        size_t offset, size_t size);
     enum bp_status (*get_tensor_async)(bp_backend *backend, const bp_tensor *t, void *data,
@@ -101,13 +169,19 @@ struct bp_backend_iface {
      * failed, and the runtime returns that error. */
     bool (*cpy_tensor_async)(bp_backend *src_backend, bp_backend *dst_backend,
                              const bp_tensor *src, bp_tensor *dst);
-    enum bp_status (*synchronize)(bp_backend *backend); /* optional: nothing to wait for */
+    /* optional: nothing to wait for. Waits for all queued work, then returns (and clears) the
+     * first error the worker met since the last synchronize. */
+    enum bp_status (*synchronize)(bp_backend *backend);
     /* Queues (or runs) every node of the graph; the tensors are placed in buffers the
-     * backend's device supports. */
+     * backend's device supports. A plugin that queues may keep the graph until the next
+     * synchronize (above). */
     enum bp_status (*graph_compute)(bp_backend *backend, bp_graph *graph);
     /* optional, required for devices that have events */
     enum bp_status (*event_record)(bp_backend *backend, void *event);
     enum bp_status (*event_wait)(bp_backend *backend, void *event);
+    /* optional (API 1.1; members are only ever appended here): synchronize with a deadline of
+     * timeout_ns >= 0 nanoseconds; BP_ERR_TIMEOUT, the work still queued, when it passes. */
+    enum bp_status (*synchronize_timeout)(bp_backend *backend, int64_t timeout_ns);
 };
 
 struct bp_device_iface {
@@ -132,6 +206,9 @@ struct bp_device_iface {
     void (*event_free)(bp_device *dev, void *event);
     enum bp_status (*event_synchronize)(bp_device *dev, void *event);
     void (*free)(bp_device *dev); /* optional: releases the context */
+    /* optional (API 1.1, appended): event_synchronize with a deadline of timeout_ns >= 0
+     * nanoseconds; BP_ERR_TIMEOUT when it passes first. */
+    enum bp_status (*event_synchronize_timeout)(bp_device *dev, void *event, int64_t timeout_ns);
 };
 
 struct bp_registry_iface {
@@ -148,6 +225,13 @@ struct bp_registry_iface {
  * whose backends compute with threads. The runtime calls it with the backend already entered
  * (one thread at a time) and n >= 1; the plugin returns BP_OK or a status after bp_set_error. */
 typedef enum bp_status (*bp_set_n_threads_fn)(bp_backend *backend, int n_threads);
+/* "bp_registry_note", of this type: a short note about the registry, meant to say why it has no
+ * devices ("no usable GPU: no CUDA driver (...)"). The loader asks once the registry is made and
+ * appends it to the plugin's load-report record ("registry 'CUDA' with 0 devices: <note>"); the
+ * device and registry lookups (bp_backend_init_by_name and the like) add it to their error for
+ * a registry without devices. The string is the plugin's and stays valid while the plugin is
+ * loaded; NULL or "" means nothing to say. */
+typedef const char *(*bp_registry_note_fn)(void);
 
 /* Constructors. Each checks the interface (struct size, required members) and returns NULL
  * with an error naming what is missing. Objects made for a device or registry are freed with
