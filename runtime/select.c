@@ -59,7 +59,7 @@ static char *list_names(bool devices)
     for (size_t i = 0; i < n && out != NULL; i++) {
         size_t nd = devices ? bp_registry_get_device_count(regs[i]) : 1;
         for (size_t j = 0; j < nd && out != NULL; j++) {
-            const char *name = devices ? bp_device_get_name(regs[i]->iface->get_device(regs[i], j))
+            const char *name = devices ? bp_device_get_name(bp_registry_get_device(regs[i], j))
                                        : bp_registry_get_name(regs[i]);
             out = bp__strcat_printf(out, "a list of names", "%s%s", out[0] ? ", " : "", name);
         }

@@ -243,7 +243,9 @@ enum bp_plugin_status {
     BP_PLUGIN_NOT_SELECTED = 1, /* a better variant (or an earlier file of the name) won */
     BP_PLUGIN_CANNOT_RUN = 2,   /* score 0 or CPU features missing */
     BP_PLUGIN_FILTERED = 3,     /* BP_PLUGINS_ONLY / BP_PLUGINS_DISABLE: never opened */
-    BP_PLUGIN_REFUSED = 4,      /* unsafe permissions or owner, not a regular file, bad name */
+    BP_PLUGIN_REFUSED = 4,      /* unsafe permissions or owner, not a regular file, bad name;
+                                 * or, beside a loaded plugin's record, one of its devices whose
+                                 * answers break bp-plugin.h (a NULL name, ...): not used */
     BP_PLUGIN_FAILED = 5,       /* dlopen, entry point, ABI, init or duplicate-name failure */
     BP_PLUGIN_UNLOADED = 6,     /* was loaded, then unloaded */
 };
