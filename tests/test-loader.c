@@ -52,10 +52,10 @@ static const struct bp_plugin_record *record_for(const char *file)
 #define ck_assert_record(file, st, needle)                                                     \
     do {                                                                                       \
         const struct bp_plugin_record *r_ = record_for(file);                                  \
-        ck_assert_msg(r_ != NULL, "no record for %s", file);                                   \
-        ck_assert_msg(r_->status == (st), "%s: status '%s', expected '%s' (%s)", file,         \
-                      bp_plugin_status_name(r_->status), bp_plugin_status_name(st),            \
-                      r_->message);                                                            \
+        ck_assert_plugins(r_ != NULL, "no record for %s", file);                               \
+        ck_assert_plugins(r_->status == (st), "%s: status '%s', expected '%s' (%s)", file,     \
+                          bp_plugin_status_name(r_->status), bp_plugin_status_name(st),        \
+                          r_->message);                                                        \
         ck_assert_msg(strstr(r_->message, (needle)) != NULL, "%s: message '%s' lacks '%s'",    \
                       file, r_->message, (needle));                                            \
     } while (0)
@@ -243,9 +243,11 @@ START_TEST(test_no_plugins_at_all)
     setenv("BP_PLUGIN_PATH", "", 1);
     setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
     ck_assert_uint_eq(bp_device_count(), 0);
-    ck_assert_rejected(bp_backend_init_best(), BP_ERR_NOT_FOUND, "no plugin is loaded");
+    ck_assert_rejected(bp_backend_init_best(), BP_ERR_NOT_FOUND,
+                       "no plugin is loaded: no plugin file was found on the search path");
 }
 END_TEST
+
 
 START_TEST(test_unload_waits_for_users)
 {
@@ -359,6 +361,29 @@ static void load_dir(const char *dir)
     if (p != NULL)
         ck_assert_int_eq(bp_plugin_unload(p), BP_OK);
 }
+
+/* Nothing loaded because everything was refused: the error names the first refusal, not only
+ * that nothing is loaded. */
+START_TEST(test_no_plugins_says_why)
+{
+    setenv("BP_PLUGIN_PATH", "", 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
+    snprintf(tmp_root, sizeof(tmp_root), "/tmp/bp-loader-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmp_root));
+    char d[512];
+    make_dir(d, sizeof(d), "open", 0755);
+    good_into(d, "backplane-good.so", 0757);
+    setenv("BP_PLUGIN_PATH", d, 1);
+    ck_assert_uint_eq(bp_device_count(), 0);
+    ck_assert_rejected(bp_backend_init_best(), BP_ERR_NOT_FOUND,
+                       "no plugin is loaded: 1 refused or failed, the first ");
+    ck_assert_error_has(BP_ERR_NOT_FOUND, "open/backplane-good.so: the file is writable by others "
+                                          "(mode 757)");
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
 
 START_TEST(test_refusals)
 {
@@ -1082,6 +1107,7 @@ int main(void)
     BP_TCASE(s, test_filter_disable, 30);
     BP_TCASE(s, test_selection_by_name, 30);
     BP_TCASE(s, test_no_plugins_at_all, 10);
+    BP_TCASE(s, test_no_plugins_says_why, 10);
     BP_TCASE(s, test_unload_waits_for_users, 30);
     BP_TCASE(s, test_explicit_load, 30);
     BP_TCASE(s, test_refusals, 60);
