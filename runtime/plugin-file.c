@@ -19,20 +19,20 @@
 #include "plugin-file.h"
 
 /* ---- Safe paths ---------------------------------------------------------------------------- *
- * A plugin is only as safe as every directory on the way to it: whoever can write to any of
- * them can swap what lies below. So paths are resolved here one component at a time from the
- * root, as OpenSSH's safe_path does: each directory, including those a symbolic link leads
- * through, must be owned by root or the current user and not writable by group or others
- * (unless root-owned and sticky, like /tmp); each symbolic link must be owned by root or the
- * current user. One exception, OpenSSH's as Debian patches it for the same reason: what the
- * current user (not root) owns may be writable by its group when that group is the user's
- * private group (the user is its only member, as primary group or listed member, and no other
- * account has it as primary group). Debian and Ubuntu give every user such a group and umask
- * 002, so every directory and file a developer builds is group-writable; the group adds no
- * writer. Root-owned directories keep the strict rule (docs/plugins.md). Every step holds a descriptor of the directory just checked and looks up the
+ * A plugin is only as safe as every directory on the way to it: whoever can write to any of them
+ * can swap what lies below. So paths are resolved here one component at a time from the root, as
+ * OpenSSH's safe_path does: each directory, including those a symbolic link leads through, must be
+ * owned by root or the current user and not writable by group or others (unless root-owned and
+ * sticky, like /tmp); each symbolic link must be owned by root or the current user. One exception,
+ * OpenSSH's as Debian patches it for the same reason: what the current user (not root) owns may be
+ * writable by its group when that group is the user's private group (the user is its only member,
+ * as primary group or listed member, and no other account has it as primary group). Debian and
+ * Ubuntu give every user such a group and umask 002, so every directory and file a developer
+ * builds is group-writable; the group adds no writer. Root-owned directories keep the strict rule
+ * (docs/plugins.md). Every step holds a descriptor of the directory just checked and looks up the
  * next name relative to it, so what was checked is what is used, and there is no length limit
- * beyond the kernel's per-name one. The plugin file itself is opened once, here, and every
- * later step (ELF checks, probe, dlopen) works on that descriptor. */
+ * beyond the kernel's per-name one. The plugin file itself is opened once, here, and every later
+ * step (ELF checks, probe, dlopen) works on that descriptor. */
 
 /* Declared in plugin-file.h. */
 char *bp__group_not_private(uid_t owner, const char *owner_name, const char *const *members,

@@ -50,7 +50,8 @@ static void check_add(bp_backend *be)
 {
     ck_assert_ptr_nonnull(be);
     bp_context *ctx = bp_context_new(8);
-    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16), *b = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
+    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
+    bp_tensor *b = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
     bp_tensor *sum = bp_add(ctx, a, b);
     bp_graph *g = bp_graph_new(8);
     bp_graph_build_forward(g, sum);
@@ -154,7 +155,8 @@ static void check_buffer_refused(const char *lie, const char *answer, const char
     ck_assert_error_has(BP_ERR_BACKEND, object);
 
     bp_context *ctx = bp_context_new(4);
-    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16), *b = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
+    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
+    bp_tensor *b = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
     ck_assert_rejected(bp_alloc_ctx_tensors(ctx, buft), BP_ERR_BACKEND, answer);
     ck_assert_ptr_null(a->data);
     ck_assert_ptr_null(b->data);
@@ -219,7 +221,8 @@ static void check_alloc_size_refused(const char *lie, const char *answer)
     bp_buffer *early = bp_buffer_type_alloc(buft, 4096);
     ck_assert_msg(early != NULL, "%s", bp_last_error());
     bp_context *ctx = bp_context_new(4);
-    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16), *b = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
+    bp_tensor *a = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
+    bp_tensor *b = bp_new_tensor_1d(ctx, BP_TYPE_F32, 16);
     ck_assert_rejected(bp_alloc_ctx_tensors(ctx, buft), BP_ERR_BACKEND,
                        "plugin 'liar': buffer type 'TestAccel' of device 0 ('LIAR0') says");
     ck_assert_error_has(BP_ERR_BACKEND, answer);
