@@ -212,6 +212,8 @@ BP_API enum bp_status bp_event_synchronize(bp_event *event);
 /* ---- Registries ------------------------------------------------------------------------- */
 
 BP_API const char *bp_registry_get_name(bp_registry *reg);
+/* Only the devices whose answers passed the runtime's checks (bp-plugin.h) are counted and
+ * handed out; a refused device's name and description are "". */
 BP_API size_t bp_registry_get_device_count(bp_registry *reg);
 BP_API bp_device *bp_registry_get_device(bp_registry *reg, size_t index);
 /* A named optional feature ("bp_comm_init", "bp_cpu_repack_buffer_type", ...); NULL, without
