@@ -80,18 +80,19 @@ static size_t printable_utf8(const unsigned char *s, size_t n)
     return len;
 }
 
-/* s (n bytes) for a message: printable ASCII as is, every other byte as \xNN, cut at 40. */
+/* s (n bytes) for a message: printable ASCII as is, every other byte as \xNN, cut with "..."
+ * where it does not fit. */
 static void show_bytes(char *out, size_t size, const char *s, size_t n)
 {
-    size_t o = 0;
-    for (size_t i = 0; i < n && o + 8 < size; i++) {
+    size_t o = 0, i = 0;
+    for (; i < n && o + 8 < size; i++) {
         const unsigned char c = (unsigned char)s[i];
         if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
             out[o++] = (char)c;
         else
             o += (size_t)snprintf(out + o, size - o, "\\x%02x", c);
     }
-    if (n > 0 && o + 8 >= size)
+    if (i < n)
         o += (size_t)snprintf(out + o, size - o, "...");
     out[o] = '\0';
 }
@@ -115,7 +116,7 @@ static char *text_problem(const char *s, const char *what, const char *member, s
     }
     char shown[64];
     if (n > max) {
-        show_bytes(shown, sizeof(shown), s, 24);
+        show_bytes(shown, sizeof(shown), s, n);
         why = bp__asprintf("a plugin check", "has a %s longer than %zu bytes (%s returned \"%s\")",
                            what, max, member, shown);
         goto out;
