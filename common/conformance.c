@@ -121,12 +121,19 @@ static void fill_leaf(bp_graph *g, bp_tensor *t, uint64_t seed)
     free(v);
 }
 
-/* The result as floats in logical order (copied out of any buffer). Caller frees. */
-static float *read_result(const bp_tensor *t)
+/* The result as floats in logical order (copied out of any buffer), or NULL when the buffer
+ * could not be read: then why says so, with the status and the plugin's error. Caller frees. */
+static float *read_result(const bp_tensor *t, const char *name, int v, char *why, size_t why_size)
 {
     const size_t bytes = bp_nbytes(t);
     char *raw = malloc(bytes ? bytes : 1);
-    bp_tensor_get(t, raw, 0, bytes);
+    const enum bp_status st = bp_tensor_get(t, raw, 0, bytes);
+    if (st != BP_OK) {
+        snprintf(why, why_size, "%s[%d]: the plugin failed to read the tensor back (%s): %s", name,
+                 v, bp_status_name(st), bp_last_error());
+        free(raw);
+        return NULL;
+    }
     const int64_t n = bp_nelements(t);
     float *out = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     int64_t k = 0;
@@ -184,8 +191,13 @@ bool conf_run(bp_backend *be, const struct conf_case *c, int v, bool *unsupporte
         size_t bytes = bp_nbytes(lr);
         void *tmp = malloc(bytes ? bytes : 1);
         bp_tensor_get(lr, tmp, 0, bytes);
-        bp_tensor_set(ld, tmp, 0, bytes);
+        const enum bp_status st = bp_tensor_set(ld, tmp, 0, bytes);
         free(tmp);
+        if (st != BP_OK) {
+            snprintf(why, why_size, "%s[%d]: the plugin failed to take the inputs (%s): %s",
+                     c->name, v, bp_status_name(st), bp_last_error());
+            goto done;
+        }
     }
     if (!ref_compute_graph(gr)) {
         snprintf(why, why_size, "%s[%d]: the reference cannot compute it", c->name, v);
@@ -195,8 +207,10 @@ bool conf_run(bp_backend *be, const struct conf_case *c, int v, bool *unsupporte
         snprintf(why, why_size, "%s[%d]: compute failed: %s", c->name, v, bp_last_error());
         goto done;
     }
-    xr = read_result(outr);
-    xd = read_result(outd);
+    xr = read_result(outr, c->name, v, why, why_size);
+    xd = read_result(outd, c->name, v, why, why_size);
+    if (xr == NULL || xd == NULL)
+        goto done;
     double e = conf_nmse(xd, xr, bp_nelements(outr));
     if (!(e <= c->max_nmse)) {
         snprintf(why, why_size, "%s[%d]: NMSE %.3g exceeds %.3g (%s %s, first values %g vs %g)",

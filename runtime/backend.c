@@ -28,33 +28,54 @@ static void default_error(enum bp_status status, const char *fmt, const char *na
 
 /* ---- Buffer types ----------------------------------------------------------------------- */
 
+/* Whether buft's name and alignment have been checked (verify.c), whatever the verdict; false
+ * only when memory ran out while checking. */
+static bool buft_checked(bp_buffer_type *buft)
+{
+    bp__buft_usable(buft);
+    return atomic_load_explicit(&buft->checked.state, memory_order_acquire) != BP__UNCHECKED;
+}
+
+/* The name as checked; "" for a type whose name was refused. */
 const char *bp_buffer_type_get_name(bp_buffer_type *buft)
 {
     CHECK_HANDLE(buft, "");
-    return buft->iface->get_name(buft);
+    return buft_checked(buft) && buft->checked.name != NULL ? buft->checked.name : "";
 }
 
+/* The alignment as checked; 1 for a type whose alignment was refused (it allocates nothing). */
 size_t bp_buffer_type_get_alignment(bp_buffer_type *buft)
 {
     CHECK_HANDLE(buft, 0);
-    return buft->iface->get_alignment(buft);
+    return buft_checked(buft) && buft->alignment > 0 ? buft->alignment : 1;
 }
 
 size_t bp_buffer_type_get_max_size(bp_buffer_type *buft)
 {
     CHECK_HANDLE(buft, 0);
-    if (BP_HAS(struct bp_buffer_type_iface, buft->iface, get_max_size))
-        return buft->iface->get_max_size(buft);
-    return SIZE_MAX;
+    if (!BP_HAS(struct bp_buffer_type_iface, buft->iface, get_max_size))
+        return SIZE_MAX;
+    size_t max = buft->iface->get_max_size(buft);
+    if (max == 0)
+        bp__buft_refuse(buft, "says its largest buffer is 0 bytes (get_max_size returned 0)");
+    return max;
 }
 
+/* An answer smaller than the tensor would have the allocators place the next tensor inside
+ * this one, and the plugin write past the end of its memory: the type is refused, and the
+ * tensor's own size returned so that nothing is computed from the wrong answer. */
 size_t bp_buffer_type_get_alloc_size(bp_buffer_type *buft, const bp_tensor *t)
 {
     CHECK_HANDLE(buft, 0);
     CHECK_HANDLE(t, 0);
-    if (BP_HAS(struct bp_buffer_type_iface, buft->iface, get_alloc_size))
-        return buft->iface->get_alloc_size(buft, t);
-    return bp_nbytes(t);
+    const size_t nbytes = bp_nbytes(t);
+    if (!BP_HAS(struct bp_buffer_type_iface, buft->iface, get_alloc_size))
+        return nbytes;
+    const size_t size = buft->iface->get_alloc_size(buft, t);
+    if (size < nbytes)
+        bp__buft_refuse(buft, "says %s needs %zu byte%s (get_alloc_size), less than its %zu",
+                        bp__describe(t).s, size, BP_PLURAL(size), nbytes);
+    return size < nbytes ? nbytes : size;
 }
 
 bool bp_buffer_type_is_host(bp_buffer_type *buft)
@@ -72,6 +93,11 @@ bp_device *bp_buffer_type_get_device(bp_buffer_type *buft)
 bp_buffer *bp_buffer_type_alloc(bp_buffer_type *buft, size_t size)
 {
     CHECK_HANDLE(buft, NULL);
+    if (!bp__buft_usable(buft)) {
+        if (buft_checked(buft))
+            bp__refused_error(&buft->checked);
+        return NULL;
+    }
     size_t max = bp_buffer_type_get_max_size(buft);
     if (size > max)
         return bp__error_null(BP_ERR_OUT_OF_MEMORY,
@@ -94,6 +120,15 @@ bp_buffer *bp_buffer_type_alloc(bp_buffer_type *buft, size_t size)
                               "buffer type %s returned a buffer of %zu byte%s when asked for %zu",
                               bp_buffer_type_get_name(buft), got, BP_PLURAL(got), size);
     }
+    enum bp_status st = bp__buffer_check_base(buf);
+    if (st != BP_OK) {
+        /* The plugin's free member runs next and may record errors of its own. */
+        char *why = bp__strdup(bp_last_error(), "an error message");
+        bp_buffer_free(buf);
+        bp__error(st, "%s", why ? why : "out of memory");
+        bp__free(why);
+        return NULL;
+    }
     return buf;
 }
 
@@ -112,6 +147,8 @@ void bp_buffer_free(bp_buffer *buf)
 void *bp_buffer_get_base(bp_buffer *buf)
 {
     CHECK_HANDLE(buf, NULL);
+    if (buf->base_checked)
+        return buf->base;
     return buf->iface->get_base(buf);
 }
 
@@ -157,6 +194,11 @@ enum bp_buffer_usage bp_buffer_get_usage(bp_buffer *buf)
 
 enum bp_status bp__place_tensor(bp_buffer *buf, bp_tensor *t, void *addr)
 {
+    /* A type refused after this buffer was made (an allocation size too small) places
+     * nothing more: the layout its answers gave cannot be trusted. */
+    if (!bp__buft_usable(buf->buft))
+        return buft_checked(buf->buft) ? bp__refused_error(&buf->buft->checked)
+                                       : BP_ERR_OUT_OF_MEMORY;
     t->buffer = buf;
     t->data = addr;
     if (BP_HAS(struct bp_buffer_iface, buf->iface, init_tensor))
@@ -660,16 +702,27 @@ enum bp_status bp_backend_tensor_copy_async(bp_backend *src_backend, bp_backend 
 
 /* ---- Devices ---------------------------------------------------------------------------- */
 
+/* A refused device (verify.c) answers "" for its name and description, and its backends and
+ * buffer types are not handed out: it is not used. */
+static bool device_refused(bp_device *dev)
+{
+    if (bp__device_usable(dev))
+        return false;
+    if (atomic_load_explicit(&dev->checked.state, memory_order_acquire) == BP__REFUSED)
+        bp__refused_error(&dev->checked);
+    return true;
+}
+
 const char *bp_device_get_name(bp_device *dev)
 {
     CHECK_HANDLE(dev, "");
-    return dev->iface->get_name(dev);
+    return bp__device_usable(dev) ? dev->checked.name : "";
 }
 
 const char *bp_device_get_description(bp_device *dev)
 {
     CHECK_HANDLE(dev, "");
-    return dev->iface->get_description(dev);
+    return bp__device_usable(dev) ? dev->description : "";
 }
 
 enum bp_device_type bp_device_get_type(bp_device *dev)
@@ -749,6 +802,8 @@ bp_registry *bp_device_get_registry(bp_device *dev)
 bp_backend *bp_device_init_backend(bp_device *dev, const char *params)
 {
     CHECK_HANDLE(dev, NULL);
+    if (device_refused(dev))
+        return NULL;
     bp_clear_error();
     bp_backend *be = dev->iface->init_backend(dev, params);
     if (be == NULL)
@@ -760,6 +815,8 @@ bp_backend *bp_device_init_backend(bp_device *dev, const char *params)
 bp_buffer_type *bp_device_get_buffer_type(bp_device *dev)
 {
     CHECK_HANDLE(dev, NULL);
+    if (device_refused(dev))
+        return NULL;
     return dev->iface->get_buffer_type(dev);
 }
 
@@ -899,24 +956,26 @@ enum bp_status bp_event_synchronize_timeout(bp_event *event, int64_t timeout_ns)
 const char *bp_registry_get_name(bp_registry *reg)
 {
     CHECK_HANDLE(reg, "");
-    return reg->iface->get_name(reg);
+    return bp__registry_usable(reg) ? reg->checked.name : "";
 }
 
+/* Only the devices that passed their checks count (verify.c). */
 size_t bp_registry_get_device_count(bp_registry *reg)
 {
     CHECK_HANDLE(reg, 0);
-    return reg->iface->get_device_count(reg);
+    return bp__registry_devices(reg, SIZE_MAX, NULL);
 }
 
 bp_device *bp_registry_get_device(bp_registry *reg, size_t index)
 {
     CHECK_HANDLE(reg, NULL);
-    size_t n = bp_registry_get_device_count(reg);
+    bp_device *dev = NULL;
+    size_t n = bp__registry_devices(reg, index, &dev);
     if (index >= n)
         return bp__error_null(BP_ERR_OUT_OF_BOUNDS,
                               "registry %s has %zu device%s; there is no device %zu",
                               bp_registry_get_name(reg), n, BP_PLURAL(n), index);
-    return reg->iface->get_device(reg, index);
+    return dev;
 }
 
 void *bp_registry_get_proc_address(bp_registry *reg, const char *name)

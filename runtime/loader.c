@@ -460,7 +460,68 @@ const char *bp_plugin_init_dir(void)
     return init_dir;
 }
 
-/* init, duplicate registry check, bookkeeping. Consumes the handle and descriptor either way. */
+/* Frees the strings and struct of a plugin that holds no registry or object. */
+static void plugin_free_record(struct bp_plugin *p)
+{
+    bp__free(p->path);
+    bp__free(p->name);
+    bp__free(p->variant);
+    bp__free(p);
+}
+
+/* A new plugin record for c (not yet in the list); NULL when memory ran out. */
+static struct bp_plugin *plugin_new(const struct candidate *c)
+{
+    struct bp_plugin *p = bp__calloc(1, sizeof(*p), "a plugin");
+    if (p == NULL)
+        return NULL;
+    p->path = bp__strdup(c->path, "a plugin path");
+    p->name = bp__strdup(c->name, "a plugin name");
+    p->variant = bp__strdup(c->variant, "a plugin variant");
+    if (p->path == NULL || p->name == NULL || p->variant == NULL) {
+        plugin_free_record(p);
+        return NULL;
+    }
+    return p;
+}
+
+const char *bp__plugin_name(const struct bp_plugin *p)
+{
+    return p->name;
+}
+
+/* Why the registry reg (of p, not yet listed) cannot be used: its name is not text, or another
+ * plugin's registry has it. A sentence (heap), or NULL when it can be; *oom when memory ran
+ * out. */
+static char *registry_problem(bp_registry *reg, bool *oom)
+{
+    *oom = false;
+    if (!bp__registry_usable(reg)) {
+        const int state = atomic_load(&reg->checked.state);
+        *oom = state != BP__REFUSED;
+        return *oom ? NULL : bp__strdup(reg->checked.refusal, "a plugin check");
+    }
+    const char *rname = bp_registry_get_name(reg);
+    for (size_t i = 0; i < n_plugins; i++) {
+        if (strcasecmp(bp_registry_get_name(plugins[i]->reg), rname) == 0) {
+            char *why = bp__asprintf("a plugin check", "its registry name '%s' is already "
+                                     "provided by %s", rname, plugins[i]->path);
+            *oom = why == NULL;
+            return why;
+        }
+    }
+    return NULL;
+}
+
+/* Adds a record of a refused device of the plugin being loaded (the arg). */
+static void record_refusal(void *arg, const char *sentence)
+{
+    const struct candidate *c = arg;
+    add_record(c->path, c->name, c->variant, c->score, BP_PLUGIN_REFUSED, "%s", sentence);
+}
+
+/* init, the checks of its registry (name, duplicate, devices), bookkeeping. Consumes the
+ * handle and descriptor either way. */
 static struct bp_plugin *finish_load(struct candidate *c)
 {
     bp_clear_error();
@@ -474,36 +535,21 @@ static struct bp_plugin *finish_load(struct candidate *c)
         candidate_close(c);
         return NULL;
     }
-    const char *rname = bp_registry_get_name(reg);
-    for (size_t i = 0; i < n_plugins; i++) {
-        if (strcasecmp(bp_registry_get_name(plugins[i]->reg), rname) == 0) {
-            add_record(c->path, c->name, c->variant, c->score, BP_PLUGIN_FAILED,
-                       "its registry name '%s' is already provided by %s", rname,
-                       plugins[i]->path);
-            bp_registry_free(reg);
-            candidate_close(c);
-            return NULL;
-        }
-    }
-    struct bp_plugin *p = bp__calloc(1, sizeof(*p), "a plugin");
-    bool grown = p != NULL && bp__grow((void **)&plugins, &cap_plugins, n_plugins + 1,
-                                       sizeof(*plugins), "the plugin list");
-    if (p)
-        p->path = bp__strdup(c->path, "a plugin path");
-    if (p)
-        p->name = bp__strdup(c->name, "a plugin name");
-    if (p)
-        p->variant = bp__strdup(c->variant, "a plugin variant");
-    if (!grown || p->path == NULL || p->name == NULL || p->variant == NULL) {
-        if (p) {
-            bp__free(p->path);
-            bp__free(p->name);
-            bp__free(p->variant);
-        }
-        bp__free(p);
-        add_record(c->path, c->name, c->variant, c->score, BP_PLUGIN_FAILED,
-                   "out of memory while registering it");
+    /* The plugin exists before its checks so that their sentences can name it. */
+    struct bp_plugin *p = plugin_new(c);
+    reg->plugin = p;
+    bool oom = p == NULL;
+    char *why = p != NULL ? registry_problem(reg, &oom) : NULL;
+    if (oom || why != NULL ||
+        !bp__grow((void **)&plugins, &cap_plugins, n_plugins + 1, sizeof(*plugins),
+                  "the plugin list")) {
+        add_record(c->path, c->name, c->variant, c->score, BP_PLUGIN_FAILED, "%s",
+                   why != NULL ? why : "out of memory while registering it");
+        bp__free(why);
+        reg->plugin = NULL;
         bp_registry_free(reg);
+        if (p != NULL)
+            plugin_free_record(p);
         candidate_close(c);
         return NULL;
     }
@@ -513,7 +559,6 @@ static struct bp_plugin *finish_load(struct candidate *c)
     c->fd = -1;
     p->reg = reg;
     atomic_init(&p->refs, 0);
-    reg->plugin = p;
     plugins[n_plugins++] = p;
     size_t nd = bp_registry_get_device_count(reg);
     /* A registry may say why it has no devices (e.g. CUDA without a driver). */
@@ -521,9 +566,12 @@ static struct bp_plugin *finish_load(struct candidate *c)
         (const char *(*)(void))bp_registry_get_proc_address(reg, "bp_registry_note");
     const char *note = note_fn != NULL ? note_fn() : NULL;
     p->record = add_record(c->path, c->name, c->variant, c->score, BP_PLUGIN_LOADED,
-                           "registry '%s' with %zu device%s%s%s", rname, nd, nd == 1 ? "" : "s",
-                           note != NULL && note[0] != '\0' ? ": " : "",
+                           "registry '%s' with %zu device%s%s%s", bp_registry_get_name(reg), nd,
+                           nd == 1 ? "" : "s", note != NULL && note[0] != '\0' ? ": " : "",
                            note != NULL ? note : "");
+    /* Devices whose answers break the plugin API are left out of the count above; each gets a
+     * record of its own, so `backplane list` says why it is missing. */
+    bp__registry_refusals(reg, record_refusal, c);
     return p;
 }
 
@@ -533,10 +581,7 @@ static void plugin_free(struct bp_plugin *p)
     bp_registry_free(p->reg);
     dlclose(p->handle);
     close(p->fd);
-    bp__free(p->path);
-    bp__free(p->name);
-    bp__free(p->variant);
-    bp__free(p);
+    plugin_free_record(p);
 }
 
 /* ---- Filters ---------------------------------------------------------------------------- */

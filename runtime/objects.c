@@ -80,11 +80,14 @@ void bp_registry_free(bp_registry *reg)
         bp__free(dev->bufts);
         if (MEMBER_OK(struct bp_device_iface, dev->iface, free))
             dev->iface->free(dev);
+        bp__checked_free(&dev->checked);
+        bp__free(dev->description);
         bp__free(dev);
     }
     bp__free(reg->devices);
     if (MEMBER_OK(struct bp_registry_iface, reg->iface, free))
         reg->iface->free(reg);
+    bp__checked_free(&reg->checked);
     bp__free(reg);
 }
 
@@ -113,6 +116,7 @@ bp_device *bp_device_new(bp_registry *reg, const struct bp_device_iface *iface, 
     dev->iface = iface;
     dev->context = context;
     dev->reg = reg;
+    dev->index = reg->n_devices;
     if (!append_ptr((void ***)&reg->devices, &reg->n_devices, &reg->cap_devices, dev,
                     "a registry's device list")) {
         bp__free(dev);
@@ -150,6 +154,7 @@ void bp_buffer_type_free(bp_buffer_type *buft)
         return; /* the runtime's own, static */
     if (MEMBER_OK(struct bp_buffer_type_iface, buft->iface, free))
         buft->iface->free(buft);
+    bp__checked_free(&buft->checked);
     bp__free(buft);
 }
 

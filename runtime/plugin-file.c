@@ -5,7 +5,9 @@
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
+#include <pwd.h>
 #include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,28 +19,145 @@
 #include "plugin-file.h"
 
 /* ---- Safe paths ---------------------------------------------------------------------------- *
- * A plugin is only as safe as every directory on the way to it: whoever can write to any of
- * them can swap what lies below. So paths are resolved here one component at a time from the
- * root, as OpenSSH's safe_path does: each directory, including those a symbolic link leads
- * through, must be owned by root or the current user and not writable by group or others
- * (unless root-owned and sticky, like /tmp); each symbolic link must be owned by root or the
- * current user. Every step holds a descriptor of the directory just checked and looks up the
+ * A plugin is only as safe as every directory on the way to it: whoever can write to any of them
+ * can swap what lies below. So paths are resolved here one component at a time from the root, as
+ * OpenSSH's safe_path does: each directory, including those a symbolic link leads through, must be
+ * owned by root or the current user and not writable by group or others (unless root-owned and
+ * sticky, like /tmp); each symbolic link must be owned by root or the current user. One exception,
+ * OpenSSH's as Debian patches it for the same reason: what the current user (not root) owns may be
+ * writable by its group when that group is the user's private group (the user is its only member,
+ * as primary group or listed member, and no other account has it as primary group). Debian and
+ * Ubuntu give every user such a group and umask 002, so every directory and file a developer
+ * builds is group-writable; the group adds no writer. Root-owned directories keep the strict rule
+ * (docs/plugins.md). Every step holds a descriptor of the directory just checked and looks up the
  * next name relative to it, so what was checked is what is used, and there is no length limit
- * beyond the kernel's per-name one. The plugin file itself is opened once, here, and every
- * later step (ELF checks, probe, dlopen) works on that descriptor. */
+ * beyond the kernel's per-name one. The plugin file itself is opened once, here, and every later
+ * step (ELF checks, probe, dlopen) works on that descriptor. */
 
-/* Owner root or us; not writable by group or others unless root-owned and sticky. The problem
- * as a heap sentence (what names the object), or NULL when there is none (*bad false). */
+/* Declared in plugin-file.h. */
+char *bp__group_not_private(uid_t owner, const char *owner_name, const char *const *members,
+                            const uid_t *primary, size_t n_primary)
+{
+    size_t count = 0;
+    for (size_t i = 0; i < n_primary; i++) {
+        if (primary[i] != owner)
+            return bp__asprintf("a plugin check", "it is also the primary group of uid %u",
+                                (unsigned)primary[i]);
+        count++;
+    }
+    if (members != NULL && members[0] != NULL) {
+        if (owner_name == NULL || strcmp(members[0], owner_name) != 0)
+            return bp__asprintf("a plugin check", "it has the member %s", members[0]);
+        if (members[1] != NULL)
+            return bp__asprintf("a plugin check", "it has the member %s", members[1]);
+        count++;
+    }
+    /* A group with no member at all is what setgid programs use, not a user's own group. */
+    if (count == 0)
+        return bp__strdup("it has no members", "a plugin check");
+    return NULL;
+}
+
+/* The group and passwd entries behind a group-writable object, looked up with the reentrant
+ * calls into buffers that grow until they fit. */
+struct group_lookup {
+    struct group gr;
+    struct passwd pw;
+    char *gbuf, *pbuf;
+    uid_t *primary;
+    size_t n_primary, cap_primary;
+};
+
+static int lookup_group(struct group_lookup *l, gid_t gid, uid_t uid, struct group **gr,
+                        struct passwd **pw)
+{
+    const size_t max = (size_t)1 << 24;
+    int err = ERANGE, perr = ERANGE;
+    for (size_t size = 1024; err == ERANGE && size <= max; size *= 2) {
+        bp__free(l->gbuf);
+        if ((l->gbuf = bp__malloc(size, "a group entry")) == NULL)
+            return ENOMEM;
+        err = getgrgid_r(gid, &l->gr, l->gbuf, size, gr);
+    }
+    for (size_t size = 1024; perr == ERANGE && size <= max; size *= 2) {
+        bp__free(l->pbuf);
+        if ((l->pbuf = bp__malloc(size, "a passwd entry")) == NULL)
+            return ENOMEM;
+        perr = getpwuid_r(uid, &l->pw, l->pbuf, size, pw);
+    }
+    if (err != 0)
+        *gr = NULL;
+    if (perr != 0)
+        *pw = NULL;
+    return err;
+}
+
+/* Why the group of st (owned by the current user, not root) is not that user's private group,
+ * as a phrase (heap); NULL when it is. The accounts are enumerated with getpwent, as OpenSSH
+ * does, only for a group-writable object: the loader runs this under its lock. */
+static char *group_problem(const struct stat *st)
+{
+    struct group_lookup l = {0};
+    struct group *gr = NULL;
+    struct passwd *pw = NULL;
+    char *why = NULL;
+    int err = lookup_group(&l, st->st_gid, st->st_uid, &gr, &pw);
+    if (gr == NULL) {
+        why = bp__asprintf("a plugin check", "gid %u has no group entry%s%s", (unsigned)st->st_gid,
+                           err ? ": " : "", err ? strerror(err) : "");
+        goto out;
+    }
+    setpwent();
+    for (struct passwd *e; (e = getpwent()) != NULL;) {
+        if (e->pw_gid != st->st_gid)
+            continue;
+        if (!bp__grow((void **)&l.primary, &l.cap_primary, l.n_primary + 1, sizeof(uid_t),
+                      "a group's accounts")) {
+            endpwent();
+            goto out;
+        }
+        l.primary[l.n_primary++] = e->pw_uid;
+    }
+    endpwent();
+    why = bp__group_not_private(st->st_uid, pw ? pw->pw_name : NULL,
+                                (const char *const *)gr->gr_mem, l.primary, l.n_primary);
+    if (why != NULL) {
+        char *named = bp__asprintf("a plugin check", "group %s: %s", gr->gr_name, why);
+        bp__free(why);
+        why = named;
+    }
+out:
+    bp__free(l.gbuf);
+    bp__free(l.pbuf);
+    bp__free(l.primary);
+    return why;
+}
+
+/* Owner root or us; not writable by others, nor by the group unless root-owned and sticky or
+ * ours with our private group. The problem as a heap sentence (what names the object), or NULL
+ * when there is none (*bad false). */
 static char *owner_mode_problem(const struct stat *st, const char *what, bool *bad)
 {
     *bad = true;
     if (st->st_uid != 0 && st->st_uid != geteuid())
         return bp__asprintf("a plugin check", "%s is owned by uid %u, neither root nor the "
                             "current user", what, (unsigned)st->st_uid);
-    if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_uid == 0 && (st->st_mode & S_ISVTX)))
-        return bp__asprintf("a plugin check", "%s is writable by %s (mode %03o)", what,
-                            (st->st_mode & S_IWOTH) ? "others" : "its group",
-                            (unsigned)(st->st_mode & 0777));
+    const unsigned mode = (unsigned)(st->st_mode & 0777);
+    const bool sticky_root = st->st_uid == 0 && (st->st_mode & S_ISVTX);
+    if ((st->st_mode & S_IWOTH) && !sticky_root)
+        return bp__asprintf("a plugin check", "%s is writable by others (mode %03o)", what, mode);
+    if ((st->st_mode & S_IWGRP) && !sticky_root) {
+        if (st->st_uid == 0)
+            return bp__asprintf("a plugin check", "%s is writable by its group (mode %03o), "
+                                "which a root-owned directory or file must not be", what, mode);
+        char *why = group_problem(st);
+        if (why != NULL) {
+            char *s = bp__asprintf("a plugin check", "%s is writable by its group (mode %03o), "
+                                   "which is not the owner's private group (%s)", what, mode, why);
+            bp__free(why);
+            return s;
+        }
+    }
     *bad = false;
     return NULL;
 }

@@ -19,6 +19,15 @@ enum bp_walk_target { BP_WALK_DIR, BP_WALK_FILE };
 int bp__walk(int atfd, const char *at, const char *path, enum bp_walk_target target,
              struct stat *st, char **canon, char **why, int *err);
 
+/* Why a group is not the private group of the user owner (named owner_name; NULL when the
+ * user has no passwd entry), given its listed members (NULL-terminated, may be NULL) and the
+ * uids of the accounts whose primary group it is: a phrase (heap), or NULL when it is private
+ * (the owner is its one member, counted as primary or listed, and nobody else's primary
+ * group). The rule of OpenSSH as Debian patches it; the loader accepts a group-writable
+ * directory or file of the current user's when this holds for its group. */
+char *bp__group_not_private(uid_t owner, const char *owner_name, const char *const *members,
+                            const uid_t *primary, size_t n_primary);
+
 /* Why the ELF file open as fd (size bytes) cannot be a shared object for this process, as a
  * heap sentence; NULL when the headers are sound (*bad false; *bad true with NULL: out of
  * memory). */

@@ -48,6 +48,34 @@ static const char *empty_reason(bp_registry *reg)
                                            : "its plugin gives no reason (see `backplane list`)";
 }
 
+/* "none (no plugin is loaded: ...)" with the load report's first refusal or failure, so that
+ * the error says why (a plugin directory writable by its group, a missing library) instead of
+ * only that nothing loaded (heap; NULL when memory ran out). */
+static char *no_plugin_reason(void)
+{
+    const size_t nr = bp_plugin_report_count();
+    size_t bad = 0;
+    const struct bp_plugin_record *first = NULL;
+    for (size_t i = 0; i < nr; i++) {
+        const struct bp_plugin_record *r = bp_plugin_report_get(i);
+        if (r != NULL && (r->status == BP_PLUGIN_REFUSED || r->status == BP_PLUGIN_FAILED)) {
+            first = first != NULL ? first : r;
+            bad++;
+        }
+    }
+    if (first == NULL)
+        return bp__asprintf("a list of names", "none (no plugin is loaded: %s; see `backplane "
+                            "list`)", nr == 0 ? "no plugin file was found on the search path"
+                                              : "none was refused or failed");
+    char *path = bp__escape_dup(first->path, "a list of names");
+    char *s = path ? bp__asprintf("a list of names", "none (no plugin is loaded: %zu refused or "
+                                  "failed, the first %s: %s; see `backplane list`)", bad, path,
+                                  first->message)
+                   : NULL;
+    bp__free(path);
+    return s;
+}
+
 /* "A, B, C" of every registry or device name, for error messages (heap; NULL when memory ran
  * out). The device list ends with why each registry without devices has none. */
 static char *list_names(bool devices)
@@ -59,17 +87,16 @@ static char *list_names(bool devices)
     for (size_t i = 0; i < n && out != NULL; i++) {
         size_t nd = devices ? bp_registry_get_device_count(regs[i]) : 1;
         for (size_t j = 0; j < nd && out != NULL; j++) {
-            const char *name = devices ? bp_device_get_name(regs[i]->iface->get_device(regs[i], j))
+            const char *name = devices ? bp_device_get_name(bp_registry_get_device(regs[i], j))
                                        : bp_registry_get_name(regs[i]);
             out = bp__strcat_printf(out, "a list of names", "%s%s", out[0] ? ", " : "", name);
         }
     }
     if (out != NULL && out[0] == '\0') {
         bp__free(out);
-        out = bp__strdup(n == 0 ? "none (no plugin is loaded; see `backplane list`)"
-                                : "none (the loaded plugins found no devices; see `backplane "
-                                  "list`)",
-                         "a list of names");
+        out = n == 0 ? no_plugin_reason()
+                     : bp__strdup("none (the loaded plugins found no devices; see `backplane "
+                                  "list`)", "a list of names");
     }
     for (size_t i = 0; devices && i < n && out != NULL; i++) {
         if (bp_registry_get_device_count(regs[i]) == 0)

@@ -17,7 +17,7 @@ static void setup(void)
     setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
     setenv("BP_CPU_DEVICES", "3", 1);
     backend = bp_backend_init_by_name(meta_name, "threads=1");
-    ck_assert_msg(backend != NULL, "%s: %s", meta_name, bp_last_error());
+    ck_assert_plugins(backend != NULL, "%s: %s", meta_name, bp_last_error());
 }
 
 static void teardown(void)

@@ -19,7 +19,7 @@ START_TEST(test_best_variant_loads)
 {
     use_cpu_plugin();
     bp_plugin *p = bp_plugin_by_name("cpu");
-    ck_assert_ptr_nonnull(p);
+    ck_assert_plugins(p != NULL, "%s", bp_last_error());
     const uint64_t f = bp_cpu_features();
     const char *want = "";
     if (access(bp_plugin_get_path(p), R_OK) == 0 && strstr(bp_plugin_get_path(p), "backplane-cpu.so"))
@@ -44,7 +44,7 @@ START_TEST(test_variant_masked_by_cpu_disable)
     use_cpu_plugin();
     setenv("BP_CPU_DISABLE", "avx512f,avx2", 1);
     bp_plugin *p = bp_plugin_by_name("cpu");
-    ck_assert_ptr_nonnull(p);
+    ck_assert_plugins(p != NULL, "%s", bp_last_error());
     if (strstr(bp_plugin_get_path(p), "backplane-cpu.so") == NULL)
         ck_assert_str_eq(bp_plugin_get_variant(p), "x86_64");
 }
@@ -74,7 +74,7 @@ START_TEST(test_device)
     /* "CPU0" names the lone "CPU", for devices and backends alike; "CPU1" names nothing */
     ck_assert_ptr_eq(bp_device_by_name("cpu0"), d);
     bp_backend *be = bp_backend_init_by_name("CPU0", NULL);
-    ck_assert_msg(be != NULL, "%s", bp_last_error());
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
     ck_assert_ptr_eq(bp_backend_get_device(be), d);
     bp_backend_free(be);
     ck_assert_ptr_null(bp_backend_init_by_name("CPU1", NULL));
@@ -86,7 +86,7 @@ START_TEST(test_backend_params)
 {
     use_cpu_plugin();
     bp_backend *be = bp_backend_init_by_name("cpu", "threads=3");
-    ck_assert_ptr_nonnull(be);
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
     bp_backend_free(be);
     ck_assert_rejected(bp_backend_init_by_name("CPU", "threads=0"), BP_ERR_INVALID_ARG,
                        "'threads=0'");
@@ -95,7 +95,7 @@ START_TEST(test_backend_params)
     ck_assert_rejected(bp_backend_init_by_name("CPU", "fast=1"), BP_ERR_INVALID_ARG,
                        "unknown backend parameter 'fast=1'");
     be = bp_backend_init_by_name("CPU", "");
-    ck_assert_ptr_nonnull(be);
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
     bp_backend_free(be);
 }
 END_TEST
@@ -109,7 +109,7 @@ START_TEST(test_backend_params_parsed_whole)
     char *params = malloc(1024);
     snprintf(params, 1024, "%300sthreads=2%300s", "", "");
     bp_backend *be = bp_backend_init_by_name("CPU", params);
-    ck_assert_msg(be != NULL, "%s", bp_last_error());
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
     bp_backend_free(be);
     snprintf(params, 1024, "threads=2,%300sbogus=1", "");
     ck_assert_rejected(bp_backend_init_by_name("CPU", params), BP_ERR_INVALID_ARG,
@@ -143,7 +143,7 @@ START_TEST(test_backend_params_parsed_whole)
         ck_assert_rejected(bp_backend_init_by_name("CPU", bad[i].params), BP_ERR_INVALID_ARG,
                            bad[i].needle);
     be = bp_backend_init_by_name("CPU", " threads=1 ");
-    ck_assert_msg(be != NULL, "%s", bp_last_error());
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
     bp_backend_free(be);
 }
 END_TEST
@@ -317,7 +317,7 @@ START_TEST(test_mul_mat_empty_k)
 {
     use_cpu_plugin();
     bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
-    ck_assert_ptr_nonnull(be);
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
     static const enum bp_type types[] = {BP_TYPE_F32, BP_TYPE_F16, BP_TYPE_BF16, BP_TYPE_Q8_0};
     static const int64_t ns[] = {3, 20, 64, 600};
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
@@ -558,7 +558,7 @@ static bp_backend *repack_backend(int i, enum bp_type *type)
     if (config[0][0])
         setenv(config[0], config[1], 1);
     bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
-    ck_assert_ptr_nonnull(be);
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
     printf("repack %s: %s%s%s\n", bp_type_name(*type),
            bp_device_get_description(bp_backend_get_device(be)), config[0][0] ? " with " : "",
            config[0]);
@@ -786,7 +786,7 @@ START_TEST(test_repack_buffer)
 {
     use_cpu_plugin();
     bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
-    ck_assert_ptr_nonnull(be);
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
     bp_buffer_type *bt = repack_buft(be);
     bp_cpu_repack_buffer_type_fn get = (bp_cpu_repack_buffer_type_fn)bp_registry_get_proc_address(
         bp_device_get_registry(bp_backend_get_device(be)), "bp_cpu_repack_buffer_type");
@@ -922,7 +922,7 @@ START_TEST(test_every_half_converts_exactly)
     if (disable[_i][0])
         setenv("BP_CPU_DISABLE", disable[_i], 1);
     bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
-    ck_assert_ptr_nonnull(be);
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
     bp_context *ctx = bp_context_new(4);
     bp_tensor *h = bp_new_tensor_1d(ctx, BP_TYPE_F16, 65536);
     bp_tensor *f = bp_cpy(ctx, h, bp_new_tensor_1d(ctx, BP_TYPE_F32, 65536));

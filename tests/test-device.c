@@ -49,10 +49,39 @@ struct accel {
     struct accel_dev devs[MAX_DEVICES];
 };
 
+/* ---- Lies (test_device_set_lie) ----------------------------------------------------------- */
+
+static const char *lie;
+
+void test_device_set_lie(const char *what)
+{
+    lie = what;
+}
+
+static bool lies(const char *what)
+{
+    return lie != NULL && strcmp(lie, what) == 0;
+}
+
+/* Whether d, the first device of its registry, tells the lie `what`. */
+static bool dev_lies(const struct accel_dev *d, const char *what)
+{
+    return lies(what) && d == &d->a->devs[0];
+}
+
+static bool buf_lies(bp_buffer *buf, const char *what)
+{
+    return dev_lies(bp_buffer_type_get_context(bp_buffer_get_type(buf)), what);
+}
+
 /* ---- Buffers ---------------------------------------------------------------------------- */
 
 static void *buf_base(bp_buffer *buf)
 {
+    if (buf_lies(buf, "base-null"))
+        return NULL;
+    if (buf_lies(buf, "base-misaligned"))
+        return (char *)bp_buffer_get_context(buf) + 1;
     return bp_buffer_get_context(buf);
 }
 
@@ -80,7 +109,9 @@ static enum bp_status buf_set(bp_buffer *buf, bp_tensor *t, const void *d, size_
 
 static enum bp_status buf_get(bp_buffer *buf, const bp_tensor *t, void *d, size_t off, size_t n)
 {
-    (void)buf;
+    if (buf_lies(buf, "get-tensor-fails"))
+        return bp_set_error(BP_ERR_BACKEND, "TestAccel: reading %zu bytes back failed "
+                            "(injected)", n);
     test_device_stats.get_calls++;
     memcpy(d, (const char *)t->data + off, n);
     return BP_OK;
@@ -134,20 +165,32 @@ static const char *buft_name(bp_buffer_type *buft)
 
 static size_t buft_alignment(bp_buffer_type *buft)
 {
-    (void)buft;
+    const struct accel_dev *d = bp_buffer_type_get_context(buft);
+    if (dev_lies(d, "align-0"))
+        return 0;
+    if (dev_lies(d, "align-3"))
+        return 3;
+    if (dev_lies(d, "align-huge"))
+        return (size_t)1 << 40;
     return 128;
 }
 
 static size_t buft_max_size(bp_buffer_type *buft)
 {
     struct accel_dev *d = bp_buffer_type_get_context(buft);
+    if (dev_lies(d, "max-size-0"))
+        return 0;
     return d->a->max_buffer ? d->a->max_buffer : SIZE_MAX;
 }
 
 /* Pads every tensor to a multiple of 256 bytes, as some devices do. */
 static size_t buft_alloc_size(bp_buffer_type *buft, const bp_tensor *t)
 {
-    (void)buft;
+    const struct accel_dev *d = bp_buffer_type_get_context(buft);
+    if (dev_lies(d, "alloc-size-0"))
+        return 0;
+    if (dev_lies(d, "alloc-size-small"))
+        return bp_nbytes(t) / 2;
     return (bp_nbytes(t) + 255) / 256 * 256;
 }
 
@@ -404,12 +447,21 @@ static const struct bp_backend_iface accel_backend_iface = {
 static const char *dev_name(bp_device *dev)
 {
     struct accel_dev *d = bp_device_get_context(dev);
+    if (dev_lies(d, "name-null"))
+        return NULL;
+    if (dev_lies(d, "name-empty"))
+        return "";
+    if (dev_lies(d, "name-control"))
+        return "LIAR\x1b[31m0";
+    if (dev_lies(d, "name-utf8"))
+        return "LIAR\xff" "0";
     return d->name;
 }
 
 static const char *dev_desc(bp_device *dev)
 {
-    (void)dev;
+    if (dev_lies(bp_device_get_context(dev), "desc-null"))
+        return NULL;
     return "backplane test accelerator";
 }
 
@@ -554,19 +606,20 @@ static const struct bp_device_iface accel_device_host_iface = {
 static const char *reg_name(bp_registry *reg)
 {
     struct accel *a = bp_registry_get_context(reg);
-    return a->reg_name;
+    return lies("reg-name-null") ? NULL : a->reg_name;
 }
 
 static size_t reg_count(bp_registry *reg)
 {
     struct accel *a = bp_registry_get_context(reg);
-    return (size_t)a->n_devices;
+    return (size_t)a->n_devices + (lies("count-too-many") ? 5 : 0);
 }
 
+/* (The runtime never asks past the devices made for the registry, whatever the count says.) */
 static bp_device *reg_device(bp_registry *reg, size_t i)
 {
     struct accel *a = bp_registry_get_context(reg);
-    return a->devs[i].dev;
+    return i == 0 && lies("device-null") ? NULL : a->devs[i].dev;
 }
 
 int test_device_answer(void)

@@ -53,6 +53,22 @@ void test_device_set_wrong_op(int op);
  * none), so a test can hold a backend inside a call while another thread tries to enter it. */
 void test_device_set_compute_hook(void (*hook)(void *), void *arg);
 
+/* Makes the test devices of this process break the plugin API in one way, named by what (NULL:
+ * none), so the runtime's checks of plugin answers can be tested. The first device of each
+ * registry tells the lie, the others stay honest (registry-wide lies excepted):
+ *   name-null, name-empty, name-control, name-utf8   its get_name answer
+ *   desc-null                                        get_description returns NULL
+ *   base-null, base-misaligned                       get_base of its buffers
+ *   align-0, align-3, align-huge (2^40)              get_alignment of its buffer type
+ *   alloc-size-0, alloc-size-small (half the bytes)  get_alloc_size of its buffer type
+ *   max-size-0                                       get_max_size of its buffer type
+ *   get-tensor-fails                                 get_tensor of its buffers fails
+ *   reg-name-null                                    the registry's get_name returns NULL
+ *   device-null                                      get_device(0) returns NULL
+ *   count-too-many                                   get_device_count says 5 more than made
+ * what must stay valid while the devices live (a string literal, or getenv's answer). */
+void test_device_set_lie(const char *what);
+
 /* The proc address the registry offers, for the get_proc_address test. */
 int test_device_answer(void);
 

@@ -9,7 +9,10 @@
 #include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <backplane/bp-plugin.h>
@@ -49,12 +52,26 @@ static const struct bp_plugin_record *record_for(const char *file)
 #define ck_assert_record(file, st, needle)                                                     \
     do {                                                                                       \
         const struct bp_plugin_record *r_ = record_for(file);                                  \
-        ck_assert_msg(r_ != NULL, "no record for %s", file);                                   \
-        ck_assert_msg(r_->status == (st), "%s: status '%s', expected '%s' (%s)", file,         \
-                      bp_plugin_status_name(r_->status), bp_plugin_status_name(st),            \
-                      r_->message);                                                            \
+        ck_assert_plugins(r_ != NULL, "no record for %s", file);                               \
+        ck_assert_plugins(r_->status == (st), "%s: status '%s', expected '%s' (%s)", file,     \
+                          bp_plugin_status_name(r_->status), bp_plugin_status_name(st),        \
+                          r_->message);                                                        \
         ck_assert_msg(strstr(r_->message, (needle)) != NULL, "%s: message '%s' lacks '%s'",    \
                       file, r_->message, (needle));                                            \
+    } while (0)
+
+/* The verdict on a directory of the current user's, writable by the user's primary group
+ * (mode 775): root's own directories may not be; a user's may be when the group is the user's
+ * private one (Debian's umask 002), and are refused with that reason when it is not
+ * (test_private_group_writable tests both with chosen groups). */
+#define ck_assert_group_verdict(file)                                                          \
+    do {                                                                                       \
+        const struct bp_plugin_record *g_ = record_for(file);                                  \
+        if (geteuid() == 0)                                                                    \
+            ck_assert_record(file, BP_PLUGIN_REFUSED,                                          \
+                             "writable by its group (mode 775), which a root-owned");          \
+        else if (g_ != NULL && g_->status == BP_PLUGIN_REFUSED)                                \
+            ck_assert_record(file, BP_PLUGIN_REFUSED, "which is not the owner's private group"); \
     } while (0)
 
 /* Whether the dynamic loader has the file mapped (without loading it). */
@@ -240,9 +257,11 @@ START_TEST(test_no_plugins_at_all)
     setenv("BP_PLUGIN_PATH", "", 1);
     setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
     ck_assert_uint_eq(bp_device_count(), 0);
-    ck_assert_rejected(bp_backend_init_best(), BP_ERR_NOT_FOUND, "no plugin is loaded");
+    ck_assert_rejected(bp_backend_init_best(), BP_ERR_NOT_FOUND,
+                       "no plugin is loaded: no plugin file was found on the search path");
 }
 END_TEST
+
 
 START_TEST(test_unload_waits_for_users)
 {
@@ -357,6 +376,29 @@ static void load_dir(const char *dir)
         ck_assert_int_eq(bp_plugin_unload(p), BP_OK);
 }
 
+/* Nothing loaded because everything was refused: the error names the first refusal, not only
+ * that nothing is loaded. */
+START_TEST(test_no_plugins_says_why)
+{
+    setenv("BP_PLUGIN_PATH", "", 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
+    snprintf(tmp_root, sizeof(tmp_root), "/tmp/bp-loader-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmp_root));
+    char d[512];
+    make_dir(d, sizeof(d), "open", 0755);
+    good_into(d, "backplane-good.so", 0757);
+    setenv("BP_PLUGIN_PATH", d, 1);
+    ck_assert_uint_eq(bp_device_count(), 0);
+    ck_assert_rejected(bp_backend_init_best(), BP_ERR_NOT_FOUND,
+                       "no plugin is loaded: 1 refused or failed, the first ");
+    ck_assert_error_has(BP_ERR_NOT_FOUND, "open/backplane-good.so: the file is writable by others "
+                                          "(mode 757)");
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     setenv("BP_PLUGIN_PATH", "", 1);
@@ -373,7 +415,7 @@ START_TEST(test_refusals)
 
     make_dir(d, sizeof(d), "group-writable", 0775);
     load_dir(d);
-    ck_assert_record("group-writable", BP_PLUGIN_REFUSED, "writable by its group");
+    ck_assert_group_verdict("group-writable");
 
     make_dir(d, sizeof(d), "file-writable", 0755);
     good_into(d, "backplane-good.so", 0666);
@@ -436,6 +478,119 @@ START_TEST(test_refusals)
     char cmd[512];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_root);
     ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* ---- Group-writable by a private group (needs root: the test takes other accounts) ---------- */
+
+/* A non-root account whose primary group is private by the rule (no other account's primary
+ * group, no listed member but the account), found in the passwd and group databases; and a
+ * group that is the primary group of two accounts or more. False when there is none. */
+static bool find_accounts(uid_t *uid, gid_t *private_gid, gid_t *shared_gid)
+{
+    enum { MAX = 1024 };
+    static uid_t uids[MAX];
+    static gid_t gids[MAX];
+    static char names[MAX][64];
+    size_t n = 0;
+    setpwent();
+    for (struct passwd *pw; (pw = getpwent()) != NULL && n < MAX; n++) {
+        uids[n] = pw->pw_uid;
+        gids[n] = pw->pw_gid;
+        snprintf(names[n], sizeof(names[n]), "%s", pw->pw_name);
+    }
+    endpwent();
+    bool have_private = false, have_shared = false;
+    for (size_t i = 0; i < n; i++) {
+        size_t same = 0;
+        for (size_t j = 0; j < n; j++)
+            same += gids[j] == gids[i];
+        struct group *gr = getgrgid(gids[i]);
+        if (same >= 2 && gids[i] != 0 && !have_shared) {
+            *shared_gid = gids[i];
+            have_shared = true;
+        }
+        if (same == 1 && uids[i] != 0 && gr != NULL && !have_private &&
+            (gr->gr_mem[0] == NULL ||
+             (strcmp(gr->gr_mem[0], names[i]) == 0 && gr->gr_mem[1] == NULL))) {
+            *uid = uids[i];
+            *private_gid = gids[i];
+            have_private = true;
+        }
+    }
+    return have_private && have_shared;
+}
+
+/* dir/backplane-good.so, made by root and given to uid:gid with mode 775, as a developer's
+ * build under umask 002 leaves it. */
+static void give_away(const char *dir, uid_t uid, gid_t gid)
+{
+    char p[1024];
+    good_into(dir, "backplane-good.so", 0775);
+    snprintf(p, sizeof(p), "%s/backplane-good.so", dir);
+    ck_assert_int_eq(chown(dir, uid, gid), 0);
+    ck_assert_int_eq(chown(p, uid, gid), 0);
+    ck_assert_int_eq(chmod(dir, 0775), 0);
+    ck_assert_int_eq(chmod(p, 0775), 0);
+}
+
+/* In a child running as uid:gid, loads dir and exits 0 when the good plugin's record has the
+ * status and the needle (else prints the record and exits 1). */
+static int load_as(const char *dir, uid_t uid, gid_t gid, enum bp_plugin_status status,
+                   const char *needle)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
+            _exit(2);
+        bp_plugin_load_all_from(dir);
+        for (size_t i = 0; i < bp_plugin_report_count(); i++) {
+            const struct bp_plugin_record *r = bp_plugin_report_get(i);
+            if (r->status == status && strstr(r->message, needle) != NULL)
+                _exit(0);
+            fprintf(stderr, "%s: %s: %s\n", r->path, bp_plugin_status_name(r->status),
+                    r->message);
+        }
+        _exit(1);
+    }
+    int ws = 0;
+    ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128;
+}
+
+/* umask 002 with a private group (Debian, Ubuntu): the user's plugin directory and file are
+ * group-writable, and accepted; by a group other accounts have, refused with the reason. */
+START_TEST(test_private_group_writable)
+{
+    uid_t uid;
+    gid_t mine, shared;
+    if (geteuid() != 0 || !find_accounts(&uid, &mine, &shared)) {
+        fprintf(stderr, "test_private_group_writable: needs root and accounts with a private "
+                "and a shared primary group; the rule itself is tested in test-runtime-util\n");
+        return;
+    }
+    setenv("BP_PLUGIN_PATH", "", 1);
+    setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
+    snprintf(tmp_root, sizeof(tmp_root), "/tmp/bp-loader-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmp_root));
+    ck_assert_int_eq(chmod(tmp_root, 0755), 0);
+    char d[512];
+    make_dir(d, sizeof(d), "private", 0775);
+    give_away(d, uid, mine);
+    int private_result = load_as(d, uid, mine, BP_PLUGIN_LOADED, "registry 'Good'");
+    make_dir(d, sizeof(d), "shared", 0775);
+    give_away(d, uid, shared);
+    int shared_result = load_as(d, uid, mine, BP_PLUGIN_REFUSED,
+                                "is writable by its group (mode 775), which is not the owner's "
+                                "private group (group ");
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_root);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_msg(private_result == 0, "a private group's directory was refused (uid %u, gid %u)",
+                  (unsigned)uid, (unsigned)mine);
+    ck_assert_msg(shared_result == 0, "a shared group's directory was not refused (gid %u)",
+                  (unsigned)shared);
 }
 END_TEST
 
@@ -551,7 +706,7 @@ START_TEST(test_whole_path_checked)
     ck_assert_int_eq(mkdir(d, 0755), 0);
     good_into(d, "backplane-good.so", 0755);
     load_dir(d);
-    ck_assert_record("group/safe", BP_PLUGIN_REFUSED, "writable by its group (mode 775)");
+    ck_assert_group_verdict("group/safe");
 
     /* A sound path still loads, and so does one with "." and ".." in it. */
     make_dir(d, sizeof(d), "fine", 0755);
@@ -960,9 +1115,11 @@ int main(void)
     BP_TCASE(s, test_filter_disable, 30);
     BP_TCASE(s, test_selection_by_name, 30);
     BP_TCASE(s, test_no_plugins_at_all, 10);
+    BP_TCASE(s, test_no_plugins_says_why, 10);
     BP_TCASE(s, test_unload_waits_for_users, 30);
     BP_TCASE(s, test_explicit_load, 30);
     BP_TCASE(s, test_refusals, 60);
+    BP_TCASE(s, test_private_group_writable, 60);
     BP_TCASE(s, test_probe_refuses_crashing_init, 60);
     BP_TCASE(s, test_relative_path_entries_ignored, 30);
     BP_TCASE(s, test_concurrent_discovery_runs_once, 30);

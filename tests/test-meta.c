@@ -22,7 +22,7 @@ static void setup(void)
     setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
     setenv("BP_CPU_DEVICES", "3", 1);
     cpu = bp_backend_init_by_name("CPU0", "threads=1");
-    ck_assert_msg(cpu != NULL, "%s", bp_last_error());
+    ck_assert_plugins(cpu != NULL, "%s", bp_last_error());
 }
 
 static void teardown(void)

@@ -36,7 +36,7 @@ static void setup(void)
     setenv("BP_CPU_DEVICES", "2", 1);
     cpu = bp_backend_init_by_name("CPU0", "threads=1");
     cpu2 = bp_backend_init_by_name("CPU1", "threads=1");
-    ck_assert_msg(cpu != NULL && cpu2 != NULL, "%s", bp_last_error());
+    ck_assert_plugins(cpu != NULL && cpu2 != NULL, "%s", bp_last_error());
     bp_registry *reg = bp_registry_by_name("MPI");
     ck_assert_msg(reg != NULL, "%s", bp_last_error());
     world = (bp_comm_world_fn)bp_registry_get_proc_address(reg, "bp_comm_world");

@@ -1,6 +1,7 @@
-/* test-runtime-util.c - the runtime's internal helpers: array growth (bp__grow in mem.c) and
- * the pointer map (ptrmap.c), the escaping of outside text (escape.c) and the description of
- * tensors by their place in a graph (bp__describe_in, tensor.c).
+/* test-runtime-util.c - the runtime's internal helpers: array growth (bp__grow in mem.c), the
+ * pointer map (ptrmap.c), the escaping of outside text (escape.c), the description of tensors
+ * by their place in a graph (bp__describe_in, tensor.c) and the private-group rule of the
+ * plugin path checks (bp__group_not_private in plugin-file.c).
  *
  * These helpers are hidden inside the library, so this program is built from their source
  * files (and the error and log files they report through) instead of linking libbackplane. */
@@ -11,6 +12,7 @@
 
 #include "test-util.h"
 #include "../runtime/bp-impl.h"
+#include "../runtime/plugin-file.h"
 #include "../runtime/ptrmap.h"
 
 START_TEST(test_grow_keeps_contents)
@@ -331,6 +333,55 @@ START_TEST(test_describe_in_graph)
     ck_assert_str_eq(bp__describe_in(NULL, sum).s, "unnamed ADD result f32 [4, 3, 1, 1]");
     bp_graph_free(g);
     bp_context_free(ctx);
+
+/* ---- The private-group rule (OpenSSH's, as Debian patches it) -------------------------------- */
+
+/* The verdict for owner 1000 ("dev") on a group with these members and primary accounts: NULL
+ * (private) or the phrase, which must contain needle. */
+static void check_group(const char *const *members, const uid_t *primary, size_t n,
+                        const char *needle)
+{
+    char *why = bp__group_not_private(1000, "dev", members, primary, n);
+    if (needle == NULL) {
+        ck_assert_msg(why == NULL, "refused: %s", why ? why : "");
+    } else {
+        ck_assert_msg(why != NULL, "accepted; expected '%s'", needle);
+        ck_assert_msg(strstr(why, needle) != NULL, "'%s' lacks '%s'", why, needle);
+    }
+    bp__free(why);
+}
+
+/* Debian's user private group: the owner's primary group, nobody else's, no listed members. */
+START_TEST(test_private_group_accepted)
+{
+    const uid_t only_owner[] = {1000};
+    const char *const none[] = {NULL};
+    const char *const owner_listed[] = {"dev", NULL};
+    check_group(none, only_owner, 1, NULL);
+    check_group(NULL, only_owner, 1, NULL);
+    /* Listed as its one member (and primary of nobody, or of the owner only). */
+    check_group(owner_listed, NULL, 0, NULL);
+    check_group(owner_listed, only_owner, 1, NULL);
+}
+END_TEST
+
+START_TEST(test_shared_group_refused)
+{
+    const uid_t owner_and_other[] = {1000, 1001};
+    const uid_t other[] = {1001};
+    const char *const none[] = {NULL};
+    const char *const another[] = {"eve", NULL};
+    const char *const owner_and_another[] = {"dev", "eve", NULL};
+    check_group(none, owner_and_other, 2, "primary group of uid 1001");
+    check_group(none, other, 1, "primary group of uid 1001");
+    check_group(another, NULL, 0, "the member eve");
+    check_group(owner_and_another, NULL, 0, "the member eve");
+    /* No members at all: a group for setgid programs, not a user's. */
+    check_group(none, NULL, 0, "no members");
+    /* An owner without a passwd entry cannot be told from a listed member of that name. */
+    char *why = bp__group_not_private(1000, NULL, (const char *const[]){"dev", NULL}, NULL, 0);
+    ck_assert_ptr_nonnull(why);
+    bp__free(why);
 }
 END_TEST
 
@@ -352,6 +403,8 @@ static Suite *runtime_util_suite(void)
     BP_TCASE(s, test_ptrmap_clear_wraps, 10);
     BP_TCASE(s, test_ptrmap_many_keys, 30);
     BP_TCASE(s, test_ptrmap_collisions, 10);
+    BP_TCASE(s, test_private_group_accepted, 10);
+    BP_TCASE(s, test_shared_group_refused, 10);
     return s;
 }
 

@@ -21,7 +21,7 @@ static void setup(void)
     setenv("BP_PLUGIN_SYSTEM_PATH", "", 1);
     accel = bp_backend_init_by_name("ACCEL0", NULL);
     cpu = bp_backend_init_by_name("CPU", "threads=2");
-    ck_assert_msg(accel && cpu, "backends: %s", bp_last_error());
+    ck_assert_plugins(accel && cpu, "backends: %s", bp_last_error());
 }
 
 static void teardown(void)

@@ -301,7 +301,7 @@ START_TEST(test_shared_cpu_backend_never_crashes)
 {
     setenv("BP_PLUGIN_PATH", getenv("BP_TEST_CPU_PLUGIN_DIR"), 1);
     bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
-    ck_assert_msg(be != NULL, "%s", bp_last_error());
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
     /* The thread count is also a proc address that goes to the plugin directly: while the two
      * threads compute, this one keeps changing it, and each change either happens between
      * graphs or is refused with BP_ERR_BUSY. */
@@ -453,7 +453,7 @@ START_TEST(test_node_meetings)
     setenv("BP_PLUGIN_PATH", path, 1);
     setenv("BP_CPU_ADAPTIVE", "0", 1); /* all four threads in every run, never one alone */
     bp_backend *be = bp_backend_init_by_name("CPU", "threads=4");
-    ck_assert_msg(be != NULL, "%s", bp_last_error());
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
     bp_sched *s = bp_sched_new(&be, NULL, 1, 256, false);
     ck_assert_msg(s != NULL, "%s", bp_last_error());
     float *x = malloc(WIDE * sizeof(float)), *expect = malloc(WIDE * sizeof(float));

@@ -30,6 +30,8 @@ check "json has the failed records" sh -c "echo \"\$1\" | grep -q '\"status\": \
 check "json has the devices" sh -c "echo \"\$1\" | grep -q '\"name\": \"GOOD0\", \"description\"'" - "$json"
 check "json escapes and closes" sh -c "echo \"\$1\" | tail -n 1 | grep -q '^}$'" - "$json"
 check "BP_PLUGINS_DISABLE is honoured" sh -c "BP_PLUGINS_DISABLE=good '$tool' list | grep -q 'filtered .*backplane-good.so'"
+check "list says why a lying plugin's device is not used" sh -c "BP_PLUGIN_PATH='$BP_TEST_LIAR_PLUGIN_DIR' BP_TEST_LIE=name-null '$tool' list | grep -q \"plugin 'liar': device 0 has no name (get_name returned NULL); the device is not used\""
+check "list shows a lying plugin's honest device" sh -c "BP_PLUGIN_PATH='$BP_TEST_LIAR_PLUGIN_DIR' BP_TEST_LIE=name-null '$tool' list | grep -q '^  LIAR1 '"
 check "unknown command exits 2" sh -c "'$tool' frobnicate; test \$? -eq 2"
 check "unknown list option exits 2" sh -c "'$tool' list --yaml; test \$? -eq 2"
 check "every command takes -h" sh -c "for c in version list ops run bench conformance help; do '$tool' \$c -h | grep -q '^usage: backplane' || exit 1; done"

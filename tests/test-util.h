@@ -34,6 +34,26 @@ static inline void ck_assert_shape(const bp_tensor *t, long long n0, long long n
                   (long long)t->ne[3], n0, n1, n2, n3);
 }
 
+/* The loader's load report, one record a line on stderr (what `backplane list` shows), so that a
+ * test that finds no plugin or device says why instead of only that. */
+static inline void bp_test_print_report(void)
+{
+    const size_t n = bp_plugin_report_count();
+    fprintf(stderr, "plugin load report (%zu record%s):\n", n, n == 1 ? "" : "s");
+    for (size_t i = 0; i < n; i++) {
+        const struct bp_plugin_record *r = bp_plugin_report_get(i);
+        fprintf(stderr, "  %s %s: %s\n", bp_plugin_status_name(r->status), r->path, r->message);
+    }
+}
+
+/* Fails the test, printing the load report first, unless cond holds. */
+#define ck_assert_plugins(cond, ...)                                                           \
+    do {                                                                                       \
+        if (!(cond))                                                                           \
+            bp_test_print_report();                                                            \
+        ck_assert_msg((cond), __VA_ARGS__);                                                    \
+    } while (0)
+
 /* Runs a suite in fork mode (Check's default) and prints the summary line. */
 static inline int bp_test_run(Suite *s)
 {

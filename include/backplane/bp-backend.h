@@ -244,6 +244,8 @@ BP_API enum bp_status bp_event_synchronize_timeout(bp_event *event, int64_t time
 /* ---- Registries ------------------------------------------------------------------------- */
 
 BP_API const char *bp_registry_get_name(bp_registry *reg);
+/* Only the devices whose answers passed the runtime's checks (bp-plugin.h) are counted and
+ * handed out; a refused device's name and description are "". */
 BP_API size_t bp_registry_get_device_count(bp_registry *reg);
 BP_API bp_device *bp_registry_get_device(bp_registry *reg, size_t index);
 /* A named optional feature ("bp_comm_init", "bp_cpu_repack_buffer_type", ...); NULL, without
@@ -275,7 +277,9 @@ enum bp_plugin_status {
     BP_PLUGIN_NOT_SELECTED = 1, /* a better variant (or an earlier file of the name) won */
     BP_PLUGIN_CANNOT_RUN = 2,   /* score 0 or CPU features missing */
     BP_PLUGIN_FILTERED = 3,     /* BP_PLUGINS_ONLY / BP_PLUGINS_DISABLE: never opened */
-    BP_PLUGIN_REFUSED = 4,      /* unsafe permissions or owner, not a regular file, bad name */
+    BP_PLUGIN_REFUSED = 4,      /* unsafe permissions or owner, not a regular file, bad name;
+                                 * or, beside a loaded plugin's record, one of its devices whose
+                                 * answers break bp-plugin.h (a NULL name, ...): not used */
     BP_PLUGIN_FAILED = 5,       /* dlopen, entry point, ABI, init or duplicate-name failure */
     BP_PLUGIN_UNLOADED = 6,     /* was loaded, then unloaded */
 };

@@ -9,6 +9,16 @@
  * constructors below and calls the interface's free member (when present) to let the plugin
  * release its context.
  *
+ * The runtime checks the answers it relies on, once, where they first reach it, and refuses
+ * the object that breaks a rule below, with a sentence naming the plugin and the answer (in
+ * the error, and for devices in the load report): names are non-empty printable UTF-8 of at
+ * most 127 bytes (descriptions may be empty, at most 1023); an alignment is a power of two
+ * from 1 to 1 MiB; get_max_size is not 0; get_alloc_size is at least bp_nbytes (a smaller answer
+ * refuses the buffer type from then on); a new buffer's base is not NULL (unless its size is
+ * 0), is aligned and does not wrap. Names, descriptions and alignments are kept as first
+ * checked. A refused device is left out of its registry's devices; the rest of the plugin and
+ * every other plugin keep working.
+ *
  * Threads (the user's rules are in bp-backend.h): the runtime never runs two calls of one
  * backend's members at once, but registry, device and buffer type members may be called from
  * several threads at the same time, and so may buffer members that read (get_tensor, also from

@@ -15,7 +15,9 @@
  *                                 one it then declines
  *   MODE_INIT_CRASH               init dereferences a null pointer (probing tests)
  *   MODE_SWAP_ON_INIT             init renames $BP_TEST_SWAP_FROM over $BP_TEST_SWAP_TO (its own
- *                                 file, in the test that the file checked is the file loaded) */
+ *                                 file, in the test that the file checked is the file loaded)
+ *   MODE_LIE                      its first device breaks the plugin API in the way that
+ *                                 $BP_TEST_LIE names (test_device_set_lie in test-device.h) */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +68,9 @@ static bp_registry *plugin_init(void)
     for (int op = 0; no != NULL && op < BP_OP_COUNT; op++)
         if (strcmp(bp_op_name((enum bp_op)op), no) == 0)
             test_device_set_declined_op(op);
+#endif
+#ifdef MODE_LIE
+    test_device_set_lie(getenv("BP_TEST_LIE"));
 #endif
 #ifdef MODE_SWAP_ON_INIT
     const char *from = getenv("BP_TEST_SWAP_FROM"), *to = getenv("BP_TEST_SWAP_TO");
