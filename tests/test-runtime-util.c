@@ -333,6 +333,8 @@ START_TEST(test_describe_in_graph)
     ck_assert_str_eq(bp__describe_in(NULL, sum).s, "unnamed ADD result f32 [4, 3, 1, 1]");
     bp_graph_free(g);
     bp_context_free(ctx);
+}
+END_TEST
 
 /* ---- The private-group rule (OpenSSH's, as Debian patches it) -------------------------------- */
 
