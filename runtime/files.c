@@ -124,12 +124,18 @@ static char *final_target(const char *path, const char *what)
 
 /* Creates a new, empty temporary file next to target with the mode new files get (0666 less
  * the umask, the kernel applies it as for fopen); its descriptor, or -1 with errno set. */
+#define TEMP_BASE_MAX 200
+
 static int create_temp(const char *target, char **tmp_out)
 {
     static unsigned counter;
     const char *slash = strrchr(target, '/');
     const int dir_len = slash != NULL ? (int)(slash - target + 1) : 0;
     const char *base = target + dir_len;
+    /* ".NAME." and ".<12 hex>.tmp" add 19 bytes: a long name is cut to TEMP_BASE_MAX bytes so
+     * that the temporary's name stays within NAME_MAX (255) where the target's does. */
+    const size_t base_len = strlen(base);
+    const int keep = base_len > TEMP_BASE_MAX ? TEMP_BASE_MAX : (int)base_len;
     for (int i = 0; i < TEMP_TRIES; i++) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -141,8 +147,8 @@ static int create_temp(const char *target, char **tmp_out)
         x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
         x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
         x ^= x >> 31;
-        char *tmp = bp__asprintf("a temporary file name", "%.*s.%s.%012llx.tmp", dir_len, target,
-                                 base, (unsigned long long)(x & 0xffffffffffffull));
+        char *tmp = bp__asprintf("a temporary file name", "%.*s.%.*s.%012llx.tmp", dir_len,
+                                 target, keep, base, (unsigned long long)(x & 0xffffffffffffull));
         if (tmp == NULL)
             return errno = ENOMEM, -1;
         int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, 0666);

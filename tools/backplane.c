@@ -11,6 +11,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,6 +277,10 @@ static int dispatch(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    /* A file size limit (ulimit -f) makes a write fail with EFBIG, reported with exit 1 and the
+     * old file kept by --save-gguf, instead of killing the tool with SIGXFSZ half-way (and
+     * leaving the temporary file behind). */
+    signal(SIGXFSZ, SIG_IGN);
     int status = dispatch(argc, argv);
     /* Output that did not reach its file (a full disk, a closed pipe) is a failure too: a
      * script must not take a truncated listing or JSON document for the whole. */
