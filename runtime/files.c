@@ -48,8 +48,14 @@ const char *bp__file_kind(mode_t mode)
 int bp__open_regular(const char *path, const char *what, struct stat *st)
 {
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return bp__error(BP_ERR_IO, "cannot open %s %s: %s", what, path, strerror(errno)), -1;
+    if (fd < 0) {
+        /* A socket cannot be opened at all (ENXIO): say what it is, as for the others. */
+        const int err = errno;
+        if (stat(path, st) == 0 && !S_ISREG(st->st_mode))
+            return bp__error(BP_ERR_IO, "%s %s is %s, not a regular file", what, path,
+                             bp__file_kind(st->st_mode)), -1;
+        return bp__error(BP_ERR_IO, "cannot open %s %s: %s", what, path, strerror(err)), -1;
+    }
     if (fstat(fd, st) != 0) {
         const int err = errno;
         close(fd);

@@ -11,7 +11,9 @@
 #include <math.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -405,6 +407,17 @@ START_TEST(test_special_files_refused_at_once)
         ck_assert_rejected(bp_buffer_from_file(bad[k].path, 0, 0), BP_ERR_IO, bad[k].kind);
         ck_assert_ptr_nonnull(strstr(bp_last_error(), bad[k].path));
     }
+    /* a socket cannot even be opened (ENXIO): still named for what it is */
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/sock", dir);
+    const int sock = socket(AF_UNIX, SOCK_STREAM, 0);
+    ck_assert_int_ge(sock, 0);
+    ck_assert_int_eq(bind(sock, (const struct sockaddr *)&sa, sizeof(sa)), 0);
+    ck_assert_rejected(bp_gguf_open(sa.sun_path), BP_ERR_IO, "is a socket, not a regular file");
+    ck_assert_rejected(bp_buffer_from_file(sa.sun_path, 0, 0), BP_ERR_IO,
+                       "is a socket, not a regular file");
+    close(sock);
+    unlink(sa.sun_path);
     /* nor is one replaced by the writer: refused, and still what it was */
     bp_gguf_writer *w = bp_gguf_writer_new();
     ck_assert_int_eq(bp_gguf_writer_set_u32(w, "a.u32", 1), BP_OK);
