@@ -876,4 +876,9 @@ void bp__expert_caches_drain(struct bp__expert_caches *ec, struct bp_sched_exper
     ec->busy_ns = ec->done_jobs = 0;
     ec->done_bytes = 0;
     pthread_mutex_unlock(&ec->lock);
+    /* A prefetched expert this compute did not read stays cached, but a later compute's hit
+     * on it is an ordinary hit: prefetch_hits counts what this compute's prefetches earned. */
+    for (size_t k = 0; k < ec->n; k++)
+        for (int i = 0; ec->c[k]->buf != NULL && i < ec->c[k]->slots; i++)
+            ec->c[k]->slot_ahead[i] = false;
 }

@@ -122,7 +122,8 @@ struct bp_sched_expert_stats {
     size_t bytes_from_cache;  /* of used experts a cache supplied (read in place, or copied
                                * within the device) */
     uint64_t prefetched;      /* experts the copy thread loaded into caches (landed) */
-    uint64_t prefetch_hits;   /* used experts found in a slot a prefetch filled */
+    uint64_t prefetch_hits;   /* used experts found in a slot this compute's prefetches
+                               * filled (at most prefetched) */
     size_t bytes_prefetched;  /* copied between backends by the copy thread */
     double copy_seconds;      /* the computing thread copying experts itself */
     double wait_seconds;      /* the computing thread waiting for the copy thread */
