@@ -563,8 +563,8 @@ static int load_as(const char *dir, uid_t uid, gid_t gid, enum bp_plugin_status 
  * group-writable, and accepted; by a group other accounts have, refused with the reason. */
 START_TEST(test_private_group_writable)
 {
-    uid_t uid;
-    gid_t mine, shared;
+    uid_t uid = 0;
+    gid_t mine = 0, shared = 0;
     if (geteuid() != 0 || !find_accounts(&uid, &mine, &shared)) {
         fprintf(stderr, "test_private_group_writable: needs root and accounts with a private "
                 "and a shared primary group; the rule itself is tested in test-runtime-util\n");

@@ -79,6 +79,13 @@ usage() {
     cat "$tmp/stderr"
     test "$rc" -eq 2 && grep -q -- "$want" "$tmp/stderr" && test ! -s "$tmp/stdout"
 }
+# A meta name of the wrong form is a usage error (exit 2), said by the meta plugin; a device
+# that is not there is exit 1.
+check "an empty Meta() is a usage error" usage "'Meta()' names no devices" env BP_CPU_DEVICES=2 "$tool" run -d 'Meta()' -n 2
+check "an empty part in Meta(...) is a usage error" usage "device 2 of 'Meta(CPU0,)' is empty" env BP_CPU_DEVICES=2 "$tool" run -d 'Meta(CPU0,)' -n 2
+check "a nested Meta(...) is a usage error that says so" usage "a meta device cannot be a part of another" env BP_CPU_DEVICES=2 "$tool" run -d 'Meta(Meta(CPU0,CPU1),CPU0)' -n 2
+check "a part named twice in Meta(...) is a usage error" usage "listed twice" env BP_CPU_DEVICES=2 "$tool" run -d 'Meta(CPU0,CPU0)' -n 2
+check "a missing device is exit 1, and the meta registry says how its devices are made" sh -c "'$tool' run -d NOPE0 -n 2 >/dev/null 2>'$tmp/e'; test \$? -eq 1 && grep -q \"no device is named 'NOPE0'\" '$tmp/e' && grep -q 'a meta device is made when a program names one' '$tmp/e'"
 # Every numeric option is parsed whole and range-checked.
 for bad in "-t abc" "-t 2x" "-t -1" "-t 1025" "--threads ' 4'" "-p abc" "-p 0" "-p 9999999999" "-n ''" "-n +5" "-n 1e3"; do
     opt=${bad%% *}
@@ -127,6 +134,9 @@ done
 test -p "$tmp/fifo" || echo "FAIL: the FIFO was replaced"
 
 check "--dot without a generation step is refused" usage "needs -n 2 or more" "$tool" run -n 1 --dot "$tmp/g1.dot"
+check "--dot and --logits naming one file are refused" usage "name the same file '$tmp/same'" "$tool" run -n 2 --dot "$tmp/same" --logits "$tmp/same"
+check "--dot and --logits naming one file by a link are refused" sh -c ": > '$tmp/one' && ln -sf '$tmp/one' '$tmp/two' && '$tool' run -n 2 --dot '$tmp/one' --logits '$tmp/two' >/dev/null 2>&1; test \$? -eq 2"
+check "--dot and --logits may both be /dev/null" sh -c "'$tool' run -n 2 --dot /dev/null --logits /dev/null >/dev/null"
 # backplane bench: the same benchmarks on the chosen devices
 check "bench measures matmul and add on the CPU" sh -c "'$tool' bench -d CPU --M 64 --K 64 --N 1,3 --types f32,q4_0 --min-time 0.01 --no-limits > '$tmp/b' && grep -q '^mul_mat_q4_0 M=64,K=64,N=3 CPU [0-9.]* GFLOP/s' '$tmp/b' && grep -q '^mul_mat_f32_weight_bw M=64,K=64,N=1 CPU' '$tmp/b' && grep -q '^add n=16777216 CPU [0-9.]* GB/s' '$tmp/b'"
 check "bench measures repacked q4_0 on the CPU and skips it elsewhere" sh -c "'$tool' bench -d ACCEL0,CPU --M 64 --K 64 --N 1 --types q4_0_repack --min-time 0.01 --no-limits > '$tmp/b' && grep -q '^mul_mat_q4_0_repack M=64,K=64,N=1 CPU [0-9.]* GFLOP/s' '$tmp/b' && grep -q 'mul_mat_q4_0_repack on ACCEL0: no CPU_REPACK buffer type, skipped' '$tmp/b'"
@@ -218,6 +228,11 @@ check "conformance fails (exit 1) on a device with a wrong kernel, naming the ca
 check "conformance says a plugin failed to read a result back, not an NMSE of garbage" env BP_PLUGIN_PATH="$BP_PLUGIN_PATH:$BP_TEST_LIAR_PLUGIN_DIR" BP_TEST_LIE=get-tensor-fails sh -c "'$tool' conformance LIAR0 --ops add > '$tmp/c'; test \$? -eq 1 && grep -q '^  add  *FAIL 0/[0-9]* passed, [0-9]* FAILED: add\\[0\\]: the plugin failed to read the tensor back (BP_ERR_BACKEND): TestAccel: reading [0-9]* bytes back failed' '$tmp/c' && ! grep -q NMSE '$tmp/c'"
 check "conformance --json reports per case and in total" sh -c "'$tool' conformance CPU --ops glu --json | grep -q '\"case\": \"glu\", \"variants\": 9, \"passed\": 9, \"failed\": 0, \"not_supported\": 0'"
 check "conformance --list names every case" sh -c "'$tool' conformance --list | grep -q '^flash_attn_ext  *9 variants'"
+check "conformance --list --ops lists the cases selected" sh -c "test \"\$('$tool' conformance --list --ops mul_mat_id,add | cut -d' ' -f1 | tr '\n' ' ')\" = 'add mul_mat_id mul_mat_id_quant '"
+check "conformance --list --json is one JSON object" sh -c "'$tool' conformance --list --json --ops glu | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d == {\"cases\": [{\"name\": \"glu\", \"variants\": 9, \"max_nmse\": 1e-09}]}, d'"
+check "conformance --list refuses device names" usage "it takes no device names" "$tool" conformance --list NOSUCH
+check "conformance --list refuses -t" usage "it takes no -t" "$tool" conformance --list -t 2
+check "conformance --list checks --ops" usage "'nope' names no case" "$tool" conformance --list --ops nope
 check "conformance --ops naming no case is refused" usage "'nope' names no case" "$tool" conformance CPU --ops add,nope
 check "conformance --ops empty is refused" usage "--ops is empty" "$tool" conformance CPU --ops ""
 check "conformance -t takes a thread count" usage "-t needs" "$tool" conformance CPU -t x

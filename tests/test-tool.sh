@@ -105,6 +105,7 @@ for c in version list ops run bench conformance help; do
     [ $c = conformance ] && stray=
     check "$c refuses a stray argument" refused $c "$stray"
 done
+check "-h after another option prints the usage" sh -c "'$tool' list --json -h | grep -q '^usage: backplane list' && '$tool' conformance --list -h | grep -q '^usage: backplane conformance'"
 check "--version refuses an argument too" sh -c "'$tool' --version x 2>&1 >/dev/null | grep -q '^usage: backplane version'"
 check "the messages say which" sh -c "'$tool' ops --frob 2>&1 | grep -q \"^backplane ops: unknown option '--frob'\" && '$tool' run extra 2>&1 | grep -q \"^backplane run: unexpected argument 'extra'\""
 check "an option without its value is named" sh -c "'$tool' run -d 2>&1 | grep -q '^backplane run: -d needs a value' && '$tool' bench --types 2>&1 | grep -q 'types needs a value' && '$tool' conformance --ops 2>&1 | grep -q 'ops needs a value'"

@@ -57,11 +57,8 @@ static int no_args(const char *cmd, const char *synopsis, int argc, char **argv)
     if (argc == 0)
         return -1;
     if (strcmp(argv[0], "-h") == 0 || strcmp(argv[0], "--help") == 0) {
-        if (argc == 1) {
-            printf("usage: %s\n", synopsis);
-            return 0;
-        }
-        return tool_bad_arg(cmd, argv[1]);
+        printf("usage: %s\n", synopsis); /* (what follows is not read, as in every command) */
+        return 0;
     }
     return tool_bad_arg(cmd, argv[0]);
 }
@@ -211,7 +208,7 @@ static int cmd_list(int argc, char **argv)
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = true;
-        } else if ((strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) && argc == 1) {
+        } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             printf("usage: backplane list [--json]\n");
             return 0;
         } else {

@@ -36,6 +36,8 @@ static void conf_usage(FILE *f)
                "             mul_mat_* case); --list prints them\n"
                "  -t N       threads of CPU devices\n"
                "  --json     one JSON object: per device, per case, passed/failed/not supported\n"
+               "  --list     print the cases (those --ops selects) with their variants and\n"
+               "             bounds, and run nothing (with --json: one JSON object)\n"
                "exit status: 0 every supported case passed, 1 a case failed, 2 bad arguments\n");
 }
 
@@ -201,6 +203,38 @@ static int open_devices(const char *const *names, int n_names, int threads, bp_b
     return nb;
 }
 
+/* --list: the cases --ops selects (all without it), as text or one JSON object. */
+static int print_cases(const char *ops, bool json)
+{
+    struct json_writer w;
+    if (json) {
+        json_init(&w, stdout, 1);
+        json_begin_object(&w);
+        json_key(&w, "cases");
+        json_begin_array(&w);
+    }
+    for (int i = 0; i < conf_n_cases; i++) {
+        const struct conf_case *c = &conf_cases[i];
+        if (!selected(ops, c->name))
+            continue;
+        if (!json) {
+            printf("%-26s %d variants, NMSE <= %g\n", c->name, c->n_variants, c->max_nmse);
+            continue;
+        }
+        json_begin_object(&w);
+        json_member_string(&w, "name", c->name);
+        json_member_int(&w, "variants", c->n_variants);
+        json_member_double(&w, "max_nmse", c->max_nmse, 6);
+        json_end_object(&w);
+    }
+    if (json) {
+        json_end_array(&w);
+        json_end_object(&w);
+        json_finish(&w);
+    }
+    return 0; /* (main reports output that did not reach its file) */
+}
+
 int cmd_conformance(int argc, char **argv)
 {
     const char *ops = NULL;
@@ -237,14 +271,15 @@ int cmd_conformance(int argc, char **argv)
             names[n_names++] = a;
         }
     }
-    if (list) {
-        for (int c = 0; c < conf_n_cases; c++)
-            printf("%-26s %d variants, NMSE <= %g\n", conf_cases[c].name,
-                   conf_cases[c].n_variants, conf_cases[c].max_nmse);
-        return 0;
-    }
     if (ops != NULL && !list_valid(ops))
         return 2;
+    if (list && (n_names > 0 || threads > 0)) {
+        fprintf(stderr, "%s: --list prints the cases and runs nothing: it takes no %s\n",
+                conf_cmd, n_names > 0 ? "device names" : "-t");
+        return 2;
+    }
+    if (list)
+        return print_cases(ops, json);
     bp_plugin_load_all();
 
     bp_backend *be[MAX_DEVICES];

@@ -155,7 +155,7 @@ static bp_backend *open_meta(const char *name, const char *params,
 {
     struct name_list names;
     const int n = meta_part_names(name, &names);
-    if (n < 1 || split == NULL) {
+    if (n < 1 || split == NULL || strchr(name + 5, '(') != NULL) { /* (a nested meta name) */
         names_free(&names);
         return bp_backend_init_by_name(name, params); /* let the meta plugin explain */
     }
@@ -246,20 +246,23 @@ static bool named_twice(bp_backend *const *out, char *const *name, int i)
 }
 
 /* Opens every named backend into out (*nb counts what is open, also on failure). Duplicates are
- * refused before any rule about the order of the list (*twice is then true). False after
- * printing why. */
+ * refused before any rule about the order of the list, and so is a meta name of the wrong form
+ * (an empty part, a nested meta device, a part listed twice: what the meta plugin refuses as an
+ * invalid argument): *bad is then true, a usage error rather than a device that is missing.
+ * False after printing why. */
 static bool open_named(const struct name_list *names, int threads,
-                       const struct tool_meta_split *split, bp_backend **out, int *nb, bool *twice)
+                       const struct tool_meta_split *split, bp_backend **out, int *nb, bool *bad)
 {
     for (int i = 0; i < names->n; i++) {
         bp_backend *be = open_backend(names->name[i], threads, split);
         if (be == NULL) {
+            *bad = is_meta_name(names->name[i]) && bp_last_status() == BP_ERR_INVALID_ARG;
             fprintf(stderr, "backplane: device '%s': %s\n", tool_text(names->name[i]),
                     tool_text(bp_last_error()));
             return false;
         }
         out[(*nb)++] = be;
-        if ((*twice = named_twice(out, names->name, i)))
+        if ((*bad = named_twice(out, names->name, i)))
             return false;
     }
     return true;
@@ -302,14 +305,14 @@ int tool_open_backends(const char *list, int threads, bp_backend **out, int max,
     if (!list_names(list, &names, room, for_run))
         return TOOL_BAD_LIST;
     int nb = 0;
-    bool twice = false;
-    const bool ok = open_named(&names, threads, split, out, &nb, &twice) &&
+    bool bad = false;
+    const bool ok = open_named(&names, threads, split, out, &nb, &bad) &&
                     (!for_run || cpu_last(&names, threads, out, &nb));
     names_free(&names);
     if (!ok) {
         for (int i = 0; i < nb; i++)
             bp_backend_free(out[i]);
-        return twice ? TOOL_BAD_LIST : -1;
+        return bad ? TOOL_BAD_LIST : -1;
     }
     if (nb == 0)
         fprintf(stderr, "backplane: no devices (see `backplane list`)\n");

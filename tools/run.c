@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <backplane/bp-meta.h>
@@ -1303,6 +1304,16 @@ static int check_expert_opts(struct run_opts *o)
     return -1;
 }
 
+/* Whether two output paths name one regular file: the same text, or an existing file under two
+ * names (a link, "./x" and "x"). Streams such as /dev/null may take both. */
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (stat(a, &sa) != 0 || stat(b, &sb) != 0)
+        return strcmp(a, b) == 0;
+    return S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 /* The options fit together and the --dot file can be written (it is opened here, before the
  * model runs, so that a path that cannot be written fails at once). -1 to go on, else the exit
  * status after a message. */
@@ -1370,6 +1381,11 @@ static int check_run_opts(struct run_opts *o)
     if (o->dot != NULL && o->n_gen < 2) {
         fprintf(stderr, "%s: --dot writes the graph of a generation step: it needs -n 2 or more\n",
                 run_cmd);
+        return 2;
+    }
+    if (o->dot != NULL && o->logits_path != NULL && same_file(o->dot, o->logits_path)) {
+        fprintf(stderr, "%s: --dot and --logits name the same file '%s': one would overwrite "
+                "the other\n", run_cmd, tool_text(o->logits_path));
         return 2;
     }
     if (o->dot != NULL && (o->dot_file = tool_open_output(run_cmd, "--dot", o->dot)) == NULL)

@@ -709,11 +709,22 @@ static bp_device *mreg_device(bp_registry *reg, size_t i)
     return meta.devs[i]->dev;
 }
 
+/* Why the registry lists no devices before any is named (the loader's report and the
+ * runtime's "no device is named" sentence quote it). */
+static const char *meta_note(void)
+{
+    return n_devices() == 0 ? "a meta device is made when a program names one, as "
+                              "\"Meta(CPU0,CPU1)\""
+                            : NULL;
+}
+
 static void *mreg_proc(bp_registry *reg, const char *name)
 {
     (void)reg;
     if (strcmp(name, "bp_meta_device_new") == 0)
         return (void *)meta_device_new;
+    if (strcmp(name, "bp_registry_note") == 0)
+        return (void *)meta_note;
     if (strcmp(name, "bp_meta_init_by_name") == 0)
         return (void *)meta_init_by_name;
     if (strcmp(name, "bp_meta_device_by_name") == 0)
