@@ -67,7 +67,7 @@ check "a weight type the device cannot run, with the ones it can" sh -c "'$tool'
 check "a model larger than the device's memory" sh -c "'$tool' run -d ACCEL0 --model base 2>&1 | grep -q \"model 'base' with f32 weights needs .* GiB for weights and KV cache; ACCEL0 has\""
 check "an unknown model exits 2 with the names" sh -c "'$tool' run --model huge 2>&1 | grep -q 'models: tiny, small, base'; '$tool' run --model huge 2>/dev/null; test \$? -eq 2"
 check "a prompt longer than the context is refused" sh -c "'$tool' run -p 300 2>&1 | grep -q 'context of'"
-check "the CPU must come last" sh -c "'$tool' run -d CPU,ACCEL0 2>&1 | grep -q 'must come last'"
+check "the CPU must come last (a usage error)" sh -c "'$tool' run -d CPU,ACCEL0 >/dev/null 2>'$tmp/e'; test \$? -eq 2 && grep -q 'must come last' '$tmp/e' && { BP_CPU_DEVICES=2 '$tool' run -d CPU0,CPU1 >/dev/null 2>'$tmp/e'; test \$? -eq 2; } && grep -q \"'CPU0' must come last in -d (one CPU device finishes every graph)\" '$tmp/e'"
 check "a device listed twice is named as such" sh -c "'$tool' run -d CPU,CPU 2>&1 | grep -q \"lists the device 'CPU' twice\" && { '$tool' run -d CPU,CPU 2>/dev/null; test \$? -eq 2; }"
 check "a device listed under two names is named as such" env BP_CPU_DEVICES=2 sh -c "'$tool' run -d ACCEL0,CPU,CPU0 2>&1 | grep -q \"lists the device 'CPU0' twice (as 'CPU' and 'CPU0')\""
 # usage VALUE-ERROR-REGEX COMMAND...: exit status 2 and the message on stderr, nothing run.

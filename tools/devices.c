@@ -268,9 +268,11 @@ static bool open_named(const struct name_list *names, int threads,
     return true;
 }
 
-/* For run: a CPU backend in the list must be the last one, and one is added when there is none,
- * so that the scheduler can finish any graph. False after printing why. */
-static bool cpu_last(const struct name_list *names, int threads, bp_backend **out, int *nb)
+/* For run: a CPU backend in the list must be the last one (else *bad: the list is wrong), and
+ * one is added when there is none, so that the scheduler can finish any graph. False after
+ * printing why. */
+static bool cpu_last(const struct name_list *names, int threads, bp_backend **out, int *nb,
+                     bool *bad)
 {
     bool have_cpu = false;
     for (int i = 0; i < *nb; i++) {
@@ -278,8 +280,9 @@ static bool cpu_last(const struct name_list *names, int threads, bp_backend **ou
             continue;
         have_cpu = true;
         if (i != *nb - 1) {
-            fprintf(stderr, "backplane run: the CPU device '%s' must come last in -d\n",
-                    tool_text(names->name[i]));
+            fprintf(stderr, "backplane run: the CPU device '%s' must come last in -d (one CPU "
+                    "device finishes every graph)\n", tool_text(names->name[i]));
+            *bad = true;
             return false;
         }
     }
@@ -307,7 +310,7 @@ int tool_open_backends(const char *list, int threads, bp_backend **out, int max,
     int nb = 0;
     bool bad = false;
     const bool ok = open_named(&names, threads, split, out, &nb, &bad) &&
-                    (!for_run || cpu_last(&names, threads, out, &nb));
+                    (!for_run || cpu_last(&names, threads, out, &nb, &bad));
     names_free(&names);
     if (!ok) {
         for (int i = 0; i < nb; i++)

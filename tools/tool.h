@@ -54,7 +54,8 @@ struct tool_meta_split {
  * (optional): how meta devices store weights; NULL leaves them to the meta plugin's policy.
  * Returns how many (the caller frees each with bp_backend_free), or after printing why (nothing
  * left open) TOOL_BAD_LIST when the list itself is wrong (an empty name, unbalanced parentheses,
- * too many names, a device named twice, a meta name of the wrong form: exit status 2), else -1
+ * too many names, a device named twice, a meta name of the wrong form, for run a CPU device
+ * before another: exit status 2), else -1
  * (a device that cannot be opened). */
 #define TOOL_BAD_LIST (-2)
 int tool_open_backends(const char *list, int threads, bp_backend **out, int max, bool for_run,
