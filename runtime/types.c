@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "bp-impl.h"
+#include "quants.h"
 
 static uint32_t f32_bits(float f)
 {
@@ -263,6 +264,30 @@ static const struct bp_type_traits type_traits[BP_TYPE_COUNT] = {
                       q8_0_from_float},
     [BP_TYPE_Q4_0] = {"q4_0", BP_QK4_0, sizeof(struct bp_block_q4_0), true, q4_0_to_float,
                       q4_0_from_float},
+    [BP_TYPE_Q4_1] = {"q4_1", BP_QK4_1, sizeof(struct bp_block_q4_1), true, bp__q4_1_to_float,
+                      bp__q4_1_from_float},
+    [BP_TYPE_Q5_0] = {"q5_0", BP_QK5_0, sizeof(struct bp_block_q5_0), true, bp__q5_0_to_float,
+                      bp__q5_0_from_float},
+    [BP_TYPE_Q5_1] = {"q5_1", BP_QK5_1, sizeof(struct bp_block_q5_1), true, bp__q5_1_to_float,
+                      bp__q5_1_from_float},
+    [BP_TYPE_Q8_1] = {"q8_1", BP_QK8_1, sizeof(struct bp_block_q8_1), true, bp__q8_1_to_float,
+                      bp__q8_1_from_float},
+    [BP_TYPE_Q2_K] = {"q2_K", BP_QK_K, sizeof(struct bp_block_q2_k), true, bp__q2_k_to_float,
+                      NULL},
+    [BP_TYPE_Q3_K] = {"q3_K", BP_QK_K, sizeof(struct bp_block_q3_k), true, bp__q3_k_to_float,
+                      NULL},
+    [BP_TYPE_Q4_K] = {"q4_K", BP_QK_K, sizeof(struct bp_block_q4_k), true, bp__q4_k_to_float,
+                      NULL},
+    [BP_TYPE_Q5_K] = {"q5_K", BP_QK_K, sizeof(struct bp_block_q5_k), true, bp__q5_k_to_float,
+                      NULL},
+    [BP_TYPE_Q6_K] = {"q6_K", BP_QK_K, sizeof(struct bp_block_q6_k), true, bp__q6_k_to_float,
+                      NULL},
+    [BP_TYPE_Q8_K] = {"q8_K", BP_QK_K, sizeof(struct bp_block_q8_k), true, bp__q8_k_to_float,
+                      bp__q8_k_from_float},
+    [BP_TYPE_IQ4_NL] = {"iq4_nl", BP_QK4_NL, sizeof(struct bp_block_iq4_nl), true,
+                        bp__iq4_nl_to_float, NULL},
+    [BP_TYPE_IQ4_XS] = {"iq4_xs", BP_QK_K, sizeof(struct bp_block_iq4_xs), true,
+                        bp__iq4_xs_to_float, NULL},
 };
 
 _Static_assert(sizeof(struct bp_block_q8_0) == 34, "Q8_0 block layout");
@@ -299,7 +324,9 @@ enum bp_status bp_type_from_name(const char *name, enum bp_type *out)
         }
     }
     return bp__error(BP_ERR_NOT_FOUND,
-                     "unknown type name '%s' (expected f32, f16, bf16, i32, q8_0 or q4_0)", name);
+                     "unknown type name '%s' (expected f32, f16, bf16, i32, q8_0, q4_0, q4_1, "
+                     "q5_0, q5_1, q8_1, q2_K, q3_K, q4_K, q5_K, q6_K, q8_K, iq4_nl or iq4_xs)",
+                     name);
 }
 
 size_t bp_type_size(enum bp_type type)

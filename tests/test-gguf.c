@@ -982,17 +982,17 @@ START_TEST(test_hostile_tensors)
     /* a type we do not compute with opens, and is named when asked for */
     const uint64_t ne256[1] = {256};
     header(&b, 3, 1, 0);
-    tensor_info(&b, "blk.0.ffn_down.weight", 1, ne256, 12, 0);
+    tensor_info(&b, "blk.0.ffn_down.weight", 1, ne256, 16, 0);
     pad_to(&b, 32);
-    zeros(&b, 144);
-    bp_gguf *g = bp_gguf_open_memory(b.p, b.n, "k-quant.gguf");
+    zeros(&b, 66);
+    bp_gguf *g = bp_gguf_open_memory(b.p, b.n, "iq2.gguf");
     ck_assert_msg(g != NULL, "%s", bp_last_error());
     struct bp_gguf_tensor t;
     ck_assert_int_eq(bp_gguf_get_tensor(g, 0, &t), BP_ERR_UNSUPPORTED);
-    ck_assert_ptr_nonnull(strstr(bp_last_error(), "'blk.0.ffn_down.weight' has type q4_K"));
-    ck_assert_str_eq(t.type_name, "q4_K");
+    ck_assert_ptr_nonnull(strstr(bp_last_error(), "'blk.0.ffn_down.weight' has type iq2_xxs"));
+    ck_assert_str_eq(t.type_name, "iq2_xxs");
     ck_assert(!t.supported);
-    ck_assert_uint_eq(t.size, 144);
+    ck_assert_uint_eq(t.size, 66);
     bp_gguf_close(g);
 }
 END_TEST

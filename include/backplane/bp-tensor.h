@@ -22,11 +22,32 @@ enum bp_type {
     BP_TYPE_I32 = 3,
     BP_TYPE_Q8_0 = 4, /* blocks of 32: fp16 scale + 32 int8 */
     BP_TYPE_Q4_0 = 5, /* blocks of 32: fp16 scale + 32 4-bit values, offset 8 */
+    /* The other weight types of published GGUF files, in ggml's block layouts (below). Values
+     * are never renumbered; new types are added before BP_TYPE_COUNT. */
+    BP_TYPE_Q4_1 = 6,    /* blocks of 32: fp16 scale and minimum + 32 4-bit values */
+    BP_TYPE_Q5_0 = 7,    /* blocks of 32: fp16 scale + 32 5-bit values, offset 16 */
+    BP_TYPE_Q5_1 = 8,    /* blocks of 32: fp16 scale and minimum + 32 5-bit values */
+    BP_TYPE_Q8_1 = 9,    /* blocks of 32: fp16 scale and scaled sum + 32 int8 (activations) */
+    BP_TYPE_Q2_K = 10,   /* super-blocks of 256: 16 x 16 2-bit values, 4-bit scales and mins */
+    BP_TYPE_Q3_K = 11,   /* super-blocks of 256: 16 x 16 3-bit values, 6-bit scales */
+    BP_TYPE_Q4_K = 12,   /* super-blocks of 256: 8 x 32 4-bit values, 6-bit scales and mins */
+    BP_TYPE_Q5_K = 13,   /* super-blocks of 256: 8 x 32 5-bit values, 6-bit scales and mins */
+    BP_TYPE_Q6_K = 14,   /* super-blocks of 256: 16 x 16 6-bit values, 8-bit scales */
+    BP_TYPE_Q8_K = 15,   /* super-blocks of 256: float scale, int8, sums of 16 (activations) */
+    BP_TYPE_IQ4_NL = 16, /* blocks of 32: fp16 scale + 32 4-bit indices into a non-linear table */
+    BP_TYPE_IQ4_XS = 17, /* super-blocks of 256: IQ4_NL's table, 8 x 32 with 6-bit scales */
     BP_TYPE_COUNT
 };
 
 #define BP_QK8_0 32
 #define BP_QK4_0 32
+#define BP_QK4_1 32
+#define BP_QK5_0 32
+#define BP_QK5_1 32
+#define BP_QK8_1 32
+#define BP_QK4_NL 32
+#define BP_QK_K 256        /* elements of a k-quant (and IQ4_XS) super-block */
+#define BP_K_SCALE_SIZE 12 /* bytes of Q4_K's and Q5_K's packed 6-bit scales and mins */
 
 /* On-disk and in-memory layout of the quantised blocks (identical to ggml's). */
 struct bp_block_q8_0 {
@@ -36,6 +57,67 @@ struct bp_block_q8_0 {
 struct bp_block_q4_0 {
     uint16_t d;               /* fp16 scale */
     uint8_t qs[BP_QK4_0 / 2]; /* element j in the low nibble of qs[j], element j+16 in the high */
+};
+struct bp_block_q4_1 {
+    uint16_t d, m;            /* fp16 scale and minimum: x = d * q + m */
+    uint8_t qs[BP_QK4_1 / 2]; /* as Q4_0's */
+};
+struct bp_block_q5_0 {
+    uint16_t d;               /* fp16 scale: x = d * (q - 16) */
+    uint8_t qh[4];            /* bit 4 of element j in bit j (little-endian 32 bits) */
+    uint8_t qs[BP_QK5_0 / 2]; /* bits 0-3, as Q4_0's */
+};
+struct bp_block_q5_1 {
+    uint16_t d, m; /* fp16 scale and minimum: x = d * q + m */
+    uint8_t qh[4];
+    uint8_t qs[BP_QK5_1 / 2];
+};
+struct bp_block_q8_1 {
+    uint16_t d, s; /* fp16 scale, and d times the sum of qs */
+    int8_t qs[BP_QK8_1];
+};
+struct bp_block_q2_k {
+    uint8_t scales[BP_QK_K / 16]; /* per 16 elements: scale in bits 0-3, minimum in bits 4-7 */
+    uint8_t qs[BP_QK_K / 4];      /* 2 bits each */
+    uint16_t d, dmin;             /* fp16 super-block scales of the scales and of the minimums */
+};
+struct bp_block_q3_k {
+    uint8_t hmask[BP_QK_K / 8]; /* the high bit of each (set: no offset of -4) */
+    uint8_t qs[BP_QK_K / 4];    /* the low 2 bits */
+    uint8_t scales[12];         /* 16 6-bit scales, offset 32 */
+    uint16_t d;                 /* fp16 super-block scale */
+};
+struct bp_block_q4_k {
+    uint16_t d, dmin;                /* fp16 super-block scales of the scales and minimums */
+    uint8_t scales[BP_K_SCALE_SIZE]; /* 8 6-bit scales and 8 6-bit minimums */
+    uint8_t qs[BP_QK_K / 2];
+};
+struct bp_block_q5_k {
+    uint16_t d, dmin;
+    uint8_t scales[BP_K_SCALE_SIZE];
+    uint8_t qh[BP_QK_K / 8]; /* the fifth bits */
+    uint8_t qs[BP_QK_K / 2];
+};
+struct bp_block_q6_k {
+    uint8_t ql[BP_QK_K / 2];      /* the low 4 bits */
+    uint8_t qh[BP_QK_K / 4];      /* the high 2 bits */
+    int8_t scales[BP_QK_K / 16]; /* 8-bit scales of 16 elements */
+    uint16_t d;                   /* fp16 super-block scale */
+};
+struct bp_block_q8_k {
+    float d;                    /* scale */
+    int8_t qs[BP_QK_K];
+    int16_t bsums[BP_QK_K / 16]; /* sums of qs by 16 */
+};
+struct bp_block_iq4_nl {
+    uint16_t d;                /* fp16 scale: x = d * table[q] */
+    uint8_t qs[BP_QK4_NL / 2]; /* indices, as Q4_0's */
+};
+struct bp_block_iq4_xs {
+    uint16_t d;                 /* fp16 super-block scale */
+    uint16_t scales_h;          /* the high 2 bits of the 8 6-bit scales (offset 32) */
+    uint8_t scales_l[BP_QK_K / 64]; /* their low 4 bits */
+    uint8_t qs[BP_QK_K / 2];
 };
 
 /* Converts n elements (n a multiple of the block size) of a row to or from float. The packed
