@@ -434,6 +434,33 @@ void bp__q8_k_from_float(const float *src, void *dst, int64_t n)
     }
 }
 
+/* ---- Whole rows ---------------------------------------------------------------------------- */
+
+size_t bp_quantize_rows(enum bp_type type, const float *src, void *dst, int64_t n_rows,
+                        int64_t n_per_row, const float *imatrix)
+{
+    (void)imatrix; /* (no quantiser here weighs its errors yet) */
+    const struct bp_type_traits *tr = bp_type_get_traits(type);
+    if (tr == NULL)
+        return 0;
+    if (src == NULL || dst == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_quantize_rows: src and dst must not be NULL"),
+               0;
+    if (tr->from_float == NULL)
+        return bp__error(BP_ERR_UNSUPPORTED, "bp_quantize_rows: there is no quantiser for %s",
+                         tr->name), 0;
+    const size_t row = bp_row_size(type, n_per_row);
+    size_t total;
+    if (n_rows < 0 || n_per_row <= 0 || row == 0 || !bp__mul_size(row, (size_t)n_rows, &total))
+        return bp__error(BP_ERR_SHAPE, "bp_quantize_rows: %lld rows of %lld elements do not fit "
+                         "%s (rows must be positive multiples of %lld elements)",
+                         (long long)n_rows, (long long)n_per_row, tr->name,
+                         (long long)tr->block_size), 0;
+    for (int64_t r = 0; r < n_rows; r++)
+        tr->from_float(src + r * n_per_row, (char *)dst + (size_t)r * row, n_per_row);
+    return total;
+}
+
 _Static_assert(sizeof(struct bp_block_q4_1) == 20, "Q4_1 block layout");
 _Static_assert(sizeof(struct bp_block_q5_0) == 22, "Q5_0 block layout");
 _Static_assert(sizeof(struct bp_block_q5_1) == 24, "Q5_1 block layout");

@@ -145,6 +145,14 @@ BP_API int64_t bp_type_block_size(enum bp_type type);
 /* Bytes of a row of ne0 elements; 0 when ne0 is not a multiple of the block size or the size
  * does not fit in size_t. */
 BP_API size_t bp_row_size(enum bp_type type, int64_t ne0);
+/* Quantises n_rows rows of n_per_row floats from src into dst, rows back to back in type's
+ * layout (n_rows * bp_row_size(type, n_per_row) bytes). imatrix (optional, n_per_row values):
+ * the importance of each column, as llama.cpp's importance matrix gives it (mean squared
+ * activations); the types whose quality depends on it weigh their errors by it, the others
+ * ignore it. Returns the bytes written; 0 with bp_last_error() set when type has no quantiser,
+ * n_per_row is not a positive multiple of its block size, or a pointer is NULL. */
+BP_API size_t bp_quantize_rows(enum bp_type type, const float *src, void *dst, int64_t n_rows,
+                               int64_t n_per_row, const float *imatrix);
 
 /* Scalar conversions, round-to-nearest-even, NaN and Inf preserved. A half or bfloat NaN
  * converts to float and back bit for bit. */
