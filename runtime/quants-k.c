@@ -767,6 +767,18 @@ static void legacy_affine_block(const float *x, const float *w, int bits, void *
 
 /* ---- Entry points ---------------------------------------------------------------------------- */
 
+/* The importances of one block, or NULL when there are none or all are zero: a block that
+ * matters nowhere is quantized as without an importance matrix rather than to zeros. */
+static const float *block_importance(const float *imatrix, int64_t offset, int n)
+{
+    if (imatrix == NULL)
+        return NULL;
+    for (int j = 0; j < n; j++)
+        if (imatrix[offset + j] != 0.0f)
+            return imatrix + offset;
+    return NULL;
+}
+
 /* Runs block() on each super-block of 256, building it in aligned storage and copying it out. */
 #define K_ROW(name, btype)                                                                       \
     void bp__##name##_quantize(const float *src, void *dst, int64_t n, const float *imatrix)     \
@@ -774,7 +786,8 @@ static void legacy_affine_block(const float *x, const float *w, int bits, void *
         unsigned char *b = dst;                                                                  \
         for (int64_t i = 0; i < n / BP_QK_K; i++, b += sizeof(struct btype)) {                  \
             struct btype y;                                                                      \
-            name##_block(src + i * BP_QK_K, imatrix != NULL ? imatrix + i * BP_QK_K : NULL, &y); \
+            name##_block(src + i * BP_QK_K, block_importance(imatrix, i * BP_QK_K, BP_QK_K),  \
+                         &y);                                                                    \
             memcpy(b, &y, sizeof(y));                                                            \
         }                                                                                        \
     }                                                                                            \
@@ -795,7 +808,7 @@ void bp__iq4_nl_quantize(const float *src, void *dst, int64_t n, const float *im
     unsigned char *b = dst;
     for (int64_t i = 0; i < n / BP_QK4_NL; i++, b += sizeof(struct bp_block_iq4_nl)) {
         struct bp_block_iq4_nl y;
-        iq4_nl_block(src + i * BP_QK4_NL, imatrix != NULL ? imatrix + i * BP_QK4_NL : NULL, &y);
+        iq4_nl_block(src + i * BP_QK4_NL, block_importance(imatrix, i * BP_QK4_NL, 32), &y);
         memcpy(b, &y, sizeof(y));
     }
 }
@@ -806,7 +819,7 @@ void bp__iq4_nl_from_float(const float *src, void *dst, int64_t n)
 }
 
 /* One row of Q4_0, Q4_1, Q5_0 or Q5_1 weighed by imatrix (not NULL); sigma2 is the mean
- * square of the whole row. */
+ * square of the whole row. A block whose importances are all zero is quantized by from_float. */
 void bp__legacy_quantize(enum bp_type type, const float *src, void *dst, int64_t n,
                          const float *imatrix)
 {
@@ -818,8 +831,13 @@ void bp__legacy_quantize(enum bp_type type, const float *src, void *dst, int64_t
         sum += src[j] * src[j];
     const float sigma2 = sum / (float)n;
     for (int64_t i = 0; i < n / 32; i++) {
-        importance_weights(src + 32 * i, imatrix + 32 * i, sigma2, 32, w);
         void *b = (unsigned char *)dst + (size_t)i * bsize;
+        const float *qw = block_importance(imatrix, 32 * i, 32);
+        if (qw == NULL) {
+            bp_type_get_traits(type)->from_float(src + 32 * i, b, 32);
+            continue;
+        }
+        importance_weights(src + 32 * i, qw, sigma2, 32, w);
         if (affine)
             legacy_affine_block(src + 32 * i, w, bits, b);
         else
