@@ -703,6 +703,65 @@ START_TEST(test_quantize_rows_rejects_bad_input)
 }
 END_TEST
 
+/* ---- The same choices as llama.cpp ------------------------------------------------------ */
+
+static uint64_t fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3u;
+    return h;
+}
+
+/* 4 rows of 1024 from a fixed generator (exact float operations only, so a script can make
+ * the same rows), quantized with and without the importance (j % 7) + 0.5. The hashes are of
+ * the bytes llama.cpp's ggml_quantize_chunk writes for these rows (llama-cpp-python 0.3.36's
+ * ggml, measured with bench/quant-error.py's loaders): equal hashes mean the same levels and
+ * scales in every block, so files we write are the files llama.cpp writes. 0: no imatrix. */
+START_TEST(test_quantizers_match_llama_cpp)
+{
+    static const struct {
+        enum bp_type type;
+        uint64_t plain, weighted;
+    } want[] = {
+        {BP_TYPE_Q8_0, 0x6461403f23e1849eu, 0},
+        {BP_TYPE_Q4_0, 0xb59ec80a734db40du, 0x2bb87b36c6f68022u},
+        {BP_TYPE_Q4_1, 0xe197ab664f8d626eu, 0x9b22cda3ac2d151au},
+        {BP_TYPE_Q5_0, 0x2d92c5e88b56ab1au, 0x499a120331c6a8a8u},
+        {BP_TYPE_Q5_1, 0x69d5d870a7749ba3u, 0x5e82144cbea85873u},
+        {BP_TYPE_Q2_K, 0x438911f69fe81b9u, 0xf112622533ea1606u},
+        {BP_TYPE_Q3_K, 0xe6927a6a61c756bau, 0x449f23ae6b1401f8u},
+        {BP_TYPE_Q4_K, 0x911f81cafb2934d4u, 0x20aef560f4c9e6bfu},
+        {BP_TYPE_Q5_K, 0xf67dcf78baf60c06u, 0xcd37417c75be6c9eu},
+        {BP_TYPE_Q6_K, 0x3aa0fd1b576b9b12u, 0x6cec517000d48692u},
+        {BP_TYPE_IQ4_NL, 0x66a2c1f8fb6a5b12u, 0xed08ef0c4a66c105u},
+        {BP_TYPE_IQ4_XS, 0x22467bfc72e0b88bu, 0x6bf4267c8b2f6c1au},
+    };
+    enum { ROWS = 4, N = 1024 };
+    static float x[ROWS * N], im[N];
+    static unsigned char q[ROWS * N * 2];
+    uint32_t state = 2024;
+    for (int i = 0; i < ROWS * N; i++) {
+        state = state * 1664525u + 1013904223u;
+        const float r = ((float)(state >> 8) / 16777216.0f) * 2.0f - 1.0f;
+        x[i] = r * (float)(1 + (i / 256) % 4) * (i % 97 == 5 ? 6.0f : 1.0f);
+    }
+    for (int j = 0; j < N; j++)
+        im[j] = (float)(j % 7) + 0.5f;
+    for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++) {
+        for (int w = 0; w < 2; w++) {
+            const uint64_t expect = w ? want[k].weighted : want[k].plain;
+            if (expect == 0)
+                continue;
+            const size_t bytes = bp_quantize_rows(want[k].type, x, q, ROWS, N, w ? im : NULL);
+            ck_assert_uint_eq(bytes, ROWS * bp_row_size(want[k].type, N));
+            ck_assert_msg(fnv1a(q, bytes) == expect, "%s%s: not the bytes llama.cpp writes",
+                          bp_type_name(want[k].type), w ? " with imatrix" : "");
+        }
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("types");
@@ -725,5 +784,6 @@ int main(void)
     BP_TCASE(s, test_imatrix_lowers_weighted_error, 60);
     BP_TCASE(s, test_special_rows_finite, 60);
     BP_TCASE(s, test_quantize_rows_rejects_bad_input, 10);
+    BP_TCASE(s, test_quantizers_match_llama_cpp, 30);
     return bp_test_run(s);
 }
