@@ -10,6 +10,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -436,10 +437,43 @@ void bp__q8_k_from_float(const float *src, void *dst, int64_t n)
 
 /* ---- Whole rows ---------------------------------------------------------------------------- */
 
+typedef void (*weighted_fn)(const float *src, void *dst, int64_t n, const float *imatrix);
+
+/* The quantizer of type that weighs its errors by an importance matrix; NULL if none does. */
+static weighted_fn weighted_quantizer(enum bp_type type)
+{
+    switch (type) {
+    case BP_TYPE_Q2_K: return bp__q2_k_quantize;
+    case BP_TYPE_Q3_K: return bp__q3_k_quantize;
+    case BP_TYPE_Q4_K: return bp__q4_k_quantize;
+    case BP_TYPE_Q5_K: return bp__q5_k_quantize;
+    case BP_TYPE_Q6_K: return bp__q6_k_quantize;
+    case BP_TYPE_IQ4_NL: return bp__iq4_nl_quantize;
+    case BP_TYPE_IQ4_XS: return bp__iq4_xs_quantize;
+    default: return NULL;
+    }
+}
+
+static bool is_legacy(enum bp_type type)
+{
+    return type == BP_TYPE_Q4_0 || type == BP_TYPE_Q4_1 || type == BP_TYPE_Q5_0 ||
+           type == BP_TYPE_Q5_1;
+}
+
+/* An importance is a mean square: finite and not negative. */
+static enum bp_status check_imatrix(const float *imatrix, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++)
+        if (!(isfinite(imatrix[j]) && imatrix[j] >= 0.0f))
+            return bp__error(BP_ERR_INVALID_ARG, "bp_quantize_rows: imatrix[%lld] is %g; "
+                             "importances must be finite and not negative", (long long)j,
+                             (double)imatrix[j]);
+    return BP_OK;
+}
+
 size_t bp_quantize_rows(enum bp_type type, const float *src, void *dst, int64_t n_rows,
                         int64_t n_per_row, const float *imatrix)
 {
-    (void)imatrix; /* (no quantiser here weighs its errors yet) */
     const struct bp_type_traits *tr = bp_type_get_traits(type);
     if (tr == NULL)
         return 0;
@@ -456,8 +490,20 @@ size_t bp_quantize_rows(enum bp_type type, const float *src, void *dst, int64_t 
                          "%s (rows must be positive multiples of %lld elements)",
                          (long long)n_rows, (long long)n_per_row, tr->name,
                          (long long)tr->block_size), 0;
-    for (int64_t r = 0; r < n_rows; r++)
-        tr->from_float(src + r * n_per_row, (char *)dst + (size_t)r * row, n_per_row);
+    const weighted_fn weighted = imatrix != NULL ? weighted_quantizer(type) : NULL;
+    const bool legacy = imatrix != NULL && is_legacy(type);
+    if (imatrix != NULL && check_imatrix(imatrix, n_per_row) != BP_OK)
+        return 0;
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *x = src + r * n_per_row;
+        void *y = (char *)dst + (size_t)r * row;
+        if (weighted != NULL)
+            weighted(x, y, n_per_row, imatrix);
+        else if (legacy)
+            bp__legacy_quantize(type, x, y, n_per_row, imatrix);
+        else
+            tr->from_float(x, y, n_per_row);
+    }
     return total;
 }
 

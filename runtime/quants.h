@@ -34,4 +34,25 @@ void bp__q5_1_from_float(const float *src, void *dst, int64_t n);
 void bp__q8_1_from_float(const float *src, void *dst, int64_t n);
 void bp__q8_k_from_float(const float *src, void *dst, int64_t n);
 
+/* quants-k.c: the quantizers that search for their scales. Each _quantize takes n elements (a
+ * multiple of the block size) and an optional importance matrix of n values (NULL: llama.cpp's
+ * reference weighting); _from_float is _quantize without one. */
+void bp__q2_k_quantize(const float *src, void *dst, int64_t n, const float *imatrix);
+void bp__q3_k_quantize(const float *src, void *dst, int64_t n, const float *imatrix);
+void bp__q4_k_quantize(const float *src, void *dst, int64_t n, const float *imatrix);
+void bp__q5_k_quantize(const float *src, void *dst, int64_t n, const float *imatrix);
+void bp__q6_k_quantize(const float *src, void *dst, int64_t n, const float *imatrix);
+void bp__iq4_nl_quantize(const float *src, void *dst, int64_t n, const float *imatrix);
+void bp__iq4_xs_quantize(const float *src, void *dst, int64_t n, const float *imatrix);
+void bp__q2_k_from_float(const float *src, void *dst, int64_t n);
+void bp__q3_k_from_float(const float *src, void *dst, int64_t n);
+void bp__q4_k_from_float(const float *src, void *dst, int64_t n);
+void bp__q5_k_from_float(const float *src, void *dst, int64_t n);
+void bp__q6_k_from_float(const float *src, void *dst, int64_t n);
+void bp__iq4_nl_from_float(const float *src, void *dst, int64_t n);
+void bp__iq4_xs_from_float(const float *src, void *dst, int64_t n);
+/* One row of n elements of Q4_0, Q4_1, Q5_0 or Q5_1 weighed by imatrix (not NULL). */
+void bp__legacy_quantize(enum bp_type type, const float *src, void *dst, int64_t n,
+                         const float *imatrix);
+
 #endif

@@ -48,8 +48,15 @@ START_TEST(test_traits_table)
         {BP_TYPE_F32, "f32", 1, 4, false},   {BP_TYPE_F16, "f16", 1, 2, false},
         {BP_TYPE_BF16, "bf16", 1, 2, false}, {BP_TYPE_I32, "i32", 1, 4, false},
         {BP_TYPE_Q8_0, "q8_0", 32, 34, true}, {BP_TYPE_Q4_0, "q4_0", 32, 18, true},
+        {BP_TYPE_Q4_1, "q4_1", 32, 20, true}, {BP_TYPE_Q5_0, "q5_0", 32, 22, true},
+        {BP_TYPE_Q5_1, "q5_1", 32, 24, true}, {BP_TYPE_Q8_1, "q8_1", 32, 36, true},
+        {BP_TYPE_Q2_K, "q2_K", 256, 84, true}, {BP_TYPE_Q3_K, "q3_K", 256, 110, true},
+        {BP_TYPE_Q4_K, "q4_K", 256, 144, true}, {BP_TYPE_Q5_K, "q5_K", 256, 176, true},
+        {BP_TYPE_Q6_K, "q6_K", 256, 210, true}, {BP_TYPE_Q8_K, "q8_K", 256, 292, true},
+        {BP_TYPE_IQ4_NL, "iq4_nl", 32, 18, true}, {BP_TYPE_IQ4_XS, "iq4_xs", 256, 136, true},
     };
-    ck_assert_int_eq(BP_TYPE_COUNT, 6);
+    ck_assert_int_eq(BP_TYPE_COUNT, 18);
+    ck_assert_int_eq(sizeof(want) / sizeof(want[0]), BP_TYPE_COUNT);
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
         const struct bp_type_traits *tr = bp_type_get_traits(want[i].t);
         ck_assert_ptr_nonnull(tr);
@@ -286,16 +293,22 @@ static float rnd(void)
  * at aligned ones, both ways; UBSan builds would flag a misaligned access. */
 START_TEST(test_rows_at_any_address)
 {
-    enum { N = 64 };
-    float x[N], aligned[N], odd[N];
-    for (int i = 0; i < N; i++)
+    enum { N = 256 }; /* a whole block of every type */
+    float x[N], im[N], aligned[N], odd[N];
+    for (int i = 0; i < N; i++) {
         x[i] = (float)(i % 11) * 0.37f - 1.5f;
+        im[i] = (float)(i % 7) + 0.5f;
+    }
     for (int t = 0; t < BP_TYPE_COUNT; t++) {
         const struct bp_type_traits *tr = bp_type_get_traits((enum bp_type)t);
         const size_t bytes = bp_row_size((enum bp_type)t, N);
-        _Alignas(64) unsigned char a[N * 4 + 64], b[N * 4 + 64];
+        ck_assert_uint_gt(bytes, 0);
+        _Alignas(64) unsigned char a[N * 4 + 64], b[N * 4 + 64], c[N * 4 + 64];
+        ck_assert_uint_eq(bp_quantize_rows((enum bp_type)t, x, c, 1, N, im), bytes);
         tr->from_float(x, a, N);
         for (int off = 1; off < 4; off++) {
+            ck_assert_uint_eq(bp_quantize_rows((enum bp_type)t, x, b + off, 1, N, im), bytes);
+            ck_assert_mem_eq(b + off, c, bytes);
             tr->from_float(x, b + off, N);
             ck_assert_mem_eq(b + off, a, bytes);
             tr->to_float(a, aligned, N);
@@ -340,6 +353,415 @@ START_TEST(test_quantised_rows_error_bounds)
 }
 END_TEST
 
+/* ---- Dequantizers on hand-built blocks ------------------------------------------------------
+ *
+ * Each block is random bytes with its scales set to powers of two, so every value is exact
+ * and the expectation below (element i of a block, read from byte offsets per ggml's layout
+ * description, in double) must equal the dequantizer's output bit for bit. The expectations
+ * are written element by element, not in the dequantizers' loop order. */
+
+static const int iq4nl_table[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                    1,    13,   25,  38,  53,  69,  89,  113};
+
+static double h_at(const uint8_t *b, int off)
+{
+    return half_value((uint16_t)(b[off] | (b[off + 1] << 8)));
+}
+
+static void put_h(uint8_t *b, int off, uint16_t h)
+{
+    b[off] = (uint8_t)(h & 0xff);
+    b[off + 1] = (uint8_t)(h >> 8);
+}
+
+/* The 4-bit value of element i (0..31) of a 16-byte Q4_0-style nibble array. */
+static int nib32(const uint8_t *qs, int i)
+{
+    return i < 16 ? qs[i] & 15 : qs[i - 16] >> 4;
+}
+
+/* Q2_K/Q3_K: 2 bits of element i (0..255): bytes 32 per 128 elements, shift 2 per 32. */
+static int two_bits(const uint8_t *qs, int i)
+{
+    const int r = i % 128;
+    return (qs[32 * (i / 128) + r % 32] >> (2 * (r / 32))) & 3;
+}
+
+/* Q4_K/Q5_K: low 4 bits of element i (0..255): 32 bytes per 64 elements, low nibble first. */
+static int k_nibble(const uint8_t *qs, int i)
+{
+    const uint8_t byte = qs[32 * (i / 64) + i % 32];
+    return i % 64 < 32 ? byte & 15 : byte >> 4;
+}
+
+/* Q4_K/Q5_K: 6-bit scale (want_min 0) or minimum (1) of sub-block j (0..7). */
+static int k_scale(const uint8_t *s, int j, int want_min)
+{
+    if (j < 4)
+        return s[j + 4 * want_min] & 63;
+    const int low = want_min ? s[j + 4] >> 4 : s[j + 4] & 15;
+    const int high = s[j - 4 + 4 * want_min] >> 6;
+    return low | (high << 4);
+}
+
+static double expect_elem(enum bp_type t, const uint8_t *b, int i)
+{
+    switch (t) {
+    case BP_TYPE_Q4_1: return h_at(b, 0) * nib32(b + 4, i) + h_at(b, 2);
+    case BP_TYPE_Q5_0:
+    case BP_TYPE_Q5_1: {
+        const int one = t == BP_TYPE_Q5_1;
+        const uint32_t qh = (uint32_t)b[2 + 2 * one] | (uint32_t)b[3 + 2 * one] << 8 |
+                            (uint32_t)b[4 + 2 * one] << 16 | (uint32_t)b[5 + 2 * one] << 24;
+        const int q = nib32(b + 6 + 2 * one, i) | (int)((qh >> i) & 1) << 4;
+        return one ? h_at(b, 0) * q + h_at(b, 2) : h_at(b, 0) * (q - 16);
+    }
+    case BP_TYPE_Q8_1: return h_at(b, 0) * (int8_t)b[4 + i];
+    case BP_TYPE_Q2_K: {
+        const int sc = b[i / 16];
+        return h_at(b, 80) * (sc & 15) * two_bits(b + 16, i) - h_at(b, 82) * (sc >> 4);
+    }
+    case BP_TYPE_Q3_K: {
+        const int j = i / 16, sb = 96;
+        const int low = j < 8 ? b[sb + j] & 15 : b[sb + j - 8] >> 4;
+        const int sc = (low | ((b[sb + 8 + j % 4] >> (2 * (j / 4))) & 3) << 4) - 32;
+        const int hbit = (b[i % 32] >> (i / 32)) & 1;
+        return h_at(b, 108) * sc * (two_bits(b + 32, i) - (hbit ? 0 : 4));
+    }
+    case BP_TYPE_Q4_K:
+    case BP_TYPE_Q5_K: {
+        const int five = t == BP_TYPE_Q5_K, j = i / 32;
+        const int q = k_nibble(b + (five ? 48 : 16), i) +
+                      (five ? ((b[16 + i % 32] >> (i / 32)) & 1) * 16 : 0);
+        return h_at(b, 0) * k_scale(b + 4, j, 0) * q - h_at(b, 2) * k_scale(b + 4, j, 1);
+    }
+    case BP_TYPE_Q6_K: {
+        const int half = i / 128, quarter = (i % 128) / 32, l = i % 32;
+        const uint8_t lo = b[64 * half + l + 32 * (quarter % 2)];
+        const int q = ((quarter < 2 ? lo & 15 : lo >> 4) |
+                       ((b[128 + 32 * half + l] >> (2 * quarter)) & 3) << 4) - 32;
+        return h_at(b, 208) * (int8_t)b[192 + i / 16] * q;
+    }
+    case BP_TYPE_Q8_K: {
+        float d;
+        memcpy(&d, b, 4);
+        return d * (int8_t)b[4 + i];
+    }
+    case BP_TYPE_IQ4_NL: return h_at(b, 0) * iq4nl_table[nib32(b + 2, i)];
+    case BP_TYPE_IQ4_XS: {
+        const int ib = i / 32, sh = b[2] | b[3] << 8;
+        const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((sh >> (2 * ib)) & 3) << 4;
+        return h_at(b, 0) * (ls - 32) * iq4nl_table[nib32(b + 8 + 16 * ib, i % 32)];
+    }
+    default: return NAN;
+    }
+}
+
+/* Random bytes, then the scale fields of the layout set to exact powers of two. */
+static void fill_known_block(enum bp_type t, uint8_t *b, size_t size, uint32_t seed)
+{
+    for (size_t k = 0; k < size; k++) {
+        seed = seed * 1664525u + 1013904223u;
+        b[k] = (uint8_t)(seed >> 24);
+    }
+    const float q8k_d = 0.125f;
+    switch (t) {
+    case BP_TYPE_Q4_1:
+    case BP_TYPE_Q5_1: put_h(b, 0, 0x3800), put_h(b, 2, 0xbe00); break; /* 0.5, -1.5 */
+    case BP_TYPE_Q5_0:
+    case BP_TYPE_Q8_1:
+    case BP_TYPE_IQ4_NL: put_h(b, 0, 0x4000); break;                   /* 2 */
+    case BP_TYPE_Q2_K: put_h(b, 80, 0x3800), put_h(b, 82, 0x3400); break; /* 0.5, 0.25 */
+    case BP_TYPE_Q3_K: put_h(b, 108, 0x2c00); break;                    /* 1/16 */
+    case BP_TYPE_Q4_K:
+    case BP_TYPE_Q5_K: put_h(b, 0, 0x3400), put_h(b, 2, 0x3800); break;
+    case BP_TYPE_Q6_K: put_h(b, 208, 0x2c00); break;
+    case BP_TYPE_Q8_K: memcpy(b, &q8k_d, 4); break;
+    case BP_TYPE_IQ4_XS: put_h(b, 0, 0x3400); break;
+    default: break;
+    }
+}
+
+START_TEST(test_dequantize_known_blocks)
+{
+    static const enum bp_type types[] = {
+        BP_TYPE_Q4_1, BP_TYPE_Q5_0, BP_TYPE_Q5_1, BP_TYPE_Q8_1,  BP_TYPE_Q2_K,  BP_TYPE_Q3_K,
+        BP_TYPE_Q4_K, BP_TYPE_Q5_K, BP_TYPE_Q6_K, BP_TYPE_Q8_K, BP_TYPE_IQ4_NL, BP_TYPE_IQ4_XS};
+    static const size_t sizes[] = {20, 22, 24, 36, 84, 110, 144, 176, 210, 292, 18, 136};
+    for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
+        const struct bp_type_traits *tr = bp_type_get_traits(types[k]);
+        const int n = (int)tr->block_size;
+        ck_assert_uint_eq(tr->type_size, sizes[k]);
+        uint8_t blocks[2 * 292];
+        float y[2 * 256];
+        for (int blk = 0; blk < 2; blk++)
+            fill_known_block(types[k], blocks + blk * sizes[k], sizes[k], 7u + 31u * k + blk);
+        tr->to_float(blocks, y, 2 * n);
+        for (int blk = 0; blk < 2; blk++)
+            for (int i = 0; i < n; i++) {
+                const double want = expect_elem(types[k], blocks + blk * sizes[k], i);
+                ck_assert_msg(y[blk * n + i] == want, "%s block %d element %d: %.9g, want %.9g",
+                              tr->name, blk, i, (double)y[blk * n + i], want);
+            }
+    }
+}
+END_TEST
+
+/* ---- Quantizers: round trips ------------------------------------------------------------- */
+
+/* Standard normal samples (Box-Muller on the suite's generator). */
+static float gauss(void)
+{
+    const double u1 = (rnd() + 1.0) / 2.0 + 1e-9, u2 = (rnd() + 1.0) / 2.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+enum { RT_ROWS = 16, RT_N = 1024 };
+
+/* RMSE of a round trip of rows through type, with an optional importance matrix and, when
+ * weights is not NULL, the error weighted by them instead. */
+static double round_trip(enum bp_type type, const float *x, const float *imatrix,
+                         const float *weights, float *y)
+{
+    static unsigned char q[RT_ROWS * RT_N * 2];
+    const size_t row = bp_row_size(type, RT_N);
+    ck_assert_uint_eq(bp_quantize_rows(type, x, q, RT_ROWS, RT_N, imatrix), RT_ROWS * row);
+    bp_type_get_traits(type)->to_float(q, y, RT_ROWS * RT_N);
+    double se = 0.0, sw = 0.0;
+    for (int i = 0; i < RT_ROWS * RT_N; i++) {
+        const double w = weights != NULL ? weights[i % RT_N] : 1.0;
+        ck_assert_msg(isfinite(y[i]), "%s: element %d is %g", bp_type_name(type), i, (double)y[i]);
+        se += w * (double)(y[i] - x[i]) * (double)(y[i] - x[i]);
+        sw += w;
+    }
+    return sqrt(se / sw);
+}
+
+/* Every quantised type, with the RMSE bound (in units of the data's standard deviation, 1) it
+ * must meet on Gaussian rows and on rows with 1% outliers of 8 sigma. The bounds are about 5%
+ * above what the quantizers measure (docs/quantization.md lists the measurements), so a change
+ * that makes the search worse fails here. */
+static const struct {
+    enum bp_type type;
+    double gauss, outliers;
+} rt_types[] = {
+    {BP_TYPE_Q8_0, 0.0057, 0.0118},  {BP_TYPE_Q4_0, 0.0910, 0.185},
+    {BP_TYPE_Q4_1, 0.0826, 0.132},   {BP_TYPE_Q5_0, 0.0453, 0.0932},
+    {BP_TYPE_Q5_1, 0.0402, 0.0638},  {BP_TYPE_Q8_1, 0.0057, 0.0118},
+    {BP_TYPE_Q2_K, 0.314, 0.492},    {BP_TYPE_Q3_K, 0.160, 0.278},
+    {BP_TYPE_Q4_K, 0.0756, 0.123},   {BP_TYPE_Q5_K, 0.0382, 0.0621},
+    {BP_TYPE_Q6_K, 0.0189, 0.0348},  {BP_TYPE_Q8_K, 0.0075, 0.0191},
+    {BP_TYPE_IQ4_NL, 0.0810, 0.144}, {BP_TYPE_IQ4_XS, 0.0816, 0.1452},
+};
+
+static void make_rows(float *x, bool outliers)
+{
+    for (int i = 0; i < RT_ROWS * RT_N; i++) {
+        x[i] = gauss();
+        if (outliers && i % 97 == 13)
+            x[i] = x[i] < 0 ? -8.0f : 8.0f;
+    }
+}
+
+START_TEST(test_round_trip_rmse_bounds)
+{
+    static float x[RT_ROWS * RT_N], y[RT_ROWS * RT_N];
+    int failed = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        make_rows(x, pass == 1);
+        for (size_t k = 0; k < sizeof(rt_types) / sizeof(rt_types[0]); k++) {
+            const double rmse = round_trip(rt_types[k].type, x, NULL, NULL, y);
+            const double bound = pass == 0 ? rt_types[k].gauss : rt_types[k].outliers;
+            fprintf(stderr, "rmse %-7s %-8s %.5f (bound %.4f)\n", bp_type_name(rt_types[k].type),
+                    pass == 0 ? "gauss" : "outliers", rmse, bound);
+            failed += rmse > bound;
+        }
+    }
+    ck_assert_msg(failed == 0, "%d round trips above their bounds (listed on stderr)", failed);
+}
+END_TEST
+
+/* The types that take an importance matrix: with one, the bytes change and the error weighted
+ * by it goes down; without one (or for the types that ignore it), bp_quantize_rows writes what
+ * from_float writes. */
+START_TEST(test_imatrix_lowers_weighted_error)
+{
+    static const enum bp_type types[] = {BP_TYPE_Q2_K, BP_TYPE_Q3_K,   BP_TYPE_Q4_K,
+                                         BP_TYPE_Q5_K, BP_TYPE_Q6_K,   BP_TYPE_IQ4_NL,
+                                         BP_TYPE_IQ4_XS, BP_TYPE_Q4_0, BP_TYPE_Q4_1,
+                                         BP_TYPE_Q5_0, BP_TYPE_Q5_1};
+    static float x[RT_ROWS * RT_N], y[RT_ROWS * RT_N], im[RT_N];
+    static unsigned char a[RT_ROWS * RT_N * 2], b[RT_ROWS * RT_N * 2];
+    make_rows(x, false);
+    for (int j = 0; j < RT_N; j++) { /* a few columns matter far more than the rest */
+        const float u = (rnd() + 1.0f) / 2.0f;
+        im[j] = u * u * u * u * 20.0f;
+    }
+    for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
+        const double plain = round_trip(types[k], x, NULL, im, y);
+        const double weighted = round_trip(types[k], x, im, im, y);
+        fprintf(stderr, "imatrix %-7s weighted RMSE %.5f -> %.5f\n", bp_type_name(types[k]),
+                plain, weighted);
+        ck_assert_msg(weighted < 0.97 * plain, "%s: weighted RMSE %.5f with imatrix, %.5f "
+                      "without", bp_type_name(types[k]), weighted, plain);
+        const size_t bytes = RT_ROWS * bp_row_size(types[k], RT_N);
+        bp_quantize_rows(types[k], x, a, RT_ROWS, RT_N, im);
+        bp_type_get_traits(types[k])->from_float(x, b, RT_ROWS * RT_N);
+        ck_assert(memcmp(a, b, bytes) != 0);
+        bp_quantize_rows(types[k], x, a, RT_ROWS, RT_N, NULL);
+        ck_assert_mem_eq(a, b, bytes);
+    }
+    /* Importances that are all zero say nothing: the result is that of no imatrix. */
+    static float zero[RT_N];
+    for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
+        const size_t bytes = RT_ROWS * bp_row_size(types[k], RT_N);
+        bp_quantize_rows(types[k], x, a, RT_ROWS, RT_N, zero);
+        bp_type_get_traits(types[k])->from_float(x, b, RT_ROWS * RT_N);
+        ck_assert_mem_eq(a, b, bytes);
+    }
+    const size_t bytes = RT_ROWS * bp_row_size(BP_TYPE_Q8_0, RT_N);
+    bp_quantize_rows(BP_TYPE_Q8_0, x, a, RT_ROWS, RT_N, im);
+    bp_type_get_traits(BP_TYPE_Q8_0)->from_float(x, b, RT_ROWS * RT_N);
+    ck_assert_mem_eq(a, b, bytes);
+}
+END_TEST
+
+/* Rows that trip naive searches: all zero (exactly zero back), one huge value among small ones
+ * (kept to within a few percent, the rest finite), a constant row and tiny values. */
+START_TEST(test_special_rows_finite)
+{
+    enum { N = 512 };
+    static float x[N], y[N], im[N];
+    static unsigned char q[N * 2];
+    for (int j = 0; j < N; j++)
+        im[j] = (float)(j % 5) + 0.25f;
+    for (int t = 0; t < BP_TYPE_COUNT; t++) {
+        const struct bp_type_traits *tr = bp_type_get_traits((enum bp_type)t);
+        if (!tr->is_quantized)
+            continue;
+        for (int kind = 0; kind < 4; kind++) {
+            for (int j = 0; j < N; j++)
+                x[j] = kind == 0 ? 0.0f : kind == 2 ? -0.75f : kind == 3 ? 1e-6f * gauss() : gauss();
+            if (kind == 1)
+                x[300] = 3000.0f;
+            for (int w = 0; w < 2; w++) {
+                ck_assert_uint_gt(bp_quantize_rows((enum bp_type)t, x, q, 1, N, w ? im : NULL), 0);
+                tr->to_float(q, y, N);
+                for (int j = 0; j < N; j++) {
+                    ck_assert_msg(isfinite(y[j]), "%s kind %d: y[%d] = %g", tr->name, kind, j,
+                                  (double)y[j]);
+                    if (kind == 0)
+                        ck_assert_msg(y[j] == 0.0f, "%s: zero became %g", tr->name, (double)y[j]);
+                }
+                if (kind == 1)
+                    ck_assert_msg(fabsf(y[300] - 3000.0f) <= 150.0f, "%s: 3000 became %g",
+                                  tr->name, (double)y[300]);
+                if (kind == 2)
+                    ck_assert_msg(fabsf(y[7] + 0.75f) <= 0.05f, "%s: -0.75 became %g", tr->name,
+                                  (double)y[7]);
+            }
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_quantize_rows_rejects_bad_input)
+{
+    float x[512] = {0}, im[256];
+    unsigned char q[512];
+    for (int j = 0; j < 256; j++)
+        im[j] = 1.0f;
+    bp_clear_error();
+    ck_assert_uint_eq(bp_quantize_rows(BP_TYPE_Q4_K, NULL, q, 1, 256, NULL), 0);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "NULL");
+    ck_assert_uint_eq(bp_quantize_rows(BP_TYPE_Q4_K, x, NULL, 1, 256, NULL), 0);
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "NULL");
+    ck_assert_uint_eq(bp_quantize_rows(BP_TYPE_Q4_K, x, q, 1, 128, NULL), 0);
+    ck_assert_error_has(BP_ERR_SHAPE, "multiples of 256");
+    ck_assert_uint_eq(bp_quantize_rows(BP_TYPE_Q4_K, x, q, 1, 0, NULL), 0);
+    ck_assert_error_has(BP_ERR_SHAPE, "0 elements");
+    ck_assert_uint_eq(bp_quantize_rows(BP_TYPE_IQ4_NL, x, q, 1, -32, NULL), 0);
+    ck_assert_error_has(BP_ERR_SHAPE, "-32 elements");
+    ck_assert_uint_eq(bp_quantize_rows(BP_TYPE_Q2_K, x, q, -1, 256, NULL), 0);
+    ck_assert_error_has(BP_ERR_SHAPE, "-1 rows");
+    ck_assert_uint_eq(bp_quantize_rows((enum bp_type)99, x, q, 1, 256, NULL), 0);
+    ck_assert_error_has(BP_ERR_TYPE, "99");
+    static const float bad[3] = {NAN, -1.0f, INFINITY};
+    for (int k = 0; k < 3; k++) {
+        im[77] = bad[k];
+        ck_assert_uint_eq(bp_quantize_rows(BP_TYPE_Q4_K, x, q, 1, 256, im), 0);
+        ck_assert_error_has(BP_ERR_INVALID_ARG, "imatrix[77]");
+        ck_assert_uint_eq(bp_quantize_rows(BP_TYPE_Q8_0, x, q, 1, 256, im), 0);
+        ck_assert_error_has(BP_ERR_INVALID_ARG, "finite and not negative");
+    }
+    im[77] = 0.0f; /* zero importances are allowed: the column does not matter */
+    bp_clear_error();
+    ck_assert_uint_eq(bp_quantize_rows(BP_TYPE_Q4_K, x, q, 2, 256, im), 288);
+    ck_assert_int_eq(bp_last_status(), BP_OK);
+    ck_assert_uint_eq(bp_quantize_rows(BP_TYPE_Q4_K, x, q, 0, 256, im), 0);
+    ck_assert_int_eq(bp_last_status(), BP_OK);
+}
+END_TEST
+
+/* ---- The same choices as llama.cpp ------------------------------------------------------ */
+
+static uint64_t fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3u;
+    return h;
+}
+
+/* 4 rows of 1024 from a fixed generator (exact float operations only, so a script can make
+ * the same rows), quantized with and without the importance (j % 7) + 0.5. The hashes are of
+ * the bytes llama.cpp's ggml_quantize_chunk writes for these rows (llama-cpp-python 0.3.36's
+ * ggml, measured with bench/quant-error.py's loaders): equal hashes mean the same levels and
+ * scales in every block, so files we write are the files llama.cpp writes. 0: no imatrix. */
+START_TEST(test_quantizers_match_llama_cpp)
+{
+    static const struct {
+        enum bp_type type;
+        uint64_t plain, weighted;
+    } want[] = {
+        {BP_TYPE_Q8_0, 0x6461403f23e1849eu, 0},
+        {BP_TYPE_Q4_0, 0xb59ec80a734db40du, 0x2bb87b36c6f68022u},
+        {BP_TYPE_Q4_1, 0xe197ab664f8d626eu, 0x9b22cda3ac2d151au},
+        {BP_TYPE_Q5_0, 0x2d92c5e88b56ab1au, 0x499a120331c6a8a8u},
+        {BP_TYPE_Q5_1, 0x69d5d870a7749ba3u, 0x5e82144cbea85873u},
+        {BP_TYPE_Q2_K, 0x438911f69fe81b9u, 0xf112622533ea1606u},
+        {BP_TYPE_Q3_K, 0xe6927a6a61c756bau, 0x449f23ae6b1401f8u},
+        {BP_TYPE_Q4_K, 0x911f81cafb2934d4u, 0x20aef560f4c9e6bfu},
+        {BP_TYPE_Q5_K, 0xf67dcf78baf60c06u, 0xcd37417c75be6c9eu},
+        {BP_TYPE_Q6_K, 0x3aa0fd1b576b9b12u, 0x6cec517000d48692u},
+        {BP_TYPE_IQ4_NL, 0x66a2c1f8fb6a5b12u, 0xed08ef0c4a66c105u},
+        {BP_TYPE_IQ4_XS, 0x22467bfc72e0b88bu, 0x6bf4267c8b2f6c1au},
+    };
+    enum { ROWS = 4, N = 1024 };
+    static float x[ROWS * N], im[N];
+    static unsigned char q[ROWS * N * 2];
+    uint32_t state = 2024;
+    for (int i = 0; i < ROWS * N; i++) {
+        state = state * 1664525u + 1013904223u;
+        const float r = ((float)(state >> 8) / 16777216.0f) * 2.0f - 1.0f;
+        x[i] = r * (float)(1 + (i / 256) % 4) * (i % 97 == 5 ? 6.0f : 1.0f);
+    }
+    for (int j = 0; j < N; j++)
+        im[j] = (float)(j % 7) + 0.5f;
+    for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++) {
+        for (int w = 0; w < 2; w++) {
+            const uint64_t expect = w ? want[k].weighted : want[k].plain;
+            if (expect == 0)
+                continue;
+            const size_t bytes = bp_quantize_rows(want[k].type, x, q, ROWS, N, w ? im : NULL);
+            ck_assert_uint_eq(bytes, ROWS * bp_row_size(want[k].type, N));
+            ck_assert_msg(fnv1a(q, bytes) == expect, "%s%s: not the bytes llama.cpp writes",
+                          bp_type_name(want[k].type), w ? " with imatrix" : "");
+        }
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("types");
@@ -357,5 +779,11 @@ int main(void)
     BP_TCASE(s, test_q8_0_known_block, 10);
     BP_TCASE(s, test_quantised_rows_error_bounds, 10);
     BP_TCASE(s, test_rows_at_any_address, 10);
+    BP_TCASE(s, test_dequantize_known_blocks, 10);
+    BP_TCASE(s, test_round_trip_rmse_bounds, 60);
+    BP_TCASE(s, test_imatrix_lowers_weighted_error, 60);
+    BP_TCASE(s, test_special_rows_finite, 60);
+    BP_TCASE(s, test_quantize_rows_rejects_bad_input, 10);
+    BP_TCASE(s, test_quantizers_match_llama_cpp, 30);
     return bp_test_run(s);
 }

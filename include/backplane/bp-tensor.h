@@ -146,11 +146,14 @@ BP_API int64_t bp_type_block_size(enum bp_type type);
  * does not fit in size_t. */
 BP_API size_t bp_row_size(enum bp_type type, int64_t ne0);
 /* Quantises n_rows rows of n_per_row floats from src into dst, rows back to back in type's
- * layout (n_rows * bp_row_size(type, n_per_row) bytes). imatrix (optional, n_per_row values):
- * the importance of each column, as llama.cpp's importance matrix gives it (mean squared
- * activations); the types whose quality depends on it weigh their errors by it, the others
- * ignore it. Returns the bytes written; 0 with bp_last_error() set when type has no quantiser,
- * n_per_row is not a positive multiple of its block size, or a pointer is NULL. */
+ * layout (n_rows * bp_row_size(type, n_per_row) bytes); dst may be at any address.
+ * imatrix (optional, n_per_row values): the importance of each column, as llama.cpp's
+ * importance matrix gives it (mean squared activations). Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
+ * IQ4_XS, Q4_0, Q4_1, Q5_0 and Q5_1 weigh their errors by it (as llama.cpp's quantize_* do);
+ * the other types ignore it. Without it, each type quantises as its traits' from_float does.
+ * Returns the bytes written; 0 with bp_last_error() set when type has no quantiser,
+ * n_per_row is not a positive multiple of its block size, n_rows is negative, a pointer is
+ * NULL, or an imatrix value is negative, infinite or NaN. */
 BP_API size_t bp_quantize_rows(enum bp_type type, const float *src, void *dst, int64_t n_rows,
                                int64_t n_per_row, const float *imatrix);
 
