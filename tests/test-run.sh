@@ -140,6 +140,8 @@ check "--dot and --logits may both be /dev/null" sh -c "'$tool' run -n 2 --dot /
 # backplane bench: the same benchmarks on the chosen devices
 check "bench measures matmul and add on the CPU" sh -c "'$tool' bench -d CPU --M 64 --K 64 --N 1,3 --types f32,q4_0 --min-time 0.01 --no-limits > '$tmp/b' && grep -q '^mul_mat_q4_0 M=64,K=64,N=3 CPU [0-9.]* GFLOP/s' '$tmp/b' && grep -q '^mul_mat_f32_weight_bw M=64,K=64,N=1 CPU' '$tmp/b' && grep -q '^add n=16777216 CPU [0-9.]* GB/s' '$tmp/b'"
 check "bench measures repacked q4_0 on the CPU and skips it elsewhere" sh -c "'$tool' bench -d ACCEL0,CPU --M 64 --K 64 --N 1 --types q4_0_repack --min-time 0.01 --no-limits > '$tmp/b' && grep -q '^mul_mat_q4_0_repack M=64,K=64,N=1 CPU [0-9.]* GFLOP/s' '$tmp/b' && grep -q 'mul_mat_q4_0_repack on ACCEL0: no CPU_REPACK buffer type, skipped' '$tmp/b'"
+check "bench measures the new weight types on the CPU" sh -c "'$tool' bench -d CPU --M 64 --K 64 --N 1,3 --types q4_1,q5_0,q5_1 --min-time 0.01 --no-limits > '$tmp/b' && grep -q '^mul_mat_q4_1 M=64,K=64,N=3 CPU [0-9.]* GFLOP/s' '$tmp/b' && grep -q '^mul_mat_q5_1_weight_bw M=64,K=64,N=1 CPU' '$tmp/b'"
+check "bench refuses a type the runtime cannot quantise to" usage "'q4_k' in --types is not a weight type the runtime can quantise to" sh -c "exec '$tool' bench $small --types q4_k"
 check "bench skips what a device cannot do" sh -c "'$tool' bench -d ACCEL0 --M 64 --K 64 --N 1 --types q4_0 --min-time 0.01 --no-limits | grep -q 'mul_mat_q4_0 on ACCEL0: not supported, skipped'"
 check "bench refuses a K that is not a multiple of 32" sh -c "'$tool' bench --K 33 2>&1 | grep -q 'multiple of 32'"
 # Attention fused (FLASH_ATTN_EXT, the default where the KV cache's device runs it) or not:
