@@ -32,12 +32,14 @@
 static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                         1,    13,   25,  38,  53,  69,  89,  113};
 
+#if defined(BP_CPU_HAVE_AVX2)
 static uint32_t load_u32(const uint8_t *p)
 {
     uint32_t v;
     memcpy(&v, p, sizeof(v));
     return v;
 }
+#endif
 
 static uint16_t float_to_half(float f)
 {
@@ -118,10 +120,18 @@ static void quantize_q8_1(const float *x, void *y, int64_t k)
 /* ---- Portable bodies ----------------------------------------------------------------------- */
 
 #if !defined(BP_CPU_HAVE_AVX2)
-/* Element j of a block's fifth bits, as 16 or 0. */
-static int bit5(uint32_t qh, int j)
+/* A block's fifth bits as bytes of 16 or 0, four at a time: n * 0x00204081 puts bit j of a
+ * nibble n at bit 8j (no two shifted copies overlap for 4 bits). Taking each bit with a shift by
+ * its index inside the dot product's loop kept that loop scalar (Q5_0 and Q5_1 at 4096^2,
+ * N = 1, 2 threads, x86_64 variant: 4 GFLOP/s; 6.5-7.4 with bytes made first, against 28 for
+ * Q4_1). */
+static void bit5_bytes(const uint8_t qh[4], uint8_t h[32])
 {
-    return (int)((qh >> j) & 1) << 4;
+    for (int k = 0; k < 8; k++) {
+        const uint32_t n = (uint32_t)(qh[k / 2] >> (4 * (k % 2))) & 0xf;
+        const uint32_t v = ((n * 0x00204081u) & 0x01010101u) << 4;
+        memcpy(h + 4 * k, &v, 4);
+    }
 }
 
 static float dot_q4_1_c(int64_t k, const void *w, const void *y)
@@ -145,11 +155,12 @@ static float dot_q5_0_c(int64_t k, const void *w, const void *y)
     const struct bp_block_q8_0 *q = y;
     float sum = 0.0f;
     for (int64_t i = 0; i < k / 32; i++) {
-        const uint32_t qh = load_u32(x[i].qh);
+        uint8_t h[32];
+        bit5_bytes(x[i].qh, h);
         int32_t s = 0;
         for (int j = 0; j < 16; j++)
-            s += (((x[i].qs[j] & 0x0f) | bit5(qh, j)) - 16) * q[i].qs[j] +
-                 (((x[i].qs[j] >> 4) | bit5(qh, j + 16)) - 16) * q[i].qs[j + 16];
+            s += (((x[i].qs[j] & 0x0f) | h[j]) - 16) * q[i].qs[j] +
+                 (((x[i].qs[j] >> 4) | h[j + 16]) - 16) * q[i].qs[j + 16];
         sum += bp_cpu_half_to_float(x[i].d) * bp_cpu_half_to_float(q[i].d) * (float)s;
     }
     return sum;
@@ -161,11 +172,12 @@ static float dot_q5_1_c(int64_t k, const void *w, const void *y)
     const struct bp_block_q8_1 *q = y;
     float sum = 0.0f;
     for (int64_t i = 0; i < k / 32; i++) {
-        const uint32_t qh = load_u32(x[i].qh);
+        uint8_t h[32];
+        bit5_bytes(x[i].qh, h);
         int32_t s = 0;
         for (int j = 0; j < 16; j++)
-            s += ((x[i].qs[j] & 0x0f) | bit5(qh, j)) * q[i].qs[j] +
-                 ((x[i].qs[j] >> 4) | bit5(qh, j + 16)) * q[i].qs[j + 16];
+            s += ((x[i].qs[j] & 0x0f) | h[j]) * q[i].qs[j] +
+                 ((x[i].qs[j] >> 4) | h[j + 16]) * q[i].qs[j + 16];
         sum += bp_cpu_half_to_float(x[i].d) * bp_cpu_half_to_float(q[i].d) * (float)s +
                bp_cpu_half_to_float(x[i].m) * bp_cpu_half_to_float(q[i].s);
     }
