@@ -279,78 +279,62 @@ BP_CPU_INLINE __m256i dot_block256(const enum bp_type t, __m256i x, __m256i y)
     return dot_u8i8(x, y);
 }
 
-/* The weights' block scale and, for the types with a minimum, the minimum. */
-BP_CPU_INLINE float w_scale(const enum bp_type t, const void *w, int64_t i)
-{
-    switch (t) {
-    case BP_TYPE_Q4_1:
-        return bp_cpu_half_to_float(((const struct bp_block_q4_1 *)w)[i].d);
-    case BP_TYPE_Q5_0:
-        return bp_cpu_half_to_float(((const struct bp_block_q5_0 *)w)[i].d);
-    case BP_TYPE_Q5_1:
-        return bp_cpu_half_to_float(((const struct bp_block_q5_1 *)w)[i].d);
-    default:
-        return bp_cpu_half_to_float(((const struct bp_block_iq4_nl *)w)[i].d);
-    }
-}
-
-BP_CPU_INLINE float w_min(const enum bp_type t, const void *w, int64_t i)
-{
-    return bp_cpu_half_to_float(t == BP_TYPE_Q4_1 ? ((const struct bp_block_q4_1 *)w)[i].m
-                                                  : ((const struct bp_block_q5_1 *)w)[i].m);
-}
-
 BP_CPU_INLINE bool has_min(const enum bp_type t)
 {
     return t == BP_TYPE_Q4_1 || t == BP_TYPE_Q5_1;
 }
 
-/* The activation block i: its quants, its scale and (Q8_1) its scaled sum. */
+/* The quants of activation block i. */
 BP_CPU_INLINE const int8_t *y_qs(const enum bp_type t, const void *y, int64_t i)
 {
     return has_min(t) ? ((const struct bp_block_q8_1 *)y)[i].qs
                       : ((const struct bp_block_q8_0 *)y)[i].qs;
 }
 
-BP_CPU_INLINE float y_scale(const enum bp_type t, const void *y, int64_t i)
+/* Block i's two scale products at once: lane 0 d_w d_y, lane 1 (types with a minimum) m_w s_y.
+ * Every block here starts with its f16 scale, followed by the minimum (Q4_1, Q5_1) or the
+ * scaled sum (Q8_1); both pairs convert in one instruction. */
+BP_CPU_INLINE __m128 scale_pair(const enum bp_type t, const void *w, const void *y, int64_t i)
 {
-    return bp_cpu_half_to_float(has_min(t) ? ((const struct bp_block_q8_1 *)y)[i].d
-                                           : ((const struct bp_block_q8_0 *)y)[i].d);
+    const size_t ws = t == BP_TYPE_Q4_1   ? sizeof(struct bp_block_q4_1)
+                      : t == BP_TYPE_Q5_0 ? sizeof(struct bp_block_q5_0)
+                      : t == BP_TYPE_Q5_1 ? sizeof(struct bp_block_q5_1)
+                                          : sizeof(struct bp_block_iq4_nl);
+    const size_t ys = has_min(t) ? sizeof(struct bp_block_q8_1) : sizeof(struct bp_block_q8_0);
+    const __m128 a = _mm_cvtph_ps(_mm_cvtsi32_si128((int)load_u32((const uint8_t *)w + i * ws)));
+    const __m128 b = _mm_cvtph_ps(_mm_cvtsi32_si128((int)load_u32((const uint8_t *)y + i * ys)));
+    return _mm_mul_ps(a, b);
 }
 
-BP_CPU_INLINE float y_sum(const void *y, int64_t i)
-{
-    return bp_cpu_half_to_float(((const struct bp_block_q8_1 *)y)[i].s);
-}
-
-/* Blocks [i0, nb) of one row, one block per step, two chains in flight. */
+/* Blocks [i0, nb) of one row, one block per step, two chains in flight; the minimums' products
+ * gather in lane 1 of mins. */
 BP_CPU_INLINE float dot_avx2(const enum bp_type t, int64_t i0, int64_t nb, const void *w,
                              const void *y)
 {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float mins = 0.0f;
+    __m128 mins = _mm_setzero_ps();
     int64_t i = i0;
     for (; i + 2 <= nb; i += 2) {
         const __m256i s0 = dot_block256(t, unpack_block(t, w, i),
                                         _mm256_loadu_si256((const __m256i *)y_qs(t, y, i)));
         const __m256i s1 = dot_block256(t, unpack_block(t, w, i + 1),
                                         _mm256_loadu_si256((const __m256i *)y_qs(t, y, i + 1)));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0),
-                               _mm256_set1_ps(w_scale(t, w, i) * y_scale(t, y, i)), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1),
-                               _mm256_set1_ps(w_scale(t, w, i + 1) * y_scale(t, y, i + 1)), acc1);
+        const __m128 p0 = scale_pair(t, w, y, i), p1 = scale_pair(t, w, y, i + 1);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcastss_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_broadcastss_ps(p1), acc1);
         if (has_min(t))
-            mins += w_min(t, w, i) * y_sum(y, i) + w_min(t, w, i + 1) * y_sum(y, i + 1);
+            mins = _mm_add_ps(mins, _mm_add_ps(p0, p1));
     }
     for (; i < nb; i++) {
         const __m256i s0 = dot_block256(t, unpack_block(t, w, i),
                                         _mm256_loadu_si256((const __m256i *)y_qs(t, y, i)));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0),
-                               _mm256_set1_ps(w_scale(t, w, i) * y_scale(t, y, i)), acc0);
+        const __m128 p0 = scale_pair(t, w, y, i);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcastss_ps(p0), acc0);
         if (has_min(t))
-            mins += w_min(t, w, i) * y_sum(y, i);
+            mins = _mm_add_ps(mins, p0);
     }
-    return bp_cpu_hsum256(_mm256_add_ps(acc0, acc1)) + mins;
+    const float m = has_min(t) ? _mm_cvtss_f32(_mm_shuffle_ps(mins, mins, 1)) : 0.0f;
+    return bp_cpu_hsum256(_mm256_add_ps(acc0, acc1)) + m;
 }
 #endif
 
@@ -377,7 +361,7 @@ BP_CPU_INLINE __m512i dot_u8i8_512(__m512i u, __m512i y)
 BP_CPU_INLINE float dot_avx512(const enum bp_type t, int64_t nb, const void *w, const void *y)
 {
     __m512 acc = _mm512_setzero_ps();
-    float mins = 0.0f;
+    __m128 mins = _mm_setzero_ps();
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
         const __m512i x = join256(unpack_block(t, w, i), unpack_block(t, w, i + 1));
@@ -391,15 +375,15 @@ BP_CPU_INLINE float dot_avx512(const enum bp_type t, int64_t nb, const void *w, 
         } else {
             s = dot_u8i8_512(x, q);
         }
-        const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(w_scale(t, w, i) * y_scale(t, y, i)),
-                                            _mm256_set1_ps(w_scale(t, w, i + 1) *
-                                                           y_scale(t, y, i + 1)),
-                                            1);
+        const __m128 p0 = scale_pair(t, w, y, i), p1 = scale_pair(t, w, y, i + 1);
+        const __m512 d = _mm512_insertf32x8(_mm512_broadcastss_ps(p0), _mm256_broadcastss_ps(p1), 1);
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
         if (has_min(t))
-            mins += w_min(t, w, i) * y_sum(y, i) + w_min(t, w, i + 1) * y_sum(y, i + 1);
+            mins = _mm_add_ps(mins, _mm_add_ps(p0, p1));
     }
-    float sum = _mm512_reduce_add_ps(acc) + mins;
+    float sum = _mm512_reduce_add_ps(acc);
+    if (has_min(t))
+        sum += _mm_cvtss_f32(_mm_shuffle_ps(mins, mins, 1));
     if (i < nb)
         sum += dot_avx2(t, i, nb, w, y);
     return sum;
