@@ -216,7 +216,10 @@ bool bench_weight_type(const char *name, enum bp_type *type, bool *repack)
     *repack = n > 7 && strcmp(base + n - 7, "_repack") == 0;
     if (*repack)
         base[n - 7] = '\0';
-    return bp_type_from_name(base, type) == BP_OK && *type != BP_TYPE_I32;
+    /* Weights are filled through the runtime's quantiser (bench_fill): types without one are
+     * refused. */
+    return bp_type_from_name(base, type) == BP_OK && *type != BP_TYPE_I32 &&
+           bp_type_get_traits(*type)->from_float != NULL;
 }
 
 void bench_load_plugins(const char *dir)

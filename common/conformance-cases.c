@@ -10,6 +10,10 @@
 #define NMSE_F32 1e-9   /* float kernels against the double reference */
 #define NMSE_QUANT 2e-4 /* MUL_MAT with Q8_0/Q4_0 weights: activations are quantised to Q8_0 */
 #define NMSE_HALF 1e-5  /* MUL_MAT under BP_MM_PRECISION_HALF: activations rounded to 16 bits */
+/* Rows written in the KV-cache types: exact where backend and reference share the runtime's
+ * quantiser; IQ4_NL's two searches for the best scale may round a sum differently (fused
+ * multiply-adds) and pick another scale for a block, which costs far less than this. */
+#define NMSE_KV_ROWS 1e-4
 
 static bp_tensor *leaf(bp_context *ctx, enum bp_type t, int64_t a, int64_t b, int64_t c, int64_t d)
 {
@@ -464,36 +468,163 @@ static bp_tensor *b_mm_half(bp_context *ctx, int v)
 }
 static bp_tensor *b_mm_rand_quant(bp_context *ctx, int v) { return mul_mat_random(ctx, v, true); }
 
+/* ---- The weight and cache types beyond Q8_0/Q4_0 -------------------------------------------
+ *
+ * Blocks of 32 (Q4_1, Q5_1 with Q8_1 activations, Q5_0, IQ4_NL with Q8_0), which the CPU computes
+ * today, and super-blocks of 256 (Q2_K to Q6_K, IQ4_XS with Q8_K), which a build may decline
+ * (may_decline): their cases report "not supported" until it has the kernels. */
+
+static const enum bp_type types32[] = {BP_TYPE_Q4_1, BP_TYPE_Q5_0, BP_TYPE_Q5_1, BP_TYPE_IQ4_NL};
+static const enum bp_type types256[] = {BP_TYPE_Q2_K, BP_TYPE_Q3_K, BP_TYPE_Q4_K,
+                                        BP_TYPE_Q5_K, BP_TYPE_Q6_K, BP_TYPE_IQ4_XS};
+#define N_MM_MORE 6
+
+/* MUL_MAT shapes in units u of the type's block: K = 5u (for 32, a multiple of 32 but not of
+ * 64), 3 and 17 columns, columns of B further apart than K (a view of wider rows), one row and
+ * one column, broadcast batches, one column against 37 rows. */
+static bp_tensor *mul_mat_more(bp_context *ctx, int v, enum bp_type t)
+{
+    const int64_t u = bp_type_block_size(t);
+    switch (v) {
+    case 0:
+        return bp_mul_mat(ctx, leaf(ctx, t, 5 * u, 19, 1, 1), f32(ctx, 5 * u, 3, 1, 1));
+    case 1:
+        return bp_mul_mat(ctx, leaf(ctx, t, 3 * u, 11, 1, 1), f32(ctx, 3 * u, 17, 1, 1));
+    case 2: {
+        bp_tensor *wide = f32(ctx, 3 * u + 32, 7, 1, 1);
+        return bp_mul_mat(ctx, leaf(ctx, t, 3 * u, 9, 1, 1),
+                          bp_view_2d(ctx, wide, 3 * u, 7, wide->nb[1], 0));
+    }
+    case 3:
+        return bp_mul_mat(ctx, leaf(ctx, t, u, 1, 1, 1), f32(ctx, u, 1, 1, 1));
+    case 4:
+        return bp_mul_mat(ctx, leaf(ctx, t, 2 * u, 6, 2, 1), f32(ctx, 2 * u, 3, 4, 3));
+    default:
+        return bp_mul_mat(ctx, leaf(ctx, t, 2 * u, 37, 1, 1), f32(ctx, 2 * u, 1, 1, 1));
+    }
+}
+
+/* Blocks of 32: every shape of the Q8_0/Q4_0 cases, then the ones above. */
+static bp_tensor *mul_mat_32(bp_context *ctx, int v, enum bp_type t)
+{
+    return v < N_MM_SHAPES + 5 ? mul_mat_case(ctx, v, t)
+                               : mul_mat_more(ctx, v - (N_MM_SHAPES + 5), t);
+}
+
+static bp_tensor *b_mm_q4_1(bp_context *ctx, int v) { return mul_mat_32(ctx, v, BP_TYPE_Q4_1); }
+static bp_tensor *b_mm_q5_0(bp_context *ctx, int v) { return mul_mat_32(ctx, v, BP_TYPE_Q5_0); }
+static bp_tensor *b_mm_q5_1(bp_context *ctx, int v) { return mul_mat_32(ctx, v, BP_TYPE_Q5_1); }
+static bp_tensor *b_mm_iq4_nl(bp_context *ctx, int v) { return mul_mat_32(ctx, v, BP_TYPE_IQ4_NL); }
+
+static bp_tensor *b_mm_kquant(bp_context *ctx, int v)
+{
+    return mul_mat_more(ctx, v % N_MM_MORE, types256[v / N_MM_MORE]);
+}
+
+static bp_tensor *b_mm_id_32(bp_context *ctx, int v)
+{
+    return mul_mat_id_case(ctx, v / 4, types32[v % 4]);
+}
+
+/* MUL_MAT_ID with super-blocks: one column per expert, then several (a token's slots sharing
+ * activations). */
+static bp_tensor *b_mm_id_kquant(bp_context *ctx, int v)
+{
+    const enum bp_type t = types256[v / 2];
+    if (v % 2 == 0)
+        return bp_mul_mat_id(ctx, leaf(ctx, t, 256, 13, 4, 1), f32(ctx, 256, 2, 3, 1),
+                             leaf(ctx, BP_TYPE_I32, 2, 3, 1, 1));
+    return bp_mul_mat_id(ctx, leaf(ctx, t, 512, 9, 3, 1), f32(ctx, 512, 1, 20, 1),
+                         leaf(ctx, BP_TYPE_I32, 2, 20, 1, 1));
+}
+
+/* GET_ROWS of every new type (dequantised by the runtime's converters): a table, then one per
+ * matrix of a batch. */
+static bp_tensor *b_get_rows_more(bp_context *ctx, int v)
+{
+    const enum bp_type t = v / 2 < 4 ? types32[v / 2] : types256[v / 2 - 4];
+    const int64_t e = 2 * bp_type_block_size(t);
+    if (v % 2 == 0)
+        return bp_get_rows(ctx, leaf(ctx, t, e, 11, 1, 1), leaf(ctx, BP_TYPE_I32, 5, 1, 1, 1));
+    return bp_get_rows(ctx, leaf(ctx, t, e, 6, 3, 1), leaf(ctx, BP_TYPE_I32, 4, 3, 1, 1));
+}
+
+/* The KV-cache types: SET_ROWS (a cache row per token; per head from a permuted source), CPY
+ * from f32 and back. */
+static bp_tensor *b_kv_rows(bp_context *ctx, int v)
+{
+    const enum bp_type t = types32[v % 4];
+    switch (v / 4) {
+    case 0:
+        return bp_set_rows(ctx, leaf(ctx, t, 96, 9, 1, 1), f32(ctx, 96, 4, 1, 1),
+                           leaf(ctx, BP_TYPE_I32, 4, 1, 1, 1));
+    case 1: {
+        bp_tensor *src = bp_permute(ctx, f32(ctx, 64, 3, 4, 1), 0, 2, 1, 3); /* [64, 4, 3] */
+        return bp_set_rows(ctx, leaf(ctx, t, 64, 10, 3, 1), src, leaf(ctx, BP_TYPE_I32, 4, 1, 1, 1));
+    }
+    case 2:
+        return bp_cpy(ctx, f32(ctx, 64, 3, 2, 1), leaf(ctx, t, 64, 3, 2, 1));
+    default:
+        return bp_cpy(ctx, leaf(ctx, t, 32, 7, 1, 1), f32(ctx, 32, 7, 1, 1));
+    }
+}
+
+/* FLASH_ATTN_EXT reading K and V in the KV-cache types (Q4_0 too): views of [D x H_kv, n_ctx] caches,
+ * grouped-query; a prompt (causal) and a decoding step across a 64-key tile. */
+static bp_tensor *b_flash_attn_kv(bp_context *ctx, int v)
+{
+    static const enum bp_type kv[] = {BP_TYPE_Q4_0, BP_TYPE_Q4_1, BP_TYPE_Q5_0, BP_TYPE_Q5_1,
+                                      BP_TYPE_IQ4_NL};
+    const enum bp_type t = kv[v % 5];
+    const bool decode = v >= 5;
+    const int64_t D = 64, HK = 2, KV = decode ? 70 : 45;
+    bp_tensor *kc = leaf(ctx, t, D * HK, 72, 1, 1), *vc = leaf(ctx, t, D * HK, 72, 1, 1);
+    bp_tensor *k = bp_view_3d(ctx, kc, D, KV, HK, kc->nb[1], bp_row_size(t, D), 0);
+    bp_tensor *vv = bp_view_3d(ctx, vc, D, KV, HK, vc->nb[1], bp_row_size(t, D), 0);
+    return bp_flash_attn_ext(ctx, f32(ctx, D, decode ? 1 : 3, 4, 1), k, vv, NULL, 0.125f, 0.0f,
+                             decode ? 0 : BP_ATTN_CAUSAL);
+}
+
 const struct conf_case conf_cases[] = {
-    {"cpy", b_cpy, 25, NMSE_F32},
-    {"get_rows", b_get_rows, 10, NMSE_F32},
-    {"set_rows", b_set_rows, 10, NMSE_F32},
-    {"add", b_add, 6 * N_SHAPES, NMSE_F32},
-    {"sub", b_sub, 6 * N_SHAPES, NMSE_F32},
-    {"mul", b_mul, 6 * N_SHAPES, NMSE_F32},
-    {"div", b_div, 6 * N_SHAPES, NMSE_F32},
-    {"binary_transposed_b", b_binary_transposed_b, 2, NMSE_F32},
-    {"scale", b_scale, 2 * N_SHAPES, NMSE_F32},
-    {"unary", b_unary, BP_UNARY_OP_COUNT * 2 * N_SHAPES, NMSE_F32},
-    {"glu", b_glu, 3 * BP_GLU_OP_COUNT, NMSE_F32},
-    {"rows", b_rows, 5 * 2 * N_SHAPES, NMSE_F32},
-    {"soft_max", b_soft_max, 7, NMSE_F32},
-    {"rope", b_rope, 10, NMSE_F32},
-    {"concat", b_concat, 8, NMSE_F32},
-    {"flash_attn_ext", b_flash_attn, 9, NMSE_F32},
-    {"clamp", b_clamp, 3 * 2 * N_SHAPES, NMSE_F32},
-    {"l2_norm", b_l2_norm, 2 * N_SHAPES, NMSE_F32},
-    {"argsort_top_k", b_sort, 7, NMSE_F32},
-    {"mul_mat_f32", b_mm_f32, N_MM_SHAPES + 5, NMSE_F32},
-    {"mul_mat_f16", b_mm_f16, N_MM_SHAPES + 5, NMSE_F32},
-    {"mul_mat_bf16", b_mm_bf16, N_MM_SHAPES + 5, NMSE_F32},
-    {"mul_mat_q8_0", b_mm_q8_0, N_MM_SHAPES + 5, NMSE_QUANT},
-    {"mul_mat_q4_0", b_mm_q4_0, N_MM_SHAPES + 5, NMSE_QUANT},
-    {"mul_mat_odd_k", b_mm_odd_k, 15, NMSE_F32},
-    {"mul_mat_random_f16_bf16", b_mm_rand_float, 12, NMSE_F32},
-    {"mul_mat_random_q8_0_q4_0", b_mm_rand_quant, 12, NMSE_QUANT},
-    {"mul_mat_id", b_mm_id_float, 12, NMSE_F32},
-    {"mul_mat_id_quant", b_mm_id_quant, 8, NMSE_QUANT},
-    {"mul_mat_half", b_mm_half, 2 * (N_MM_SHAPES + 5) + 9, NMSE_HALF},
+    {"cpy", b_cpy, 25, NMSE_F32, false},
+    {"get_rows", b_get_rows, 10, NMSE_F32, false},
+    {"set_rows", b_set_rows, 10, NMSE_F32, false},
+    {"add", b_add, 6 * N_SHAPES, NMSE_F32, false},
+    {"sub", b_sub, 6 * N_SHAPES, NMSE_F32, false},
+    {"mul", b_mul, 6 * N_SHAPES, NMSE_F32, false},
+    {"div", b_div, 6 * N_SHAPES, NMSE_F32, false},
+    {"binary_transposed_b", b_binary_transposed_b, 2, NMSE_F32, false},
+    {"scale", b_scale, 2 * N_SHAPES, NMSE_F32, false},
+    {"unary", b_unary, BP_UNARY_OP_COUNT * 2 * N_SHAPES, NMSE_F32, false},
+    {"glu", b_glu, 3 * BP_GLU_OP_COUNT, NMSE_F32, false},
+    {"rows", b_rows, 5 * 2 * N_SHAPES, NMSE_F32, false},
+    {"soft_max", b_soft_max, 7, NMSE_F32, false},
+    {"rope", b_rope, 10, NMSE_F32, false},
+    {"concat", b_concat, 8, NMSE_F32, false},
+    {"flash_attn_ext", b_flash_attn, 9, NMSE_F32, false},
+    {"clamp", b_clamp, 3 * 2 * N_SHAPES, NMSE_F32, false},
+    {"l2_norm", b_l2_norm, 2 * N_SHAPES, NMSE_F32, false},
+    {"argsort_top_k", b_sort, 7, NMSE_F32, false},
+    {"mul_mat_f32", b_mm_f32, N_MM_SHAPES + 5, NMSE_F32, false},
+    {"mul_mat_f16", b_mm_f16, N_MM_SHAPES + 5, NMSE_F32, false},
+    {"mul_mat_bf16", b_mm_bf16, N_MM_SHAPES + 5, NMSE_F32, false},
+    {"mul_mat_q8_0", b_mm_q8_0, N_MM_SHAPES + 5, NMSE_QUANT, false},
+    {"mul_mat_q4_0", b_mm_q4_0, N_MM_SHAPES + 5, NMSE_QUANT, false},
+    {"mul_mat_odd_k", b_mm_odd_k, 15, NMSE_F32, false},
+    {"mul_mat_random_f16_bf16", b_mm_rand_float, 12, NMSE_F32, false},
+    {"mul_mat_random_q8_0_q4_0", b_mm_rand_quant, 12, NMSE_QUANT, false},
+    {"mul_mat_id", b_mm_id_float, 12, NMSE_F32, false},
+    {"mul_mat_id_quant", b_mm_id_quant, 8, NMSE_QUANT, false},
+    {"mul_mat_half", b_mm_half, 2 * (N_MM_SHAPES + 5) + 9, NMSE_HALF, false},
+    {"mul_mat_q4_1", b_mm_q4_1, N_MM_SHAPES + 5 + N_MM_MORE, NMSE_QUANT, false},
+    {"mul_mat_q5_0", b_mm_q5_0, N_MM_SHAPES + 5 + N_MM_MORE, NMSE_QUANT, false},
+    {"mul_mat_q5_1", b_mm_q5_1, N_MM_SHAPES + 5 + N_MM_MORE, NMSE_QUANT, false},
+    {"mul_mat_iq4_nl", b_mm_iq4_nl, N_MM_SHAPES + 5 + N_MM_MORE, NMSE_QUANT, false},
+    {"mul_mat_id_q4_1_q5_iq4_nl", b_mm_id_32, 16, NMSE_QUANT, false},
+    {"get_rows_new_types", b_get_rows_more, 20, NMSE_F32, false},
+    {"kv_rows_q4_1_q5_iq4_nl", b_kv_rows, 16, NMSE_KV_ROWS, false},
+    {"flash_attn_ext_kv_types", b_flash_attn_kv, 10, NMSE_F32, false},
+    {"mul_mat_kquant", b_mm_kquant, 6 * N_MM_MORE, NMSE_QUANT, true},
+    {"mul_mat_id_kquant", b_mm_id_kquant, 12, NMSE_QUANT, true},
 };
 const int conf_n_cases = (int)(sizeof(conf_cases) / sizeof(conf_cases[0]));

@@ -735,9 +735,13 @@ bp_tensor *bp_geglu_erf(bp_context *ctx, bp_tensor *gate, bp_tensor *up)
     return bp_glu(ctx, gate, up, BP_GLU_OP_GEGLU_ERF);
 }
 
+/* The key and value types: the float ones and llama.cpp's quantised cache types (blocks of 32,
+ * so every row must be whole blocks). */
 static bool attn_kv_type(enum bp_type t)
 {
-    return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16 || t == BP_TYPE_Q8_0;
+    return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16 || t == BP_TYPE_Q8_0 ||
+           t == BP_TYPE_Q4_0 || t == BP_TYPE_Q4_1 || t == BP_TYPE_Q5_0 || t == BP_TYPE_Q5_1 ||
+           t == BP_TYPE_IQ4_NL;
 }
 
 bp_tensor *bp_flash_attn_ext(bp_context *ctx, bp_tensor *q, bp_tensor *k, bp_tensor *v,
@@ -750,11 +754,12 @@ bp_tensor *bp_flash_attn_ext(bp_context *ctx, bp_tensor *q, bp_tensor *k, bp_ten
     if (!require_type(op, "query", q, BP_TYPE_F32))
         return NULL;
     if (!attn_kv_type(k->type) || !attn_kv_type(v->type))
-        return bp__error_null(BP_ERR_TYPE, "%s: keys %s and values %s must be f32, f16, bf16 or "
-                              "q8_0", op, bp__describe(k).s, bp__describe(v).s);
-    if ((k->type == BP_TYPE_Q8_0 && k->ne[0] % 32 != 0) ||
-        (v->type == BP_TYPE_Q8_0 && v->ne[0] % 32 != 0))
-        return bp__error_null(BP_ERR_SHAPE, "%s: q8_0 keys %s or values %s need rows of whole "
+        return bp__error_null(BP_ERR_TYPE, "%s: keys %s and values %s must be f32, f16, bf16, "
+                              "q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl", op, bp__describe(k).s,
+                              bp__describe(v).s);
+    if (k->ne[0] % bp_type_block_size(k->type) != 0 ||
+        v->ne[0] % bp_type_block_size(v->type) != 0)
+        return bp__error_null(BP_ERR_SHAPE, "%s: quantised keys %s or values %s need rows of whole "
                               "32-value blocks", op, bp__describe(k).s, bp__describe(v).s);
     if (!isfinite(scale) || !isfinite(softcap) || softcap < 0.0f)
         return bp__error_null(BP_ERR_INVALID_ARG, "%s: scale %g and softcap %g must be finite, "

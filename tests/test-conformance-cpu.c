@@ -49,6 +49,14 @@ START_TEST(test_supports_op_is_exact)
     bp_tensor *q = bp_new_tensor_2d(ctx, BP_TYPE_Q4_0, 64, 2);
     ck_assert(!bp_backend_supports_op(backend,
                                       bp_cpy(ctx, bp_new_tensor_2d(ctx, BP_TYPE_F32, 32, 4), q)));
+    /* The activation types are no weights: no kernel multiplies Q8_1 or Q8_K rows. */
+    bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, 256, 3);
+    ck_assert(!bp_backend_supports_op(backend,
+                                      bp_mul_mat(ctx, bp_new_tensor_2d(ctx, BP_TYPE_Q8_1, 256, 4), x)));
+    ck_assert(!bp_backend_supports_op(backend,
+                                      bp_mul_mat(ctx, bp_new_tensor_2d(ctx, BP_TYPE_Q8_K, 256, 4), x)));
+    ck_assert(bp_backend_supports_op(backend,
+                                     bp_mul_mat(ctx, bp_new_tensor_2d(ctx, BP_TYPE_IQ4_NL, 256, 4), x)));
     bp_context_free(ctx);
 }
 END_TEST

@@ -257,6 +257,13 @@ START_TEST(test_mul_mat_row_parallel)
     assert_applies(&d, PARTIAL, split2(0, 32, 32), split2(0, 32, 32), 2);
     d = decide_n(bp_mul_mat(ctx, q, xq), 2, MIRRORED, split2(0, 16, 48), true);
     ck_assert_int_ne(d.out.state, BP_META_PARTIAL); /* the default policy instead */
+    /* a super-block weight (Q4_K) only in whole blocks of 256 */
+    bp_tensor *qk = bp_new_tensor_2d(ctx, BP_TYPE_Q4_K, 512, 6);
+    bp_tensor *xk = bp_new_tensor_2d(ctx, BP_TYPE_F32, 512, 5);
+    d = decide_n(bp_mul_mat(ctx, qk, xk), 2, MIRRORED, split2(0, 256, 256), true);
+    assert_applies(&d, PARTIAL, split2(0, 256, 256), split2(0, 256, 256), 2);
+    d = decide_n(bp_mul_mat(ctx, qk, xk), 2, MIRRORED, split2(0, 128, 384), true);
+    ck_assert_int_ne(d.out.state, BP_META_PARTIAL);
     /* a product of partial sums: added up first */
     d = decide_n(y, 2, MIRRORED, PARTIAL, false);
     assert_fallback(&d);

@@ -466,9 +466,19 @@ START_TEST(test_flash_attn_ext)
                                          v, NULL, 1, 0, 0),
                        BP_ERR_TYPE, "query");
     ck_assert_rejected(bp_flash_attn_ext(ctx, q, i32(64, 70, 2), v, NULL, 1, 0, 0), BP_ERR_TYPE,
-                       "f32, f16, bf16 or q8_0");
+                       "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl");
     bp_tensor *kq8 = bp_new_tensor_4d(ctx, BP_TYPE_Q8_0, 64, 70, 2, 1); /* a q8_0 cache */
     ck_assert_ptr_nonnull(bp_flash_attn_ext(ctx, q, kq8, v, NULL, 1, 0, 0));
+    static const enum bp_type kv[] = {BP_TYPE_Q4_0, BP_TYPE_Q4_1, BP_TYPE_Q5_0, BP_TYPE_Q5_1,
+                                      BP_TYPE_IQ4_NL};
+    for (size_t i = 0; i < sizeof(kv) / sizeof(kv[0]); i++)
+        ck_assert_ptr_nonnull(bp_flash_attn_ext(ctx, q, bp_new_tensor_4d(ctx, kv[i], 64, 70, 2, 1),
+                                                bp_new_tensor_4d(ctx, kv[i], 64, 70, 2, 1), NULL,
+                                                1, 0, 0));
+    /* the super-blocks and the activation types are no cache types */
+    ck_assert_rejected(bp_flash_attn_ext(ctx, q, bp_new_tensor_4d(ctx, BP_TYPE_Q4_K, 256, 70, 2, 1),
+                                         v, NULL, 1, 0, 0),
+                       BP_ERR_TYPE, "iq4_nl");
     ck_assert_rejected(bp_flash_attn_ext(ctx, q, k, v, NULL, NAN, 0, 0), BP_ERR_INVALID_ARG,
                        "finite");
     ck_assert_rejected(bp_flash_attn_ext(ctx, q, k, v, NULL, 1, -1, 0), BP_ERR_INVALID_ARG,

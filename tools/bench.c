@@ -3,7 +3,7 @@
  * and a STREAM-style triad, measured in the same run). One result per line: name, shape,
  * device, value, unit.
  *
- *   backplane bench [-d DEVICES] [--types f32,f16,bf16,q8_0,q4_0] [--M 4096] [--K 4096]
+ *   backplane bench [-d DEVICES] [--types f32,f16,bf16,q8_0,q4_0,q4_1,...] [--M 4096] [--K 4096]
  *                   [--N 1,32] [-t THREADS] [--min-time 0.5] [--no-limits]
  *
  * A type name ending in _repack (q4_0_repack, q8_0_repack) puts the weights in the device's
@@ -124,7 +124,8 @@ static void bench_usage(FILE *f)
                "(GB/s) on each device, beside the machine's FMA peak and triad bandwidth.\n"
                "\n"
                "  -d DEVICES     comma-separated devices (default: every device)\n"
-               "  --types LIST   weight types, each once: f32, f16, bf16, q8_0, q4_0, and\n"
+               "  --types LIST   weight types, each once: f32, f16, bf16, q8_0, q4_0, q4_1,\n"
+               "                 q5_0, q5_1 (any type the runtime can quantise to), and\n"
                "                 q4_0_repack or q8_0_repack for the CPU's CPU_REPACK buffer type\n"
                "                 (default: f32,f16,bf16,q8_0,q4_0)\n"
                "  --M N, --K N   weight rows and columns (default 4096; K a multiple of 32)\n"
@@ -215,8 +216,9 @@ int cmd_bench(int argc, char **argv)
         enum bp_type t;
         bool repack;
         if (!bench_weight_type(tn, &t, &repack)) {
-            fprintf(stderr, "%s: '%s' in --types is not a weight type (f32, f16, bf16, q8_0, "
-                    "q4_0, q4_0_repack, q8_0_repack)\n", cmd, tool_text(tn));
+            fprintf(stderr, "%s: '%s' in --types is not a weight type the runtime can quantise "
+                    "to (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_0_repack, "
+                    "q8_0_repack)\n", cmd, tool_text(tn));
             return 2;
         }
     }

@@ -21,7 +21,8 @@ struct model_config {
      * wavelength against yarn_n_ctx_orig; 0: plain rope. */
     float yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
     int yarn_n_ctx_orig;
-    enum bp_type kv_type; /* of the KV cache: BP_TYPE_F16, or BP_TYPE_Q8_0 (fused attention only) */
+    enum bp_type kv_type; /* of the KV cache: BP_TYPE_F16, or Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
+                           * (fused attention only) */
     /* Mixture of experts (Mixtral): n_expert MLPs of n_ff per layer, n_expert_used of them per
      * token chosen by a router (softmax, top k, weights renormalised); 0: one dense MLP. */
     int n_expert, n_expert_used;

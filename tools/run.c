@@ -50,7 +50,7 @@ struct run_opts {
     int flash_attn;        /* --flash-attn: 1 on, 0 off, -1 auto (where the KV cache's device
                             * runs FLASH_ATTN_EXT) */
     const char *logits_path; /* --logits FILE: the logits of every generated step, raw f32 */
-    const char *kv_type;     /* --kv-type f16|q8_0, else NULL: f16 */
+    const char *kv_type;     /* --kv-type f16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl, else NULL: f16 */
     const char *devices; /* NULL: the best present */
     int n_prompt, n_gen, threads;
     uint64_t seed;
@@ -997,11 +997,22 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
     json_finish(&w);
 }
 
+/* Whether name is one of the KV cache's types: f16, and llama.cpp's quantised cache types. */
+static bool kv_type_name(const char *name)
+{
+    static const char *const names[] = {"f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcmp(name, names[i]) == 0)
+            return true;
+    return false;
+}
+
 static void run_usage(FILE *f)
 {
     fprintf(f, "usage: backplane run [--model tiny|small|base|moe] [--wtype f32|f16|bf16|q8_0|q4_0]\n"
                "                     [--gguf FILE] [--tokens ID,ID,...] [--ctx N]\n"
-               "                     [--flash-attn on|off|auto] [--kv-type f16|q8_0]\n"
+               "                     [--flash-attn on|off|auto]\n"
+               "                     [--kv-type f16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl]\n"
                "                     [--logits FILE] [--precision full|half]\n"
                "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
                "                     [--seed N] [--check] [--json] [--dot FILE] [--no-repack]\n"
@@ -1017,8 +1028,8 @@ static void run_usage(FILE *f)
                "  --ctx N     positions the KV cache holds (default: the model's context, at most\n"
                "              4096 for a file)\n"
                "  --save-gguf write the seeded model as a llama GGUF file and exit\n"
-               "  --kv-type   f16 (default) or q8_0: the KV cache's type (q8_0 needs fused\n"
-               "              attention)\n"
+               "  --kv-type   the KV cache's type: f16 (default), or q8_0, q4_0, q4_1, q5_0,\n"
+               "              q5_1, iq4_nl (these need fused attention)\n"
                "  --logits FILE write the logits that chose each generated token to FILE:\n"
                "              n_gen x n_vocab little-endian f32, step by step\n"
                "  --flash-attn attention as one fused op (default auto: where the device\n"
@@ -1066,8 +1077,9 @@ static int take_choice(const char *a, const char *v, struct run_opts *o)
         }
         o->flash_attn = strcmp(v, "on") == 0 ? 1 : strcmp(v, "off") == 0 ? 0 : -1;
     } else if (strcmp(a, "--kv-type") == 0) {
-        if (strcmp(v, "f16") != 0 && strcmp(v, "q8_0") != 0) {
-            fprintf(stderr, "%s: --kv-type takes f16 or q8_0, not '%s'\n", run_cmd, tool_text(v));
+        if (!kv_type_name(v)) {
+            fprintf(stderr, "%s: --kv-type takes f16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl, "
+                    "not '%s'\n", run_cmd, tool_text(v));
             return 2;
         }
         o->kv_type = v;
@@ -1354,18 +1366,20 @@ static int check_run_opts(struct run_opts *o)
         if (o->n_ctx > 0)
             o->file_cfg.n_ctx = o->n_ctx;
         if (o->kv_type != NULL)
-            o->file_cfg.kv_type = strcmp(o->kv_type, "q8_0") == 0 ? BP_TYPE_Q8_0 : BP_TYPE_F16;
+            bp_type_from_name(o->kv_type, &o->file_cfg.kv_type); /* checked: kv_type_name */
     }
-    if (o->cfg->kv_type == BP_TYPE_Q8_0 && (o->cfg->n_embd / o->cfg->n_head) % 32 != 0) {
-        fprintf(stderr, "%s: --kv-type q8_0 needs heads of a multiple of 32 values; '%s' has "
-                "%d\n", run_cmd, tool_text(o->cfg->name), o->cfg->n_embd / o->cfg->n_head);
+    if (o->cfg->kv_type != BP_TYPE_F16 && (o->cfg->n_embd / o->cfg->n_head) % 32 != 0) {
+        fprintf(stderr, "%s: --kv-type %s needs heads of a multiple of 32 values; '%s' has "
+                "%d\n", run_cmd, bp_type_name(o->cfg->kv_type), tool_text(o->cfg->name),
+                o->cfg->n_embd / o->cfg->n_head);
         return 2;
     }
     const int experts = check_expert_opts(o);
     if (experts >= 0)
         return experts;
-    if (o->cfg->kv_type == BP_TYPE_Q8_0 && o->flash_attn == 0) {
-        fprintf(stderr, "%s: --kv-type q8_0 needs --flash-attn on or auto\n", run_cmd);
+    if (o->cfg->kv_type != BP_TYPE_F16 && o->flash_attn == 0) {
+        fprintf(stderr, "%s: --kv-type %s needs --flash-attn on or auto\n", run_cmd,
+                bp_type_name(o->cfg->kv_type));
         return 2;
     }
     if (o->tokens_arg != NULL && (o->n_tokens = parse_tokens(o)) < 0)

@@ -17,6 +17,10 @@
  *   GEMV_QUANT    N < 16, Q8_0/Q4_0 weights: integer dot products against B quantised to Q8_0
  *   GEMV_REPACK   weights in the CPU_REPACK layout (cpu-repack.c), any N without AMX: that
  *                 file's kernel (only builds that have one repack anything)
+ *   QTYPE         any N, the weight types of cpu-qtypes.h (Q4_1, Q5_0, Q5_1, IQ4_NL, and the
+ *                 super-block types once cpu-kquants.c has them): B quantised to the type's
+ *                 activation type, then its dot product per (row, column) (cpu-qtypes.c);
+ *                 no other strategy reads these types
  *
  * Every thread calls bp_cpu_mul_mat for every node and must take the same strategy, since the
  * kernels meet at barriers; pick_strategy depends on the node alone. */
@@ -26,6 +30,7 @@
 #include <string.h>
 
 #include "cpu-matmul.h"
+#include "cpu-qtypes.h"
 
 #define BP_CPU_GEMM_MIN_N 16 /* below this, dot-product tiles (no packing) */
 #define BCAST_MAX_N 48       /* up to this, the broadcast kernel where there is one */
@@ -48,6 +53,7 @@ enum mm_strategy {
 #if defined(BP_CPU_REPACK_KERNEL)
     MM_GEMV_REPACK,
 #endif
+    MM_QTYPE,
 };
 
 static bool quantized(enum bp_type t)
@@ -63,6 +69,8 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
     const bp_tensor *a = dst->src[0];
     const int64_t N = dst->ne[1];
     const bool repacked = bp_cpu_repacked_base(a) != NULL;
+    if (bp_cpu_qtype(a->type) != NULL)
+        return MM_QTYPE;
 #if defined(BP_CPU_HAVE_AMX)
     if (bp_cpu_amx_use(dst))
         return MM_AMX;
@@ -93,12 +101,20 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
 #endif
 }
 
+/* The weight types with kernels: the float ones, Q8_0 and Q4_0, and those of cpu-qtypes.h
+ * that have an entry (not the activation types Q8_1 and Q8_K, nor I32). */
+static bool weight_type(enum bp_type t)
+{
+    return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16 || quantized(t) ||
+           bp_cpu_qtype(t) != NULL;
+}
+
 bool bp_cpu_mul_mat_supported(const bp_tensor *dst)
 {
     const bp_tensor *a = dst->src[0], *b = dst->src[1];
     /* Rows of A and B contiguous along K, and C contiguous along M; repacked weights one
      * matrix (stacked ones are MUL_MAT_ID's). */
-    return a->type != BP_TYPE_I32 && b->type == BP_TYPE_F32 && dst->type == BP_TYPE_F32 &&
+    return weight_type(a->type) && b->type == BP_TYPE_F32 && dst->type == BP_TYPE_F32 &&
            a->nb[0] == bp_type_size(a->type) && b->nb[0] == sizeof(float) &&
            dst->nb[0] == sizeof(float) && (a->ne[2] == 1 || bp_cpu_repacked_base(a) == NULL);
 }
@@ -127,6 +143,9 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
 #endif
     case MM_GEMM:
         bp_cpu_gemm_work_size(dst, per_thread, shared);
+        break;
+    case MM_QTYPE:
+        bp_cpu_qtype_work_size(dst, per_thread, shared);
         break;
     default: /* the matrix-vector strategies */
         bp_cpu_gemv_work_size(dst, per_thread, shared);
@@ -171,6 +190,9 @@ static void run_batch(enum mm_strategy s, bp_tensor *dst, const char *abase, con
         bp_cpu_gemv_repack_batch(dst, bbase, cbase, p);
         break;
 #endif
+    case MM_QTYPE:
+        bp_cpu_qtype_batch(dst, abase, bbase, cbase, p);
+        break;
     }
 }
 
@@ -297,7 +319,7 @@ static struct mm_id_layout mm_id_layout(const bp_tensor *node, int nth)
 bool bp_cpu_mul_mat_id_supported(const bp_tensor *node)
 {
     const bp_tensor *as = node->src[0], *b = node->src[1], *ids = node->src[2];
-    return as->type != BP_TYPE_I32 && b->type == BP_TYPE_F32 && ids->type == BP_TYPE_I32 &&
+    return weight_type(as->type) && b->type == BP_TYPE_F32 && ids->type == BP_TYPE_I32 &&
            node->type == BP_TYPE_F32 && as->nb[0] == bp_type_size(as->type) &&
            b->nb[0] == sizeof(float) && node->nb[0] == sizeof(float);
 }

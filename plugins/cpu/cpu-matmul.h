@@ -75,6 +75,12 @@ void bp_cpu_gemv_repack_batch(bp_tensor *dst, const char *bbase, char *cbase,
                               const struct bp_cpu_params *p);
 #endif
 
+/* ---- Weight types with a bp_cpu_qtype entry (cpu-qtypes.c): Q4_1, Q5_0, Q5_1, IQ4_NL and the
+ * super-block types, any N: B quantised to the type's activation type, then dot products. ---- */
+void bp_cpu_qtype_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared);
+void bp_cpu_qtype_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                        const struct bp_cpu_params *p);
+
 /* ---- Kernels per instruction set (cpu-gemv-avx2.c, cpu-gemv-avx512.c) ----------------------- */
 
 /* out[c] = row xrow of Q8_0/Q4_0 weights (nb blocks) . column y[c] (Q8_0), for nc (1-4)

@@ -823,9 +823,27 @@ static bool is_float_type(enum bp_type t)
 /* Element (block) sizes of the types, kept here so that supports_op, asked for every node of
  * every scheduled graph, makes no calls. */
 static const size_t type_sizes[BP_TYPE_COUNT] = {
-    [BP_TYPE_F32] = 4, [BP_TYPE_F16] = 2, [BP_TYPE_BF16] = 2,
-    [BP_TYPE_I32] = 4, [BP_TYPE_Q8_0] = 34, [BP_TYPE_Q4_0] = 18,
+    [BP_TYPE_F32] = 4,
+    [BP_TYPE_F16] = 2,
+    [BP_TYPE_BF16] = 2,
+    [BP_TYPE_I32] = 4,
+    [BP_TYPE_Q8_0] = sizeof(struct bp_block_q8_0),
+    [BP_TYPE_Q4_0] = sizeof(struct bp_block_q4_0),
+    [BP_TYPE_Q4_1] = sizeof(struct bp_block_q4_1),
+    [BP_TYPE_Q5_0] = sizeof(struct bp_block_q5_0),
+    [BP_TYPE_Q5_1] = sizeof(struct bp_block_q5_1),
+    [BP_TYPE_Q8_1] = sizeof(struct bp_block_q8_1),
+    [BP_TYPE_Q2_K] = sizeof(struct bp_block_q2_k),
+    [BP_TYPE_Q3_K] = sizeof(struct bp_block_q3_k),
+    [BP_TYPE_Q4_K] = sizeof(struct bp_block_q4_k),
+    [BP_TYPE_Q5_K] = sizeof(struct bp_block_q5_k),
+    [BP_TYPE_Q6_K] = sizeof(struct bp_block_q6_k),
+    [BP_TYPE_Q8_K] = sizeof(struct bp_block_q8_k),
+    [BP_TYPE_IQ4_NL] = sizeof(struct bp_block_iq4_nl),
+    [BP_TYPE_IQ4_XS] = sizeof(struct bp_block_iq4_xs),
 };
+/* A type added to the enum must be added above (a size of 0 would refuse it everywhere). */
+_Static_assert(BP_TYPE_COUNT == BP_TYPE_IQ4_XS + 1, "type_sizes lacks a type");
 
 static bool rows_contiguous(const bp_tensor *t)
 {
@@ -845,6 +863,9 @@ bool bp_cpu_supports_op(const bp_tensor *op)
     case BP_OP_DUP:
     case BP_OP_CONT:
     case BP_OP_CPY:
+        /* A quantised result needs a quantiser (none yet for the k-quants and IQ4_XS). */
+        if (!bp_cpu_can_from_float(op->type))
+            return false;
         if (bp_are_same_shape(a, op))
             return rows_contiguous(op) || bp_type_block_size(op->type) == 1;
         return bp_is_contiguous(op) && bp_type_block_size(op->type) == 1;
@@ -852,7 +873,8 @@ bool bp_cpu_supports_op(const bp_tensor *op)
         return a->type != BP_TYPE_I32 && op->type == BP_TYPE_F32 && rows_contiguous(op) &&
                (a->ne[2] == 1 || bp_cpu_repacked_base(a) == NULL);
     case BP_OP_SET_ROWS:
-        return op->type != BP_TYPE_I32 && rows_contiguous(op) && op->src[1]->type == BP_TYPE_F32;
+        return op->type != BP_TYPE_I32 && rows_contiguous(op) && op->src[1]->type == BP_TYPE_F32 &&
+               bp_cpu_can_from_float(op->type);
     case BP_OP_ADD:
     case BP_OP_SUB:
     case BP_OP_MUL:

@@ -52,8 +52,8 @@ static struct bp_meta_split split_on(const struct bp_meta_split *like, int axis)
 }
 
 /* An even split of ne over n parts in units of the largest power of two <= 64 that still gives
- * every part a unit (keeps attention heads whole for the usual head sizes); whole blocks for a
- * quantised row axis. */
+ * every part a unit (keeps attention heads whole for the usual head sizes); whole blocks (of 32
+ * or 256) for a quantised row axis. */
 static struct bp_meta_split even_split(const bp_tensor *t, int axis, int n)
 {
     struct bp_meta_split s = {.state = BP_META_SPLIT, .axis = axis};
@@ -61,8 +61,10 @@ static struct bp_meta_split even_split(const bp_tensor *t, int axis, int n)
     int64_t g = 64;
     while (g > 1 && (ne % g != 0 || ne / g < n))
         g /= 2;
-    if (axis == 0 && bp_type_block_size(t->type) > 1)
-        g = g < 32 ? 32 : g;
+    /* Both g and the block sizes (32, 256 for the super-block types) are powers of two. */
+    const int64_t blk = bp_type_block_size(t->type);
+    if (axis == 0 && blk > 1)
+        g = g < blk ? blk : g;
     const int64_t units = ne / g, rest = ne - units * g;
     for (int p = 0; p < n; p++)
         s.sizes[p] = (units / n + (p < units % n ? 1 : 0)) * g;
