@@ -30,6 +30,8 @@ static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10
 
 /* ---- Unpacking of the scales (shared by every body) ------------------------------------------ */
 
+#if !defined(BP_CPU_HAVE_AVX2) /* (the vector bodies unpack them in registers) */
+
 /* Q4_K's/Q5_K's 12 bytes as 8 scales (sm[0..7]) and 8 minimums (sm[8..15]), all 6-bit: scale
  * and minimum j < 4 are the low 6 bits of bytes j and j + 4; j >= 4 take their low 4 bits from
  * byte j + 4 (scale: low nibble, minimum: high nibble) and the high 2 from the top of bytes
@@ -61,6 +63,8 @@ static void q3_k_scales(const uint8_t *packed, uint8_t s[16])
     w[3] = ((b >> 4) & 0x0f0f0f0fu) | (((c >> 6) & 0x03030303u) << 4);
     memcpy(s, w, 16);
 }
+
+#endif
 
 /* IQ4_XS's 8 scales of 32, offset 32 still on, as 8 bytes: the 8 low nibbles of scales_l and the
  * 8 2-bit fields of scales_h spread one to a byte, then put together. */
@@ -276,6 +280,38 @@ BP_CPU_INLINE __m256i bsums(const struct bp_block_q8_k *y)
     return _mm256_loadu_si256((const __m256i *)y->bsums);
 }
 
+/* k4_scales in registers (the 12 bytes as 32-bit words a, b, c): scales then minimums, one a
+ * byte. Words 0 and 2 are a and b & 0x3f; words 1 and 3 take c's low or high nibbles and the top
+ * 2 bits of a or b. Scalar stores read back as a vector would stall the load. */
+BP_CPU_INLINE __m128i k4_scales_v(const uint8_t *packed)
+{
+    int32_t c32;
+    memcpy(&c32, packed + 8, 4);
+    const __m128i v = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)packed), c32, 2);
+    const __m128i p = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* a c b c */
+    const __m128i q = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* a a b b */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(p, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(q, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
+/* q3_k_scales in registers, offset 32 taken off: words 0..3 take the low or high nibbles of a or
+ * b and bits 0-1, 2-3, 4-5, 6-7 of c's bytes as their bits 4-5. */
+BP_CPU_INLINE __m128i q3_k_scales_v(const uint8_t *packed)
+{
+    int32_t c32;
+    memcpy(&c32, packed + 8, 4);
+    const __m128i v = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)packed), c32, 2);
+    const __m128i p = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 1, 0)); /* a b a b */
+    const __m128i c = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(p, _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(
+        _mm_srlv_epi32(_mm_sllv_epi32(c, _mm_setr_epi32(4, 2, 0, 0)), _mm_setr_epi32(0, 0, 0, 2)),
+        _mm_set1_epi8(0x30));
+    return _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
+}
+
 static float dot_q2_k(int64_t k, const void *vw, const void *vy)
 {
     const struct bp_block_q2_k *x = vw;
@@ -322,9 +358,7 @@ static float dot_q3_k(int64_t k, const void *vw, const void *vy)
     const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < k / BP_QK_K; i++) {
-        uint8_t sc[16];
-        q3_k_scales(x[i].scales, sc);
-        const __m128i sc8 = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)sc), _mm_set1_epi8(32));
+        const __m128i sc8 = q3_k_scales_v(x[i].scales);
         __m256i s[2];
         scales16(sc8, 1, &s[0], &s[1]);
         const __m256i hm = _mm256_loadu_si256((const __m256i *)x[i].hmask);
@@ -362,9 +396,7 @@ BP_CPU_INLINE float dot_k4(int64_t k, const uint16_t *d, const uint8_t *scales, 
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < k / BP_QK_K; i++, y++) {
         const size_t o = (size_t)i * stride;
-        uint8_t sm[16];
-        k4_scales(scales + o, sm);
-        const __m256i s16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+        const __m256i s16 = _mm256_cvtepu8_epi16(k4_scales_v(scales + o));
         const __m256i s = _mm256_permute4x64_epi64(s16, 0x44);
         /* the minimums against the sums of 32 activations (pairs of bsums) */
         const __m128i bs = _mm_hadd_epi16(_mm256_castsi256_si128(bsums(y)),
