@@ -156,11 +156,14 @@ static float dot_k4(int64_t k, const uint16_t *d, const uint8_t *scales, const u
         k4_scales(scales + o, sm);
         int isum = 0, summs = 0;
         for (int j = 0; j < 8; j++) {
+            const uint8_t *q = qs + o + 32 * (j / 2);
+            const int shift = 4 * (j % 2);
             uint8_t u[32];
-            for (int l = 0; l < 32; l++) {
-                const int q = j % 2 ? qs[o + 32 * (j / 2) + l] >> 4 : qs[o + 32 * (j / 2) + l] & 15;
-                u[l] = (uint8_t)(q | (qh != NULL ? ((qh[o + l] >> j) & 1) << 4 : 0));
-            }
+            for (int l = 0; l < 32; l++)
+                u[l] = (q[l] >> shift) & 15;
+            if (qh != NULL)
+                for (int l = 0; l < 32; l++)
+                    u[l] |= (uint8_t)(((qh[o + l] >> j) & 1) << 4);
             isum += sm[j] * dot_u8(u, y->qs + 32 * j, 32);
             summs += sm[8 + j] * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
         }
@@ -219,9 +222,14 @@ static float dot_iq4_xs(int64_t k, const void *vw, const void *vy)
         for (int ib = 0; ib < 8; ib++) {
             const uint8_t *q = x[i].qs + 16 * ib;
             const int8_t *q8 = y[i].qs + 32 * ib;
+            int8_t v[32];
+            for (int l = 0; l < 16; l++) {
+                v[l] = iq4nl_values[q[l] & 15];
+                v[l + 16] = iq4nl_values[q[l] >> 4];
+            }
             int s = 0;
-            for (int l = 0; l < 16; l++)
-                s += iq4nl_values[q[l] & 15] * q8[l] + iq4nl_values[q[l] >> 4] * q8[l + 16];
+            for (int l = 0; l < 32; l++)
+                s += v[l] * q8[l];
             isum += ((int)((ls >> (8 * ib)) & 63) - 32) * s;
         }
         sum += y[i].d * bp_cpu_half_to_float(x[i].d) * (float)isum;
@@ -387,6 +395,69 @@ static float dot_q3_k(int64_t k, const void *vw, const void *vy)
     return hsum_ps(acc);
 }
 
+#if defined(BP_CPU_HAVE_AVX512_VNNI)
+
+/* From s (eight 16-bit scales in every 128-bit lane): scale a in the low 256 bits, b in the
+ * high 256, for a register holding two sub-blocks of 32. */
+BP_CPU_INLINE __m512i two_scales(__m512i s, int a, int b)
+{
+    const __m256i ma = _mm256_set1_epi16((short)((2 * a + 1) << 8 | 2 * a));
+    const __m256i mb = _mm256_set1_epi16((short)((2 * b + 1) << 8 | 2 * b));
+    return _mm512_shuffle_epi8(s, _mm512_inserti64x4(_mm512_castsi256_si512(ma), mb, 1));
+}
+
+/* Q4_K and Q5_K (qh NULL for Q4_K) in 512-bit registers: 64 bytes of qs hold sub-blocks 4h..4h+3
+ * as [4h | 4h+2] in their low nibbles and [4h+1 | 4h+3] in their high ones; one 128-bit shuffle
+ * each puts [4h | 4h+1] and [4h+2 | 4h+3] together, in the order of the activations. A fifth bit
+ * is added where VPTESTMB finds it, masked. */
+BP_CPU_INLINE float dot_k4(int64_t k, const uint16_t *d, const uint8_t *scales, const uint8_t *qh,
+                           const uint8_t *qs, size_t stride, const struct bp_block_q8_k *y)
+{
+    const __m512i m15 = _mm512_set1_epi8(15), m16 = _mm512_set1_epi8(16);
+    __m512 acc = _mm512_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t i = 0; i < k / BP_QK_K; i++, y++) {
+        const size_t o = (size_t)i * stride;
+        const __m128i sm = k4_scales_v(scales + o);
+        const __m512i s = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
+        const __m128i bs = _mm_hadd_epi16(_mm256_castsi256_si128(bsums(y)),
+                                          _mm256_extracti128_si256(bsums(y), 1));
+        const __m128i summs = _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)));
+        __m512i isum = _mm512_setzero_si512(), hb = _mm512_setzero_si512();
+        if (qh != NULL)
+            hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qh + o)));
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i q4 = _mm512_loadu_si512(qs + o + 64 * h);
+            __m512i lo = _mm512_and_si512(q4, m15);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m15);
+            if (qh != NULL) {
+                const __m512i blo = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (4 * h))),
+                                                       _mm256_set1_epi8((char)(4 << (4 * h))), 1);
+                const __m512i bhi = _mm512_inserti64x4(_mm512_set1_epi8((char)(2 << (4 * h))),
+                                                       _mm256_set1_epi8((char)(8 << (4 * h))), 1);
+                lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(hb, blo), lo, m16);
+                hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(hb, bhi), hi, m16);
+            }
+            const __m512i w0 = _mm512_shuffle_i64x2(lo, hi, 0x44), w1 = _mm512_shuffle_i64x2(lo, hi, 0xee);
+            const __m512i y0 = _mm512_loadu_si512(y->qs + 128 * h);
+            const __m512i y1 = _mm512_loadu_si512(y->qs + 128 * h + 64);
+            isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(w0, y0), two_scales(s, 4 * h, 4 * h + 1));
+            isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(w1, y1),
+                                       two_scales(s, 4 * h + 2, 4 * h + 3));
+        }
+        uint16_t dd[2];
+        memcpy(dd, (const char *)d + o, sizeof(dd));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y->d * bp_cpu_half_to_float(dd[0])),
+                              _mm512_cvtepi32_ps(isum), acc);
+        accm = _mm_fnmadd_ps(_mm_set1_ps(y->d * bp_cpu_half_to_float(dd[1])),
+                             _mm_cvtepi32_ps(summs), accm);
+    }
+    return _mm512_reduce_add_ps(acc) + hsum_ps(_mm256_zextps128_ps256(accm));
+}
+
+#else
+
 /* Q4_K and Q5_K (qh NULL for Q4_K), one super-block at a time. */
 BP_CPU_INLINE float dot_k4(int64_t k, const uint16_t *d, const uint8_t *scales, const uint8_t *qh,
                            const uint8_t *qs, size_t stride, const struct bp_block_q8_k *y)
@@ -425,8 +496,10 @@ BP_CPU_INLINE float dot_k4(int64_t k, const uint16_t *d, const uint8_t *scales, 
         accm = _mm_fnmadd_ps(_mm_set1_ps(y->d * bp_cpu_half_to_float(dd[1])),
                              _mm_cvtepi32_ps(summs), accm);
     }
-    return hsum_ps(_mm256_add_ps(acc, _mm256_castps128_ps256(accm)));
+    return hsum_ps(_mm256_add_ps(acc, _mm256_zextps128_ps256(accm)));
 }
+
+#endif
 
 static float dot_q4_k(int64_t k, const void *vw, const void *vy)
 {
@@ -515,14 +588,25 @@ static float dot_iq4_xs(int64_t k, const void *vw, const void *vy)
  * vector versions find the same first largest value by comparing every magnitude with the
  * maximum; NaNs are never the largest (as in the scalar loop). */
 
-/* qs and bsums of one super-block from iscale and its 256 values */
+/* v rounded to the nearest integer, ties to even, as lrintf in the default rounding mode, for
+ * |v| < 2^22: adding 1.5 * 2^23 leaves the rounded value in the low mantissa bits (no call into
+ * libm per element). */
+static int nearest_int(float v)
+{
+    const float f = v + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &f, sizeof(i));
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* qs and bsums of one super-block from the largest magnitude and its signed value */
 static void q8_k_block_c(const float *x, float amax, float max, struct bp_block_q8_k *y)
 {
     float d = 0.0f;
     if (amax != 0.0f) {
         const float iscale = -127.0f / max;
         for (int j = 0; j < BP_QK_K; j++) {
-            const long v = lrintf(iscale * x[j]);
+            const int v = nearest_int(iscale * x[j]); /* |v| <= 127 (plus rounding) */
             y->qs[j] = (int8_t)(v > 127 ? 127 : v);
         }
         d = 1.0f / iscale;
