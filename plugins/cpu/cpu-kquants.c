@@ -563,15 +563,21 @@ static float dot_iq4_xs(int64_t k, const void *vw, const void *vy)
                                          _mm_set1_epi16(32));
         const __m256i s = _mm256_set_m128i(ls, ls);
         __m256i isum = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int ib = 0; ib < 8; ib++) {
-            /* 16 bytes: the low nibbles are elements 0..15, the high ones 16..31 */
-            const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x[i].qs + 16 * ib)));
-            const __m256i n = _mm256_and_si256(_mm256_blend_epi32(q, _mm256_srli_epi16(q, 4), 0xf0), m15);
-            const __m256i v = _mm256_shuffle_epi8(values, n);
-            const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib));
-            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(q8, v));
-            isum = madd16_acc(isum, p, ONE_SCALE(s, ib));
+#pragma GCC unroll 4
+        for (int ib = 0; ib < 8; ib += 2) {
+            /* 16 bytes a sub-block: the low nibbles are its elements 0..15, the high ones
+             * 16..31; two sub-blocks a load, their halves put back in order per 128 bits */
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 16 * ib));
+            const __m256i lo = _mm256_and_si256(q, m15);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m15);
+            const __m256i v0 = _mm256_shuffle_epi8(values, _mm256_permute2x128_si256(lo, hi, 0x20));
+            const __m256i v1 = _mm256_shuffle_epi8(values, _mm256_permute2x128_si256(lo, hi, 0x31));
+            const __m256i y0 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib));
+            const __m256i y1 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib + 32));
+            const __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(v0, v0), _mm256_sign_epi8(y0, v0));
+            const __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(v1, v1), _mm256_sign_epi8(y1, v1));
+            isum = madd16_acc(isum, p0, ONE_SCALE(s, ib));
+            isum = madd16_acc(isum, p1, ONE_SCALE(s, ib + 1));
         }
         const float d = y[i].d * bp_cpu_half_to_float(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
