@@ -11,8 +11,9 @@
  * pairs with the sub-block scales (vpmaddwd, or vpdpwssd where AVX512-VNNI is there). Signed
  * quants are stored with an offset (Q3_K's q + 4, Q6_K's q + 32), which is taken back once per
  * super-block through bsums: sum sc (q + c) y - c sum sc bsum. IQ4_XS's table values are signed
- * and large, so they go through the sign trick instead (|v| times y with v's sign; the
- * quantiser never writes -128). Only the scales of a super-block are unpacked with scalar code.
+ * and large, so with AVX2 they go through the sign trick instead (|v| times y with v's sign; the
+ * quantiser never writes -128); with VNNI they are v + 128 in vpdpbusd (32-bit sums, nothing
+ * saturates), times the scale in 32 bits, and the 128s come off through bsums.
  *
  * AVX2 works 32 elements a register; the AVX-512 build 64 (two 256-bit halves of the same
  * layout side by side). The portable bodies are plain integer C. */
@@ -555,14 +556,25 @@ static float dot_iq4_xs(int64_t k, const void *vw, const void *vy)
 {
     const struct bp_block_iq4_xs *x = vw;
     const struct bp_block_q8_k *y = vy;
-    const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
+    __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
+#if defined(BP_CPU_HAVE_AVX512_VNNI)
+    values = _mm256_xor_si256(values, _mm256_set1_epi8((char)0x80)); /* v + 128 */
+#endif
     const __m256i m15 = _mm256_set1_epi8(15);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < k / BP_QK_K; i++) {
         const __m128i ls = _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)iq4_xs_scales(&x[i]))),
                                          _mm_set1_epi16(32));
+#if defined(BP_CPU_HAVE_AVX512_VNNI)
+        const __m256i s32 = _mm256_cvtepi16_epi32(ls);
+        const __m128i bs = _mm_hadd_epi16(_mm256_castsi256_si128(bsums(&y[i])),
+                                          _mm256_extracti128_si256(bsums(&y[i]), 1));
+        __m256i isum = _mm256_zextsi128_si256(
+            _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(_mm_madd_epi16(bs, ls), 7)));
+#else
         const __m256i s = _mm256_set_m128i(ls, ls);
         __m256i isum = _mm256_setzero_si256();
+#endif
 #pragma GCC unroll 4
         for (int ib = 0; ib < 8; ib += 2) {
             /* 16 bytes a sub-block: the low nibbles are its elements 0..15, the high ones
@@ -574,10 +586,20 @@ static float dot_iq4_xs(int64_t k, const void *vw, const void *vy)
             const __m256i v1 = _mm256_shuffle_epi8(values, _mm256_permute2x128_si256(lo, hi, 0x31));
             const __m256i y0 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib));
             const __m256i y1 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib + 32));
+#if defined(BP_CPU_HAVE_AVX512_VNNI)
+            /* v + 128 unsigned, four products a 32-bit lane (no 16-bit sums to saturate), then
+             * the sub-block's scale; the 128s come off below */
+            const __m256i z = _mm256_setzero_si256();
+            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(_mm256_dpbusd_epi32(z, v0, y0),
+                                                             _mm256_permutevar8x32_epi32(s32, _mm256_set1_epi32(ib))));
+            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(_mm256_dpbusd_epi32(z, v1, y1),
+                                                             _mm256_permutevar8x32_epi32(s32, _mm256_set1_epi32(ib + 1))));
+#else
             const __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(v0, v0), _mm256_sign_epi8(y0, v0));
             const __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(v1, v1), _mm256_sign_epi8(y1, v1));
             isum = madd16_acc(isum, p0, ONE_SCALE(s, ib));
             isum = madd16_acc(isum, p1, ONE_SCALE(s, ib + 1));
+#endif
         }
         const float d = y[i].d * bp_cpu_half_to_float(x[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
