@@ -160,6 +160,11 @@ START_TEST(test_q8_k_quantizer_is_the_runtimes)
     x[2 * BP_QK_K + 5] = -3.0f;
     x[2 * BP_QK_K + 9] = 3.0f;
     check_quantizer_matches(x, 4 * BP_QK_K);
+    /* a NaN is never the largest and quantises to 0; an infinity is the largest (scale -0) */
+    x[BP_QK_K + 17] = NAN;
+    x[BP_QK_K + 200] = -NAN;
+    x[3 * BP_QK_K + 40] = INFINITY;
+    check_quantizer_matches(x, 4 * BP_QK_K);
 }
 END_TEST
 

@@ -614,7 +614,9 @@ static float dot_iq4_xs(int64_t k, const void *vw, const void *vy)
  * (the first one, on a tie) sets d = max / -127, every value is rounded to nearest (even on a
  * tie, the default rounding mode, as lrintf) and clamped at 127; bsums are the sums of 16. The
  * vector versions find the same first largest value by comparing every magnitude with the
- * maximum; NaNs are never the largest (as in the scalar loop). */
+ * maximum; NaNs are never the largest (as in the scalar loop), and a NaN product (a NaN input,
+ * or an infinity times the scale -0 an infinite maximum gives) is 0, as lrintf's answer cast
+ * to int is in the runtime. So no quant is ever -128. */
 
 /* v rounded to the nearest integer, ties to even, as lrintf in the default rounding mode, for
  * |v| < 2^22: adding 1.5 * 2^23 leaves the rounded value in the low mantissa bits (no call into
@@ -634,7 +636,8 @@ static void q8_k_block_c(const float *x, float amax, float max, struct bp_block_
     if (amax != 0.0f) {
         const float iscale = -127.0f / max;
         for (int j = 0; j < BP_QK_K; j++) {
-            const int v = nearest_int(iscale * x[j]); /* |v| <= 127 (plus rounding) */
+            const float f = iscale * x[j]; /* |f| <= 127 (plus rounding), or NaN */
+            const int v = f == f ? nearest_int(f) : 0; /* lrintf's NaN, cast to int, is 0 */
             y->qs[j] = (int8_t)(v > 127 ? 127 : v);
         }
         d = 1.0f / iscale;
@@ -677,7 +680,9 @@ static void quantize_q8_k(const float *x, void *vy, int64_t k)
         const float iscale = -127.0f / x[first];
         const __m512 vs = _mm512_set1_ps(iscale);
         for (int j = 0; j < BP_QK_K; j += 16) {
-            const __m512i q32 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + j), vs));
+            const __m512 f = _mm512_mul_ps(_mm512_loadu_ps(x + j), vs);
+            /* NaN (a NaN or infinite input) quantises to 0, as in the scalar rule */
+            const __m512i q32 = _mm512_cvtps_epi32(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(f, f, _CMP_ORD_Q), f));
             const __m128i q = _mm512_cvtsepi32_epi8(q32); /* never below -127: see above */
             _mm_storeu_si128((__m128i *)(y[i].qs + j), q);
             y[i].bsums[j / 16] = (int16_t)_mm512_reduce_add_epi32(q32);
@@ -718,7 +723,11 @@ static void quantize_q8_k(const float *x, void *vy, int64_t k)
         for (int j = 0; j < BP_QK_K; j += 32) {
             __m256i q[4];
             for (int r = 0; r < 4; r++)
-                q[r] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * r), vs));
+            {
+                /* NaN (a NaN or infinite input) quantises to 0, as in the scalar rule */
+                const __m256 f = _mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * r), vs);
+                q[r] = _mm256_cvtps_epi32(_mm256_and_ps(f, _mm256_cmp_ps(f, f, _CMP_ORD_Q)));
+            }
             /* the packs work per 128-bit lane: the permute puts the bytes back in order */
             const __m256i p01 = _mm256_packs_epi32(q[0], q[1]), p23 = _mm256_packs_epi32(q[2], q[3]);
             const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23),
