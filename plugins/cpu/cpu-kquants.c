@@ -102,19 +102,21 @@ static float dot_q2_k(int64_t k, const void *vw, const void *vy)
     const struct bp_block_q8_k *y = vy;
     float sum = 0.0f;
     for (int64_t i = 0; i < k / BP_QK_K; i++) {
-        int isum = 0, summs = 0;
-        for (int j = 0; j < 16; j++)
-            summs += y[i].bsums[j] * (x[i].scales[j] >> 4);
+        /* the quants one a byte first (loops the compiler can vectorise), then the sums */
+        uint8_t u[BP_QK_K];
         for (int h = 0; h < 2; h++)
-            for (int s = 0; s < 4; s++) {
-                uint8_t u[32];
-                for (int l = 0; l < 32; l++)
-                    u[l] = (x[i].qs[32 * h + l] >> (2 * s)) & 3;
-                const int8_t *q8 = y[i].qs + 128 * h + 32 * s;
-                const int sb = 8 * h + 2 * s;
-                isum += (x[i].scales[sb] & 15) * dot_u8(u, q8, 16) +
-                        (x[i].scales[sb + 1] & 15) * dot_u8(u + 16, q8 + 16, 16);
+            for (int l = 0; l < 32; l++) {
+                const int b = x[i].qs[32 * h + l];
+                u[128 * h + l] = b & 3;
+                u[128 * h + 32 + l] = (b >> 2) & 3;
+                u[128 * h + 64 + l] = (b >> 4) & 3;
+                u[128 * h + 96 + l] = (uint8_t)(b >> 6);
             }
+        int isum = 0, summs = 0;
+        for (int j = 0; j < 16; j++) {
+            isum += (x[i].scales[j] & 15) * dot_u8(u + 16 * j, y[i].qs + 16 * j, 16);
+            summs += y[i].bsums[j] * (x[i].scales[j] >> 4);
+        }
         sum += y[i].d * bp_cpu_half_to_float(x[i].d) * (float)isum -
                y[i].d * bp_cpu_half_to_float(x[i].dmin) * (float)summs;
     }
@@ -127,20 +129,20 @@ static float dot_q3_k(int64_t k, const void *vw, const void *vy)
     const struct bp_block_q8_k *y = vy;
     float sum = 0.0f;
     for (int64_t i = 0; i < k / BP_QK_K; i++) {
-        uint8_t sc[16];
+        uint8_t sc[16], u[BP_QK_K];
         q3_k_scales(x[i].scales, sc);
-        int isum = 0;
+        /* q + 4 one a byte: the low 2 bits, and the high bit as 4 */
         for (int h = 0; h < 2; h++)
-            for (int s = 0; s < 4; s++) {
-                uint8_t u[32];
-                for (int l = 0; l < 32; l++)
-                    u[l] = (uint8_t)(((x[i].qs[32 * h + l] >> (2 * s)) & 3) |
-                                     (((x[i].hmask[l] >> (4 * h + s)) & 1) << 2));
-                const int8_t *q8 = y[i].qs + 128 * h + 32 * s;
-                const int sb = 8 * h + 2 * s;
-                isum += (sc[sb] - 32) * (dot_u8(u, q8, 16) - 4 * y[i].bsums[sb]) +
-                        (sc[sb + 1] - 32) * (dot_u8(u + 16, q8 + 16, 16) - 4 * y[i].bsums[sb + 1]);
+            for (int l = 0; l < 32; l++) {
+                const int b = x[i].qs[32 * h + l], m = x[i].hmask[l] >> (4 * h);
+                u[128 * h + l] = (uint8_t)((b & 3) | (m & 1) << 2);
+                u[128 * h + 32 + l] = (uint8_t)(((b >> 2) & 3) | (m & 2) << 1);
+                u[128 * h + 64 + l] = (uint8_t)(((b >> 4) & 3) | (m & 4));
+                u[128 * h + 96 + l] = (uint8_t)((b >> 6) | (m & 8) >> 1);
             }
+        int isum = 0;
+        for (int j = 0; j < 16; j++)
+            isum += (sc[j] - 32) * (dot_u8(u + 16 * j, y[i].qs + 16 * j, 16) - 4 * y[i].bsums[j]);
         sum += y[i].d * bp_cpu_half_to_float(x[i].d) * (float)isum;
     }
     return sum;
@@ -194,19 +196,20 @@ static float dot_q6_k(int64_t k, const void *vw, const void *vy)
     const struct bp_block_q8_k *y = vy;
     float sum = 0.0f;
     for (int64_t i = 0; i < k / BP_QK_K; i++) {
-        int isum = 0;
-        for (int h = 0; h < 2; h++)
-            for (int t = 0; t < 4; t++) {
-                const uint8_t *ql = x[i].ql + 64 * h + 32 * (t % 2);
-                uint8_t u[32];
-                for (int l = 0; l < 32; l++)
-                    u[l] = (uint8_t)(((ql[l] >> (4 * (t / 2))) & 15) |
-                                     (((x[i].qh[32 * h + l] >> (2 * t)) & 3) << 4));
-                const int8_t *q8 = y[i].qs + 128 * h + 32 * t;
-                const int sb = 8 * h + 2 * t;
-                isum += x[i].scales[sb] * (dot_u8(u, q8, 16) - 32 * y[i].bsums[sb]) +
-                        x[i].scales[sb + 1] * (dot_u8(u + 16, q8 + 16, 16) - 32 * y[i].bsums[sb + 1]);
+        /* q + 32 one a byte: 4 bits of ql and 2 of qh */
+        uint8_t u[BP_QK_K];
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
+            for (int l = 0; l < 32; l++) {
+                u[128 * h + l] = (uint8_t)((ql[l] & 15) | (qh[l] & 3) << 4);
+                u[128 * h + 32 + l] = (uint8_t)((ql[l + 32] & 15) | (qh[l] & 12) << 2);
+                u[128 * h + 64 + l] = (uint8_t)((ql[l] >> 4) | (qh[l] & 48));
+                u[128 * h + 96 + l] = (uint8_t)((ql[l + 32] >> 4) | (qh[l] & 192) >> 2);
             }
+        }
+        int isum = 0;
+        for (int j = 0; j < 16; j++)
+            isum += x[i].scales[j] * (dot_u8(u + 16 * j, y[i].qs + 16 * j, 16) - 32 * y[i].bsums[j]);
         sum += y[i].d * bp_cpu_half_to_float(x[i].d) * (float)isum;
     }
     return sum;
