@@ -7,6 +7,8 @@
  *   backplane bench [...]     matmul and element-wise benchmarks on chosen devices (bench.c)
  *   backplane conformance     every op case on chosen devices against the reference
  *                             (conformance.c)
+ *   backplane quantize [...]  a GGUF model in another weight type or llama.cpp mix
+ *                             (quantize.c)
  */
 #include "config.h"
 
@@ -41,6 +43,9 @@ static void usage(FILE *f)
                "  conformance [DEVICE...] [--ops LIST] [--json]\n"
                "                 run every op case (op, type, shape) on the devices and compare\n"
                "                 with the reference implementation (backplane conformance --help)\n"
+               "  quantize [options] IN.gguf OUT.gguf TYPE\n"
+               "                 write a GGUF model again in another weight type or one of\n"
+               "                 llama.cpp's mixes (Q4_K_M...) (backplane quantize --help)\n"
                "  help           print this message\n"
                "\n"
                "Every command takes -h or --help. What a command does not understand (an unknown\n"
@@ -249,6 +254,9 @@ static const struct command {
     {"conformance", NULL, cmd_conformance,
      "backplane conformance [DEVICE...] [--ops LIST] [-t N] [--json] [--list]\n"
      "                       (backplane conformance --help)"},
+    {"quantize", NULL, cmd_quantize,
+     "backplane quantize [--imatrix FILE] [--pure] [--dry-run] IN.gguf OUT.gguf TYPE\n"
+     "                       (backplane quantize --help)"},
     {"help", "--help", cmd_help, "backplane help"},
 };
 
