@@ -187,8 +187,13 @@ static bool check_plan(const bp_gguf *g, const struct quant_item *items, size_t 
 }
 
 static void print_plan(const struct qopts *o, const struct quant_ftype *ft,
-                       const struct quant_item *items, size_t n, int64_t n_kv)
+                       const struct quant_item *items, size_t n, const bp_gguf *g)
 {
+    const int64_t n_kv = bp_gguf_get_n_kv(g), ik = bp_gguf_find_key(g, "general.file_type");
+    int64_t v = 0;
+    char in_ftype[32] = "none";
+    if (ik >= 0 && bp_gguf_get_int(g, ik, &v) == BP_OK)
+        snprintf(in_ftype, sizeof(in_ftype), "%lld", (long long)v);
     size_t before = 0, after = 0;
     bool missing[BP_TYPE_COUNT] = {false};
     for (size_t i = 0; i < n; i++) {
@@ -209,8 +214,9 @@ static void print_plan(const struct qopts *o, const struct quant_ftype *ft,
                bp_type_name(it->to), b, it->wanted != it->to ? "  fallback from " : "",
                it->wanted != it->to ? bp_type_name(it->wanted) : "", none ? "  no quantizer" : "");
     }
-    printf("plan: %s%s (general.file_type %d), %zu tensors, %lld keys, %zu -> %zu bytes\n",
-           ft->name, o->pure ? " pure" : "", ft->ftype, n, (long long)n_kv, before, after);
+    printf("plan: %s%s (general.file_type %d), %zu tensors, %lld keys, %zu -> %zu bytes; "
+           "input general.file_type %s\n", ft->name, o->pure ? " pure" : "", ft->ftype, n,
+           (long long)n_kv, before, after, in_ftype);
     printf("no quantizer:");
     for (int t = 0; t < BP_TYPE_COUNT; t++)
         if (missing[t])
@@ -342,7 +348,7 @@ int cmd_quantize(int argc, char **argv)
         !check_plan(g, items, n, o.imatrix ? &im : NULL))
         goto done;
     if (o.dry_run) {
-        print_plan(&o, ft, items, n, bp_gguf_get_n_kv(g));
+        print_plan(&o, ft, items, n, g);
         rc = 0;
     } else {
         rc = write_output(&o, ft, g, items, n, o.imatrix ? &im : NULL) ? 0 : 1;
