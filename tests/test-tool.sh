@@ -34,7 +34,7 @@ check "list says why a lying plugin's device is not used" sh -c "BP_PLUGIN_PATH=
 check "list shows a lying plugin's honest device" sh -c "BP_PLUGIN_PATH='$BP_TEST_LIAR_PLUGIN_DIR' BP_TEST_LIE=name-null '$tool' list | grep -q '^  LIAR1 '"
 check "unknown command exits 2" sh -c "'$tool' frobnicate; test \$? -eq 2"
 check "unknown list option exits 2" sh -c "'$tool' list --yaml; test \$? -eq 2"
-check "every command takes -h" sh -c "for c in version list ops run bench conformance help; do '$tool' \$c -h | grep -q '^usage: backplane' || exit 1; done"
+check "every command takes -h" sh -c "for c in version list ops run bench conformance quantize help; do '$tool' \$c -h | grep -q '^usage: backplane' || exit 1; done"
 if command -v python3 >/dev/null 2>&1; then
     check "json parses" sh -c "echo \"\$1\" | python3 -m json.tool" - "$json"
 fi
@@ -99,7 +99,7 @@ refused() {
 }
 # Every command of the dispatcher, with an unknown option and with an argument it does not take
 # (conformance takes device names: an empty one is not a name).
-for c in version list ops run bench conformance help; do
+for c in version list ops run bench conformance quantize help; do
     check "$c refuses an unknown option" refused $c --frobnicate
     stray=stray
     [ $c = conformance ] && stray=

@@ -224,6 +224,23 @@ static void print_plan(const struct qopts *o, const struct quant_ftype *ft,
     printf("\n");
 }
 
+/* Whether every type the plan converts to has a quantiser, before any work is done; false after
+ * the library's sentence for the first that has none. */
+static bool quantizers_present(const struct quant_item *items, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (items[i].to == items[i].from || has_quantizer(items[i].to))
+            continue;
+        float zeros[BP_QK_K] = {0};
+        unsigned char out[512];
+        bp_quantize_rows(items[i].to, zeros, out, 1, bp_type_block_size(items[i].to), NULL);
+        fprintf(stderr, "%s: tensor '%s': %s\n", qcmd, tool_text(items[i].name),
+                tool_text(bp_last_error()));
+        return false;
+    }
+    return true;
+}
+
 /* Tensor it from src (its bytes in the input) into dst, allocated in host memory in its new
  * type; false after a message. */
 static bool convert(const struct quant_item *it, const void *src, bp_tensor *dst,
@@ -346,6 +363,8 @@ int cmd_quantize(int argc, char **argv)
     if (!collect(g, items, n) || !model_info(g, o.in, &m) ||
         !quant_plan(ft, &m, items, n, o.pure, o.imatrix != NULL) ||
         !check_plan(g, items, n, o.imatrix ? &im : NULL))
+        goto done;
+    if (!o.dry_run && !quantizers_present(items, n))
         goto done;
     if (o.dry_run) {
         print_plan(&o, ft, items, n, g);
