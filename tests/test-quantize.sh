@@ -177,6 +177,31 @@ check "with an imatrix, Q4_0 guards the first eighth of ffn_down with q4_1 (llam
     expect "$tmp/small.gguf" Q4_0 --imatrix "$tmp/im-other.dat" "blk.0.ffn_down.weight q4_1" \
     "blk.1.ffn_down.weight q4_0"
 
+# ---- The seeded models' --wtype -----------------------------------------------------------------
+check "--wtype q6_K on tiny falls back to q8_0 everywhere: q8_0's tokens" \
+    sh -c "test \"\$('$tool' run --model tiny --wtype q6_K -n 8 -t 1 | grep '^tokens:')\" = \
+                 \"\$('$tool' run --model tiny --wtype q8_0 -n 8 -t 1 | grep '^tokens:')\""
+check "--wtype q4_K --save-gguf on tiny writes q5_0 matrices and f32 norms" \
+    sh -c "'$tool' run --model tiny --wtype q4_K --save-gguf '$tmp/w.gguf' >/dev/null &&
+           '$tool' quantize --dry-run '$tmp/w.gguf' F32 >'$tmp/w' &&
+           grep -q '^blk.1.ffn_down.weight .* q5_0 *->' '$tmp/w' && grep -q '^output.weight .* q5_0 *->' '$tmp/w' &&
+           grep -q '^blk.0.attn_norm.weight .* f32 *->' '$tmp/w'"
+# small's 512-wide matrices hold q4_K when this build quantises it, else --wtype says why not.
+wtype_small() {
+    if "$tool" quantize --dry-run --pure "$tmp/small.gguf" q4_K | grep -q '^no quantizer:.* q4_K'; then
+        "$tool" run --model small --wtype q4_K --save-gguf "$tmp/ws.gguf" 2>&1 >/dev/null |
+            grep -q 'there is no quantiser for q4_K'
+        return
+    fi
+    "$tool" run --model small --wtype q4_K --save-gguf "$tmp/ws.gguf" >/dev/null &&
+        "$tool" quantize --dry-run "$tmp/ws.gguf" F32 >"$tmp/ws" &&
+        grep -q '^blk.0.attn_q.weight .* q4_K *->' "$tmp/ws" &&
+        grep -q '^blk.0.ffn_down.weight .* q5_0 *->' "$tmp/ws"
+}
+check "--wtype q4_K on small: q4_K where rows of 512 fit, ffn_down q5_0 (or no quantiser)" wtype_small
+check "--wtype refuses the activation types: exit 2" \
+    sh -c "'$tool' run --model tiny --wtype q8_1 2>/dev/null; test \$? -eq 2"
+
 # ---- Errors -----------------------------------------------------------------------------------
 check "an unknown type exits 2 with the usage" \
     sh -c "'$tool' quantize '$tmp/tiny.gguf' '$tmp/x.gguf' q7_K 2>'$tmp/e'; test \$? -eq 2 &&
