@@ -109,7 +109,7 @@ ftype_of() {
     iq4_xs) echo 30 ;; bf16) echo 32 ;;
     esac
 }
-keys_in=$("$tool" quantize --dry-run "$tmp/tiny.gguf" F32 | sed -n 's/^plan: .* \([0-9]*\) keys.*/\1/p')
+keys_of() { "$tool" quantize --dry-run "$1" F32 | sed -n 's/^plan: .* \([0-9]*\) keys.*/\1/p'; }
 # roundtrip IN TYPE [OPTIONS]: quantise IN to TYPE; a refusal must name a missing quantiser.
 roundtrip() {
     in=$1 t=$2
@@ -129,7 +129,7 @@ roundtrip() {
     awk '$4 == "->" { print $1, $5 }' "$tmp/p-$t" >"$tmp/want-$t"
     "$tool" quantize --dry-run "$out" F32 >"$tmp/back-$t" || return 1
     awk '$4 == "->" { print $1, $3 }' "$tmp/back-$t" | diff "$tmp/want-$t" - >/dev/null || return 1
-    grep -q "^plan: .* $((keys_in + 2)) keys, .*input general.file_type $(ftype_of "$t")\$" \
+    grep -q "^plan: .* $(($(keys_of "$in") + 2)) keys, .*input general.file_type $(ftype_of "$t")\$" \
         "$tmp/back-$t"
 }
 for t in q4_0 q4_1 q5_0 q5_1 q8_0 q2_K q3_K q4_K q5_K q6_K iq4_nl iq4_xs f16 bf16 f32 \
