@@ -148,6 +148,11 @@ check "requantised tiny q8_0 gives the seeded q8_0 model's tokens" \
 check "the q8_0 output quantised again to q4_0 (dequantised first) runs" \
     sh -c "'$tool' quantize '$tmp/out-q8_0.gguf' '$tmp/rq.gguf' q4_0 >/dev/null 2>&1 &&
            '$tool' run --gguf '$tmp/rq.gguf' -n 4 -t 1 | grep -q '^tokens:'"
+check "-t 1 and -t 3 write the same file" \
+    sh -c "'$tool' quantize --pure -t 1 '$tmp/small.gguf' '$tmp/t1.gguf' q4_0 >/dev/null 2>&1 &&
+           '$tool' quantize --pure -t 3 '$tmp/small.gguf' '$tmp/t3.gguf' q4_0 >/dev/null 2>&1 &&
+           cmp '$tmp/t1.gguf' '$tmp/t3.gguf'"
+check "-t 0 exits 2" sh -c "'$tool' quantize -t 0 '$tmp/tiny.gguf' '$tmp/x.gguf' q4_0 2>/dev/null; test \$? -eq 2"
 check "progress is one line per tensor on stderr" \
     sh -c "test \$(grep -c '^\[ *[0-9]*/  *21\] ' '$tmp/e-q8_0') -eq 21"
 

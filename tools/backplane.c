@@ -306,7 +306,7 @@ static const struct command {
      "backplane conformance [DEVICE...] [--ops LIST] [-t N] [--json] [--list]\n"
      "                       (backplane conformance --help)"},
     {"quantize", NULL, cmd_quantize,
-     "backplane quantize [--imatrix FILE] [--pure] [--dry-run] IN.gguf OUT.gguf TYPE\n"
+     "backplane quantize [--imatrix FILE] [--pure] [--dry-run] [-t N] IN.gguf OUT.gguf TYPE\n"
      "                       (backplane quantize --help)"},
     {"help", "--help", cmd_help, "backplane help"},
 };

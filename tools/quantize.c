@@ -11,10 +11,13 @@
  */
 #include "config.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include <backplane/backplane.h>
 
@@ -23,14 +26,17 @@
 
 static const char qcmd[] = "backplane quantize";
 
+#define TOOL_MAX_QUANT_THREADS 256
+
 struct qopts {
     const char *in, *out, *type, *imatrix;
     bool dry_run, pure;
+    int threads; /* -t: at least 1 */
 };
 
 static void quantize_usage(FILE *f)
 {
-    fprintf(f, "usage: backplane quantize [--imatrix FILE] [--pure] IN.gguf OUT.gguf TYPE\n"
+    fprintf(f, "usage: backplane quantize [--imatrix FILE] [--pure] [-t N] IN.gguf OUT.gguf TYPE\n"
                "       backplane quantize --dry-run [--imatrix FILE] [--pure] IN.gguf [OUT.gguf] TYPE\n"
                "\n"
                "  TYPE      one of llama.cpp's file types (case-insensitive): %s;\n"
@@ -43,6 +49,8 @@ static void quantize_usage(FILE *f)
                "  --imatrix FILE  llama.cpp's legacy importance matrix (.dat): each tensor's\n"
                "            column weights go to its quantiser\n"
                "  --pure    every weight matrix in TYPE (fallbacks only), no mix rules\n"
+               "  -t N      threads quantising each tensor (default: the online CPUs); the output\n"
+               "            is the same for any N\n"
                "  --dry-run print the plan (tensor, shape, type -> type, bytes; 'no quantizer'\n"
                "            where this build has none for the type) and write nothing\n",
                quant_ftype_names());
@@ -66,6 +74,13 @@ static int parse_args(int argc, char **argv, struct qopts *o)
             if (i + 1 >= argc)
                 return tool_no_value(qcmd, a);
             o->imatrix = argv[++i];
+        } else if (strcmp(a, "-t") == 0) {
+            long long n;
+            if (i + 1 >= argc)
+                return tool_no_value(qcmd, a);
+            if (!tool_parse_int(qcmd, a, argv[++i], 1, TOOL_MAX_QUANT_THREADS, &n))
+                return 2;
+            o->threads = (int)n;
         } else if (a[0] == '-' && a[1] != '\0') {
             return tool_bad_arg(qcmd, a);
         } else if (n_pos == 3) {
@@ -241,42 +256,89 @@ static bool quantizers_present(const struct quant_item *items, size_t n)
     return true;
 }
 
-/* Tensor it from src (its bytes in the input) into dst, allocated in host memory in its new
- * type; false after a message. */
-static bool convert(const struct quant_item *it, const void *src, bp_tensor *dst,
-                    const struct quant_imatrix_entry *e)
+/* One tensor's conversion, shared by its threads: chunks of CHUNK rows (within one expert's
+ * matrix) taken in turn from next. */
+enum { CHUNK = 64 };
+struct convert_job {
+    const struct quant_item *it;
+    const void *src;
+    bp_tensor *dst;
+    const struct quant_imatrix_entry *e;
+    int64_t n_chunks, per_slice;
+    atomic_llong next;
+    atomic_bool failed;
+    pthread_mutex_t lock;
+    char err[512]; /* the first failure's sentence */
+};
+
+/* Chunk k of the job: dequantised into f (CHUNK rows), quantised into dst. */
+static bool convert_chunk(struct convert_job *j, int64_t k, float *f)
 {
-    const int64_t ne0 = it->ne[0], rows = it->ne[1], slices = it->ne[2] * it->ne[3];
+    const struct quant_item *it = j->it;
+    const int64_t ne0 = it->ne[0], rows = it->ne[1], s = k / j->per_slice;
+    const int64_t r = k % j->per_slice * CHUNK, nr = rows - r < CHUNK ? rows - r : CHUNK;
+    const size_t in_row = bp_row_size(it->from, ne0), out_row = bp_row_size(it->to, ne0);
+    const size_t first = (size_t)(s * rows + r);
+    const struct quant_imatrix_entry *e = j->e;
+    /* An expert's columns have their own weights: the matrix holds ne0 x ne2 of them. */
+    const float *w = e != NULL && e->n == ne0 * it->ne[2] ? e->values + (s % it->ne[2]) * ne0
+                     : e != NULL && e->n == ne0          ? e->values
+                                                         : NULL;
+    for (int64_t q = 0; q < nr; q++)
+        bp_type_get_traits(it->from)->to_float((const char *)j->src + (first + (size_t)q) * in_row,
+                                               f + q * ne0, ne0);
+    return bp_quantize_rows(it->to, f, (char *)j->dst->data + first * out_row, nr, ne0, w) > 0;
+}
+
+static void *convert_worker(void *arg)
+{
+    struct convert_job *j = arg;
+    float *f = malloc((size_t)j->it->ne[0] * CHUNK * sizeof(float));
+    const char *why = f == NULL ? "out of memory" : NULL;
+    while (why == NULL && !atomic_load(&j->failed)) {
+        const int64_t k = atomic_fetch_add(&j->next, 1);
+        if (k >= j->n_chunks)
+            break;
+        if (!convert_chunk(j, k, f))
+            why = bp_last_error(); /* (the library's error is per thread) */
+    }
+    if (why != NULL) {
+        pthread_mutex_lock(&j->lock);
+        if (!atomic_exchange(&j->failed, true))
+            snprintf(j->err, sizeof(j->err), "%s", why);
+        pthread_mutex_unlock(&j->lock);
+    }
+    free(f);
+    return NULL;
+}
+
+/* Tensor it from src (its bytes in the input) into dst, allocated in host memory in its new
+ * type, on up to n_threads threads; false after a message. */
+static bool convert(const struct quant_item *it, const void *src, bp_tensor *dst,
+                    const struct quant_imatrix_entry *e, int n_threads)
+{
     if (it->to == it->from) {
         memcpy(dst->data, src, tensor_bytes(it->to, it->ne));
         return true;
     }
-    const struct bp_type_traits *from = bp_type_get_traits(it->from);
-    const size_t in_row = bp_row_size(it->from, ne0), out_row = bp_row_size(it->to, ne0);
-    enum { CHUNK = 64 };
-    float *f = malloc((size_t)ne0 * CHUNK * sizeof(float));
-    bool ok = f != NULL;
-    if (!ok)
-        fprintf(stderr, "%s: out of memory for tensor '%s'\n", qcmd, tool_text(it->name));
-    for (int64_t s = 0; s < slices && ok; s++) {
-        /* An expert's columns have their own weights: the matrix holds ne0 x ne2 of them. */
-        const float *w = e != NULL && e->n == ne0 * it->ne[2] ? e->values + (s % it->ne[2]) * ne0
-                         : e != NULL && e->n == ne0          ? e->values
-                                                             : NULL;
-        for (int64_t r = 0; r < rows && ok; r += CHUNK) {
-            const int64_t nr = rows - r < CHUNK ? rows - r : CHUNK;
-            const size_t first = (size_t)(s * rows + r);
-            for (int64_t k = 0; k < nr; k++)
-                from->to_float((const char *)src + (first + (size_t)k) * in_row, f + k * ne0, ne0);
-            if (bp_quantize_rows(it->to, f, (char *)dst->data + first * out_row, nr, ne0, w) == 0) {
-                fprintf(stderr, "%s: tensor '%s': %s\n", qcmd, tool_text(it->name),
-                        tool_text(bp_last_error()));
-                ok = false;
-            }
-        }
-    }
-    free(f);
-    return ok;
+    struct convert_job j = {.it = it, .src = src, .dst = dst, .e = e,
+                            .per_slice = (it->ne[1] + CHUNK - 1) / CHUNK};
+    j.n_chunks = j.per_slice * it->ne[2] * it->ne[3];
+    atomic_init(&j.next, 0);
+    atomic_init(&j.failed, false);
+    pthread_mutex_init(&j.lock, NULL);
+    pthread_t th[TOOL_MAX_QUANT_THREADS];
+    int started = 0;
+    for (; started < n_threads - 1 && started < j.n_chunks - 1; started++)
+        if (pthread_create(&th[started], NULL, convert_worker, &j) != 0)
+            break; /* (fewer threads do the same work) */
+    convert_worker(&j);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&j.lock);
+    if (atomic_load(&j.failed))
+        fprintf(stderr, "%s: tensor '%s': %s\n", qcmd, tool_text(it->name), tool_text(j.err));
+    return !atomic_load(&j.failed);
 }
 
 /* The metadata of g, with the file type of ft, into w. */
@@ -311,7 +373,8 @@ static bool write_output(const struct qopts *o, const struct quant_ftype *ft, co
         bp_tensor *t = bp_context_get_tensor(ctx, i);
         fprintf(stderr, "[%4zu/%4zu] %-36s %-6s -> %s\n", i + 1, n, tool_text(it->name),
                 bp_type_name(it->from), bp_type_name(it->to));
-        ok = convert(it, info.data, t, im && it->quantize ? quant_imatrix_find(im, it->name) : NULL);
+        ok = convert(it, info.data, t, im && it->quantize ? quant_imatrix_find(im, it->name) : NULL,
+                     o->threads);
         if (ok && bp_gguf_writer_add_tensor(w, it->name, t) != BP_OK) {
             fprintf(stderr, "%s: %s\n", qcmd, tool_text(bp_last_error()));
             ok = false;
@@ -334,7 +397,8 @@ static bool write_output(const struct qopts *o, const struct quant_ftype *ft, co
 
 int cmd_quantize(int argc, char **argv)
 {
-    struct qopts o = {0};
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    struct qopts o = {.threads = cpus < 1 ? 1 : cpus > TOOL_MAX_QUANT_THREADS ? TOOL_MAX_QUANT_THREADS : (int)cpus};
     const int st = parse_args(argc, argv, &o);
     if (st != 1)
         return st;
