@@ -782,9 +782,8 @@ enum bp_status bp_gguf_get_tensor(const bp_gguf *g, int64_t i, struct bp_gguf_te
     info->size = (size_t)t->size;
     info->data = g->bytes + info->offset;
     if (!info->supported)
-        return bp__error(BP_ERR_UNSUPPORTED, "GGUF file %s: tensor '%s' has type %s; backplane "
-                         "computes with f32, f16, bf16, i32, q8_0 and q4_0", g->name, t->name,
-                         ti->name);
+        return bp__error(BP_ERR_UNSUPPORTED, "GGUF file %s: tensor '%s' has type %s, which "
+                         "backplane does not have", g->name, t->name, ti->name);
     return BP_OK;
 }
 
@@ -796,6 +795,7 @@ struct wkv {
     uint64_t n;
     void *data;  /* numeric values */
     char **strs; /* strings */
+    size_t *lens; /* their lengths, when copied from a file (they may hold NUL bytes) */
 };
 
 struct wtensor {
@@ -820,8 +820,10 @@ static void wkv_clear(struct wkv *kv)
     for (uint64_t j = 0; kv->strs != NULL && j < kv->n; j++)
         bp__free(kv->strs[j]);
     bp__free(kv->strs);
+    bp__free(kv->lens);
     bp__free(kv->data);
     kv->strs = NULL;
+    kv->lens = NULL;
     kv->data = NULL;
 }
 
@@ -956,6 +958,50 @@ enum bp_status bp_gguf_writer_set_arr_str(bp_gguf_writer *w, const char *key,
     return set_strings(w, key, true, v, n, __func__);
 }
 
+/* The strings of src (NUL bytes and all) into kv. */
+static bool copy_strings(struct wkv *kv, const struct gguf_kv *src)
+{
+    kv->n = 0;
+    kv->strs = bp__calloc(src->n ? (size_t)src->n : 1, sizeof(char *), "GGUF strings");
+    kv->lens = bp__calloc(src->n ? (size_t)src->n : 1, sizeof(size_t), "GGUF strings");
+    if (kv->strs == NULL || kv->lens == NULL)
+        return false;
+    for (uint64_t j = 0; j < src->n; j++) {
+        kv->strs[j] = bp__malloc(src->lens[j] + 1, "a GGUF string");
+        if (kv->strs[j] == NULL)
+            return false;
+        memcpy(kv->strs[j], src->strs[j], src->lens[j] + 1);
+        kv->lens[j] = src->lens[j];
+        kv->n = j + 1;
+    }
+    return true;
+}
+
+enum bp_status bp_gguf_writer_copy_kv(bp_gguf_writer *w, const bp_gguf *g, int64_t i)
+{
+    if (g == NULL)
+        return bp__error(BP_ERR_INVALID_ARG, "bp_gguf_writer_copy_kv: the file is NULL");
+    const struct gguf_kv *src = kv_at(g, i);
+    if (src == NULL)
+        return bp__error(BP_ERR_OUT_OF_BOUNDS, "bp_gguf_writer_copy_kv: %s has %lld keys; "
+                         "there is no key %lld", g->name, (long long)g->n_kv, (long long)i);
+    struct wkv *kv = wkv_for(w, src->key, "bp_gguf_writer_copy_kv");
+    if (kv == NULL)
+        return bp_last_status();
+    const uint32_t et = src->type == BP_GGUF_TYPE_ARRAY ? src->arr_type : src->type;
+    kv->type = src->type;
+    kv->arr_type = et;
+    if (et == BP_GGUF_TYPE_STRING)
+        return copy_strings(kv, src) ? BP_OK : BP_ERR_OUT_OF_MEMORY;
+    const size_t bytes = scalar_size(et) * (size_t)src->n;
+    kv->data = bp__malloc(bytes + 1, "a GGUF value");
+    if (kv->data == NULL)
+        return BP_ERR_OUT_OF_MEMORY;
+    memcpy(kv->data, src->raw, bytes);
+    kv->n = src->n;
+    return BP_OK;
+}
+
 enum bp_status bp_gguf_writer_add_tensor(bp_gguf_writer *w, const char *name, const bp_tensor *t)
 {
     if (w == NULL || t == NULL)
@@ -1012,11 +1058,15 @@ static void put_u64(struct out *o, uint64_t v)
     put(o, &v, 8);
 }
 
+static void put_bytes(struct out *o, const char *s, size_t n)
+{
+    put_u64(o, n);
+    put(o, s, n);
+}
+
 static void put_str(struct out *o, const char *s)
 {
-    const uint64_t n = strlen(s);
-    put_u64(o, n);
-    put(o, s, (size_t)n);
+    put_bytes(o, s, strlen(s));
 }
 
 static void put_pad(struct out *o, uint64_t align)
@@ -1072,7 +1122,7 @@ static void write_header(struct out *o, const bp_gguf_writer *w, uint64_t align)
         }
         if (kv->arr_type == BP_GGUF_TYPE_STRING && kv->strs != NULL)
             for (uint64_t j = 0; j < kv->n; j++)
-                put_str(o, kv->strs[j]);
+                put_bytes(o, kv->strs[j], kv->lens ? kv->lens[j] : strlen(kv->strs[j]));
         else
             put(o, kv->data, scalar_size(kv->arr_type) * (size_t)kv->n);
     }

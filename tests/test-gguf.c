@@ -997,12 +997,101 @@ START_TEST(test_hostile_tensors)
 }
 END_TEST
 
+/* Key i of a against key i of b: the same name, type, count and values (strings byte for byte,
+ * NUL bytes included). */
+static void assert_same_kv(const bp_gguf *a, const bp_gguf *b, int64_t i)
+{
+    const int64_t j = bp_gguf_find_key(b, bp_gguf_get_key(a, i));
+    ck_assert_msg(j >= 0, "key %s lost", bp_gguf_get_key(a, i));
+    const int type = bp_gguf_get_kv_type(a, i);
+    ck_assert_int_eq(bp_gguf_get_kv_type(b, j), type);
+    const bool arr = type == BP_GGUF_TYPE_ARRAY;
+    const int et = arr ? bp_gguf_get_arr_type(a, i) : type;
+    ck_assert_int_eq(arr ? bp_gguf_get_arr_type(b, j) : et, et);
+    const uint64_t n = arr ? bp_gguf_get_arr_n(a, i) : 1;
+    ck_assert_uint_eq(arr ? bp_gguf_get_arr_n(b, j) : 1, n);
+    for (uint64_t k = 0; k < n; k++) {
+        if (et == BP_GGUF_TYPE_STRING) {
+            const char *x, *y;
+            size_t lx, ly;
+            ck_assert_int_eq(arr ? bp_gguf_get_arr_str(a, i, k, &x, &lx) : bp_gguf_get_str(a, i, &x, &lx), BP_OK);
+            ck_assert_int_eq(arr ? bp_gguf_get_arr_str(b, j, k, &y, &ly) : bp_gguf_get_str(b, j, &y, &ly), BP_OK);
+            ck_assert_uint_eq(lx, ly);
+            ck_assert_mem_eq(x, y, lx);
+        } else if (et == BP_GGUF_TYPE_FLOAT32 || et == BP_GGUF_TYPE_FLOAT64) {
+            double x, y;
+            ck_assert_int_eq(arr ? bp_gguf_get_arr_float(a, i, k, &x) : bp_gguf_get_float(a, i, &x), BP_OK);
+            ck_assert_int_eq(arr ? bp_gguf_get_arr_float(b, j, k, &y) : bp_gguf_get_float(b, j, &y), BP_OK);
+            ck_assert(memcmp(&x, &y, sizeof(x)) == 0);
+        } else if (et == BP_GGUF_TYPE_BOOL) {
+            bool x, y;
+            ck_assert_int_eq(bp_gguf_get_bool(a, i, &x), BP_OK);
+            ck_assert_int_eq(bp_gguf_get_bool(b, j, &y), BP_OK);
+            ck_assert_int_eq(x, y);
+        } else if (et != BP_GGUF_TYPE_UINT64) { /* (a uint64 above INT64_MAX reads as an error) */
+            int64_t x, y;
+            ck_assert_int_eq(arr ? bp_gguf_get_arr_int(a, i, k, &x) : bp_gguf_get_int(a, i, &x), BP_OK);
+            ck_assert_int_eq(arr ? bp_gguf_get_arr_int(b, j, k, &y) : bp_gguf_get_int(b, j, &y), BP_OK);
+            ck_assert_int_eq(x, y);
+        }
+    }
+}
+
+/* Every key of the gguf package's reference file (every value type, arrays of each) copied into
+ * a writer and back, beside one tensor of each type added with the new weight types. */
+START_TEST(test_writer_copies_keys_and_writes_every_type)
+{
+    bp_gguf *ref = bp_gguf_open(path_in_srcdir("reference.gguf"));
+    ck_assert_msg(ref != NULL, "%s", bp_last_error());
+    bp_gguf_writer *w = bp_gguf_writer_new();
+    for (int64_t i = 0; i < bp_gguf_get_n_kv(ref); i++)
+        ck_assert_int_eq(bp_gguf_writer_copy_kv(w, ref, i), BP_OK);
+    ck_assert_int_eq(bp_gguf_writer_copy_kv(w, ref, bp_gguf_get_n_kv(ref)), BP_ERR_OUT_OF_BOUNDS);
+    ck_assert_int_eq(bp_gguf_writer_copy_kv(w, NULL, 0), BP_ERR_INVALID_ARG);
+    bp_context *ctx = bp_context_new(BP_TYPE_COUNT);
+    for (int t = 0; t < BP_TYPE_COUNT; t++)
+        bp_set_name(bp_new_tensor_2d(ctx, (enum bp_type)t, 256, 2), bp_type_name((enum bp_type)t));
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_host_buffer_type());
+    ck_assert_ptr_nonnull(buf);
+    for (int t = 0; t < BP_TYPE_COUNT; t++) {
+        bp_tensor *x = bp_context_get_tensor(ctx, (size_t)t);
+        for (size_t b = 0; b < bp_nbytes(x); b++)
+            ((unsigned char *)x->data)[b] = (unsigned char)(b * 31 + (size_t)t);
+        ck_assert_int_eq(bp_gguf_writer_add_tensor(w, NULL, x), BP_OK);
+    }
+    char path[] = "/tmp/bp-gguf-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_int_eq(bp_gguf_writer_write(w, path), BP_OK);
+    bp_gguf *g = bp_gguf_open(path);
+    ck_assert_msg(g != NULL, "%s", bp_last_error());
+    ck_assert_int_eq(bp_gguf_get_n_kv(g), bp_gguf_get_n_kv(ref));
+    for (int64_t i = 0; i < bp_gguf_get_n_kv(ref); i++)
+        assert_same_kv(ref, g, i);
+    for (int t = 0; t < BP_TYPE_COUNT; t++) {
+        struct bp_gguf_tensor info;
+        ck_assert_int_eq(bp_gguf_get_tensor(g, t, &info), BP_OK);
+        ck_assert_int_eq(info.type, t);
+        ck_assert_str_eq(info.type_name, bp_type_name((enum bp_type)t));
+        ck_assert_mem_eq(info.data, bp_context_get_tensor(ctx, (size_t)t)->data, info.size);
+    }
+    bp_gguf_close(g);
+    bp_gguf_close(ref);
+    unlink(path);
+    bp_gguf_writer_free(w);
+    bp_buffer_free(buf);
+    bp_context_free(ctx);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("gguf");
     BP_TCASE(s, test_reads_what_the_gguf_package_wrote, 60);
     BP_TCASE(s, test_getters_check_types, 60);
     BP_TCASE(s, test_writer_round_trip, 60);
+    BP_TCASE(s, test_writer_copies_keys_and_writes_every_type, 60);
     BP_TCASE(s, test_every_truncation_is_refused, 60);
     BP_TCASE(s, test_hostile_headers, 60);
     BP_TCASE(s, test_hostile_metadata, 60);

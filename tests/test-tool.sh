@@ -29,12 +29,15 @@ check "list shows device memory and caps" sh -c "echo \"\$1\" | grep -q 'memory 
 check "json has the failed records" sh -c "echo \"\$1\" | grep -q '\"status\": \"failed\"'" - "$json"
 check "json has the devices" sh -c "echo \"\$1\" | grep -q '\"name\": \"GOOD0\", \"description\"'" - "$json"
 check "json escapes and closes" sh -c "echo \"\$1\" | tail -n 1 | grep -q '^}$'" - "$json"
+check "list and list --json give the weight types each device multiplies" sh -c "echo \"\$1\" | grep -q '^ *mul_mat: f32 .*q4_0' && echo \"\$2\" | grep -q '\"name\": \"GOOD0\".*\"mul_mat_types\": \\[\"f32\", \"f16\"'" - "$out" "$json"
+check "ops: the test accelerator multiplies q8_0 but not q4_0, as its supports_op says" sh -c "BP_PLUGIN_PATH='$BP_TEST_ACCEL_PLUGIN_DIR' '$tool' ops | grep -A1 '^  ACCEL0\$' | grep -q '^    mul_mat: f32 f16 bf16 q8_0 q4_1 '"
+check "a device without MUL_MAT lists no weight types (ops, list --json)" sh -c "BP_PLUGIN_PATH='$BP_TEST_ACCEL_PLUGIN_DIR' BP_TEST_ACCEL_NO_OP=MUL_MAT '$tool' ops | grep -A1 '^  ACCEL0\$' | grep -q '^    mul_mat:\$' && BP_PLUGIN_PATH='$BP_TEST_ACCEL_PLUGIN_DIR' BP_TEST_ACCEL_NO_OP=MUL_MAT '$tool' list --json | grep -q '\"name\": \"ACCEL0\".*\"mul_mat_types\": \\[\\]'"
 check "BP_PLUGINS_DISABLE is honoured" sh -c "BP_PLUGINS_DISABLE=good '$tool' list | grep -q 'filtered .*backplane-good.so'"
 check "list says why a lying plugin's device is not used" sh -c "BP_PLUGIN_PATH='$BP_TEST_LIAR_PLUGIN_DIR' BP_TEST_LIE=name-null '$tool' list | grep -q \"plugin 'liar': device 0 has no name (get_name returned NULL); the device is not used\""
 check "list shows a lying plugin's honest device" sh -c "BP_PLUGIN_PATH='$BP_TEST_LIAR_PLUGIN_DIR' BP_TEST_LIE=name-null '$tool' list | grep -q '^  LIAR1 '"
 check "unknown command exits 2" sh -c "'$tool' frobnicate; test \$? -eq 2"
 check "unknown list option exits 2" sh -c "'$tool' list --yaml; test \$? -eq 2"
-check "every command takes -h" sh -c "for c in version list ops run bench conformance help; do '$tool' \$c -h | grep -q '^usage: backplane' || exit 1; done"
+check "every command takes -h" sh -c "for c in version list ops run bench conformance quantize help; do '$tool' \$c -h | grep -q '^usage: backplane' || exit 1; done"
 if command -v python3 >/dev/null 2>&1; then
     check "json parses" sh -c "echo \"\$1\" | python3 -m json.tool" - "$json"
 fi
@@ -99,7 +102,7 @@ refused() {
 }
 # Every command of the dispatcher, with an unknown option and with an argument it does not take
 # (conformance takes device names: an empty one is not a name).
-for c in version list ops run bench conformance help; do
+for c in version list ops run bench conformance quantize help; do
     check "$c refuses an unknown option" refused $c --frobnicate
     stray=stray
     [ $c = conformance ] && stray=

@@ -7,6 +7,8 @@
  *   backplane bench [...]     matmul and element-wise benchmarks on chosen devices (bench.c)
  *   backplane conformance     every op case on chosen devices against the reference
  *                             (conformance.c)
+ *   backplane quantize [...]  a GGUF model in another weight type or llama.cpp mix
+ *                             (quantize.c)
  */
 #include "config.h"
 
@@ -41,6 +43,9 @@ static void usage(FILE *f)
                "  conformance [DEVICE...] [--ops LIST] [--json]\n"
                "                 run every op case (op, type, shape) on the devices and compare\n"
                "                 with the reference implementation (backplane conformance --help)\n"
+               "  quantize [options] IN.gguf OUT.gguf TYPE\n"
+               "                 write a GGUF model again in another weight type or one of\n"
+               "                 llama.cpp's mixes (Q4_K_M...) (backplane quantize --help)\n"
                "  help           print this message\n"
                "\n"
                "Every command takes -h or --help. What a command does not understand (an unknown\n"
@@ -72,6 +77,42 @@ static int cmd_version(int argc, char **argv)
     return bp_version_hex() == BP_VERSION_HEX ? 0 : 1;
 }
 
+/* Whether dev multiplies weights of type t: supports_op on MUL_MAT of a 256 x 8 matrix of t by
+ * one f32 column (rows of 256 fit every type's blocks). */
+static bool multiplies(bp_device *dev, bp_context *ctx, enum bp_type t)
+{
+    bp_tensor *w = bp_new_tensor_2d(ctx, t, 256, 8);
+    bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, 256, 1);
+    bp_tensor *mm = w != NULL && x != NULL ? bp_mul_mat(ctx, w, x) : NULL;
+    return mm != NULL && bp_device_supports_op(dev, mm);
+}
+
+/* The weight types dev multiplies (every type but i32 asked), into ok[t]. */
+static void mul_mat_types(bp_device *dev, bool ok[BP_TYPE_COUNT])
+{
+    bp_context *ctx = bp_context_new(4);
+    for (int t = 0; t < BP_TYPE_COUNT; t++) {
+        ok[t] = false;
+        if (ctx == NULL || t == BP_TYPE_I32)
+            continue;
+        ok[t] = multiplies(dev, ctx, (enum bp_type)t);
+        bp_context_reset(ctx);
+    }
+    bp_context_free(ctx);
+}
+
+/* "  mul_mat: f32 f16 ..." for a device of the listings. */
+static void print_mul_mat_types(bp_device *dev, const char *indent)
+{
+    bool ok[BP_TYPE_COUNT];
+    mul_mat_types(dev, ok);
+    printf("%smul_mat:", indent);
+    for (int t = 0; t < BP_TYPE_COUNT; t++)
+        if (ok[t])
+            printf(" %s", bp_type_name((enum bp_type)t));
+    printf("\n");
+}
+
 static int cmd_ops(int argc, char **argv)
 {
     const int st = no_args("backplane ops", "backplane ops", argc, argv);
@@ -80,7 +121,7 @@ static int cmd_ops(int argc, char **argv)
     printf("types:\n");
     for (int t = 0; t < BP_TYPE_COUNT; t++) {
         const struct bp_type_traits *tr = bp_type_get_traits((enum bp_type)t);
-        printf("  %-5s block %2lld  %2zu bytes/block%s\n", tr->name, (long long)tr->block_size,
+        printf("  %-6s block %3lld  %3zu bytes/block%s\n", tr->name, (long long)tr->block_size,
                tr->type_size, tr->is_quantized ? "  quantised" : "");
     }
     printf("ops:\n ");
@@ -89,7 +130,13 @@ static int cmd_ops(int argc, char **argv)
     printf("\nunary ops:\n ");
     for (int op = 0; op < BP_UNARY_OP_COUNT; op++)
         printf(" %s", bp_unary_op_name((enum bp_unary_op)op));
-    printf("\n");
+    printf("\nweight types each device multiplies (MUL_MAT):\n");
+    bp_plugin_load_all();
+    for (size_t i = 0; i < bp_device_count(); i++) {
+        printf("  ");
+        tool_put_text(bp_device_get_name(bp_device_get(i)), stdout);
+        print_mul_mat_types(bp_device_get(i), "\n    ");
+    }
     return 0;
 }
 
@@ -150,6 +197,7 @@ static void list_text(void)
         printf("  %-10s memory %.1f of %.1f MiB free, caps: %s, registry %s\n", "",
                (double)p.memory_free / (1 << 20), (double)p.memory_total / (1 << 20), caps,
                tool_text(bp_registry_get_name(bp_device_get_registry(bp_device_get(i)))));
+        print_mul_mat_types(bp_device_get(i), "             ");
     }
 }
 
@@ -195,6 +243,14 @@ static void list_json(void)
         json_member_bool(&w, "buffer_from_host_ptr", p.caps.buffer_from_host_ptr);
         json_member_bool(&w, "events", p.caps.events);
         json_end_object(&w);
+        bool ok[BP_TYPE_COUNT];
+        mul_mat_types(d, ok);
+        json_key(&w, "mul_mat_types");
+        json_begin_array(&w);
+        for (int t = 0; t < BP_TYPE_COUNT; t++)
+            if (ok[t])
+                json_string(&w, bp_type_name((enum bp_type)t));
+        json_end_array(&w);
         json_end_object(&w);
     }
     json_end_array(&w);
@@ -249,6 +305,9 @@ static const struct command {
     {"conformance", NULL, cmd_conformance,
      "backplane conformance [DEVICE...] [--ops LIST] [-t N] [--json] [--list]\n"
      "                       (backplane conformance --help)"},
+    {"quantize", NULL, cmd_quantize,
+     "backplane quantize [--imatrix FILE] [--pure] [--dry-run] [-t N] IN.gguf OUT.gguf TYPE\n"
+     "                       (backplane quantize --help)"},
     {"help", "--help", cmd_help, "backplane help"},
 };
 

@@ -55,14 +55,34 @@ int64_t model_n_params(const struct model_config *c)
            (int64_t)c->n_layer * (2 * E * E + 2 * E * EK + 3 * E * F * mlps + router + 2 * E);
 }
 
+enum bp_type model_row_type(enum bp_type wtype, int64_t ne0)
+{
+    if (ne0 % bp_type_block_size(wtype) == 0)
+        return wtype;
+    /* llama.cpp's tensor_type_fallback (see tools/quantize-plan.c). */
+    const enum bp_type f = wtype == BP_TYPE_Q2_K || wtype == BP_TYPE_Q3_K ? BP_TYPE_Q4_0
+                           : wtype == BP_TYPE_Q4_K                        ? BP_TYPE_Q5_0
+                           : wtype == BP_TYPE_Q5_K                        ? BP_TYPE_Q5_1
+                           : wtype == BP_TYPE_Q6_K                        ? BP_TYPE_Q8_0
+                           : wtype == BP_TYPE_IQ4_XS                      ? BP_TYPE_IQ4_NL
+                                                                          : BP_TYPE_F16;
+    return ne0 % bp_type_block_size(f) == 0 ? f : BP_TYPE_F16;
+}
+
+/* Bytes of a matrix of rows of ne0 in the weight type (or its fallback). */
+static size_t row_bytes(enum bp_type wtype, int64_t ne0)
+{
+    return bp_row_size(model_row_type(wtype, ne0), ne0);
+}
+
 size_t model_weight_bytes(const struct model_config *c, enum bp_type wtype)
 {
     const int64_t E = c->n_embd, F = c->n_ff, EK = kv_width(c);
     const size_t mlps = c->n_expert > 0 ? (size_t)c->n_expert : 1;
-    const size_t mat = 2 * (size_t)c->n_vocab * bp_row_size(wtype, E) +
-                       (size_t)c->n_layer * ((2 * (size_t)E + 2 * (size_t)EK) * bp_row_size(wtype, E) +
-                                             mlps * (2 * (size_t)F * bp_row_size(wtype, E) +
-                                                     (size_t)E * bp_row_size(wtype, F)));
+    const size_t mat = 2 * (size_t)c->n_vocab * row_bytes(wtype, E) +
+                       (size_t)c->n_layer * ((2 * (size_t)E + 2 * (size_t)EK) * row_bytes(wtype, E) +
+                                             mlps * (2 * (size_t)F * row_bytes(wtype, E) +
+                                                     (size_t)E * row_bytes(wtype, F)));
     const size_t router = (size_t)c->n_layer * (size_t)c->n_expert * (size_t)E * sizeof(float);
     return mat + router + (size_t)(1 + 2 * c->n_layer) * (size_t)E * sizeof(float);
 }
@@ -71,7 +91,7 @@ size_t model_expert_bytes(const struct model_config *c, enum bp_type wtype)
 {
     const int64_t E = c->n_embd, F = c->n_ff;
     return (size_t)c->n_layer * (size_t)c->n_expert *
-           (2 * (size_t)F * bp_row_size(wtype, E) + (size_t)E * bp_row_size(wtype, F));
+           (2 * (size_t)F * row_bytes(wtype, E) + (size_t)E * row_bytes(wtype, F));
 }
 
 size_t model_kv_bytes(const struct model_config *c)
@@ -110,25 +130,28 @@ static enum bp_status fill(bp_tensor *t, uint64_t seed, float center, float scal
     for (int64_t row = 0; row < rows && st == BP_OK; row++) {
         for (int64_t i = 0; i < n0; i++)
             f[i] = center + scale * next_uniform(&r);
-        bp_type_get_traits(t->type)->from_float(f, conv, n0);
-        st = bp_tensor_set(t, conv, (size_t)row * t->nb[1], row_bytes);
+        if (bp_quantize_rows(t->type, f, conv, 1, n0, NULL) == 0)
+            st = bp_last_status();
+        else
+            st = bp_tensor_set(t, conv, (size_t)row * t->nb[1], row_bytes);
     }
     free(f);
     free(conv);
     return st;
 }
 
+/* A weight matrix: rows that type's blocks do not divide take its fallback (model_row_type). */
 static bp_tensor *matrix(bp_context *ctx, enum bp_type type, int64_t cols, int64_t rows,
                          const char *fmt, int il)
 {
-    bp_tensor *t = bp_new_tensor_2d(ctx, type, cols, rows);
+    bp_tensor *t = bp_new_tensor_2d(ctx, model_row_type(type, cols), cols, rows);
     return t ? bp_format_name(t, fmt, il) : NULL;
 }
 
 static bp_tensor *stacked(bp_context *ctx, enum bp_type type, int64_t cols, int64_t rows,
                           int64_t n, const char *fmt, int il)
 {
-    bp_tensor *t = bp_new_tensor_3d(ctx, type, cols, rows, n);
+    bp_tensor *t = bp_new_tensor_3d(ctx, model_row_type(type, cols), cols, rows, n);
     return t ? bp_format_name(t, fmt, il) : NULL;
 }
 
@@ -138,9 +161,9 @@ static bool describe(struct model *m)
     const int64_t E = c->n_embd, F = c->n_ff;
     const enum bp_type wt = m->wtype;
     bp_context *w = m->wctx;
-    m->tok_embd = bp_set_name(bp_new_tensor_2d(m->ectx, wt, E, c->n_vocab), "token_embd");
+    m->tok_embd = matrix(m->ectx, wt, E, c->n_vocab, "token_embd", 0);
     m->out_norm = bp_set_name(bp_new_tensor_1d(w, BP_TYPE_F32, E), "output_norm");
-    m->output = bp_set_name(bp_new_tensor_2d(w, wt, E, c->n_vocab), "output");
+    m->output = matrix(w, wt, E, c->n_vocab, "output", 0);
     if (!m->tok_embd || !m->out_norm || !m->output)
         return false;
     for (int il = 0; il < c->n_layer; il++) {

@@ -35,6 +35,10 @@ const struct model_config *model_config_by_name(const char *name);
 const char *model_config_names(void);
 /* Parameters and weight bytes of cfg with 2-D weights of type wtype (norms are f32). */
 int64_t model_n_params(const struct model_config *cfg);
+/* The type a weight matrix with rows of ne0 elements gets for the weight type wtype: wtype
+ * itself when its blocks divide ne0, else llama.cpp's fallback (Q2_K and Q3_K to Q4_0, Q4_K to
+ * Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, IQ4_XS to IQ4_NL; F16 when those do not fit either). */
+enum bp_type model_row_type(enum bp_type wtype, int64_t ne0);
 size_t model_weight_bytes(const struct model_config *cfg, enum bp_type wtype);
 /* Bytes of the stacked expert matrices of cfg with weights of type wtype (0 without experts). */
 size_t model_expert_bytes(const struct model_config *cfg, enum bp_type wtype);

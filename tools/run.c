@@ -192,8 +192,26 @@ static int first_running(bp_backend **be, int nb, int prefer, enum model_op op, 
     return -1;
 }
 
-static const enum bp_type weight_types[] = {BP_TYPE_F32, BP_TYPE_F16, BP_TYPE_BF16, BP_TYPE_Q8_0,
-                                            BP_TYPE_Q4_0};
+/* The types a model's weights may have (the activation-only Q8_1 and Q8_K, and I32, are not). */
+static const enum bp_type weight_types[] = {
+    BP_TYPE_F32,  BP_TYPE_F16,  BP_TYPE_BF16, BP_TYPE_Q8_0, BP_TYPE_Q4_0,   BP_TYPE_Q4_1,
+    BP_TYPE_Q5_0, BP_TYPE_Q5_1, BP_TYPE_Q2_K, BP_TYPE_Q3_K, BP_TYPE_Q4_K,   BP_TYPE_Q5_K,
+    BP_TYPE_Q6_K, BP_TYPE_IQ4_NL, BP_TYPE_IQ4_XS};
+
+static bool is_weight_type(enum bp_type t)
+{
+    for (size_t i = 0; i < sizeof(weight_types) / sizeof(weight_types[0]); i++)
+        if (weight_types[i] == t)
+            return true;
+    return false;
+}
+
+/* The type of the weight matrices with rows of ne0: a file's weight type, or the seeded model's
+ * --wtype with its fallback for rows its blocks do not divide. */
+static enum bp_type row_type(const struct run_opts *o, int64_t ne0)
+{
+    return o->gguf != NULL ? o->wtype : model_row_type(o->wtype, ne0);
+}
 
 static int argmax(const float *x, int n)
 {
@@ -324,13 +342,15 @@ static bool place_weights(struct run *run)
     for (; w < run->nb; w++) {
         can[0] = '\0';
         for (size_t t = 0; t < sizeof(weight_types) / sizeof(weight_types[0]); t++)
-            if (runs_op(run->be[w], OP_MUL_MAT, weight_types[t], n_embd))
+            if (runs_op(run->be[w], OP_MUL_MAT, model_row_type(weight_types[t], n_embd), n_embd))
                 snprintf(can + strlen(can), sizeof(can) - strlen(can), "%s%s", can[0] ? ", " : "",
                          bp_type_name(weight_types[t]));
         if (can[0] != '\0')
             break;
     }
-    if (w == run->nb || !runs_op(run->be[w], OP_MUL_MAT, run->o->wtype, n_embd)) {
+    const int64_t n_ff = run->cfg->n_ff;
+    if (w == run->nb || !runs_op(run->be[w], OP_MUL_MAT, row_type(run->o, n_embd), n_embd) ||
+        (n_ff > 0 && !runs_op(run->be[w], OP_MUL_MAT, row_type(run->o, n_ff), n_ff))) {
         fprintf(stderr, "backplane run: %s cannot run %s weights; it can run: %s\n",
                 shown(run->r->names[w < run->nb ? w : 0]), bp_type_name(run->o->wtype),
                 can[0] ? can : "none of them");
@@ -345,7 +365,8 @@ static enum bp_type embedding_type(const struct run_opts *o)
 {
     struct bp_gguf_tensor info;
     const int64_t i = o->gguf != NULL ? bp_gguf_find_tensor(o->gguf, "token_embd.weight") : -1;
-    return i >= 0 && bp_gguf_get_tensor(o->gguf, i, &info) == BP_OK ? info.type : o->wtype;
+    return i >= 0 && bp_gguf_get_tensor(o->gguf, i, &info) == BP_OK ? info.type
+                                                                    : row_type(o, o->cfg->n_embd);
 }
 
 /* The stacked experts: with the weights, or on --experts-on's device (not in the --check run
@@ -381,7 +402,7 @@ static bool experts_runnable(struct run *run)
 {
     const struct run_result *r = run->r;
     const int w = r->weights_on, e = r->experts_on;
-    const enum bp_type t = run->o->wtype;
+    const enum bp_type t = row_type(run->o, run->cfg->n_embd);
     if (run->cfg->n_expert == 0 || runs_op(run->be[w], OP_MUL_MAT_ID, t, run->cfg->n_embd) ||
         (e >= 0 && e != w && runs_op(run->be[e], OP_MUL_MAT_ID, t, run->cfg->n_embd)))
         return true;
@@ -1009,7 +1030,7 @@ static bool kv_type_name(const char *name)
 
 static void run_usage(FILE *f)
 {
-    fprintf(f, "usage: backplane run [--model tiny|small|base|moe] [--wtype f32|f16|bf16|q8_0|q4_0]\n"
+    fprintf(f, "usage: backplane run [--model tiny|small|base|moe] [--wtype TYPE]\n"
                "                     [--gguf FILE] [--tokens ID,ID,...] [--ctx N]\n"
                "                     [--flash-attn on|off|auto]\n"
                "                     [--kv-type f16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl]\n"
@@ -1021,6 +1042,11 @@ static void run_usage(FILE *f)
                "                     [--no-expert-stream]\n"
                "       backplane run --model M [--wtype T] [--seed N] --save-gguf FILE\n"
                "\n"
+               "  --wtype     the seeded model's weight type: f32 (default), f16, bf16, q8_0,\n"
+               "              q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs;\n"
+               "              rows a k-quant's blocks of 256 do not divide fall back as in\n"
+               "              llama.cpp (q4_K to q5_0, q5_K to q5_1, q6_K to q8_0, q2_K and q3_K\n"
+               "              to q4_0, iq4_xs to iq4_nl)\n"
                "  --gguf FILE the model of a llama-architecture GGUF file (llama, mistral, qwen2)\n"
                "              instead of a seeded one; its weights keep their types\n"
                "  --tokens    the prompt as token ids (no tokenizer); default: -p ids drawn from\n"
@@ -1113,9 +1139,10 @@ static int take_choice(const char *a, const char *v, struct run_opts *o)
         }
         o->model_given = true;
     } else if (strcmp(a, "--wtype") == 0) {
-        if (bp_type_from_name(v, &o->wtype) != BP_OK || o->wtype == BP_TYPE_I32) {
-            fprintf(stderr, "%s: '%s' is not a weight type (f32, f16, bf16, q8_0, q4_0)\n",
-                    run_cmd, tool_text(v));
+        if (bp_type_from_name(v, &o->wtype) != BP_OK || !is_weight_type(o->wtype)) {
+            fprintf(stderr, "%s: '%s' is not a weight type (f32, f16, bf16, q8_0, q4_0, q4_1, "
+                    "q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs)\n", run_cmd,
+                    tool_text(v));
             return 2;
         }
         o->wtype_given = true;
@@ -1435,7 +1462,7 @@ static double check_bound(const struct run_opts *o)
     /* Half precision rounds every product's activations to 16 bits on the devices that take
      * the permission (the CPU with AVX512_BF16) and not on others. */
     const bool half = o->half && (o->wtype == BP_TYPE_BF16 || o->wtype == BP_TYPE_F16);
-    return o->wtype == BP_TYPE_Q8_0 || o->wtype == BP_TYPE_Q4_0 || half ? 2e-3 : 1e-6;
+    return bp_type_get_traits(o->wtype)->is_quantized || half ? 2e-3 : 1e-6;
 }
 
 /* Logits are comparable while both runs have seen the same tokens: steps are compared up to

@@ -16,6 +16,8 @@ int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 /* backplane conformance (conformance.c) */
 int cmd_conformance(int argc, char **argv);
+/* backplane quantize (quantize.c) */
+int cmd_quantize(int argc, char **argv);
 
 /* With devices on other processes (DEVICE@RANK in devices: one of several processes started
  * by mpirun), this process's rank and in *n_ranks how many there are; else 0 of 1 (ranks.c). */

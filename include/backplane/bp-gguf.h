@@ -5,9 +5,10 @@
  * tensors against each other (no overlaps), keys as UTF-8, no duplicate keys or tensor names.
  * A file that fails any check is refused with one sentence in bp_last_error() naming the file,
  * what was wrong and where; nothing it contains can make the reader read outside the file.
- * Tensors of every ggml type are described; those backplane computes with (F32, F16, BF16,
- * I32, Q8_0, Q4_0, whose block layouts are ggml's) get a bp_type, the others are named in the
- * error of bp_gguf_get_tensor.
+ * Tensors of every ggml type are described; those backplane has (every enum bp_type: F32, F16,
+ * BF16, I32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K to Q8_K, IQ4_NL, IQ4_XS, whose block
+ * layouts are ggml's) get a bp_type, the others (IQ1/IQ2/IQ3, TQ, MXFP4, I8...) are named in
+ * the error of bp_gguf_get_tensor.
  *
  * Files that change underneath. bp_gguf_open reads the header through the mapping once and
  * copies everything in it (keys, every value, tensor infos): after the open, the metadata
@@ -123,8 +124,8 @@ BP_API enum bp_status bp_gguf_get_tensor(const bp_gguf *gguf, int64_t i,
 /* ---- Writing ------------------------------------------------------------------------------
  * A writer collects metadata and tensors, then writes a version-3 file in one go. Setting a key
  * twice replaces its value. Tensors are written from their buffers (bp_tensor_get), so they
- * must be allocated and stay alive until bp_gguf_writer_write returns; names must be unique
- * and types among F32, F16, BF16, I32, Q8_0, Q4_0. */
+ * must be allocated and stay alive until bp_gguf_writer_write returns; names must be unique.
+ * Every enum bp_type is written, under ggml's type id for it. */
 typedef struct bp_gguf_writer bp_gguf_writer;
 
 BP_API bp_gguf_writer *bp_gguf_writer_new(void);
@@ -140,6 +141,10 @@ BP_API enum bp_status bp_gguf_writer_set_arr_f32(bp_gguf_writer *w, const char *
                                                  const float *v, size_t n);
 BP_API enum bp_status bp_gguf_writer_set_arr_str(bp_gguf_writer *w, const char *key,
                                                  const char *const *v, size_t n);
+/* Copies key i of an open file (any value type, arrays of any element type, strings with NUL
+ * bytes in them) into the writer, replacing a value it already has under that key: how a tool
+ * keeps a file's metadata when it writes a new one. */
+BP_API enum bp_status bp_gguf_writer_copy_kv(bp_gguf_writer *w, const bp_gguf *g, int64_t i);
 /* The tensor's data, at most 4 dimensions; name as in the file (t's own name if NULL). */
 BP_API enum bp_status bp_gguf_writer_add_tensor(bp_gguf_writer *w, const char *name,
                                                 const bp_tensor *t);
