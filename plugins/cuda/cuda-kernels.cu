@@ -891,10 +891,20 @@ __global__ void k_matvec_q(cu_t d, cu_t a, cu_t b, int64_t total)
             if (c >= nc)
                 break;
             const char *x = bcol + c * b.nb[1] + u * 8 * nb0;
+            float xv[8];
+            if (nb0 == 4 && ((uintptr_t)x & 15) == 0) { /* dense columns: two 16-byte loads */
+                const float4 p = ((const float4 *)x)[0], q = ((const float4 *)x)[1];
+                xv[0] = p.x, xv[1] = p.y, xv[2] = p.z, xv[3] = p.w;
+                xv[4] = q.x, xv[5] = q.y, xv[6] = q.z, xv[7] = q.w;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    xv[i] = *(const float *)(x + i * nb0);
+            }
             float part = 0.0f;
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                part += wv[i] * *(const float *)(x + i * nb0);
+                part += wv[i] * xv[i];
             acc[c] += part;
         }
     }
