@@ -5,7 +5,9 @@
  * source as the device copy. Random blocks (every bit pattern of the packed values, finite fp16
  * scales of both signs and many magnitudes) must decode to the same bits, group by group
  * (bpq_decode8, what the matrix-vector kernel uses) and element by element (bpq_get, what
- * GET_ROWS, copies and the GEMM conversion use). Exit 0 when all agree, 1 otherwise. */
+ * GET_ROWS, copies and the GEMM conversion use); and the matrix-vector kernel's inner loop
+ * (bpq_dot_lane), run for the 32 lanes of a warp, against products in double. Exit 0 when all
+ * agree, 1 otherwise. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -61,6 +63,49 @@ static bool same(float a, float b)
     return memcmp(&a, &b, sizeof(a)) == 0;
 }
 
+/* The matrix-vector kernel's inner loop (bpq_dot_lane) run for all 32 lanes of a warp on the
+ * one row of K weights at blocks (ref: their values), against products in double: with dense
+ * 16-byte aligned columns (the float4 loads) and with columns of every other float (the scalar
+ * loads), 3 columns each. A group of 8 that no lane or two lanes took, or the wrong block's
+ * bytes, moves a product by far more than the bound of float accumulation (1e-5 of the sum of
+ * |w x|). Returns the number of failures. */
+static int check_dot(const char *name, int type, const uint8_t *blocks, const float *ref,
+                     int64_t K)
+{
+    enum { NC = 3 };
+    float *x = (float *)aligned_alloc(16, sizeof(float) * (size_t)(2 * K * NC));
+    for (int64_t i = 0; i < 2 * K * NC; i++)
+        x[i] = (float)(next() % 2001) / 1000.0f - 1.0f;
+    int bad = 0;
+    for (int strided = 0; strided < 2; strided++) {
+        const int64_t nb0 = strided ? 8 : 4, nb1 = K * nb0;
+        float acc[BPQ_DOT_COLS] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int lane = 0; lane < 32; lane++) {
+            float part[BPQ_DOT_COLS] = {0.0f, 0.0f, 0.0f, 0.0f};
+            bpq_dot_lane(blocks, type, K, (const char *)x, nb0, nb1, NC, lane, part);
+            for (int c = 0; c < BPQ_DOT_COLS; c++)
+                acc[c] += part[c];
+        }
+        for (int c = 0; c < BPQ_DOT_COLS; c++) {
+            double want = 0.0, mag = 0.0;
+            for (int64_t k = 0; c < NC && k < K; k++) {
+                const double xv = x[(c * nb1 + k * nb0) / 4];
+                want += (double)ref[k] * xv;
+                mag += fabs((double)ref[k] * xv);
+            }
+            if (fabs((double)acc[c] - want) > 1e-5 * mag) {
+                printf("FAIL: %s dot (%s columns) column %d: %.9g, want %.9g\n", name,
+                       strided ? "strided" : "dense", c, acc[c], want);
+                bad++;
+            }
+        }
+    }
+    free(x);
+    printf("%s %s: matrix-vector inner loop, %lld weights x %d columns, dense and strided\n",
+           bad ? "FAIL" : "ok", name, (long long)K, NC);
+    return bad;
+}
+
 /* Checks one type; returns the number of mismatches (the first few printed). */
 static int check_type(const struct layout *l)
 {
@@ -97,6 +142,7 @@ static int check_type(const struct layout *l)
         }
     printf("%s %s: %d blocks of %d, %d mismatches\n", bad ? "FAIL" : "ok", tr->name, N_BLOCKS,
            qk, bad);
+    bad += check_dot(tr->name, l->type, blocks, ref, (int64_t)qk * N_BLOCKS);
     free(blocks);
     free(ref);
     return bad;

@@ -856,10 +856,11 @@ __global__ void k_matvec(cu_t d, cu_t a, cu_t b, int64_t total)
 }
 
 /* The other quantised weight types (Q4_1 ... IQ4_XS): one warp per (row m of a, group of up to
- * MV_COLS columns of b, batch). Each lane decodes 8 weights at a time (bpq_decode8; neighbouring
- * lanes take neighbouring groups of a block) and applies them to every column of its group, so
- * the weights are read once per MV_COLS columns. b is F32 (supports_op). */
-#define MV_COLS 4
+ * MV_COLS columns of b, batch). Each lane decodes 8 weights at a time (bpq_dot_lane in
+ * cuda-quants.cuh; neighbouring lanes take neighbouring groups of a block) and applies them to
+ * every column of its group, so the weights are read once per MV_COLS columns. b is F32
+ * (supports_op). */
+#define MV_COLS BPQ_DOT_COLS
 
 template <int TYPE>
 __global__ void k_matvec_q(cu_t d, cu_t a, cu_t b, int64_t total)
@@ -880,34 +881,8 @@ __global__ void k_matvec_q(cu_t d, cu_t a, cu_t b, int64_t total)
                                             (e3 / r3) * a.nb[3]);
     const char *bcol = at(b, 0, n0, e2, e3);
     const int nc = d.ne[1] - n0 < MV_COLS ? (int)(d.ne[1] - n0) : MV_COLS;
-    const int groups = bpq_block_elems(TYPE) / 8, bytes = bpq_block_bytes(TYPE);
-    const int64_t units = a.ne[0] / 8, nb0 = b.nb[0];
     float acc[MV_COLS] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t u = lane; u < units; u += 32) {
-        float wv[8];
-        bpq_decode8(arow + (u / groups) * bytes, TYPE, (int)(u % groups), wv);
-#pragma unroll
-        for (int c = 0; c < MV_COLS; c++) {
-            if (c >= nc)
-                break;
-            const char *x = bcol + c * b.nb[1] + u * 8 * nb0;
-            float xv[8];
-            if (nb0 == 4 && ((uintptr_t)x & 15) == 0) { /* dense columns: two 16-byte loads */
-                const float4 p = ((const float4 *)x)[0], q = ((const float4 *)x)[1];
-                xv[0] = p.x, xv[1] = p.y, xv[2] = p.z, xv[3] = p.w;
-                xv[4] = q.x, xv[5] = q.y, xv[6] = q.z, xv[7] = q.w;
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    xv[i] = *(const float *)(x + i * nb0);
-            }
-            float part = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                part += wv[i] * xv[i];
-            acc[c] += part;
-        }
-    }
+    bpq_dot_lane(arow, TYPE, a.ne[0], bcol, b.nb[0], b.nb[1], nc, lane, acc);
 #pragma unroll
     for (int c = 0; c < MV_COLS; c++) {
         float v = acc[c];

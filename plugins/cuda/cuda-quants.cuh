@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include <cuda_fp16.h>
+#include <vector_types.h>
 
 #include "cuda-impl.h"
 
@@ -265,6 +266,43 @@ BPQ_FN float bpq_get(const char *row, int type, int64_t k)
     for (int i = 1; i < 8; i++) /* a select, not an index: w stays in registers */
         v = (int)(k % 8) == i ? w[i] : v;
     return v;
+}
+
+/* ---- The matrix-vector product's inner loop ------------------------------------------------ */
+
+#define BPQ_DOT_COLS 4
+
+/* Lane `lane` (0..31) of a warp's share of the products of one row of K quantised weights at
+ * arow with nc (<= BPQ_DOT_COLS) F32 columns (column c at bcol + c nb1, elements nb0 apart),
+ * added to acc[0..nc): the lane takes the groups of 8 numbered lane, lane + 32, ... of the row,
+ * so neighbouring lanes decode neighbouring groups and every group is decoded once for all nc
+ * columns. The warp's sum of acc is the product. */
+BPQ_FN void bpq_dot_lane(const uint8_t *arow, int type, int64_t K, const char *bcol, int64_t nb0,
+                         int64_t nb1, int nc, int lane, float *acc)
+{
+    const int groups = bpq_block_elems(type) / 8, bytes = bpq_block_bytes(type);
+    for (int64_t u = lane; u < K / 8; u += 32) {
+        float wv[8];
+        bpq_decode8(arow + (u / groups) * bytes, type, (int)(u % groups), wv);
+        for (int c = 0; c < BPQ_DOT_COLS; c++) {
+            if (c >= nc)
+                break;
+            const char *x = bcol + c * nb1 + u * 8 * nb0;
+            float xv[8];
+            if (nb0 == 4 && ((uintptr_t)x & 15) == 0) { /* dense columns: two 16-byte loads */
+                const float4 p = ((const float4 *)x)[0], q = ((const float4 *)x)[1];
+                xv[0] = p.x, xv[1] = p.y, xv[2] = p.z, xv[3] = p.w;
+                xv[4] = q.x, xv[5] = q.y, xv[6] = q.z, xv[7] = q.w;
+            } else {
+                for (int i = 0; i < 8; i++)
+                    xv[i] = *(const float *)(x + i * nb0);
+            }
+            float part = 0.0f;
+            for (int i = 0; i < 8; i++)
+                part += wv[i] * xv[i];
+            acc[c] += part;
+        }
+    }
 }
 
 #endif
