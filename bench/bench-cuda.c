@@ -180,6 +180,72 @@ int bench_cuda_matmul(const char *device, long M, long N, long K, double min_tim
     return 0;
 }
 
+/* Weights of any quantised type: random bytes, every byte below 0x40 so that each fp16 scale is
+ * finite (the values do not matter to the time, but NaN would hide nothing here either). */
+static void fill_blocks(bp_tensor *t, unsigned seed)
+{
+    const size_t n = bp_nbytes(t);
+    unsigned char *raw = malloc(n);
+    for (size_t i = 0; i < n && raw != NULL; i++) {
+        seed = seed * 1103515245u + 12345u;
+        raw[i] = (unsigned char)((seed >> 16) & 0x3f);
+    }
+    if (raw != NULL)
+        bp_tensor_set(t, raw, 0, n);
+    free(raw);
+}
+
+/* One product per quantised weight type at M x K x N, as a Markdown table (for
+ * docs/performance.md): time, the weights' effective read bandwidth, and the time against
+ * Q4_0's (the first row). */
+int bench_cuda_matvec_quant(const char *device, long M, long N, long K, double min_time)
+{
+    static const enum bp_type types[] = {
+        BP_TYPE_Q4_0, BP_TYPE_Q8_0, BP_TYPE_Q4_1, BP_TYPE_Q5_0, BP_TYPE_Q5_1, BP_TYPE_Q2_K,
+        BP_TYPE_Q3_K, BP_TYPE_Q4_K, BP_TYPE_Q5_K, BP_TYPE_Q6_K, BP_TYPE_IQ4_NL, BP_TYPE_IQ4_XS};
+    bp_backend *be = cuda_backend(device);
+    if (be == NULL)
+        return 0;
+    printf("| type (%s, M=%ld K=%ld N=%ld) | bits/weight | time (us) | weights GB/s | vs q4_0 |\n",
+           device, M, K, N);
+    printf("|---|---|---|---|---|\n");
+    double t_q4_0 = -1.0;
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        const enum bp_type wt = types[ti];
+        bp_context *ctx = bp_context_new(4);
+        bp_tensor *w = bp_new_tensor_2d(ctx, wt, K, M);
+        bp_tensor *x = bp_new_tensor_2d(ctx, BP_TYPE_F32, K, N);
+        bp_tensor *y = bp_mul_mat(ctx, w, x);
+        bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+        bp_graph *g = bp_graph_new(4);
+        if (buf == NULL || bp_graph_build_forward(g, y) != BP_OK ||
+            !bp_backend_supports_op(be, y)) {
+            printf("| %s | - | not run: %s | | |\n", bp_type_name(wt),
+                   buf == NULL ? bp_last_error() : "not supported");
+        } else {
+            fill_blocks(w, 1u + (unsigned)ti);
+            bench_fill(x, 2);
+            struct graph_job gj = {be, g};
+            const double t = time_median(run_graph, &gj, min_time);
+            const struct bp_type_traits *tr = bp_type_get_traits(wt);
+            if (ti == 0)
+                t_q4_0 = t;
+            if (t > 0)
+                printf("| %s | %.2f | %.1f | %.0f | %.2f x |\n", bp_type_name(wt),
+                       8.0 * (double)tr->type_size / (double)tr->block_size, t * 1e6,
+                       (double)bp_nbytes(w) / t * 1e-9, t_q4_0 > 0 ? t / t_q4_0 : 0.0);
+            else
+                printf("| %s | - | failed: %s | | |\n", bp_type_name(wt), bp_last_error());
+        }
+        fflush(stdout);
+        bp_graph_free(g);
+        bp_buffer_free(buf);
+        bp_context_free(ctx);
+    }
+    bp_backend_free(be);
+    return 0;
+}
+
 int bench_cuda_ops(const char *device, long n, double min_time)
 {
     bp_backend *be = cuda_backend(device);

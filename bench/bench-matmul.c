@@ -6,7 +6,11 @@
  *                [--K 4096,14336] [--N 1,8,32,512] [--threads 1,2] [--min-time 1.0] [--no-peer]
  *                [--no-limits] [--no-dram]
  *   bench-matmul --device CUDA0 [--M 4096] [--K 4096] [--N 4096] [--min-time 1.0]
+ *   bench-matmul --device CUDA0 --quant [--M 4096] [--K 4096] [--N 1] [--min-time 1.0]
  *
+ * With --quant the CUDA device runs one product per quantised weight type (Q4_0 first, then
+ * Q8_0, Q4_1 ... IQ4_XS) and prints a Markdown table: time, the weights' read bandwidth, and
+ * the time against Q4_0's.
  * A type name ending in _repack puts the weights in the CPU's CPU_REPACK buffer type (Q4_0, Q8_0);
  * one ending in _half (bf16_half, f16_half) computes under BP_MM_PRECISION_HALF.
  * --no-limits skips the FMA peak, triad and read-bandwidth measurements (quick comparisons
@@ -230,6 +234,10 @@ int main(int argc, char **argv)
 #ifdef BP_BENCH_CUDA
         if (bp_device_by_name(device) == NULL)
             bench_load_plugins(BP_BENCH_CUDA_DIR);
+        if (bench_flag(argc, argv, "--quant"))
+            return bench_cuda_matvec_quant(device, atol(bench_arg(argc, argv, "--M", "4096")),
+                                           atol(bench_arg(argc, argv, "--N", "1")),
+                                           atol(bench_arg(argc, argv, "--K", "4096")), o.min_time);
         return bench_cuda_matmul(device, atol(bench_arg(argc, argv, "--M", "4096")),
                                  atol(bench_arg(argc, argv, "--N", "4096")),
                                  atol(bench_arg(argc, argv, "--K", "4096")), o.min_time);

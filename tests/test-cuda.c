@@ -1,7 +1,9 @@
 /* test-cuda.c - the CUDA plugin on a GPU: every conformance case on CUDA0 against the reference,
  * buffers and copies (including device to device and 2-D strided), the pinned host buffer type,
- * events, out-of-range row ids, the scheduler with CUDA0 and the CPU, and Meta(CUDA0) (with
- * NCCL where built). Without a GPU it prints why and exits 77 (SKIP): never a pass. */
+ * events, out-of-range row ids, the scheduler with CUDA0 and the CPU, Meta(CUDA0) (with NCCL
+ * where built), and every quantised weight type against the runtime's dequantizers. Without a
+ * GPU it prints why and exits 77 (SKIP): never a pass. */
+#include <stddef.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -259,6 +261,158 @@ START_TEST(test_nccl_allreduce)
 }
 END_TEST
 
+/* ---- Quantised weight types --------------------------------------------------------------
+ * Every weight type the plugin decodes, against the runtime's dequantizers (to_float): random
+ * blocks (every bit pattern of the packed values; finite fp16 scales, 2^-6 to 2^1, of both
+ * signs) through GET_ROWS, MUL_MAT with 1 column (the matrix-vector kernel), 7 and 64 (the
+ * dequantize-and-cuBLAS path) and MUL_MAT_ID, compared with products in double. A block decoded
+ * wrongly anywhere moves the NMSE far above the bounds. */
+struct wtype {
+    enum bp_type type;
+    size_t half_at[2]; /* the fp16 fields of a block */
+    int n_halves;
+};
+
+#define WT1(T, S) {T, {offsetof(struct S, d)}, 1}
+#define WT2(T, S, M) {T, {offsetof(struct S, d), offsetof(struct S, M)}, 2}
+static const struct wtype wtypes_q[] = {
+    WT1(BP_TYPE_Q8_0, bp_block_q8_0),       WT1(BP_TYPE_Q4_0, bp_block_q4_0),
+    WT2(BP_TYPE_Q4_1, bp_block_q4_1, m),    WT1(BP_TYPE_Q5_0, bp_block_q5_0),
+    WT2(BP_TYPE_Q5_1, bp_block_q5_1, m),    WT2(BP_TYPE_Q2_K, bp_block_q2_k, dmin),
+    WT1(BP_TYPE_Q3_K, bp_block_q3_k),       WT2(BP_TYPE_Q4_K, bp_block_q4_k, dmin),
+    WT2(BP_TYPE_Q5_K, bp_block_q5_k, dmin), WT1(BP_TYPE_Q6_K, bp_block_q6_k),
+    WT1(BP_TYPE_IQ4_NL, bp_block_iq4_nl),   WT1(BP_TYPE_IQ4_XS, bp_block_iq4_xs),
+};
+
+static uint32_t wt_next(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(*s >> 32);
+}
+
+/* Random blocks of type w into t (contiguous) on the device; returns the values as the
+ * runtime's to_float reads them (caller frees). */
+static float *fill_blocks(bp_tensor *t, const struct wtype *w, uint64_t *rng)
+{
+    const struct bp_type_traits *tr = bp_type_get_traits(w->type);
+    const size_t bytes = bp_nbytes(t), nblocks = bytes / tr->type_size;
+    uint8_t *raw = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++)
+        raw[i] = (uint8_t)wt_next(rng);
+    for (size_t b = 0; b < nblocks; b++)
+        for (int h = 0; h < w->n_halves; h++) {
+            const uint32_t r = wt_next(rng);
+            const uint16_t v = (uint16_t)((r & 1) << 15 | (9 + (r >> 1) % 8) << 10 | (r >> 8 & 0x3ff));
+            memcpy(raw + b * tr->type_size + w->half_at[h], &v, sizeof(v));
+        }
+    float *out = malloc((size_t)bp_nelements(t) * sizeof(float));
+    tr->to_float(raw, out, bp_nelements(t));
+    ck_assert_int_eq(bp_tensor_set(t, raw, 0, bytes), BP_OK);
+    free(raw);
+    return out;
+}
+
+static float *fill_floats(bp_tensor *t, uint64_t *rng)
+{
+    const int64_t n = bp_nelements(t);
+    float *v = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (float)(wt_next(rng) % 2001) / 1000.0f - 1.0f;
+    ck_assert_int_eq(bp_tensor_set(t, v, 0, (size_t)n * sizeof(float)), BP_OK);
+    return v;
+}
+
+/* r[m, n] = sum_k w[m K + k] x[n K + k], in double, for a [K, M] weight and a [K, N] input. */
+static float *ref_product(const float *w, const float *x, int64_t K, int64_t M, int64_t N)
+{
+    float *r = malloc((size_t)(M * N) * sizeof(float));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) {
+            double s = 0.0;
+            for (int64_t k = 0; k < K; k++)
+                s += (double)w[m * K + k] * (double)x[n * K + k];
+            r[n * M + m] = (float)s;
+        }
+    return r;
+}
+
+static float *read_back(const bp_tensor *t)
+{
+    float *v = malloc(bp_nbytes(t));
+    ck_assert_int_eq(bp_tensor_get(t, v, 0, bp_nbytes(t)), BP_OK);
+    return v;
+}
+
+START_TEST(test_weight_type)
+{
+    const struct wtype *w = &wtypes_q[_i];
+    const char *name = bp_type_name(w->type);
+    enum { K = 512, M = 40, E = 3, U = 2, T = 5, NR = 6 };
+    static const int64_t cols[3] = {1, 7, 64};
+    uint64_t rng = 0x5eedull + (uint64_t)_i;
+    bp_context *ctx = bp_context_new(32);
+    bp_tensor *a = bp_new_tensor_2d(ctx, w->type, K, M);
+    bp_tensor *as = bp_new_tensor_3d(ctx, w->type, K, M, E);
+    bp_tensor *rid = bp_new_tensor_1d(ctx, BP_TYPE_I32, NR);
+    bp_tensor *xid = bp_new_tensor_3d(ctx, BP_TYPE_F32, K, U, T);
+    bp_tensor *eid = bp_new_tensor_2d(ctx, BP_TYPE_I32, U, T);
+    bp_tensor *x[3], *p[3];
+    bp_graph *g = bp_graph_new(64);
+    bp_tensor *rows = bp_get_rows(ctx, a, rid), *pid = bp_mul_mat_id(ctx, as, xid, eid);
+    ck_assert_msg(rows && pid, "%s: %s", name, bp_last_error());
+    for (int c = 0; c < 3; c++) {
+        x[c] = bp_new_tensor_2d(ctx, BP_TYPE_F32, K, cols[c]);
+        p[c] = bp_mul_mat(ctx, a, x[c]);
+        ck_assert_int_eq(bp_graph_build_forward(g, p[c]), BP_OK);
+    }
+    ck_assert_int_eq(bp_graph_build_forward(g, rows), BP_OK);
+    ck_assert_int_eq(bp_graph_build_forward(g, pid), BP_OK);
+    for (int i = 0; i < bp_graph_get_n_nodes(g); i++)
+        ck_assert_msg(bp_backend_supports_op(gpu, bp_graph_get_node(g, i)),
+                      "%s: CUDA0 declines node %d", name, i);
+    bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(gpu));
+    ck_assert_ptr_nonnull(buf);
+    float *wa = fill_blocks(a, w, &rng), *was = fill_blocks(as, w, &rng);
+    float *xs[3], *xi = fill_floats(xid, &rng);
+    for (int c = 0; c < 3; c++)
+        xs[c] = fill_floats(x[c], &rng);
+    int32_t rids[NR] = {39, 0, 17, 17, 5, 38}, eids[U * T];
+    for (int j = 0; j < U * T; j++)
+        eids[j] = (int32_t)(wt_next(&rng) % E);
+    bp_tensor_set(rid, rids, 0, sizeof(rids));
+    bp_tensor_set(eid, eids, 0, sizeof(eids));
+    ck_assert_msg(bp_backend_graph_compute(gpu, g) == BP_OK, "%s: %s", name, bp_last_error());
+
+    float *got = read_back(rows), *want = malloc(sizeof(float) * K * NR);
+    for (int r = 0; r < NR; r++)
+        memcpy(want + r * K, wa + rids[r] * K, sizeof(float) * K);
+    assert_close_nmse(got, want, K * NR, 1e-12);
+    free(got);
+    free(want);
+    for (int c = 0; c < 3; c++) {
+        got = read_back(p[c]);
+        want = ref_product(wa, xs[c], K, M, cols[c]);
+        assert_close_nmse(got, want, M * cols[c], 1e-7);
+        free(got);
+        free(want);
+        free(xs[c]);
+    }
+    got = read_back(pid);
+    for (int j = 0; j < U * T; j++) {
+        want = ref_product(was + (int64_t)eids[j] * K * M, xi + (int64_t)j * K, K, M, 1);
+        assert_close_nmse(got + (int64_t)j * M, want, M, 1e-7);
+        free(want);
+    }
+    free(got);
+    free(wa);
+    free(was);
+    free(xi);
+    bp_buffer_free(buf);
+    bp_graph_free(g);
+    bp_context_free(ctx);
+}
+END_TEST
+
 /* Whether there is a GPU to test on, asked in a throwaway child: CUDA cannot be used in a
  * process forked after it was initialised, and Check forks every test from this process, so
  * this one must never load the CUDA plugin itself. Returns true, or false with the reason. */
@@ -325,5 +479,10 @@ int main(void)
     tcase_add_test(t2, test_meta_over_cuda);
     tcase_add_test(t2, test_nccl_allreduce);
     suite_add_tcase(s, t2);
+    TCase *t3 = tcase_create("weight types");
+    tcase_add_checked_fixture(t3, setup, teardown);
+    tcase_set_timeout(t3, 120);
+    tcase_add_loop_test(t3, test_weight_type, 0, (int)(sizeof(wtypes_q) / sizeof(wtypes_q[0])));
+    suite_add_tcase(s, t3);
     return bp_test_run(s);
 }

@@ -48,8 +48,9 @@ static enum bp_status scratch_reserve(struct cuda_backend *cb, size_t size)
  *  - BF16 weights: the activations are split into two BF16 matrices, hi = bf16(x) and
  *    lo = bf16(x - hi), and two tensor-core GEMMs accumulate W hi + W lo in f32 (16 significant
  *    bits of x instead of 8: NMSE about 1e-11 against a double reference).
- *  - F16, Q8_0 and Q4_0 weights: the weights are split the same way (exact for F16; 16 bits of
- *    the dequantised value for Q8_0/Q4_0), and three GEMMs accumulate Whi xhi + Whi xlo + Wlo xhi.
+ *  - F16 and quantised weights: the weights are split the same way (exact for F16; 16 bits of
+ *    the dequantised value for the quantised types), and three GEMMs accumulate
+ *    Whi xhi + Whi xlo + Wlo xhi.
  *    The last term takes xhi with non-finite values set to 0: Wlo is 0 for most weights, and
  *    0 * inf would make the product of an infinite activation NaN instead of infinite.
  * Batches are strided-batched GEMMs, weights broadcast over batches with a zero stride, and every

@@ -13,8 +13,11 @@
 extern "C" {
 #endif
 
-/* Type codes, equal to enum bp_type (checked in cuda-plugin.c). */
-enum { CU_F32 = 0, CU_F16 = 1, CU_BF16 = 2, CU_I32 = 3, CU_Q8_0 = 4, CU_Q4_0 = 5 };
+/* Type codes, equal to enum bp_type (checked in cuda-internal.h). The quantised weight types
+ * are decoded in cuda-quants.cuh. */
+enum { CU_F32 = 0, CU_F16 = 1, CU_BF16 = 2, CU_I32 = 3, CU_Q8_0 = 4, CU_Q4_0 = 5, CU_Q4_1 = 6,
+       CU_Q5_0 = 7, CU_Q5_1 = 8, CU_Q2_K = 10, CU_Q3_K = 11, CU_Q4_K = 12, CU_Q5_K = 13,
+       CU_Q6_K = 14, CU_IQ4_NL = 16, CU_IQ4_XS = 17 };
 
 /* A tensor as the kernels see it: device address, type, shape and byte strides. */
 struct cu_t {
@@ -70,8 +73,8 @@ int bp_cu_flash_attn(struct cu_t d, struct cu_t q, struct cu_t k, struct cu_t v,
                      cudaStream_t s);
 /* b may be NULL: then a holds gate and up side by side along dimension 0. */
 int bp_cu_glu(int glu_op, struct cu_t d, struct cu_t a, const struct cu_t *b, cudaStream_t s);
-/* dst = a^T b for few columns of b: one warp per row of a, any weight type (F32, F16, BF16,
- * Q8_0, Q4_0), batches broadcast like MUL_MAT. */
+/* dst = a^T b for few columns of b: one warp per row of a, any weight type (F32, F16, BF16 and
+ * every quantised type of cuda-quants.cuh), batches broadcast like MUL_MAT. */
 int bp_cu_matvec(struct cu_t d, struct cu_t a, struct cu_t b, cudaStream_t s);
 /* Every row of a (any type; all ne[1] * ne[2] * ne[3] rows in order) converted to a dense
  * row-major matrix of type out_type (CU_F32, CU_F16 or CU_BF16) with ne[0] elements per row:

@@ -30,6 +30,12 @@ _Static_assert((int)CU_F32 == (int)BP_TYPE_F32 && (int)CU_F16 == (int)BP_TYPE_F1
                    (int)CU_BF16 == (int)BP_TYPE_BF16 && (int)CU_I32 == (int)BP_TYPE_I32 &&
                    (int)CU_Q8_0 == (int)BP_TYPE_Q8_0 && (int)CU_Q4_0 == (int)BP_TYPE_Q4_0,
                "cuda-impl.h type codes follow enum bp_type");
+_Static_assert((int)CU_Q4_1 == (int)BP_TYPE_Q4_1 && (int)CU_Q5_0 == (int)BP_TYPE_Q5_0 &&
+                   (int)CU_Q5_1 == (int)BP_TYPE_Q5_1 && (int)CU_Q2_K == (int)BP_TYPE_Q2_K &&
+                   (int)CU_Q3_K == (int)BP_TYPE_Q3_K && (int)CU_Q4_K == (int)BP_TYPE_Q4_K &&
+                   (int)CU_Q5_K == (int)BP_TYPE_Q5_K && (int)CU_Q6_K == (int)BP_TYPE_Q6_K &&
+                   (int)CU_IQ4_NL == (int)BP_TYPE_IQ4_NL && (int)CU_IQ4_XS == (int)BP_TYPE_IQ4_XS,
+               "cuda-impl.h codes of the quantised weight types follow enum bp_type");
 _Static_assert((int)CU_NEG == (int)BP_UNARY_OP_NEG && (int)CU_SQRT == (int)BP_UNARY_OP_SQRT &&
                    (int)CU_GELU_ERF == (int)BP_UNARY_OP_GELU_ERF &&
                    (int)CU_GELU_ERF + 1 == (int)BP_UNARY_OP_COUNT,

@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "cuda-impl.h"
+#include "cuda-quants.cuh"
 
 #define THREADS 256
 
@@ -71,23 +72,15 @@ static int launched(void)
     return (int)cudaGetLastError();
 }
 
-/* Quantised rows: element k of the row starting at p. */
+/* Quantised rows: element k of the row starting at row (cuda-quants.cuh decodes every type). */
 static __device__ __forceinline__ float ld_q(const char *row, int type, int64_t k)
 {
-    if (type == CU_Q8_0) {
-        const char *b = row + (k / 32) * 34;
-        return __half2float(*(const __half *)b) * (float)((const int8_t *)(b + 2))[k % 32];
-    }
-    const char *b = row + (k / 32) * 18;
-    const int j = (int)(k % 32);
-    const uint8_t q = ((const uint8_t *)(b + 2))[j & 15];
-    const int v = (j < 16 ? (q & 0x0f) : (q >> 4)) - 8;
-    return __half2float(*(const __half *)b) * (float)v;
+    return bpq_get(row, type, k);
 }
 
 static __device__ __forceinline__ float ld_row(const char *row, int type, int64_t nb0, int64_t k)
 {
-    if (type == CU_Q8_0 || type == CU_Q4_0)
+    if (bpq_is_quant(type))
         return ld_q(row, type, k);
     return ld(row + k * nb0, type);
 }
@@ -141,7 +134,7 @@ __global__ void k_unary(int op, float p, float q, cu_t d, cu_t a, int64_t n)
 
 static __device__ __forceinline__ bool is_quant(int type)
 {
-    return type == CU_Q8_0 || type == CU_Q4_0;
+    return bpq_is_quant(type);
 }
 
 /* Element-wise copy in logical order; the source may be quantised (rows of whole blocks), and
@@ -862,11 +855,79 @@ __global__ void k_matvec(cu_t d, cu_t a, cu_t b, int64_t total)
         st(at(d, e[0], e[1], e[2], e[3]), d.type, s);
 }
 
+/* The other quantised weight types (Q4_1 ... IQ4_XS): one warp per (row m of a, group of up to
+ * MV_COLS columns of b, batch). Each lane decodes 8 weights at a time (bpq_dot_lane in
+ * cuda-quants.cuh; neighbouring lanes take neighbouring groups of a block) and applies them to
+ * every column of its group, so the weights are read once per MV_COLS columns. b is F32
+ * (supports_op). */
+#define MV_COLS BPQ_DOT_COLS
+
+template <int TYPE>
+__global__ void k_matvec_q(cu_t d, cu_t a, cu_t b, int64_t total)
+{
+    const int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (w >= total)
+        return;
+    const int64_t ncg = (d.ne[1] + MV_COLS - 1) / MV_COLS;
+    int64_t r = w;
+    const int64_t m = r % d.ne[0];
+    r /= d.ne[0];
+    const int64_t n0 = (r % ncg) * MV_COLS;
+    r /= ncg;
+    const int64_t e2 = r % d.ne[2], e3 = r / d.ne[2];
+    const int64_t r2 = b.ne[2] / a.ne[2], r3 = b.ne[3] / a.ne[3];
+    const uint8_t *arow = (const uint8_t *)(a.data + m * a.nb[1] + (e2 / r2) * a.nb[2] +
+                                            (e3 / r3) * a.nb[3]);
+    const char *bcol = at(b, 0, n0, e2, e3);
+    const int nc = d.ne[1] - n0 < MV_COLS ? (int)(d.ne[1] - n0) : MV_COLS;
+    float acc[MV_COLS] = {0.0f, 0.0f, 0.0f, 0.0f};
+    bpq_dot_lane(arow, TYPE, a.ne[0], bcol, b.nb[0], b.nb[1], nc, lane, acc);
+#pragma unroll
+    for (int c = 0; c < MV_COLS; c++) {
+        float v = acc[c];
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0 && c < nc)
+            st(at(d, m, n0 + c, e2, e3), d.type, v);
+    }
+}
+
+/* Launches k_matvec_q for the type of a; false for a type it does not take. */
+static bool matvec_quant(cu_t d, cu_t a, cu_t b, cudaStream_t s, int *err)
+{
+    const int64_t total = d.ne[0] * ((d.ne[1] + MV_COLS - 1) / MV_COLS) * d.ne[2] * d.ne[3];
+    const int64_t blocks = (total * 32 + THREADS - 1) / THREADS;
+    if (blocks > 0x7fffffffLL) {
+        *err = (int)cudaErrorInvalidConfiguration;
+        return true;
+    }
+    const unsigned g = (unsigned)(blocks > 0 ? blocks : 1);
+    switch (a.type) {
+    case CU_Q4_1: k_matvec_q<CU_Q4_1><<<g, THREADS, 0, s>>>(d, a, b, total); break;
+    case CU_Q5_0: k_matvec_q<CU_Q5_0><<<g, THREADS, 0, s>>>(d, a, b, total); break;
+    case CU_Q5_1: k_matvec_q<CU_Q5_1><<<g, THREADS, 0, s>>>(d, a, b, total); break;
+    case CU_Q2_K: k_matvec_q<CU_Q2_K><<<g, THREADS, 0, s>>>(d, a, b, total); break;
+    case CU_Q3_K: k_matvec_q<CU_Q3_K><<<g, THREADS, 0, s>>>(d, a, b, total); break;
+    case CU_Q4_K: k_matvec_q<CU_Q4_K><<<g, THREADS, 0, s>>>(d, a, b, total); break;
+    case CU_Q5_K: k_matvec_q<CU_Q5_K><<<g, THREADS, 0, s>>>(d, a, b, total); break;
+    case CU_Q6_K: k_matvec_q<CU_Q6_K><<<g, THREADS, 0, s>>>(d, a, b, total); break;
+    case CU_IQ4_NL: k_matvec_q<CU_IQ4_NL><<<g, THREADS, 0, s>>>(d, a, b, total); break;
+    case CU_IQ4_XS: k_matvec_q<CU_IQ4_XS><<<g, THREADS, 0, s>>>(d, a, b, total); break;
+    default: return false;
+    }
+    *err = launched();
+    return true;
+}
+
 extern "C" int bp_cu_matvec(cu_t d, cu_t a, cu_t b, cudaStream_t s)
 {
     const int64_t total = nelements(d);
     if (total == 0)
         return 0;
+    int err = 0;
+    if (matvec_quant(d, a, b, s, &err))
+        return err;
     const int64_t threads = total * 32;
     const int64_t blocks = (threads + THREADS - 1) / THREADS;
     if (blocks > 0x7fffffffLL)

@@ -20,9 +20,24 @@ bool bp_cuda_float_type(enum bp_type t)
     return t == BP_TYPE_F32 || t == BP_TYPE_F16 || t == BP_TYPE_BF16;
 }
 
+/* The quantised types the kernels write (CPY, SET_ROWS): the quantizer in cuda-kernels.cu. */
 static bool quant_type(enum bp_type t)
 {
     return t == BP_TYPE_Q8_0 || t == BP_TYPE_Q4_0;
+}
+
+/* The quantised weight types the kernels read (cuda-quants.cuh decodes each): MUL_MAT,
+ * MUL_MAT_ID, GET_ROWS and copies from them. Not the activation types Q8_1 and Q8_K. */
+static bool weight_type(enum bp_type t)
+{
+    switch (t) {
+    case BP_TYPE_Q8_0: case BP_TYPE_Q4_0: case BP_TYPE_Q4_1: case BP_TYPE_Q5_0:
+    case BP_TYPE_Q5_1: case BP_TYPE_Q2_K: case BP_TYPE_Q3_K: case BP_TYPE_Q4_K:
+    case BP_TYPE_Q5_K: case BP_TYPE_Q6_K: case BP_TYPE_IQ4_NL: case BP_TYPE_IQ4_XS:
+        return true;
+    default:
+        return false;
+    }
 }
 
 /* Rows stored as whole contiguous blocks (how the quantised kernels address them). */
@@ -32,13 +47,13 @@ static bool rows_of_blocks(const bp_tensor *t)
 }
 
 /* DUP, CONT and CPY (the node is the destination): between float types in any layout, I32 to
- * I32, from a quantised source with whole-block rows, and into a quantised destination with
+ * I32, from a quantised weight type with whole-block rows, and into Q8_0 or Q4_0 with
  * whole-block rows. */
 static bool copy_supported(const bp_tensor *dst, const bp_tensor *src)
 {
     if (dst->type == BP_TYPE_I32 || src->type == BP_TYPE_I32)
         return dst->type == src->type;
-    const bool src_ok = bp_cuda_float_type(src->type) || (quant_type(src->type) && rows_of_blocks(src));
+    const bool src_ok = bp_cuda_float_type(src->type) || (weight_type(src->type) && rows_of_blocks(src));
     const bool dst_ok = bp_cuda_float_type(dst->type) || (quant_type(dst->type) && rows_of_blocks(dst));
     return src_ok && dst_ok;
 }
@@ -61,7 +76,7 @@ bool bp_cuda_supports(const bp_tensor *op)
     case BP_OP_GET_ROWS:
         return bp_cuda_float_type(op->type) && b->type == BP_TYPE_I32 &&
                (bp_cuda_float_type(a->type) ||
-                (quant_type(a->type) && a->nb[0] == bp_type_size(a->type)));
+                (weight_type(a->type) && a->nb[0] == bp_type_size(a->type)));
     case BP_OP_SET_ROWS:
         return (bp_cuda_float_type(op->type) || (quant_type(op->type) && rows_of_blocks(op))) &&
                bp_cuda_float_type(b->type) && op->src[2]->type == BP_TYPE_I32;
@@ -106,11 +121,11 @@ bool bp_cuda_supports(const bp_tensor *op)
     }
     case BP_OP_MUL_MAT:
         return op->type == BP_TYPE_F32 && b->type == BP_TYPE_F32 &&
-               (bp_cuda_float_type(a->type) || quant_type(a->type)) &&
+               (bp_cuda_float_type(a->type) || weight_type(a->type)) &&
                a->nb[0] == bp_type_size(a->type);
     case BP_OP_MUL_MAT_ID: /* gathered per expert, then MUL_MAT's path (cuda-compute.c) */
         return op->type == BP_TYPE_F32 && b->type == BP_TYPE_F32 &&
-               (bp_cuda_float_type(a->type) || quant_type(a->type)) &&
+               (bp_cuda_float_type(a->type) || weight_type(a->type)) &&
                a->nb[0] == bp_type_size(a->type) && rows_of_pairs(b) && rows_of_pairs(op) &&
                bp_is_contiguous(op->src[2]);
     default:

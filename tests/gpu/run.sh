@@ -9,8 +9,10 @@
 #   2. test-cuda-load, then test-cuda (the whole conformance suite on CUDA0, buffers, events,
 #      the scheduler, Meta(CUDA0), NCCL on one GPU); on a GPU a skip counts as a failure
 #   3. backplane run --model small --check -d CUDA0,CPU for every weight type
-#   4. bench-matmul --device CUDA0 (against cuBLAS doing the same GEMMs) and bench-ops --device
-#      CUDA0 (against cudaMemcpy)
+#   4. bench-matmul --device CUDA0 (against cuBLAS doing the same GEMMs), bench-matmul --device
+#      CUDA0 --quant (the matrix-vector product M=4096 K=4096 N=1 of every quantised weight type
+#      against Q4_0's, a Markdown table for docs/performance.md) and bench-ops --device CUDA0
+#      (against cudaMemcpy)
 #
 # Everything goes under $OUT (else FOLDER/results): run.log with every command's output, and
 # summary.txt (only those two and nvidia-smi.txt: the device tool returns few files). Sized to
@@ -164,9 +166,11 @@ done
 # ---- 4. benchmarks -------------------------------------------------------------------------------
 step bench-matmul 90 "$pack/bin/bench-matmul" --device CUDA0 --min-time 0.3 ||
     fail "bench-matmul --device CUDA0"
+step bench-quant 40 "$pack/bin/bench-matmul" --device CUDA0 --quant --M 4096 --K 4096 --N 1 \
+    --min-time 0.2 || fail "bench-matmul --device CUDA0 --quant"
 step bench-ops 60 "$pack/bin/bench-ops" --device CUDA0 --min-time 0.3 ||
     fail "bench-ops --device CUDA0"
-for b in bench-matmul bench-ops; do
+for b in bench-matmul bench-quant bench-ops; do
     output_of "$b" | sed 's/^/  /' | tee -a "$summary"
 done
 
