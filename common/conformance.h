@@ -19,10 +19,6 @@ struct conf_case {
     conf_build_fn build;
     int n_variants;
     double max_nmse; /* normalised mean squared error allowed against the reference */
-    /* A backend may decline the case (its variants then count as not supported, not failed):
-     * the weight types whose kernels a build may lack (the super-block types of the CPU plugin
-     * until cpu-kquants.c fills its table). A variant it accepts must still pass. */
-    bool may_decline;
 };
 
 /* Normalised mean squared error: sum (x - r)^2 / sum r^2 (0 when both are all zero). */
@@ -34,7 +30,7 @@ double conf_nmse(const float *x, const float *ref, int64_t n);
 bool conf_run(bp_backend *be, const struct conf_case *c, int v, bool *unsupported, char *why,
               size_t why_size);
 
-/* Runs every variant of c on be (unsupported counts as failed, unless c->may_decline); returns
+/* Runs every variant of c on be (unsupported counts as failed); returns
  * how many failed and writes the first reason into first. */
 int conf_run_variants(bp_backend *be, const struct conf_case *c, char *first, size_t first_size);
 

@@ -75,73 +75,9 @@ static void get_row(const bp_tensor *t, int64_t i1, int64_t i2, int64_t i3, floa
         out[i0] = (float)ref_get(t, i0, i1, i2, i3);
 }
 
-/* IQ4_NL's 16 values and ggml's quantize_row_iq4_nl_ref, for rows written in IQ4_NL while the
- * runtime has no quantiser for it (written apart from the CPU plugin's, from ggml's rule): per
- * block the scale that puts the largest magnitude on the table's end, fitted by least squares
- * (weights x^2) to its indices, then 15 other starting scales, the best fit kept, and the
- * indices chosen again for it. */
-static const int8_t iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                 1,    13,   25,  38,  53,  69,  89,  113};
-
-static int iq4nl_nearest(float x)
-{
-    if (x <= iq4nl[0])
-        return 0;
-    if (x >= iq4nl[15])
-        return 15;
-    int lo = 0, hi = 15;
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (x < iq4nl[mid])
-            hi = mid;
-        else
-            lo = mid;
-    }
-    return x - iq4nl[hi - 1] < iq4nl[hi] - x ? hi - 1 : hi;
-}
-
-static void iq4nl_block(const float *x, struct bp_block_iq4_nl *b)
-{
-    float amax = 0.0f, max = 0.0f, d = 0.0f;
-    for (int j = 0; j < 32; j++)
-        if (fabsf(x[j]) > amax) {
-            amax = fabsf(x[j]);
-            max = x[j];
-        }
-    if (amax >= 1e-15f) {
-        float best = 0.0f;
-        for (int t = -8; t <= 7; t++) { /* -8: the first scale, max / 127 */
-            const float id = t == -8 ? 1.0f / (-max / iq4nl[0]) : (float)(t + iq4nl[0]) / max;
-            float sumqx = 0.0f, sumq2 = 0.0f;
-            for (int j = 0; j < 32; j++) {
-                const float q = iq4nl[iq4nl_nearest(id * x[j])], w = x[j] * x[j];
-                sumqx += w * q * x[j];
-                sumq2 += w * q * q;
-            }
-            if (t == -8) {
-                d = sumqx / sumq2;
-                best = d * sumqx;
-            } else if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
-                d = sumqx / sumq2;
-                best = d * sumqx;
-            }
-        }
-    }
-    b->d = bp_fp32_to_fp16(d);
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int j = 0; j < 16; j++)
-        b->qs[j] = (uint8_t)(iq4nl_nearest(id * x[j]) | (iq4nl_nearest(id * x[j + 16]) << 4));
-}
-
 static void set_row(bp_tensor *t, int64_t i1, int64_t i2, int64_t i3, const float *in)
 {
     const struct bp_type_traits *tr = bp_type_get_traits(t->type);
-    if (tr->is_quantized && tr->from_float == NULL && t->type == BP_TYPE_IQ4_NL) {
-        struct bp_block_iq4_nl *b = (void *)elem(t, 0, i1, i2, i3);
-        for (int64_t k = 0; k < t->ne[0] / 32; k++)
-            iq4nl_block(in + 32 * k, b + k);
-        return;
-    }
     if (tr->is_quantized) {
         tr->from_float(in, (void *)elem(t, 0, i1, i2, i3), t->ne[0]);
         return;

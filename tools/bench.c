@@ -125,10 +125,11 @@ static void bench_usage(FILE *f)
                "\n"
                "  -d DEVICES     comma-separated devices (default: every device)\n"
                "  --types LIST   weight types, each once: f32, f16, bf16, q8_0, q4_0, q4_1,\n"
-               "                 q5_0, q5_1 (any type the runtime can quantise to), and\n"
+               "                 q5_0, q5_1, q2_k..q6_k, iq4_nl, iq4_xs (any type the\n"
+               "                 runtime can quantise to), and\n"
                "                 q4_0_repack or q8_0_repack for the CPU's CPU_REPACK buffer type\n"
                "                 (default: f32,f16,bf16,q8_0,q4_0)\n"
-               "  --M N, --K N   weight rows and columns (default 4096; K a multiple of 32)\n"
+               "  --M N, --K N   weight rows and columns (default 4096; K a multiple of the types' blocks)\n"
                "  --N LIST       activation columns, up to 8 distinct numbers (default: 1,32)\n"
                "  -t N           threads of CPU devices (default: the CPU plugin's)\n"
                "  --min-time S   seconds to repeat each measurement for (default 0.5)\n"
@@ -201,11 +202,6 @@ int cmd_bench(int argc, char **argv)
     const int nN = o.nN;
     const double min_time = o.min_time;
     const bool limits = o.limits;
-    if (K % 32 != 0) {
-        fprintf(stderr, "%s: --K needs a multiple of 32 (the block size of q8_0 and q4_0), not "
-                "%lld\n", cmd, K);
-        return 2;
-    }
     /* Every type name is checked before anything runs. */
     char tb[128];
     if (snprintf(tb, sizeof(tb), "%s", types) >= (int)sizeof(tb)) {
@@ -217,8 +213,13 @@ int cmd_bench(int argc, char **argv)
         bool repack;
         if (!bench_weight_type(tn, &t, &repack)) {
             fprintf(stderr, "%s: '%s' in --types is not a weight type the runtime can quantise "
-                    "to (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_0_repack, "
-                    "q8_0_repack)\n", cmd, tool_text(tn));
+                    "to (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k to q6_k, iq4_nl, "
+                    "iq4_xs, q4_0_repack, q8_0_repack)\n", cmd, tool_text(tn));
+            return 2;
+        }
+        if (K % bp_type_block_size(t) != 0) {
+            fprintf(stderr, "%s: --K needs a multiple of %lld for %s (its block size), not %lld\n",
+                    cmd, (long long)bp_type_block_size(t), tn, K);
             return 2;
         }
     }

@@ -3,8 +3,7 @@
  * runtime's converters are portable scalar code; these are the fast path every kernel uses
  * (packing A for GEMM, matrix-vector rows, gathering sources). Results are bit-identical. The
  * other quantised types (Q4_1, Q5_0, Q5_1, IQ4_NL, the k-quants, ...) go through the runtime's
- * own converters both ways, except IQ4_NL's quantiser while the runtime has none
- * (bp_cpu_quantize_iq4_nl). */
+ * own converters both ways. */
 #include "config.h"
 
 #include <string.h>
@@ -132,7 +131,7 @@ void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n)
 bool bp_cpu_can_from_float(enum bp_type type)
 {
     const struct bp_type_traits *tr = bp_type_get_traits(type);
-    return tr != NULL && (!tr->is_quantized || tr->from_float != NULL || type == BP_TYPE_IQ4_NL);
+    return tr != NULL && (!tr->is_quantized || tr->from_float != NULL);
 }
 
 void bp_cpu_from_float(enum bp_type type, const float *src, void *dst, int64_t n)
@@ -145,8 +144,6 @@ void bp_cpu_from_float(enum bp_type type, const float *src, void *dst, int64_t n
         const bp_from_float_fn q = bp_type_get_traits(type)->from_float;
         if (q != NULL)
             q(src, dst, n);
-        else if (type == BP_TYPE_IQ4_NL)
-            bp_cpu_quantize_iq4_nl(src, dst, n);
         return;
     }
     uint16_t *h = dst;

@@ -255,9 +255,6 @@ void bp_cpu_comm_free(bp_comm *comm);
 /* nb blocks of 32 floats to Q8_0 (the runtime's rounding, bit for bit), and the sum of each
  * block's quants (cpu-gemv.c, cpu-gemv-avx512.c). */
 void bp_cpu_quantize_q8_0(const float *x, struct bp_block_q8_0 *b, int32_t *sums, int64_t nb);
-/* n floats (a multiple of 32) to IQ4_NL by ggml's reference rule (cpu-quants32.c): what
- * bp_cpu_from_float uses while the runtime's type traits have no IQ4_NL quantiser. */
-void bp_cpu_quantize_iq4_nl(const float *src, void *dst, int64_t n);
 /* Whether rows of type can be written from floats (CPY, SET_ROWS): the plain types, and the
  * quantised ones with a quantiser here or in the runtime (cpu-convert.c). */
 bool bp_cpu_can_from_float(enum bp_type type);

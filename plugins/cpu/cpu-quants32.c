@@ -1,7 +1,7 @@
 /* cpu-quants32.c - the weight types with blocks of 32 beyond Q8_0/Q4_0: Q4_1 and Q5_1 (scale and
  * minimum, activations as Q8_1), Q5_0 and IQ4_NL (scale only, activations as Q8_0). For each,
  * the activations' quantiser and the dot product of a weight row with a quantised column
- * (cpu-qtypes.h), and IQ4_NL's own quantiser for KV caches (bp_cpu_quantize_iq4_nl).
+ * (cpu-qtypes.h).
  *
  * Every block's integer dot product is exact; only the block scales are floats. A block of
  * weights is unpacked to 32 bytes in element order (the low nibbles are elements 0-15, the high
@@ -390,80 +390,5 @@ const struct bp_cpu_qtype *bp_cpu_qtype32(enum bp_type t)
         return &qtypes[3];
     default:
         return NULL;
-    }
-}
-
-/* ---- IQ4_NL's quantiser (KV caches) ---------------------------------------------------------
- *
- * ggml's quantize_row_iq4_nl_ref, for CPY and SET_ROWS into IQ4_NL while the runtime's type
- * traits have no quantiser for it (bp_cpu_from_float uses the runtime's when there is one): per
- * block, the scale that maps the value of largest magnitude onto the table's end, refined by a
- * least-squares fit of the chosen indices (weights x^2), then 15 more starting scales around
- * it ((i + values[0]) / max for i in -7..7), keeping the one whose fit is best; the indices are
- * then chosen again for the final scale. */
-
-/* The index of the table value nearest x (ties to the upper one, as ggml's best_index_int8). */
-static int iq4nl_index(float x)
-{
-    if (x <= iq4nl_values[0])
-        return 0;
-    if (x >= iq4nl_values[15])
-        return 15;
-    int lo = 0, hi = 15;
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (x < iq4nl_values[mid])
-            hi = mid;
-        else
-            lo = mid;
-    }
-    return x - iq4nl_values[hi - 1] < iq4nl_values[hi] - x ? hi - 1 : hi;
-}
-
-/* The best scale's fit of the 32 values x for starting inverse scale id: whether it beats *best
- * (then *d and *best are the new fit). */
-static void iq4nl_try(const float *x, float id, float *d, float *best)
-{
-    float sumqx = 0.0f, sumq2 = 0.0f;
-    for (int j = 0; j < 32; j++) {
-        const float q = iq4nl_values[iq4nl_index(id * x[j])], w = x[j] * x[j];
-        sumqx += w * q * x[j];
-        sumq2 += w * q * q;
-    }
-    if (sumq2 > 0.0f && sumqx * sumqx > *best * sumq2) {
-        *d = sumqx / sumq2;
-        *best = *d * sumqx;
-    }
-}
-
-void bp_cpu_quantize_iq4_nl(const float *src, void *dst, int64_t n)
-{
-    struct bp_block_iq4_nl *b = dst;
-    for (int64_t i = 0; i < n / 32; i++) {
-        const float *x = src + i * 32;
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < 32; j++)
-            if (fabsf(x[j]) > amax) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        float d = 0.0f;
-        if (amax >= 1e-15f) {
-            float sumqx = 0.0f, sumq2 = 0.0f;
-            const float id = 1.0f / (-max / iq4nl_values[0]);
-            for (int j = 0; j < 32; j++) {
-                const float q = iq4nl_values[iq4nl_index(id * x[j])], w = x[j] * x[j];
-                sumqx += w * q * x[j];
-                sumq2 += w * q * q;
-            }
-            d = sumqx / sumq2;
-            float best = d * sumqx;
-            for (int t = -7; t <= 7; t++)
-                iq4nl_try(x, (float)(t + iq4nl_values[0]) / max, &d, &best);
-        }
-        b[i].d = bp_fp32_to_fp16(d);
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        for (int j = 0; j < 16; j++)
-            b[i].qs[j] = (uint8_t)(iq4nl_index(id * x[j]) | (iq4nl_index(id * x[j + 16]) << 4));
     }
 }
