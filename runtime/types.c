@@ -196,7 +196,8 @@ static void q8_0_to_float(const void *src, float *dst, int64_t n)
     }
 }
 
-/* Symmetric 8-bit: d = max|x| / 127, q = round(x / d). */
+/* Symmetric 8-bit: d = max|x| / 127, q = x * (1 / d) rounded half away from zero (roundf), as
+ * llama.cpp's quantize_row_q8_0_ref writes files: ties do occur with f16 inputs. */
 static void q8_0_from_float(const float *src, void *dst, int64_t n)
 {
     unsigned char *b = dst;
@@ -210,7 +211,7 @@ static void q8_0_from_float(const float *src, void *dst, int64_t n)
         store16(b + offsetof(struct bp_block_q8_0, d), bp_fp32_to_fp16(d));
         int8_t *qs = (int8_t *)(b + offsetof(struct bp_block_q8_0, qs));
         for (int j = 0; j < BP_QK8_0; j++)
-            qs[j] = (int8_t)lrintf(x[j] * id);
+            qs[j] = (int8_t)roundf(x[j] * id);
     }
 }
 

@@ -278,6 +278,24 @@ START_TEST(test_q8_0_known_block)
 }
 END_TEST
 
+/* Ties round away from zero as llama.cpp's file quantiser does (quantize_row_q8_0_ref, roundf):
+ * with the largest magnitude 127 the scale is exactly 1, so x.5 lands on a tie. Rounding to
+ * even (lrintf) would give 2, -2, 0 and 124 here. */
+START_TEST(test_q8_0_ties_away_from_zero)
+{
+    float x[32] = {2.5f, -2.5f, 0.5f, 124.5f, 127.0f};
+    struct bp_block_q8_0 blk;
+    bp_type_get_traits(BP_TYPE_Q8_0)->from_float(x, &blk, 32);
+    ck_assert_float_eq(bp_fp16_to_fp32(blk.d), 1.0f);
+    ck_assert_int_eq(blk.qs[0], 3);
+    ck_assert_int_eq(blk.qs[1], -3);
+    ck_assert_int_eq(blk.qs[2], 1);
+    ck_assert_int_eq(blk.qs[3], 125);
+    ck_assert_int_eq(blk.qs[4], 127);
+    ck_assert_int_eq(blk.qs[5], 0);
+}
+END_TEST
+
 static uint32_t rng_state = 12345;
 static float rnd(void)
 {
@@ -777,6 +795,7 @@ int main(void)
     BP_TCASE(s, test_rows_f16_bf16_i32, 10);
     BP_TCASE(s, test_q4_0_known_block, 10);
     BP_TCASE(s, test_q8_0_known_block, 10);
+    BP_TCASE(s, test_q8_0_ties_away_from_zero, 10);
     BP_TCASE(s, test_quantised_rows_error_bounds, 10);
     BP_TCASE(s, test_rows_at_any_address, 10);
     BP_TCASE(s, test_dequantize_known_blocks, 10);

@@ -252,8 +252,9 @@ bp_comm *bp_cpu_comm_init(bp_backend *const *backends, int n);
 enum bp_status bp_cpu_comm_allreduce(bp_comm *comm, bp_tensor *const *tensors, int n);
 void bp_cpu_comm_free(bp_comm *comm);
 
-/* nb blocks of 32 floats to Q8_0 (the runtime's rounding, bit for bit), and the sum of each
- * block's quants (cpu-gemv.c, cpu-gemv-avx512.c). */
+/* nb blocks of 32 floats to Q8_0 activations, and the sum of each block's quants (cpu-gemv.c,
+ * cpu-gemv-avx512.c): the runtime's scale, but ties rounded to even as ggml's vector quantiser
+ * does (the runtime's, for files, rounds them away from zero as llama-quantize does). */
 void bp_cpu_quantize_q8_0(const float *x, struct bp_block_q8_0 *b, int32_t *sums, int64_t nb);
 /* Whether rows of type can be written from floats (CPY, SET_ROWS): the plain types, and the
  * quantised ones with a quantiser here or in the runtime (cpu-convert.c). */
