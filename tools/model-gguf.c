@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <backplane/bp-plugin.h> /* bp_set_error */
 
@@ -423,7 +425,24 @@ static bool describe_from_file(struct model *m, const bp_gguf *g, bool *tied)
     return true;
 }
 
-/* The file's bytes of tensor `from` (by name) into t. */
+/* Lets the pages of the mapping that lie wholly inside [p, p + n) leave memory once their bytes
+ * are copied: a repacked or device copy beside the mapped original would otherwise count twice
+ * in the resident size. The mapping is private and read-only, so a later read of those bytes
+ * (a tensor used twice, the tied output) faults them in from the file again. Advice only: a
+ * failure changes nothing. */
+static void release_pages(const void *p, size_t n)
+{
+    const long ps = sysconf(_SC_PAGESIZE);
+    if (ps <= 0)
+        return;
+    const uintptr_t lo = ((uintptr_t)p + (uintptr_t)ps - 1) / (uintptr_t)ps * (uintptr_t)ps;
+    const uintptr_t hi = ((uintptr_t)p + n) / (uintptr_t)ps * (uintptr_t)ps;
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* The file's bytes of tensor `from` (by name) into t; their pages of the mapping then leave
+ * memory (release_pages). */
 static enum bp_status load_tensor(const bp_gguf *g, bp_tensor *t, const char *from)
 {
     struct bp_gguf_tensor info;
@@ -435,7 +454,10 @@ static enum bp_status load_tensor(const bp_gguf *g, bp_tensor *t, const char *fr
     if (info.size != bp_nbytes(t))
         return bp_set_error(BP_ERR_SHAPE, "tensor %s holds %zu bytes; %s needs %zu", from,
                             info.size, t->name, bp_nbytes(t));
-    return bp_tensor_set(t, info.data, 0, info.size);
+    st = bp_tensor_set(t, info.data, 0, info.size);
+    if (st == BP_OK)
+        release_pages(info.data, info.size);
+    return st;
 }
 
 size_t model_gguf_weight_bytes(const bp_gguf *g)
@@ -534,6 +556,30 @@ static bool in_place(struct model *m, const bp_gguf *g, const struct model_place
     return true;
 }
 
+/* The embedding table used where it lies in the file's mapping when the weights are copied
+ * (repacked, or to another device) but the table goes to a host buffer type (the CPU's, plain
+ * or CPU_REPACK, which keeps a GET_ROWS table as it is) and is 64-byte aligned: GET_ROWS touches only the rows of the tokens seen, so the table costs memory by the
+ * page as it is used, not a whole copy (with tied output weights, a second one beside the
+ * output's). False, with *st BP_OK, when it does not apply; m->ebuf holds it when it does. */
+static bool embedding_in_place(struct model *m, const bp_gguf *g,
+                               const struct model_placement *where, enum bp_status *st)
+{
+    struct bp_gguf_tensor info;
+    const int64_t i = bp_gguf_find_tensor(g, "token_embd.weight");
+    if (!bp_buffer_type_is_host(where->embedding) || i < 0 ||
+        bp_gguf_get_tensor(g, i, &info) != BP_OK || (uintptr_t)info.data % 64 != 0 ||
+        info.size != bp_nbytes(m->tok_embd))
+        return false;
+    m->ebuf = bp_buffer_from_host_ptr((void *)info.data, info.size);
+    if (m->ebuf == NULL) {
+        *st = bp_last_status();
+        return false;
+    }
+    bp_set_param(m->tok_embd);
+    *st = bp_buffer_place_tensor(m->ebuf, m->tok_embd, (void *)info.data);
+    return *st == BP_OK;
+}
+
 /* The stacked experts left in the file at path: a File buffer over it (read with pread when the
  * scheduler copies the experts a product uses), each tensor at its offset in the file. */
 static enum bp_status experts_in_file(struct model *m, const bp_gguf *g, const char *path)
@@ -587,9 +633,10 @@ enum bp_status model_init_gguf(struct model *m, const bp_gguf *g, const struct m
     }
     if (st == BP_OK && file_experts)
         st = experts_in_file(m, g, where->experts_file);
+    const bool embd_mapped = st == BP_OK && embedding_in_place(m, g, where, &st);
     if (st == BP_OK)
         st = model_allocate(m, where);
-    if (st == BP_OK)
+    if (st == BP_OK && !embd_mapped)
         st = load_tensor(g, m->tok_embd, "token_embd.weight");
     if (st == BP_OK)
         st = load_tensor(g, m->output, tied ? "token_embd.weight" : "output.weight");

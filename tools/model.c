@@ -252,9 +252,11 @@ enum bp_status model_allocate(struct model *m, const struct model_placement *whe
     m->wbuf = bp_alloc_ctx_tensors(m->wctx, where->weights);
     if (m->wbuf == NULL)
         return bp_last_status();
-    m->ebuf = bp_alloc_ctx_tensors(m->ectx, where->embedding);
-    if (m->ebuf == NULL)
-        return bp_last_status();
+    if (m->ebuf == NULL) { /* (a table used in place from a file's mapping has its own) */
+        m->ebuf = bp_alloc_ctx_tensors(m->ectx, where->embedding);
+        if (m->ebuf == NULL)
+            return bp_last_status();
+    }
     bp_buffer_set_usage(m->wbuf, BP_BUFFER_USAGE_WEIGHTS);
     bp_buffer_set_usage(m->ebuf, BP_BUFFER_USAGE_WEIGHTS);
     if (m->xctx != NULL && m->xbuf == NULL) { /* (experts left in a file have theirs) */

@@ -568,10 +568,16 @@ static bool load_model(struct run *run)
     if (run->show && weight_bytes(o) > (64u << 20)) /* takes a while */
         fprintf(stderr, "loading %s (%s weights) on %s...", tool_text(cfg->name), bp_type_name(o->wtype),
                 shown(r->names[w]));
+    /* The embedding table goes with the weights, except on a CPU, whose CPU_REPACK type would
+     * keep a GET_ROWS table plain anyway: its default type there, a host one, which lets a
+     * file's table be used from the mapping (model-gguf.c). */
+    const bool embd_cpu = bp_device_get_type(bp_backend_get_device(run->be[r->embd_on])) ==
+                          BP_DEVICE_TYPE_CPU;
     const struct model_placement where = {
         .weights = run->wbuft,
-        .embedding = r->embd_on == w ? run->wbuft
-                                     : bp_backend_get_default_buffer_type(run->be[r->embd_on]),
+        .embedding = r->embd_on == w && !embd_cpu
+                         ? run->wbuft
+                         : bp_backend_get_default_buffer_type(run->be[r->embd_on]),
         .kv = bp_backend_get_default_buffer_type(run->be[r->kv_on]),
         .experts = r->experts_on == w ? run->wbuft
                    : r->experts_on < 0
