@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "../common/bench-util.h"
 #include "tool.h"
@@ -121,7 +122,8 @@ static void bench_usage(FILE *f)
                "                       [--min-time SECONDS] [--no-limits]\n"
                "\n"
                "Measures matmul (GFLOP/s, and weight bandwidth at N = 1) and an element-wise add\n"
-               "(GB/s) on each device, beside the machine's FMA peak and triad bandwidth.\n"
+               "(GB/s) on each device, beside the machine's FMA peak and triad bandwidth, then\n"
+               "the process's peak resident size.\n"
                "\n"
                "  -d DEVICES     comma-separated devices (default: every device)\n"
                "  --types LIST   weight types, each once: f32, f16, bf16, q8_0, q4_0, q4_1,\n"
@@ -250,6 +252,9 @@ int cmd_bench(int argc, char **argv)
         }
         bench_add(be[i], 16L << 20, min_time);
     }
+    struct rusage ru; /* the weights, activations and buffers of every measurement above */
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        printf("peak_rss host %.1f MiB\n", (double)ru.ru_maxrss / 1024.0); /* Linux: KiB */
     for (int i = 0; i < nb; i++)
         bp_backend_free(be[i]);
     return 0;

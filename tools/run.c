@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -53,6 +54,7 @@ struct run_opts {
     const char *kv_type;     /* --kv-type f16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl, else NULL: f16 */
     const char *devices; /* NULL: the best present */
     int n_prompt, n_gen, threads;
+    int repeat; /* --repeat N: N timed passes after one warm-up pass, medians (0: one cold pass) */
     uint64_t seed;
     bool check, json;
     bool no_repack; /* keep Q4_0/Q8_0 weights on a CPU device in its default buffer type */
@@ -115,6 +117,10 @@ struct run_result {
     struct split_info gen_split[16];
     int n_gen_split_info;
     double prompt_seconds, gen_median_seconds;
+    /* Seconds loading the weights (reading the file or filling the seeded model), the first
+     * (cold) prompt pass, and the process's peak resident size after the run, in bytes. */
+    double load_seconds, first_prompt_seconds;
+    size_t peak_rss;
     int32_t *tokens;  /* n_gen generated ids */
     float *logits;    /* n_gen x n_vocab: logits that chose each token */
 };
@@ -749,6 +755,58 @@ static bool generate(struct run *run)
     return true;
 }
 
+/* What one pass adds up: zero before each, so that the report counts the last one. */
+static void reset_pass(struct run_result *r)
+{
+    r->gen_copied = r->gen_expert_copied = r->gen_expert_whole = 0;
+    r->gen_hits = r->gen_misses = r->gen_reduced = 0;
+    r->gen_prefetched = r->gen_prefetch_hits = r->gen_prefetch_bytes = 0;
+    r->gen_copy_s = r->gen_wait_s = r->gen_prefetch_s = 0;
+    r->gen_reused = 0;
+    r->n_gen_split_info = 0;
+}
+
+/* The prompt and the generation: once, cold; with --repeat N once to warm up (its prompt time
+ * is the report's first-touch figure) and N times more, each from position 0 with the same
+ * prompt. The times reported are the medians of the N passes, the counts those of the last; a
+ * pass that generates other tokens than the first is an error (the model is deterministic). */
+static bool run_passes(struct run *run)
+{
+    const struct run_opts *o = run->o;
+    struct run_result *r = run->r;
+    const int passes = o->repeat > 0 && !run->quiet ? o->repeat + 1 : 1;
+    double *pt = malloc((size_t)passes * sizeof(double));
+    double *gt = malloc((size_t)passes * sizeof(double));
+    int32_t *first = malloc((size_t)o->n_gen * sizeof(int32_t));
+    bool ok = pt != NULL && gt != NULL && first != NULL;
+    if (!ok)
+        fprintf(stderr, "backplane run: out of memory\n");
+    for (int k = 0; ok && k < passes; k++) {
+        reset_pass(r);
+        ok = run_prompt(run) && generate(run);
+        if (!ok)
+            break;
+        pt[k] = r->prompt_seconds;
+        gt[k] = r->gen_median_seconds;
+        if (k == 0) {
+            r->first_prompt_seconds = r->prompt_seconds;
+            memcpy(first, r->tokens, (size_t)o->n_gen * sizeof(int32_t));
+        } else if (memcmp(first, r->tokens, (size_t)o->n_gen * sizeof(int32_t)) != 0) {
+            fprintf(stderr, "backplane run: pass %d generated other tokens than the first\n",
+                    k + 1);
+            ok = false;
+        }
+    }
+    if (ok && passes > 1) {
+        r->prompt_seconds = bench_median(pt + 1, passes - 1);
+        r->gen_median_seconds = bench_median(gt + 1, passes - 1);
+    }
+    free(pt);
+    free(gt);
+    free(first);
+    return ok;
+}
+
 static void close_run(struct run *run)
 {
     free(run->prompt);
@@ -795,11 +853,17 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     run.started = bench_now();
     record_devices(&run);
     bool ok = place_weights(&run) && place_experts(&run) && experts_runnable(&run) &&
-              place_embedding_and_kv(&run) && choose_attention(&run) && check_memory(&run) &&
-              load_model(&run) && new_scheduler(&run);
-    ok = tool_sync_ranks(devices, ok) && run_prompt(&run) && generate(&run);
+              place_embedding_and_kv(&run) && choose_attention(&run) && check_memory(&run);
+    const double t0 = bench_now();
+    ok = ok && load_model(&run);
+    r->load_seconds = bench_now() - t0;
+    ok = ok && new_scheduler(&run);
+    ok = tool_sync_ranks(devices, ok) && run_passes(&run);
     for (int i = 0; ok && i < run.nb; i++)
         r->compute_bytes[i] = bp_sched_get_buffer_size(run.s, run.be[i]);
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        r->peak_rss = (size_t)ru.ru_maxrss * 1024; /* Linux counts kibibytes */
     close_run(&run);
     return ok ? 0 : 1;
 }
@@ -900,9 +964,12 @@ static void print_text(const struct run_opts *o, const struct run_result *r)
     if (o->half)
         printf("products:   half precision (activations of BF16/F16 products may be rounded "
                "to 16 bits)\n");
-    printf("prompt:     %d tokens in one graph, %d split%s, %.1f tokens/s (%.1f ms)\n", o->n_prompt,
-           r->prompt_splits, r->prompt_splits == 1 ? "" : "s",
-           o->n_prompt / r->prompt_seconds, r->prompt_seconds * 1e3);
+    printf("load:       %.1f ms loading the weights; first prompt pass %.1f ms; peak RSS %.1f MiB\n",
+           r->load_seconds * 1e3, r->first_prompt_seconds * 1e3, mib(r->peak_rss));
+    printf("prompt:     %d tokens in one graph, %d split%s, %.1f tokens/s (%.1f ms%s)\n",
+           o->n_prompt, r->prompt_splits, r->prompt_splits == 1 ? "" : "s",
+           o->n_prompt / r->prompt_seconds, r->prompt_seconds * 1e3,
+           o->repeat > 0 ? ", median of the passes after the warm-up" : ", cold");
     if (o->n_gen > 1) {
         printf("generation: %d tokens, %d split%s per graph:", o->n_gen - 1, r->gen_splits,
                r->gen_splits == 1 ? "" : "s");
@@ -995,6 +1062,10 @@ static void print_json(const struct run_opts *o, const struct run_result *r,
     json_member_int(&w, "ranks", r->n_ranks > 0 ? r->n_ranks : 1);
     json_member_double(&w, "bytes_allreduced_per_token",
                        r->gen_reduced / (o->n_gen > 1 ? o->n_gen - 1 : 1), 10);
+    json_member_int(&w, "repeat", o->repeat);
+    json_member_double(&w, "load_seconds", r->load_seconds, 10);
+    json_member_double(&w, "first_prompt_seconds", r->first_prompt_seconds, 10);
+    json_member_uint(&w, "peak_rss_bytes", r->peak_rss);
     json_member_int(&w, "prompt_tokens", o->n_prompt);
     json_member_int(&w, "prompt_splits", r->prompt_splits);
     json_member_double(&w, "prompt_tokens_per_s", o->n_prompt / r->prompt_seconds, 10);
@@ -1042,7 +1113,8 @@ static void run_usage(FILE *f)
                "                     [--kv-type f16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl]\n"
                "                     [--logits FILE] [--precision full|half]\n"
                "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
-               "                     [--seed N] [--check] [--json] [--dot FILE] [--no-repack]\n"
+               "                     [--seed N] [--repeat N] [--check] [--json] [--dot FILE]\n"
+               "                     [--no-repack]\n"
                "                     [--experts-on DEVICE] [--expert-copies used|all]\n"
                "                     [--expert-cache N] [--expert-prefetch on|off]\n"
                "                     [--no-expert-stream]\n"
@@ -1062,6 +1134,9 @@ static void run_usage(FILE *f)
                "  --save-gguf write the seeded model as a llama GGUF file and exit\n"
                "  --kv-type   the KV cache's type: f16 (default), or q8_0, q4_0, q4_1, q5_0,\n"
                "              q5_1, iq4_nl (these need fused attention)\n"
+               "  --repeat N  one warm-up pass of prompt and generation, then N timed passes:\n"
+               "              the speeds reported are their medians (default: one cold pass;\n"
+               "              the 'load:' line shows load time, first pass and peak RSS)\n"
                "  --logits FILE write the logits that chose each generated token to FILE:\n"
                "              n_gen x n_vocab little-endian f32, step by step\n"
                "  --flash-attn attention as one fused op (default auto: where the device\n"
@@ -1201,6 +1276,10 @@ static int take_value(const char *a, const char *v, struct run_opts *o)
     } else if (strcmp(a, "--seed") == 0) {
         if (!tool_parse_u64(run_cmd, a, v, &o->seed))
             return 2;
+    } else if (strcmp(a, "--repeat") == 0) {
+        if (!tool_parse_int(run_cmd, a, v, 1, 1000, &num))
+            return 2;
+        o->repeat = (int)num;
     } else {
         return 0;
     }
@@ -1231,7 +1310,7 @@ static bool takes_value(const char *a)
     static const char *const names[] = {
         "--model", "--wtype", "--gguf", "--save-gguf", "--tokens", "--flash-attn", "--kv-type",
         "--precision", "--logits", "--ctx", "-d", "--devices", "-p", "--prompt", "-n", "--gen",
-        "-t", "--threads", "--expert-cache", "--seed", "--dot", "--experts-on",
+        "-t", "--threads", "--expert-cache", "--seed", "--repeat", "--dot", "--experts-on",
         "--expert-prefetch", "--expert-copies"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (strcmp(a, names[i]) == 0)
