@@ -476,11 +476,11 @@ static bp_tensor *b_mm_rand_quant(bp_context *ctx, int v) { return mul_mat_rando
 static const enum bp_type types32[] = {BP_TYPE_Q4_1, BP_TYPE_Q5_0, BP_TYPE_Q5_1, BP_TYPE_IQ4_NL};
 static const enum bp_type types256[] = {BP_TYPE_Q2_K, BP_TYPE_Q3_K, BP_TYPE_Q4_K,
                                         BP_TYPE_Q5_K, BP_TYPE_Q6_K, BP_TYPE_IQ4_XS};
-#define N_MM_MORE 6
+#define N_MM_MORE 7
 
 /* MUL_MAT shapes in units u of the type's block: K = 5u (for 32, a multiple of 32 but not of
  * 64), 3 and 17 columns, columns of B further apart than K (a view of wider rows), one row and
- * one column, broadcast batches, one column against 37 rows. */
+ * one column, broadcast batches, one column against 37 rows, 130 columns in two batches. */
 static bp_tensor *mul_mat_more(bp_context *ctx, int v, enum bp_type t)
 {
     const int64_t u = bp_type_block_size(t);
@@ -498,8 +498,10 @@ static bp_tensor *mul_mat_more(bp_context *ctx, int v, enum bp_type t)
         return bp_mul_mat(ctx, leaf(ctx, t, u, 1, 1, 1), f32(ctx, u, 1, 1, 1));
     case 4:
         return bp_mul_mat(ctx, leaf(ctx, t, 2 * u, 6, 2, 1), f32(ctx, 2 * u, 3, 4, 3));
-    default:
+    case 5:
         return bp_mul_mat(ctx, leaf(ctx, t, 2 * u, 37, 1, 1), f32(ctx, 2 * u, 1, 1, 1));
+    default: /* enough columns for the CPU's packed GEMM over converted rows */
+        return bp_mul_mat(ctx, leaf(ctx, t, 2 * u, 7, 2, 1), f32(ctx, 2 * u, 130, 2, 1));
     }
 }
 
@@ -515,9 +517,12 @@ static bp_tensor *b_mm_q5_0(bp_context *ctx, int v) { return mul_mat_32(ctx, v, 
 static bp_tensor *b_mm_q5_1(bp_context *ctx, int v) { return mul_mat_32(ctx, v, BP_TYPE_Q5_1); }
 static bp_tensor *b_mm_iq4_nl(bp_context *ctx, int v) { return mul_mat_32(ctx, v, BP_TYPE_IQ4_NL); }
 
+/* Six shapes per type, then the last one (130 columns) for each type. */
 static bp_tensor *b_mm_kquant(bp_context *ctx, int v)
 {
-    return mul_mat_more(ctx, v % N_MM_MORE, types256[v / N_MM_MORE]);
+    if (v >= 6 * (N_MM_MORE - 1))
+        return mul_mat_more(ctx, N_MM_MORE - 1, types256[v - 6 * (N_MM_MORE - 1)]);
+    return mul_mat_more(ctx, v % (N_MM_MORE - 1), types256[v / (N_MM_MORE - 1)]);
 }
 
 static bp_tensor *b_mm_id_32(bp_context *ctx, int v)

@@ -2,13 +2,16 @@
  * variant (F16C for halves, shifts for bfloat16, widening byte conversions for Q8_0/Q4_0). The
  * runtime's converters are portable scalar code; these are the fast path every kernel uses
  * (packing A for GEMM, matrix-vector rows, gathering sources). Results are bit-identical. The
- * other quantised types (Q4_1, Q5_0, Q5_1, IQ4_NL, the k-quants, ...) go through the runtime's
- * own converters both ways. */
+ * blocks of 32 of Q4_1, Q5_0, Q5_1 and IQ4_NL convert here too in AVX2 and AVX-512 builds
+ * (cpu-unpack32.h);
+ * the other quantised types (the k-quants, ...) go through the runtime's own converters, and
+ * every quantiser is the runtime's. */
 #include "config.h"
 
 #include <string.h>
 
 #include "cpu-impl.h"
+#include "cpu-unpack32.h"
 
 static void f16_row(const uint16_t *x, float *y, int64_t n)
 {
@@ -94,6 +97,41 @@ static void q4_0_row(const struct bp_block_q4_0 *b, float *y, int64_t n)
     }
 }
 
+#if defined(BP_CPU_HAVE_AVX2)
+/* Q4_1, Q5_0, Q5_1 and IQ4_NL: each block unpacked to 32 bytes (cpu-unpack32.h), widened,
+ * times the scale, plus the minimum where the type has one: the runtime's two roundings. */
+static void blocks32_row(enum bp_type t, const void *w, float *y, int64_t n)
+{
+    const bool min = t == BP_TYPE_Q4_1 || t == BP_TYPE_Q5_1, sgn = !min;
+    const size_t bs = bp_type_size(t);
+    for (int64_t i = 0; i < n / 32; i++, y += 32) {
+        const uint8_t *b = (const uint8_t *)w + (size_t)i * bs;
+        uint16_t h[2]; /* every one of these blocks starts with d, then m where it has one */
+        memcpy(h, b, sizeof(h));
+        const float d = bp_cpu_half_to_float(h[0]), m = min ? bp_cpu_half_to_float(h[1]) : 0.0f;
+        const __m256i q = unpack_block(t, w, i);
+        const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
+#if defined(BP_CPU_HAVE_AVX512)
+        const __m512 vd = _mm512_set1_ps(d), vm = _mm512_set1_ps(m);
+        const __m128i half[2] = {q0, q1};
+        for (int j = 0; j < 2; j++) {
+            const __m512i v = sgn ? _mm512_cvtepi8_epi32(half[j]) : _mm512_cvtepu8_epi32(half[j]);
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), vd);
+            _mm512_storeu_ps(y + 16 * j, min ? _mm512_add_ps(f, vm) : f);
+        }
+#else
+        const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+        const __m128i part[4] = {q0, _mm_srli_si128(q0, 8), q1, _mm_srli_si128(q1, 8)};
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = sgn ? _mm256_cvtepi8_epi32(part[j]) : _mm256_cvtepu8_epi32(part[j]);
+            __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(v), vd);
+            _mm256_storeu_ps(y + 8 * j, min ? _mm256_add_ps(f, vm) : f);
+        }
+#endif
+    }
+}
+#endif
+
 #if !defined(BP_CPU_HAVE_F16C)
 float bp_cpu_half_table[65536];
 
@@ -122,6 +160,14 @@ void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n)
     case BP_TYPE_Q4_0:
         q4_0_row(src, dst, n);
         break;
+#if defined(BP_CPU_HAVE_AVX2)
+    case BP_TYPE_Q4_1:
+    case BP_TYPE_Q5_0:
+    case BP_TYPE_Q5_1:
+    case BP_TYPE_IQ4_NL:
+        blocks32_row(type, src, dst, n);
+        break;
+#endif
     default:
         bp_type_get_traits(type)->to_float(src, dst, n);
         break;

@@ -17,10 +17,11 @@
  *   GEMV_QUANT    N < 16, Q8_0/Q4_0 weights: integer dot products against B quantised to Q8_0
  *   GEMV_REPACK   weights in the CPU_REPACK layout (cpu-repack.c), any N without AMX: that
  *                 file's kernel (only builds that have one repack anything)
- *   QTYPE         any N, the weight types of cpu-qtypes.h (Q4_1, Q5_0, Q5_1, IQ4_NL, and the
- *                 super-block types once cpu-kquants.c has them): B quantised to the type's
+ *   QTYPE         the weight types of cpu-qtypes.h (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K to Q6_K,
+ *                 IQ4_XS) below qtype_gemm_min_n columns: B quantised to the type's
  *                 activation type, then its dot product per (row, column) (cpu-qtypes.c);
- *                 no other strategy reads these types
+ *                 from there on, GEMM (never the broadcast kernel, which would convert each
+ *                 row for every few columns)
  *
  * Every thread calls bp_cpu_mul_mat for every node and must take the same strategy, since the
  * kernels meet at barriers; pick_strategy depends on the node alone. */
@@ -56,6 +57,24 @@ enum mm_strategy {
     MM_QTYPE,
 };
 
+/* From how many columns the types of cpu-qtypes.h take the packed GEMM (their rows converted to
+ * floats once per panel, shared by its columns) rather than a dot product per (row, column):
+ * 16 for the blocks of 32, which AVX2 and AVX-512 builds convert with vector instructions
+ * (cpu-convert.c), 128 for the rest, converted by the runtime's scalar code. GFLOP/s of dot
+ * products / GEMM, 2 threads, avx512 build on an AMD EPYC: Q5_0 (M = 1536, K = 512) at N = 16
+ * 74 / 91, at 64 74 / 165; (M = 576, K = 1536) Q6_K at N = 64 140 / 103, at 128 132 / 140, at
+ * 512 132 / 188; Q4_K at 64 127 / 126, at 128 119 / 163, at 512 120 / 201. */
+static int64_t qtype_gemm_min_n(enum bp_type t)
+{
+#if defined(BP_CPU_HAVE_AVX2)
+    if (t == BP_TYPE_Q4_1 || t == BP_TYPE_Q5_0 || t == BP_TYPE_Q5_1 || t == BP_TYPE_IQ4_NL)
+        return 16;
+#else
+    (void)t;
+#endif
+    return 128;
+}
+
 static bool quantized(enum bp_type t)
 {
     return t == BP_TYPE_Q8_0 || t == BP_TYPE_Q4_0;
@@ -70,7 +89,7 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
     const int64_t N = dst->ne[1];
     const bool repacked = bp_cpu_repacked_base(a) != NULL;
     if (bp_cpu_qtype(a->type) != NULL)
-        return MM_QTYPE;
+        return N < qtype_gemm_min_n(a->type) ? MM_QTYPE : MM_GEMM;
 #if defined(BP_CPU_HAVE_AMX)
     if (bp_cpu_amx_use(dst))
         return MM_AMX;

@@ -1,6 +1,7 @@
 /* cpu-qtypes.c - MUL_MAT (and through it MUL_MAT_ID) for the weight types of cpu-qtypes.h: the
- * table lookup that joins the two kernel files, and the one strategy these types take for every
- * N (ggml too multiplies them with its dot products on x86).
+ * table lookup that joins the two kernel files, and the strategy these types take for small N
+ * (ggml multiplies them with its dot products on x86; from a few dozen columns on the packed
+ * GEMM over rows converted to floats is faster, cpu-matmul.c's qtype_gemm_min_n).
  *
  * Each batch: every thread quantises its share of B's columns to the type's activation type in
  * the shared scratch (one row of act per column, 64-byte aligned), all meet at a barrier, then
