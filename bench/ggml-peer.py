@@ -3,16 +3,18 @@
 `pip install llama-cpp-python` ships) against bench-matmul, in interleaved pairs on the same
 shapes and thread counts. Benchmark runs only: never CI, never the library.
 
-  ggml-peer.py [--types bf16,f16,q8_0,q4_0] [--shapes 4096x4096x512,...] [--threads 2]
+  ggml-peer.py [--types bf16,f16,q8_0,q4_0|all] [--shapes 4096x4096x512,...] [--threads 2]
                [--pairs 5] [--min-time 0.5] [--bench-matmul ./bench/bench-matmul] [--half]
                [--ggml-lib DIR --disable FEATURES [--no-ggml-repack]]
 
 A shape is MxKxN (weights M rows of K, N activation columns). Each pair times ggml, then
 bench-matmul (`--no-limits`, same type, shape and threads); the line printed per case gives both
 medians and the median of the per-pair ratios (backplane / ggml). Weights are placed the way
-llama.cpp places them on x86: Q4_0 in ggml's CPU_REPACK buffer type (this ggml repacks Q8_0 only
-on ARM; a Q8_0 tensor put there crashes it, so Q8_0 stays in the plain CPU buffer), compared with
-bench-matmul's repacked types (q4_0_repack, q8_0_repack); ggml's F16/BF16
+llama.cpp places them: in ggml's CPU_REPACK buffer type wherever ggml's CPU device says it takes
+the product there (the test llama.cpp makes; on x86 with AVX2 this ggml repacks Q4_0, Q4_K,
+IQ4_NL and, with AVX-512, Q2_K), else in the plain CPU buffer; ours are repacked for Q4_0 and Q8_0
+(q4_0_repack, q8_0_repack) and used as they are for the other types. --types all: every type
+below but f32. ggml's F16/BF16
 products convert the activations to the weights' 16-bit type (its vec_dot_type), ours keep them
 in f32 (docs/decisions.md), so equal speed means more work done here; --half gives ours the
 same permission (BP_MM_PRECISION_HALF: bench-matmul's bf16_half and f16_half).
@@ -53,7 +55,9 @@ base = ctypes.CDLL(os.path.join(LIB, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL
 ggml = ctypes.CDLL(os.path.join(LIB, "libggml.so"), mode=ctypes.RTLD_GLOBAL)
 cpu = ctypes.CDLL(os.path.join(LIB, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
 
-GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
+              "q2_K": 10, "q3_K": 11, "q4_K": 12, "q5_K": 13, "q6_K": 14, "iq4_nl": 20,
+              "iq4_xs": 23, "bf16": 30}
 
 
 class InitParams(ctypes.Structure):
@@ -91,6 +95,8 @@ reg_proc = sig(base, "ggml_backend_reg_get_proc_address", P, P, ctypes.c_char_p)
 quantize_chunk = sig(base, "ggml_quantize_chunk", SZ, ctypes.c_int, P, P, I64, I64, I64, P)
 fp32_to_fp16 = sig(base, "ggml_fp32_to_fp16_row", None, P, P, I64)
 fp32_to_bf16 = sig(base, "ggml_fp32_to_bf16_row", None, P, P, I64)
+buft_alloc = sig(base, "ggml_backend_buft_alloc_buffer", P, P, SZ)
+dev_supports_op = sig(base, "ggml_backend_dev_supports_op", ctypes.c_bool, P, P)
 dev_by_type = sig(ggml, "ggml_backend_dev_by_type", P, ctypes.c_int)
 cpu_init = sig(cpu, "ggml_backend_cpu_init", P)
 cpu_threads = sig(cpu, "ggml_backend_cpu_set_n_threads", None, P, ctypes.c_int)
@@ -112,6 +118,21 @@ def repack_buft():
     return None
 
 
+def repack_takes(rb, w, op):
+    """Whether ggml's CPU device computes `op` with its weights `w` in the buffer type `rb`: the
+    test llama.cpp makes before placing a weight there (a zero-size buffer of that type set on
+    the tensor, then the device's supports_op)."""
+    buf = buft_alloc(rb, 0)
+    if not buf:
+        return False
+    slot = ctypes.c_void_p.from_address(w + 8)  # struct ggml_tensor: type, then buffer
+    slot.value = buf
+    ok = dev_supports_op(dev_by_type(0), op)
+    slot.value = None
+    buffer_free(buf)
+    return bool(ok)
+
+
 def weight_bytes(wtype, M, K, rng):
     x = rng.standard_normal((M, K), dtype=np.float32) * 0.05
     t = GGML_TYPES[wtype]
@@ -121,7 +142,7 @@ def weight_bytes(wtype, M, K, rng):
         out = np.empty(M * K, dtype=np.uint16)
         (fp32_to_fp16 if wtype == "f16" else fp32_to_bf16)(x.ctypes.data, out.ctypes.data, M * K)
         return out.tobytes()
-    out = np.empty(M * K * 2, dtype=np.uint8)  # more than either block type needs
+    out = np.empty(M * K * 2, dtype=np.uint8)  # more than any block type needs
     n = quantize_chunk(t, x.ctypes.data, out.ctypes.data, 0, M, K, None)
     return out[:n].tobytes()
 
@@ -137,6 +158,8 @@ def time_ggml(wtype, M, K, N, threads, min_time, use_repack):
     graph = new_graph(actx)
     build_forward(graph, out)
     rb = repack_buft() if use_repack else None
+    if rb and not repack_takes(rb, w, out):
+        rb = None
     wbuf = alloc_tensors(wctx, rb or cpu_buft())
     abuf = alloc_tensors(actx, cpu_buft())
     data = weight_bytes(wtype, M, K, rng)
@@ -162,7 +185,7 @@ def time_ggml(wtype, M, K, N, threads, min_time, use_repack):
 def time_ours(tool, wtype, M, K, N, threads, min_time, half, disable=None):
     """bench-matmul's GFLOP/s for the same case (repacked types for Q8_0/Q4_0; with half,
     BF16/F16 products under BP_MM_PRECISION_HALF, ggml's precision)."""
-    t = wtype + "_repack" if wtype in ("q8_0", "q4_0") else wtype
+    t = wtype + "_repack" if wtype in ("q8_0", "q4_0", "iq4_nl") else wtype
     if half and wtype in ("bf16", "f16"):
         t += "_half"
     out = subprocess.run([tool, "--types", t, "--M", str(M), "--K", str(K), "--N", str(N),
@@ -178,7 +201,7 @@ def time_ours(tool, wtype, M, K, N, threads, min_time, half, disable=None):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--types", default="bf16,f16,q8_0,q4_0")
+    ap.add_argument("--types", default="bf16,f16,q8_0,q4_0")  # or "all"
     ap.add_argument("--shapes", default="4096x4096x512,4096x4096x32,32000x2048x1")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=5)
@@ -186,7 +209,7 @@ def main():
     ap.add_argument("--bench-matmul", default="./bench/bench-matmul")
     ap.add_argument("--ggml-lib", help="directory of another ggml build's libraries")
     ap.add_argument("--no-ggml-repack", action="store_true",
-                    help="Q4_0 in ggml's plain CPU buffer (builds whose CPU_REPACK cannot take it)")
+                    help="ggml's weights in its plain CPU buffer, never CPU_REPACK")
     ap.add_argument("--disable", help="BP_CPU_DISABLE for our side (avx512f: the avx2 variant; "
                     "avx2: the baseline)")
     ap.add_argument("--half", action="store_true",
@@ -196,15 +219,16 @@ def main():
           "per-pair ratios); GFLOP/s medians%s; ggml from %s%s" % (
               a.threads, a.pairs, "; ours at half precision" if a.half else "", LIB,
               "; ours with BP_CPU_DISABLE=" + a.disable if a.disable else ""))
+    types = [t for t in GGML_TYPES if t != "f32"] if a.types == "all" else a.types.split(",")
     for shape in a.shapes.split(","):
         M, K, N = (int(v) for v in shape.split("x"))
-        for wtype in a.types.split(","):
+        for wtype in types:
             flops = 2.0 * M * K * N
             g, o, r = [], [], []
             where = "CPU"
             for _ in range(a.pairs):
                 sec, where = time_ggml(wtype, M, K, N, a.threads, a.min_time,
-                                       wtype == "q4_0" and not a.no_ggml_repack)
+                                       not a.no_ggml_repack)
                 g.append(flops / sec * 1e-9)
                 o.append(time_ours(a.bench_matmul, wtype, M, K, N, a.threads, a.min_time,
                                    a.half, a.disable))
