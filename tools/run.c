@@ -57,7 +57,7 @@ struct run_opts {
     int repeat; /* --repeat N: N timed passes after one warm-up pass, medians (0: one cold pass) */
     uint64_t seed;
     bool check, json;
-    bool no_repack; /* keep Q4_0/Q8_0 weights on a CPU device in its default buffer type */
+    bool no_repack; /* keep Q4_0/Q8_0/IQ4_NL weights on a CPU device in its default buffer type */
     bool half;      /* --precision half: products may round activations to 16 bits */
     const char *experts_on; /* --experts-on DEVICE: the stacked experts' device (NULL: with the
                              * weights) */
@@ -519,13 +519,14 @@ static bool check_memory(struct run *run)
     return true;
 }
 
-/* The weights' device's default buffer type, or for Q4_0 and Q8_0 the CPU's CPU_REPACK, where
- * the CPU multiplies them faster in its row-interleaved layout (unless --no-repack). */
+/* The weights' device's default buffer type, or for Q4_0, Q8_0 and IQ4_NL the CPU's CPU_REPACK,
+ * where the CPU multiplies them faster in its row-interleaved layout (unless --no-repack; a
+ * variant that does not repack a type keeps it there in plain rows). */
 static bp_buffer_type *weight_buffer_type(const struct run *run)
 {
     bp_backend *be = run->be[run->r->weights_on];
     const enum bp_type t = run->o->wtype;
-    if ((t == BP_TYPE_Q4_0 || t == BP_TYPE_Q8_0) && !run->o->no_repack) {
+    if ((t == BP_TYPE_Q4_0 || t == BP_TYPE_Q8_0 || t == BP_TYPE_IQ4_NL) && !run->o->no_repack) {
         bp_buffer_type *rbt = bench_repack_buft(be);
         if (rbt != NULL)
             return rbt;
@@ -819,7 +820,7 @@ static void close_run(struct run *run)
         bp_backend_free(run->be[i]);
 }
 
-/* Whether a run's Q4_0/Q8_0 weights in buffer type `buft` are in the CPU's repacked layout:
+/* Whether a run's Q4_0/Q8_0/IQ4_NL weights in buffer type `buft` are in the CPU's repacked layout:
  * CPU_REPACK itself, or a meta device over CPU devices only, whose parts store their slices
  * so unless BP_META_NO_REPACK=1 (a meta device with other parts is taken as plain). */
 static bool repacked_weights(const char *buft)
@@ -1148,8 +1149,8 @@ static void run_usage(FILE *f)
                "              must come last, else it is added (default: every GPU, then CPU)\n"
                "  --check     also run on the CPU alone; compare the logits (NMSE within the weight\n"
                "              type's bound, else exit status 1) and the generated tokens\n"
-               "  --no-repack Q4_0/Q8_0 weights on a CPU device (or a meta device's CPU parts) stay\n"
-               "              in host memory as they are\n"
+               "  --no-repack Q4_0/Q8_0/IQ4_NL weights on a CPU device (or a meta device's CPU\n"
+               "              parts) stay in host memory as they are\n"
                "              (default: the CPU's CPU_REPACK buffer type, row-interleaved\n"
                "              where the CPU variant has a kernel for that layout)\n"
                "  --precision half lets the products of BF16/F16 weights round the activations\n"
@@ -1664,7 +1665,7 @@ static int run_cmd_main(struct run_opts *o_)
     struct run_check c = {.agree = true, .pass = true};
     if (o.check) {
         /* The reference keeps the CPU_REPACK layout only when the run under test used it (a
-         * meta device's parts store Q4_0/Q8_0 slices in it unless --no-repack): the two
+         * meta device's parts store Q4_0/Q8_0/IQ4_NL slices in it unless --no-repack): the two
          * layouts quantise the activations at different points, which a mixture of experts'
          * router can turn into another expert on a near tie. */
         struct run_opts ro = o;

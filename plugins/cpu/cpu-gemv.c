@@ -418,8 +418,9 @@ void bp_cpu_gemv_work_size(const bp_tensor *dst, size_t *per_thread, size_t *sha
 {
     const int64_t K = dst->src[0]->ne[0], N = dst->ne[1];
     *per_thread = (size_t)(RD * K + 64) * sizeof(float);
-    /* B quantised to Q8_0, one batch at a time: blocks, block sums and block scales. */
-    *shared = quantized(dst->src[0]->type)
+    /* B quantised to Q8_0, one batch at a time: blocks, block sums and block scales (Q8_0 and
+     * Q4_0 weights, and every repacked type). */
+    *shared = quantized(dst->src[0]->type) || bp_cpu_repacked_base(dst->src[0]) != NULL
                   ? ysum_offset(N, (K + 31) / 32) + (size_t)(N * ((K + 31) / 32)) *
                                                           (sizeof(int32_t) + sizeof(float))
                   : 0;

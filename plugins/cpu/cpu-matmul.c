@@ -15,8 +15,8 @@
  *   GEMM          N >= 16 otherwise: the packed, blocked GEMM (cpu-gemm.c)
  *   GEMV_FLOAT    N < 16, F32/F16/BF16 weights: dot-product tiles (cpu-gemv.c)
  *   GEMV_QUANT    N < 16, Q8_0/Q4_0 weights: integer dot products against B quantised to Q8_0
- *   GEMV_REPACK   weights in the CPU_REPACK layout (cpu-repack.c), any N without AMX: that
- *                 file's kernel (only builds that have one repack anything)
+ *   GEMV_REPACK   weights in the CPU_REPACK layout (cpu-repack.c: Q4_0, Q8_0, IQ4_NL), any N
+ *                 without AMX: that file's kernel (only builds that have one repack anything)
  *   QTYPE         the weight types of cpu-qtypes.h (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K to Q6_K,
  *                 IQ4_XS) below qtype_gemm_min_n columns: B quantised to the type's
  *                 activation type, then its dot product per (row, column) (cpu-qtypes.c);
@@ -88,7 +88,7 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
     const bp_tensor *a = dst->src[0];
     const int64_t N = dst->ne[1];
     const bool repacked = bp_cpu_repacked_base(a) != NULL;
-    if (bp_cpu_qtype(a->type) != NULL)
+    if (bp_cpu_qtype(a->type) != NULL && !repacked)
         return N < qtype_gemm_min_n(a->type) ? MM_QTYPE : MM_GEMM;
 #if defined(BP_CPU_HAVE_AMX)
     if (bp_cpu_amx_use(dst))
@@ -109,15 +109,12 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
 #endif
         return MM_GEMM;
     }
-    if (!quantized(a->type))
-        return MM_GEMV_FLOAT;
-    if (!repacked)
-        return MM_GEMV_QUANT;
 #if defined(BP_CPU_REPACK_KERNEL)
-    return MM_GEMV_REPACK;
-#else
-    return MM_GEMV_QUANT; /* unreachable: such builds repack nothing */
+    if (repacked)
+        return MM_GEMV_REPACK;
 #endif
+    /* Builds without a repack kernel repack nothing. */
+    return quantized(a->type) ? MM_GEMV_QUANT : MM_GEMV_FLOAT;
 }
 
 /* The weight types with kernels: the float ones, Q8_0 and Q4_0, and those of cpu-qtypes.h

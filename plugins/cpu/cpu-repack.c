@@ -1,16 +1,18 @@
-/* cpu-repack.c - the "CPU_REPACK" buffer type: Q4_0 and Q8_0 weights stored row-interleaved for
- * the CPU's kernels, converted when they are written and back when they are read.
+/* cpu-repack.c - the "CPU_REPACK" buffer type: Q4_0, Q8_0 and IQ4_NL weights stored
+ * row-interleaved for the CPU's kernels, converted when they are written and back when they are
+ * read.
  *
  * Which tensors: a 2-D (ne[2] = ne[3] = 1), contiguous, non-view tensor of a type this variant
- * repacks (repacked_type: Q4_0 and Q8_0 on avx512, Q4_0 on avx2, none on the baseline) placed in
+ * repacks (repacked_type: Q4_0, Q8_0 and IQ4_NL on avx512, Q4_0 on avx2, none on the baseline) placed in
  * a CPU_REPACK buffer is stored repacked; every other tensor placed there is stored as it is, as
  * in host memory. Applications reach the buffer type through the CPU registry's proc address
  * "bp_cpu_repack_buffer_type" and use it for weights that the CPU multiplies.
  *
  * The layout: rows in groups of eight (the last group padded with zero rows), the same bytes per
- * row and block as the type itself (18 for Q4_0, 34 for Q8_0), so a group is nblk * 8 blocks
- * (nblk = ne[0] / 32 blocks per row). A group holds first the quants of its blocks, qb * 8 bytes
- * per block (qb = 16 quant bytes per row for Q4_0, 32 for Q8_0), then the scales, 16 bytes per
+ * row and block as the type itself (18 for Q4_0 and IQ4_NL, 34 for Q8_0), so a group is nblk * 8
+ * blocks (nblk = ne[0] / 32 blocks per row). A group holds first the quants of its blocks, qb * 8
+ * bytes per block (qb = 16 quant bytes per row for Q4_0 and IQ4_NL, 32 for Q8_0), then the
+ * scales, 16 bytes per
  * block. The quants of a block come in runs of 64 bytes, run u holding bytes 8u..8u+7 of each
  * row's quants, row j at 8j:
  *
@@ -20,7 +22,8 @@
  *
  * so a 512-bit load of a run gives every row two 32-bit lanes, and an 8-byte broadcast of the
  * activation's quants matches them without any shuffle: for Q8_0, run u holds values 8u..8u+7;
- * for Q4_0, the low nibbles of run u hold values 8u..8u+7 and the high nibbles 16+8u..23+8u. One
+ * for Q4_0 and IQ4_NL, the low nibbles of run u hold values 8u..8u+7 and the high nibbles
+ * 16+8u..23+8u (IQ4_NL's nibbles index its table of 16 values, looked up with a byte shuffle). One
  * vector of integer dot products then covers eight rows, and the eight scales are one 16-byte
  * load. The quants keep their values (Q8_0 stays signed), so every byte of a block stays a byte of
  * the same block: memset and clear mean the same in either layout.
@@ -54,7 +57,7 @@ bool bp_cpu_is_repack_buft(bp_buffer_type *buft)
 /* Quant bytes per row and block, and bytes per block. */
 static int64_t qbytes(enum bp_type type)
 {
-    return type == BP_TYPE_Q4_0 ? 16 : 32;
+    return type == BP_TYPE_Q8_0 ? 32 : 16;
 }
 
 static int64_t block_bytes(enum bp_type type)
@@ -63,7 +66,9 @@ static int64_t block_bytes(enum bp_type type)
 }
 
 /* The types this variant stores repacked: those it has a kernel for that reads them faster than
- * plain rows. Q4_0 with the AVX512-VNNI or the AVX2 kernel; Q8_0 only with AVX512-VNNI: on the
+ * plain rows. Q4_0 with the AVX512-VNNI or the AVX2 kernel; Q8_0 and IQ4_NL only with
+ * AVX512-VNNI (IQ4_NL's values, shifted to unsigned bytes up to 240, would saturate AVX2's 16-bit
+ * pair sums); Q8_0, because on the
  * avx2 variant plain Q8_0 rows stream at 0.97 of the read bandwidth at N = 1 against 0.81
  * repacked (M 32000, K 4096, 2 threads) and the broadcast kernel beats the repacked one at
  * N = 32 (205 against 168 GFLOP/s). Elsewhere (the baseline, generic builds) nothing is: the
@@ -71,7 +76,7 @@ static int64_t block_bytes(enum bp_type type)
 static bool repacked_type(enum bp_type type)
 {
 #if defined(BP_CPU_HAVE_AVX512_VNNI)
-    return type == BP_TYPE_Q4_0 || type == BP_TYPE_Q8_0;
+    return type == BP_TYPE_Q4_0 || type == BP_TYPE_Q8_0 || type == BP_TYPE_IQ4_NL;
 #elif defined(BP_CPU_REPACK_KERNEL)
     return type == BP_TYPE_Q4_0;
 #else
@@ -344,7 +349,8 @@ bp_buffer_type *bp_cpu_repack_buft_new(bp_device *dev)
 /* ---- Kernels ------------------------------------------------------------------------------- */
 
 /* The activation's block sums times this start each lane (Q4_0: nibbles used as unsigned, q + 8,
- * two lanes a row, so -4; Q8_0, repacked on AVX-512 only: bytes x ^ 0x80 = x + 128, so -64). */
+ * two lanes a row, so -4; Q8_0, repacked on AVX-512 only: bytes x ^ 0x80 = x + 128, so -64;
+ * IQ4_NL, the same: its table values plus 128). */
 int32_t bp_cpu_repack_ycorr(enum bp_type type)
 {
     return type == BP_TYPE_Q4_0 ? -4 : -64;
@@ -353,6 +359,8 @@ int32_t bp_cpu_repack_ycorr(enum bp_type type)
 #ifdef BP_CPU_REPACK_KERNEL
 
 #if defined(BP_CPU_HAVE_AVX512)
+#include "cpu-unpack32.h" /* iq4nl_values */
+
 #define NC_MAX 4 /* columns per pass */
 #define BY_COLUMNS(nc, CALL) BP_CPU_BY_COLUMNS(nc, CALL)
 
@@ -373,6 +381,9 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
     const int64_t qs_bytes = GROUP * qbytes(type);
     const char *sc = grp + nblk * qs_bytes;
     const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    /* IQ4_NL's values plus 128 (1..241), in every 128-bit lane for the byte shuffle. */
+    const __m512i iq4nl_u8 = _mm512_broadcast_i32x4(_mm_xor_si128(
+        _mm_loadu_si128((const __m128i *)iq4nl_values), _mm_set1_epi8((char)0x80)));
     __m512 acc[4];
 #pragma GCC unroll 4
     for (int c = 0; c < nc; c++)
@@ -389,13 +400,16 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
             _mm_prefetch(q + PREFETCH_L2 + 64 * u, _MM_HINT_T1);
         }
         __m512i v[4];
-        if (type == BP_TYPE_Q4_0) {
+        if (type == BP_TYPE_Q4_0 || type == BP_TYPE_IQ4_NL) {
             const __m512i m = _mm512_set1_epi8(0x0f);
             const __m512i q0 = _mm512_loadu_si512(q), q1 = _mm512_loadu_si512(q + 64);
             v[0] = _mm512_and_si512(q0, m);
             v[1] = _mm512_and_si512(q1, m);
             v[2] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m);
             v[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m);
+            if (type == BP_TYPE_IQ4_NL)
+                for (int u = 0; u < 4; u++)
+                    v[u] = _mm512_shuffle_epi8(iq4nl_u8, v[u]);
         } else {
             const __m512i flip = _mm512_set1_epi8((char)0x80);
             for (int u = 0; u < 4; u++)
@@ -513,9 +527,12 @@ static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
 {
 #define Q4(c) group_t(BP_TYPE_Q4_0, c, grp, nblk, y, ycorr, yd, out)
 #define Q8(c) group_t(BP_TYPE_Q8_0, c, grp, nblk, y, ycorr, yd, out)
+#define NL(c) group_t(BP_TYPE_IQ4_NL, c, grp, nblk, y, ycorr, yd, out)
 #if defined(BP_CPU_HAVE_AVX512)
     if (type == BP_TYPE_Q4_0) {
         BY_COLUMNS(nc, Q4)
+    } else if (type == BP_TYPE_IQ4_NL) {
+        BY_COLUMNS(nc, NL)
     } else {
         BY_COLUMNS(nc, Q8)
     }
@@ -525,6 +542,7 @@ static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
 #endif
 #undef Q4
 #undef Q8
+#undef NL
 }
 #undef BY_COLUMNS
 
