@@ -967,11 +967,79 @@ START_TEST(test_every_half_converts_exactly)
 }
 END_TEST
 
+/* Rows of every weight type converted to f32 by the CPU (GET_ROWS, which takes each variant's
+ * vector conversions) equal the runtime's own converter bit for bit, on random bytes (scales
+ * that are Inf or NaN included: NaN matches any NaN), in each variant. */
+START_TEST(test_every_type_converts_exactly)
+{
+    static const char *const disable[] = {"", "avx512f", "avx512f,avx2"};
+    use_cpu_plugin();
+    if (disable[_i][0])
+        setenv("BP_CPU_DISABLE", disable[_i], 1);
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
+    enum { K = 512, ROWS = 6 };
+    unsigned seed = 5;
+    for (int ti = 0; ti < BP_TYPE_COUNT; ti++) {
+        const enum bp_type t = (enum bp_type)ti;
+        const struct bp_type_traits *tr = bp_type_get_traits(t);
+        if (t == BP_TYPE_I32 || t == BP_TYPE_F32 || tr->to_float == NULL)
+            continue;
+        bp_context *ctx = bp_context_new(4);
+        bp_tensor *a = bp_new_tensor_2d(ctx, t, K, ROWS);
+        bp_tensor *ids = bp_new_tensor_1d(ctx, BP_TYPE_I32, ROWS);
+        bp_tensor *r = bp_get_rows(ctx, a, ids);
+        ck_assert_ptr_nonnull(r);
+        bp_graph *g = bp_graph_new(4);
+        bp_graph_build_forward(g, r);
+        const bool supported = bp_backend_supports_op(be, r);
+        bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+        ck_assert_ptr_nonnull(buf);
+        const size_t bytes = bp_nbytes(a);
+        uint8_t *w = malloc(bytes);
+        for (size_t i = 0; i < bytes; i++)
+            w[i] = (uint8_t)(rand_r(&seed) >> 4);
+        int32_t iv[ROWS];
+        for (int i = 0; i < ROWS; i++)
+            iv[i] = ROWS - 1 - i;
+        ck_assert_int_eq(bp_tensor_set(a, w, 0, bytes), BP_OK);
+        ck_assert_int_eq(bp_tensor_set(ids, iv, 0, sizeof(iv)), BP_OK);
+        if (supported) {
+            ck_assert_msg(bp_backend_graph_compute(be, g) == BP_OK, "%s", bp_last_error());
+            float *got = malloc((size_t)K * ROWS * sizeof(float));
+            float *want = malloc((size_t)K * sizeof(float));
+            ck_assert_int_eq(bp_tensor_get(r, got, 0, (size_t)K * ROWS * sizeof(float)), BP_OK);
+            for (int i = 0; i < ROWS; i++) {
+                tr->to_float(w + (size_t)iv[i] * a->nb[1], want, K);
+                for (int k = 0; k < K; k++) {
+                    const float gv = got[i * K + k];
+                    ck_assert_msg(isnan(want[k]) ? isnan(gv) : memcmp(&want[k], &gv, 4) == 0,
+                                  "%s on %s: row %d element %d is %a, the runtime's %a",
+                                  bp_type_name(t),
+                                  bp_device_get_description(bp_backend_get_device(be)), iv[i],
+                                  k, (double)gv, (double)want[k]);
+                }
+            }
+            free(got);
+            free(want);
+        }
+        free(w);
+        bp_graph_free(g);
+        bp_buffer_free(buf);
+        bp_context_free(ctx);
+    }
+    bp_backend_free(be);
+    if (disable[_i][0])
+        unsetenv("BP_CPU_DISABLE");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cpu");
     TCase *halves = tcase_create("test_every_half_converts_exactly");
     tcase_add_loop_test(halves, test_every_half_converts_exactly, 0, 3);
+    tcase_add_loop_test(halves, test_every_type_converts_exactly, 0, 3);
     suite_add_tcase(s, halves);
     BP_TCASE(s, test_best_variant_loads, 30);
     BP_TCASE(s, test_variant_masked_by_cpu_disable, 30);

@@ -3,9 +3,9 @@
  * runtime's converters are portable scalar code; these are the fast path every kernel uses
  * (packing A for GEMM, matrix-vector rows, gathering sources). Results are bit-identical. The
  * blocks of 32 of Q4_1, Q5_0, Q5_1 and IQ4_NL convert here too in AVX2 and AVX-512 builds
- * (cpu-unpack32.h);
- * the other quantised types (the k-quants, ...) go through the runtime's own converters, and
- * every quantiser is the runtime's. */
+ * (cpu-unpack32.h), and so do Q4_K and Q6_K, the k-quants of the mixes people use most; the
+ * other quantised types go through the runtime's own converters, and every quantiser is the
+ * runtime's. */
 #include "config.h"
 
 #include <string.h>
@@ -132,6 +132,75 @@ static void blocks32_row(enum bp_type t, const void *w, float *y, int64_t n)
 }
 #endif
 
+#if defined(BP_CPU_HAVE_AVX2)
+/* 16 bytes (signed or not) times d, minus m where sub: the runtime's roundings, one per
+ * operation, in the same order. */
+BP_CPU_INLINE void bytes16_row(__m128i v, bool sgn, float d, bool sub, float m, float *y)
+{
+#if defined(BP_CPU_HAVE_AVX512)
+    const __m512i w = sgn ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
+    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(w), _mm512_set1_ps(d));
+    _mm512_storeu_ps(y, sub ? _mm512_sub_ps(f, _mm512_set1_ps(m)) : f);
+#else
+    const __m128i part[2] = {v, _mm_srli_si128(v, 8)};
+    for (int j = 0; j < 2; j++) {
+        const __m256i w = sgn ? _mm256_cvtepi8_epi32(part[j]) : _mm256_cvtepu8_epi32(part[j]);
+        const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(d));
+        _mm256_storeu_ps(y + 8 * j, sub ? _mm256_sub_ps(f, _mm256_set1_ps(m)) : f);
+    }
+#endif
+}
+
+/* Q4_K: per 32 values, scale d * s and minimum dmin * m (6-bit s and m packed in 12 bytes: j < 4
+ * the low 6 bits of bytes j and j + 4; j >= 4 the nibbles of byte j + 4 with the top 2 bits of
+ * bytes j - 4 and j), each value d s q - dmin m, as the runtime rounds it. */
+static void q4_k_row(const struct bp_block_q4_k *b, float *y, int64_t n)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
+    for (int64_t i = 0; i < n / BP_QK_K; i++, y += BP_QK_K) {
+        const float d = bp_cpu_half_to_float(b[i].d), dmin = bp_cpu_half_to_float(b[i].dmin);
+        const uint8_t *sc = b[i].scales;
+        for (int j = 0; j < 8; j++) {
+            const int s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4);
+            const int m = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * (j / 2)));
+            const __m256i v = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, lo4);
+            const float dj = d * (float)s, mj = dmin * (float)m;
+            bytes16_row(_mm256_castsi256_si128(v), false, dj, true, mj, y + 32 * j);
+            bytes16_row(_mm256_extracti128_si256(v, 1), false, dj, true, mj, y + 32 * j + 16);
+        }
+    }
+}
+
+/* Q6_K: in each half of 128 values, value l of quarter u takes the low or high nibbles of ql
+ * (bytes l or l + 32) and bits 2u, 2u + 1 of qh[l], minus 32, times d * scale (one per 16). */
+static void q6_k_row(const struct bp_block_q6_k *b, float *y, int64_t n)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), lo2 = _mm256_set1_epi8(0x03);
+    for (int64_t i = 0; i < n / BP_QK_K; i++) {
+        const float d = bp_cpu_half_to_float(b[i].d);
+        for (int h = 0; h < 2; h++, y += 128) {
+            const uint8_t *ql = b[i].ql + 64 * h, *qh = b[i].qh + 32 * h;
+            const int8_t *sc = b[i].scales + 8 * h;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+            for (int u = 0; u < 4; u++) {
+                const __m256i l = u % 2 ? l1 : l0;
+                const __m256i nib = _mm256_and_si256(u >= 2 ? _mm256_srli_epi16(l, 4) : l, lo4);
+                const __m256i top = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * u), lo2);
+                const __m256i q = _mm256_sub_epi8(
+                    _mm256_or_si256(nib, _mm256_slli_epi16(top, 4)), _mm256_set1_epi8(32));
+                bytes16_row(_mm256_castsi256_si128(q), true, d * (float)sc[2 * u], false, 0.0f,
+                            y + 32 * u);
+                bytes16_row(_mm256_extracti128_si256(q, 1), true, d * (float)sc[2 * u + 1], false,
+                            0.0f, y + 32 * u + 16);
+            }
+        }
+    }
+}
+#endif
+
 #if !defined(BP_CPU_HAVE_F16C)
 float bp_cpu_half_table[65536];
 
@@ -166,6 +235,12 @@ void bp_cpu_to_float(enum bp_type type, const void *src, float *dst, int64_t n)
     case BP_TYPE_Q5_1:
     case BP_TYPE_IQ4_NL:
         blocks32_row(type, src, dst, n);
+        break;
+    case BP_TYPE_Q4_K:
+        q4_k_row(src, dst, n);
+        break;
+    case BP_TYPE_Q6_K:
+        q6_k_row(src, dst, n);
         break;
 #endif
     default:

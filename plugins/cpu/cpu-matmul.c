@@ -59,16 +59,20 @@ enum mm_strategy {
 
 /* From how many columns the types of cpu-qtypes.h take the packed GEMM (their rows converted to
  * floats once per panel, shared by its columns) rather than a dot product per (row, column):
- * 16 for the blocks of 32, which AVX2 and AVX-512 builds convert with vector instructions
- * (cpu-convert.c), 128 for the rest, converted by the runtime's scalar code. GFLOP/s of dot
- * products / GEMM, 2 threads, avx512 build on an AMD EPYC: Q5_0 (M = 1536, K = 512) at N = 16
- * 74 / 91, at 64 74 / 165; (M = 576, K = 1536) Q6_K at N = 64 140 / 103, at 128 132 / 140, at
- * 512 132 / 188; Q4_K at 64 127 / 126, at 128 119 / 163, at 512 120 / 201. */
+ * 16 for the blocks of 32 and 32 for Q4_K, which AVX2 and AVX-512 builds convert with vector
+ * instructions (cpu-convert.c), 128 for the rest (Q6_K converts so too, but its dot products
+ * keep up with the GEMM below 128 columns: pp64 of the SmolLM2 Q6_K file 928 tok/s with them,
+ * 775 through the GEMM), the others converted by the runtime's scalar code.
+ * GFLOP/s of dot products / GEMM, 2 threads, avx512 build on an AMD EPYC: Q5_0 (M = 1536,
+ * K = 512) at N = 16 74 / 91, at 64 74 / 165; (M = 576, K = 1536) Q4_K at 16 110 / 103, at 32
+ * 126 / 151, at 64 128 / 172; Q6_K at 16 143 / 100, at 32 141 / 147, at 64 142 / 144. */
 static int64_t qtype_gemm_min_n(enum bp_type t)
 {
 #if defined(BP_CPU_HAVE_AVX2)
     if (t == BP_TYPE_Q4_1 || t == BP_TYPE_Q5_0 || t == BP_TYPE_Q5_1 || t == BP_TYPE_IQ4_NL)
         return 16;
+    if (t == BP_TYPE_Q4_K)
+        return 32;
 #else
     (void)t;
 #endif
