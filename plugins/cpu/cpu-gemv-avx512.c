@@ -61,12 +61,13 @@ BP_CPU_INLINE void qrows8_unsigned4(const enum bp_type type, const char *p, int6
  * K 4096 on 2 threads (weights from DRAM), Q4_0 62-79 -> 97-101 GFLOP/s and Q8_0 55 -> 89-95
  * with 128 or 256 bytes; 384 and 512 gain less, and L3-resident sizes neither gain nor lose. */
 #define QROWS_PREFETCH 256
+#define QROWS_SHORT 2048 /* bytes of a row up to which the next rows are prefetched instead */
 
 /* out[c * 8 + i] = row i of the eight against column c, for nc columns (a constant in each
  * inlined copy, so the loops over columns unroll). */
 BP_CPU_INLINE void qrows8_t(const enum bp_type type, const int nc, const char *row0, int64_t lda,
                             const struct bp_block_q8_0 *const y[4], const int32_t *const ysum[4],
-                            int64_t nb, float *out)
+                            int64_t nb, bool prefetch_next, float *out)
 {
     const int64_t bs = qblock_size(type);
     const int32_t c = type == BP_TYPE_Q4_0 ? 8 : 128;
@@ -79,9 +80,17 @@ BP_CPU_INLINE void qrows8_t(const enum bp_type type, const int nc, const char *r
 #pragma GCC unroll 4
     for (int j = 0; j < nc; j++)
         acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    /* Short rows (contiguous, as a vocabulary projection of width 576 has them) end before the
+     * streams get going: the next eight rows are asked for instead, in step with these. */
+    const bool next8 = nb * bs <= QROWS_SHORT && lda == nb * bs && prefetch_next;
     for (int64_t i = 0; i < nb; i++) {
         const int64_t o = i * bs;
-        if (o + QROWS_PREFETCH < nb * bs) { /* never a line past the rows */
+        if (next8) {
+            const char *p = row0 + 8 * lda + 8 * o;
+#pragma GCC unroll 8
+            for (int64_t l = 0; l < 8 * bs; l += 64)
+                _mm_prefetch(p + l, _MM_HINT_T0);
+        } else if (o + QROWS_PREFETCH < nb * bs) { /* never a line past the rows */
 #pragma GCC unroll 8
             for (int r = 0; r < 8; r++)
                 _mm_prefetch(row0 + r * lda + o + QROWS_PREFETCH, _MM_HINT_T0);
@@ -124,10 +133,10 @@ BP_CPU_INLINE void qrows8_t(const enum bp_type type, const int nc, const char *r
 /* One loop per weight type and column count. */
 void bp_cpu_dot_q8_rows8(enum bp_type type, int nc, const char *row0, int64_t lda,
                          const struct bp_block_q8_0 *const y[4], const int32_t *const ysum[4],
-                         int64_t nb, float *out)
+                         int64_t nb, bool prefetch_next, float *out)
 {
-#define Q4(c) qrows8_t(BP_TYPE_Q4_0, c, row0, lda, y, ysum, nb, out)
-#define Q8(c) qrows8_t(BP_TYPE_Q8_0, c, row0, lda, y, ysum, nb, out)
+#define Q4(c) qrows8_t(BP_TYPE_Q4_0, c, row0, lda, y, ysum, nb, prefetch_next, out)
+#define Q8(c) qrows8_t(BP_TYPE_Q8_0, c, row0, lda, y, ysum, nb, prefetch_next, out)
     if (type == BP_TYPE_Q4_0) {
         BP_CPU_BY_COLUMNS(nc, Q4)
     } else {

@@ -375,7 +375,8 @@ static void dot_rows_quant(const bp_tensor *a, const char *abase, const struct b
                     ys[c] = ysum + (n + (c < nc ? c : 0)) * nb;
                 }
                 float out[32];
-                bp_cpu_dot_q8_rows8(a->type, nc, abase + m0 * lda, lda, y, ys, nb, out);
+                bp_cpu_dot_q8_rows8(a->type, nc, abase + m0 * lda, lda, y, ys, nb,
+                                    m0 + 16 <= m1, out);
                 for (int c = 0; c < nc; c++)
                     memcpy((float *)cbase + (n + c) * ldc + m0, out + c * 8, 8 * sizeof(float));
             }

@@ -90,10 +90,11 @@ void bp_cpu_dot_q8_cols(enum bp_type type, const void *xrow, const struct bp_blo
 
 #if defined(BP_CPU_HAVE_AVX512_VNNI)
 /* out[c * 8 + i] = row i of the eight at row0 (lda bytes apart; 7 * lda must fit 32 bits) .
- * column y[c], for nc (1-4) columns; ysum[c]: the sums of column c's block quants. */
+ * column y[c], for nc (1-4) columns; ysum[c]: the sums of column c's block quants.
+ * prefetch_next: the eight rows after these are read next (short rows ask for them early). */
 void bp_cpu_dot_q8_rows8(enum bp_type type, int nc, const char *row0, int64_t lda,
                          const struct bp_block_q8_0 *const y[4], const int32_t *const ysum[4],
-                         int64_t nb, float *out);
+                         int64_t nb, bool prefetch_next, float *out);
 #endif
 
 #if defined(BP_CPU_HAVE_AVX2)
