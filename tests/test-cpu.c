@@ -922,17 +922,32 @@ START_TEST(test_repack_buffer)
 }
 END_TEST
 
+/* Variant i's CPU backend with two threads: 0 the best this machine runs, 1 the avx2 variant,
+ * 2 the baseline (BP_CPU_DISABLE, unset again by variant_done). */
+static const char *const variant_disable[] = {"", "avx512f", "avx512f,avx2"};
+
+static bp_backend *variant_backend(int i)
+{
+    use_cpu_plugin();
+    if (variant_disable[i][0])
+        setenv("BP_CPU_DISABLE", variant_disable[i], 1);
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
+    return be;
+}
+
+static void variant_done(bp_backend *be)
+{
+    bp_backend_free(be);
+    unsetenv("BP_CPU_DISABLE");
+}
+
 /* Every F16 bit pattern converted to f32 by the CPU (a CPY node), in each variant's own way
  * (F16C, or integer SSE2 operations in the baseline), equals the runtime's scalar conversion:
  * bit for bit, NaNs as NaNs. */
 START_TEST(test_every_half_converts_exactly)
 {
-    static const char *const disable[] = {"", "avx512f", "avx512f,avx2"};
-    use_cpu_plugin();
-    if (disable[_i][0])
-        setenv("BP_CPU_DISABLE", disable[_i], 1);
-    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
-    ck_assert_plugins(be != NULL, "%s", bp_last_error());
+    bp_backend *be = variant_backend(_i);
     bp_context *ctx = bp_context_new(4);
     bp_tensor *h = bp_new_tensor_1d(ctx, BP_TYPE_F16, 65536);
     bp_tensor *f = bp_cpy(ctx, h, bp_new_tensor_1d(ctx, BP_TYPE_F32, 65536));
@@ -963,7 +978,7 @@ START_TEST(test_every_half_converts_exactly)
     free(got);
     bp_buffer_free(buf);
     bp_context_free(ctx);
-    bp_backend_free(be);
+    variant_done(be);
 }
 END_TEST
 
@@ -972,12 +987,7 @@ END_TEST
  * that are Inf or NaN included: NaN matches any NaN), in each variant. */
 START_TEST(test_every_type_converts_exactly)
 {
-    static const char *const disable[] = {"", "avx512f", "avx512f,avx2"};
-    use_cpu_plugin();
-    if (disable[_i][0])
-        setenv("BP_CPU_DISABLE", disable[_i], 1);
-    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
-    ck_assert_plugins(be != NULL, "%s", bp_last_error());
+    bp_backend *be = variant_backend(_i);
     enum { K = 512, ROWS = 6 };
     unsigned seed = 5;
     for (int ti = 0; ti < BP_TYPE_COUNT; ti++) {
@@ -1028,9 +1038,7 @@ START_TEST(test_every_type_converts_exactly)
         bp_buffer_free(buf);
         bp_context_free(ctx);
     }
-    bp_backend_free(be);
-    if (disable[_i][0])
-        unsetenv("BP_CPU_DISABLE");
+    variant_done(be);
 }
 END_TEST
 
