@@ -498,6 +498,26 @@ START_TEST(test_allreduce)
 }
 END_TEST
 
+/* Variant i's CPU backend with two threads: 0 the best this machine runs, 1 the avx2 variant,
+ * 2 the baseline (BP_CPU_DISABLE, unset again by variant_done). */
+static const char *const variant_disable[] = {"", "avx512f", "avx512f,avx2"};
+
+static bp_backend *variant_backend(int i)
+{
+    use_cpu_plugin();
+    if (variant_disable[i][0])
+        setenv("BP_CPU_DISABLE", variant_disable[i], 1);
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
+    return be;
+}
+
+static void variant_done(bp_backend *be)
+{
+    bp_backend_free(be);
+    unsetenv("BP_CPU_DISABLE");
+}
+
 /* ---- CPU_REPACK: Q4_0, Q8_0 and IQ4_NL weights stored row-interleaved ------------------------
  * Run once per kernel and type: the best variant with AMX (where the machine has it), the avx512
  * variant without (its VNNI kernel for every N), the avx2 variant (its own kernel for Q4_0; its
@@ -791,6 +811,52 @@ START_TEST(test_repack_mul_mat)
 }
 END_TEST
 
+/* "bp_cpu_repack_type" answers, per variant, whether a type is stored row-interleaved: exactly
+ * the tensors whose copy the CPU then refuses (nothing but MUL_MAT and GET_ROWS reads them). */
+START_TEST(test_repack_type)
+{
+    bp_backend *be = variant_backend(_i);
+    bp_device *dev = bp_backend_get_device(be);
+    bp_cpu_repack_type_fn stores = (bp_cpu_repack_type_fn)bp_registry_get_proc_address(
+        bp_device_get_registry(dev), "bp_cpu_repack_type");
+    ck_assert_ptr_nonnull(stores);
+    bp_clear_error();
+    ck_assert(!stores(NULL, BP_TYPE_Q4_0));
+    ck_assert_error_has(BP_ERR_INVALID_ARG, "not a CPU device");
+    bp_buffer_type *bt = repack_buft(be);
+    int interleaved = 0;
+    for (int ti = 0; ti < BP_TYPE_COUNT; ti++) {
+        const enum bp_type t = (enum bp_type)ti;
+        if (t == BP_TYPE_I32)
+            continue;
+        bp_context *wctx = bp_context_new(2), *ctx = bp_context_new(4);
+        bp_tensor *w = bp_new_tensor_2d(wctx, t, 256, 8);
+        bp_tensor *cp = bp_cpy(ctx, w, bp_new_tensor_2d(ctx, t, 256, 8));
+        bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, bt);
+        bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+        ck_assert_ptr_nonnull(wbuf);
+        ck_assert_ptr_nonnull(buf);
+        const bool s = stores(dev, t);
+        interleaved += s;
+        ck_assert_msg(s == !bp_backend_supports_op(be, cp), "%s on %s: stored %s, copy %s",
+                      bp_type_name(t), bp_device_get_description(dev),
+                      s ? "interleaved" : "plain",
+                      bp_backend_supports_op(be, cp) ? "supported" : "refused");
+        bp_buffer_free(buf);
+        bp_buffer_free(wbuf);
+        bp_context_free(ctx);
+        bp_context_free(wctx);
+    }
+    /* The baseline repacks nothing; the avx2 variant Q4_0; the best one at least that. */
+    ck_assert_int_eq(stores(dev, BP_TYPE_F32), false);
+    if (_i == 2)
+        ck_assert_int_eq(interleaved, 0);
+    else
+        ck_assert(stores(dev, BP_TYPE_Q4_0));
+    variant_done(be);
+}
+END_TEST
+
 /* Block-wise writes, memset, tensors stored as they are, and what is refused with a reason. */
 START_TEST(test_repack_buffer)
 {
@@ -922,26 +988,6 @@ START_TEST(test_repack_buffer)
 }
 END_TEST
 
-/* Variant i's CPU backend with two threads: 0 the best this machine runs, 1 the avx2 variant,
- * 2 the baseline (BP_CPU_DISABLE, unset again by variant_done). */
-static const char *const variant_disable[] = {"", "avx512f", "avx512f,avx2"};
-
-static bp_backend *variant_backend(int i)
-{
-    use_cpu_plugin();
-    if (variant_disable[i][0])
-        setenv("BP_CPU_DISABLE", variant_disable[i], 1);
-    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
-    ck_assert_plugins(be != NULL, "%s", bp_last_error());
-    return be;
-}
-
-static void variant_done(bp_backend *be)
-{
-    bp_backend_free(be);
-    unsetenv("BP_CPU_DISABLE");
-}
-
 /* Every F16 bit pattern converted to f32 by the CPU (a CPY node), in each variant's own way
  * (F16C, or integer SSE2 operations in the baseline), equals the runtime's scalar conversion:
  * bit for bit, NaNs as NaNs. */
@@ -1064,6 +1110,9 @@ int main(void)
     BP_TCASE(s, test_bad_device_count, 30);
     BP_TCASE(s, test_allreduce, 30);
     BP_TCASE(s, test_repack_buffer, 30);
+    TCase *rtype = tcase_create("test_repack_type");
+    tcase_add_loop_test(rtype, test_repack_type, 0, 3);
+    suite_add_tcase(s, rtype);
     TCase *tc = tcase_create("test_repack_mul_mat");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_repack_mul_mat, 0,

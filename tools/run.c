@@ -25,9 +25,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <backplane/bp-cpu.h>
 #include <backplane/bp-meta.h>
 
-#include "../common/bench-util.h" /* bench_now, bench_median, bench_repack_buft */
+#include "../common/bench-util.h" /* bench_now, bench_median */
 
 #include "json.h"
 #include "model.h"
@@ -519,15 +520,21 @@ static bool check_memory(struct run *run)
     return true;
 }
 
-/* The weights' device's default buffer type, or for Q4_0, Q8_0 and IQ4_NL the CPU's CPU_REPACK,
- * where the CPU multiplies them faster in its row-interleaved layout (unless --no-repack; a
- * variant that does not repack a type keeps it there in plain rows). */
+/* The weights' device's default buffer type, or the CPU's CPU_REPACK where the loaded CPU
+ * variant stores the weights' type row-interleaved and multiplies it faster so (unless
+ * --no-repack): the device's proc addresses "bp_cpu_repack_type" and
+ * "bp_cpu_repack_buffer_type" say (bp-cpu.h). */
 static bp_buffer_type *weight_buffer_type(const struct run *run)
 {
     bp_backend *be = run->be[run->r->weights_on];
-    const enum bp_type t = run->o->wtype;
-    if ((t == BP_TYPE_Q4_0 || t == BP_TYPE_Q8_0 || t == BP_TYPE_IQ4_NL) && !run->o->no_repack) {
-        bp_buffer_type *rbt = bench_repack_buft(be);
+    bp_device *dev = bp_backend_get_device(be);
+    bp_registry *reg = bp_device_get_registry(dev);
+    bp_cpu_repack_type_fn stores =
+        (bp_cpu_repack_type_fn)bp_registry_get_proc_address(reg, "bp_cpu_repack_type");
+    bp_cpu_repack_buffer_type_fn get = (bp_cpu_repack_buffer_type_fn)bp_registry_get_proc_address(
+        reg, "bp_cpu_repack_buffer_type");
+    if (!run->o->no_repack && stores != NULL && get != NULL && stores(dev, run->o->wtype)) {
+        bp_buffer_type *rbt = get(dev);
         if (rbt != NULL)
             return rbt;
     }

@@ -573,11 +573,19 @@ static bp_buffer_type *cpu_repack_buffer_type(bp_device *dev)
     return NULL;
 }
 
+/* Proc address "bp_cpu_repack_type": bool (*)(bp_device *, enum bp_type). */
+static bool cpu_repack_type(bp_device *dev, enum bp_type type)
+{
+    return cpu_repack_buffer_type(dev) != NULL && bp_cpu_repack_stores(type);
+}
+
 static void *cpu_reg_proc(bp_registry *reg, const char *name)
 {
     (void)reg;
     if (strcmp(name, "bp_cpu_repack_buffer_type") == 0)
         return (void *)cpu_repack_buffer_type;
+    if (strcmp(name, "bp_cpu_repack_type") == 0)
+        return (void *)cpu_repack_type;
     if (strcmp(name, "bp_set_n_threads") == 0)
         return (void *)cpu_set_n_threads;
     if (strcmp(name, "bp_comm_init") == 0)

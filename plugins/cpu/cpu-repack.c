@@ -3,8 +3,8 @@
  * read.
  *
  * Which tensors: a 2-D (ne[2] = ne[3] = 1), contiguous, non-view tensor of a type this variant
- * repacks (repacked_type: Q4_0, Q8_0 and IQ4_NL on avx512, Q4_0 on avx2, none on the baseline) placed in
- * a CPU_REPACK buffer is stored repacked; every other tensor placed there is stored as it is, as
+ * repacks (bp_cpu_repack_stores: Q4_0, Q8_0 and IQ4_NL on avx512, Q4_0 on avx2, none on the
+ * baseline) placed in a CPU_REPACK buffer is stored repacked; every other tensor placed there is stored as it is, as
  * in host memory. Applications reach the buffer type through the CPU registry's proc address
  * "bp_cpu_repack_buffer_type" and use it for weights that the CPU multiplies.
  *
@@ -73,7 +73,7 @@ static int64_t block_bytes(enum bp_type type)
  * repacked (M 32000, K 4096, 2 threads) and the broadcast kernel beats the repacked one at
  * N = 32 (205 against 168 GFLOP/s). Elsewhere (the baseline, generic builds) nothing is: the
  * buffer type then holds plain rows, like host memory, and the ordinary kernels read them. */
-static bool repacked_type(enum bp_type type)
+bool bp_cpu_repack_stores(enum bp_type type)
 {
 #if defined(BP_CPU_HAVE_AVX512_VNNI)
     return type == BP_TYPE_Q4_0 || type == BP_TYPE_Q8_0 || type == BP_TYPE_IQ4_NL;
@@ -90,7 +90,7 @@ static bool repacked_type(enum bp_type type)
  * so matrix e starts e * nb[2] bytes in, as in the plain layout. Contiguous, whole blocks. */
 static bool eligible(const bp_tensor *t)
 {
-    return repacked_type(t->type) && t->view_src == NULL &&
+    return bp_cpu_repack_stores(t->type) && t->view_src == NULL &&
            (t->ne[2] == 1 || t->ne[1] % GROUP == 0) && t->ne[3] == 1 && t->ne[0] % 32 == 0 &&
            t->nb[0] == (size_t)block_bytes(t->type) &&
            t->nb[1] == (size_t)(t->ne[0] / 32 * block_bytes(t->type)) &&
@@ -537,7 +537,7 @@ static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
         BY_COLUMNS(nc, Q8)
     }
 #else
-    (void)type; /* the avx2 variant repacks Q4_0 only (repacked_type) */
+    (void)type; /* the avx2 variant repacks Q4_0 only (bp_cpu_repack_stores) */
     BY_COLUMNS(nc, Q4)
 #endif
 #undef Q4

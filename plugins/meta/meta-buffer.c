@@ -251,20 +251,23 @@ static bp_tensor packed_desc(const bp_tensor *w, const struct bp_meta_split *s, 
 }
 
 /* Where part p keeps its slice of weight w: in the layout its device multiplies such weights
- * fastest in when its plugin offers one for weights (the CPU's row-interleaved CPU_REPACK for
- * Q4_0, Q8_0 and IQ4_NL, as a CPU device's own weights get it), else its default buffer type.
- * BP_META_NO_REPACK=1 keeps every slice in the default one. */
+ * fastest in when its plugin offers one for weights of w's type (the CPU's row-interleaved
+ * CPU_REPACK, for the types its loaded variant repacks, as a CPU device's own weights get it),
+ * else its default buffer type. BP_META_NO_REPACK=1 keeps every slice in the default one. */
 static bp_buffer_type *slice_buffer_type(const struct meta_dev *md, const bp_tensor *w, int p)
 {
     bp_device *dev = md->parts[p];
     const char *off = getenv("BP_META_NO_REPACK");
-    if ((w->type == BP_TYPE_Q4_0 || w->type == BP_TYPE_Q8_0 || w->type == BP_TYPE_IQ4_NL) &&
-        !(off && off[0] == '1')) {
-        void *proc = bp_registry_get_proc_address(bp_device_get_registry(dev),
-                                                  "bp_cpu_repack_buffer_type");
+    if (!(off && off[0] == '1')) {
+        bp_registry *reg = bp_device_get_registry(dev);
+        void *tproc = bp_registry_get_proc_address(reg, "bp_cpu_repack_type");
+        void *bproc = bp_registry_get_proc_address(reg, "bp_cpu_repack_buffer_type");
+        bp_cpu_repack_type_fn stores;
         bp_cpu_repack_buffer_type_fn get;
-        memcpy(&get, &proc, sizeof(get));
-        bp_buffer_type *buft = proc != NULL ? get(dev) : NULL;
+        memcpy(&stores, &tproc, sizeof(stores));
+        memcpy(&get, &bproc, sizeof(get));
+        bp_buffer_type *buft =
+            tproc != NULL && bproc != NULL && stores(dev, w->type) ? get(dev) : NULL;
         bp_clear_error();
         if (buft != NULL)
             return buft;
