@@ -11,7 +11,8 @@
  *
  * One run (run_once) goes through phases, each a function that prints why it fails: open the
  * devices, place the weights, the embedding table and the KV cache, load the model, build the
- * scheduler, run the prompt, generate. */
+ * scheduler, run the prompt, generate. The command line is read in run-options.c and the report
+ * printed by run-report.c (run.h). */
 #include "config.h"
 
 #include <errno.h>
@@ -30,101 +31,8 @@
 
 #include "../common/bench-util.h" /* bench_now, bench_median */
 
-#include "json.h"
-#include "model.h"
+#include "run.h"
 #include "tool.h"
-
-#define MAX_BACKENDS 8
-
-struct run_opts {
-    const struct model_config *cfg;
-    enum bp_type wtype;
-    bool wtype_given, model_given, prompt_given;
-    const char *gguf_path; /* --gguf FILE: the model from it */
-    bp_gguf *gguf;
-    struct model_config file_cfg; /* the file's configuration (cfg points here) */
-    char file_name[128];          /* its name, file_cfg.name */
-    const char *tokens_arg;       /* --tokens 1,2,3: the prompt */
-    int32_t *tokens;
-    int n_tokens;
-    const char *save_gguf; /* --save-gguf FILE: write the model there instead of running it */
-    int n_ctx;             /* --ctx N, else 0: the model's */
-    int flash_attn;        /* --flash-attn: 1 on, 0 off, -1 auto (where the KV cache's device
-                            * runs FLASH_ATTN_EXT) */
-    const char *logits_path; /* --logits FILE: the logits of every generated step, raw f32 */
-    const char *kv_type;     /* --kv-type f16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl, else NULL: f16 */
-    const char *devices; /* NULL: the best present */
-    int n_prompt, n_gen, threads;
-    int repeat; /* --repeat N: N timed passes after one warm-up pass, medians (0: one cold pass) */
-    uint64_t seed;
-    bool check, json;
-    bool no_repack; /* keep Q4_0/Q8_0/IQ4_NL weights on a CPU device in its default buffer type */
-    bool half;      /* --precision half: products may round activations to 16 bits */
-    const char *experts_on; /* --experts-on DEVICE: the stacked experts' device (NULL: with the
-                             * weights) */
-    bool expert_copies_all; /* --expert-copies all: copy whole stacked experts between devices */
-    int expert_cache;       /* --expert-cache N: experts cached per stacked tensor on the device
-                             * that runs MUL_MAT_ID (0: none) */
-    bool expert_cache_given, expert_copies_given;
-    int expert_prefetch; /* --expert-prefetch on|off: predict each next layer's experts and load
-                          * them into the cache meanwhile (-1: on with a cache) */
-    bool no_expert_stream; /* --no-expert-stream: whole stacked experts, no cache, no prefetch */
-    const char *dot; /* --dot FILE, opened by cmd_run as dot_file before anything runs */
-    FILE *dot_file;
-    const char *run_only; /* the first option given that only a run takes (not --save-gguf) */
-};
-
-struct split_info {
-    char backend[64];
-    int nodes;
-};
-
-/* What one run produced. */
-struct run_result {
-    int n_backends;
-    /* Heap copies (NULL when memory ran out; printed as "?"): no length limit cuts a Meta(...)
-     * name or a deep plugin path short. */
-    char *names[MAX_BACKENDS];
-    char *descriptions[MAX_BACKENDS];
-    char *plugins[MAX_BACKENDS]; /* file of the plugin that provides the device */
-    size_t compute_bytes[MAX_BACKENDS];
-    size_t weight_bytes, kv_bytes;
-    char weight_buft[64];
-    int weights_on; /* index of the backend that holds the weights */
-    int experts_on; /* ... the stacked experts (a model with experts) */
-    size_t expert_bytes;
-    size_t expert_part_bytes[MAX_BACKENDS]; /* experts on a meta device: what each part holds */
-    char expert_buft[64];
-    /* Bytes the scheduler copied between devices over the generation steps: in all, of stacked
-     * experts, and what those experts would have taken whole. */
-    double gen_copied, gen_expert_copied, gen_expert_whole;
-    double gen_hits, gen_misses; /* used experts copied from the cache, from their source */
-    /* Prefetch over the generation steps: experts loaded ahead, of the used ones those found
-     * because of it, and seconds the computing thread copied experts, waited for the copy
-     * thread, and the copy thread copied. */
-    bool prefetch; /* next layers' experts predicted and prefetched */
-    /* Bytes the meta backends all-reduced (and gathered across processes) over the generation
-     * steps, and how many processes the run spans (1 without DEVICE@RANK parts). */
-    double gen_reduced;
-    int n_ranks;
-    double gen_prefetched, gen_prefetch_hits, gen_prefetch_bytes, gen_copy_s, gen_wait_s,
-        gen_prefetch_s;
-    int embd_on, kv_on; /* ... the token embedding table, the KV cache */
-    bool flash_attn;    /* attention as FLASH_ATTN_EXT */
-    size_t weight_part_bytes[MAX_BACKENDS]; /* weights on a meta device: what each part holds */
-    int n_weight_parts;
-    int prompt_splits, gen_splits;
-    int gen_reused; /* generation steps that computed the previous step's graph again */
-    struct split_info gen_split[16];
-    int n_gen_split_info;
-    double prompt_seconds, gen_median_seconds;
-    /* Seconds loading the weights (reading the file or filling the seeded model), the first
-     * (cold) prompt pass, and the process's peak resident size after the run, in bytes. */
-    double load_seconds, first_prompt_seconds;
-    size_t peak_rss;
-    int32_t *tokens;  /* n_gen generated ids */
-    float *logits;    /* n_gen x n_vocab: logits that chose each token */
-};
 
 
 static void result_free(struct run_result *r)
@@ -141,20 +49,6 @@ static void result_free(struct run_result *r)
 static char *dup_text(const char *s)
 {
     return strdup(s != NULL ? s : "?");
-}
-
-/* For printing a field of the result that may have failed to copy. */
-/* or_unknown(s) escaped, for text output (text.c). */
-static const char *shown(const char *s);
-
-static const char *or_unknown(const char *s)
-{
-    return s != NULL ? s : "?";
-}
-
-static const char *shown(const char *s)
-{
-    return tool_text(or_unknown(s));
 }
 
 /* The ops the model's long-lived tensors take part in, as each device is asked about them:
@@ -205,7 +99,7 @@ static const enum bp_type weight_types[] = {
     BP_TYPE_Q5_0, BP_TYPE_Q5_1, BP_TYPE_Q2_K, BP_TYPE_Q3_K, BP_TYPE_Q4_K,   BP_TYPE_Q5_K,
     BP_TYPE_Q6_K, BP_TYPE_IQ4_NL, BP_TYPE_IQ4_XS};
 
-static bool is_weight_type(enum bp_type t)
+bool run_is_weight_type(enum bp_type t)
 {
     for (size_t i = 0; i < sizeof(weight_types) / sizeof(weight_types[0]); i++)
         if (weight_types[i] == t)
@@ -359,7 +253,7 @@ static bool place_weights(struct run *run)
     if (w == run->nb || !runs_op(run->be[w], OP_MUL_MAT, row_type(run->o, n_embd), n_embd) ||
         (n_ff > 0 && !runs_op(run->be[w], OP_MUL_MAT, row_type(run->o, n_ff), n_ff))) {
         fprintf(stderr, "backplane run: %s cannot run %s weights; it can run: %s\n",
-                shown(run->r->names[w < run->nb ? w : 0]), bp_type_name(run->o->wtype),
+                run_shown(run->r->names[w < run->nb ? w : 0]), bp_type_name(run->o->wtype),
                 can[0] ? can : "none of them");
         return false;
     }
@@ -398,7 +292,7 @@ static bool place_experts(struct run *run)
     fprintf(stderr, "backplane run: --experts-on names '%s', which is not one of the devices "
             "of this run:", tool_text(run->o->experts_on));
     for (int i = 0; i < run->nb; i++)
-        fprintf(stderr, "%s %s", i ? "," : "", shown(r->names[i]));
+        fprintf(stderr, "%s %s", i ? "," : "", run_shown(r->names[i]));
     fprintf(stderr, "\n");
     return false;
 }
@@ -415,12 +309,12 @@ static bool experts_runnable(struct run *run)
         return true;
     if (e >= 0 && e != w)
         fprintf(stderr, "backplane run: neither %s (the weights) nor %s (--experts-on) can run "
-                "MUL_MAT_ID of %s weights, which the model's experts need\n", shown(r->names[w]),
-                shown(r->names[e]), bp_type_name(t));
+                "MUL_MAT_ID of %s weights, which the model's experts need\n", run_shown(r->names[w]),
+                run_shown(r->names[e]), bp_type_name(t));
     else
         fprintf(stderr, "backplane run: %s cannot run MUL_MAT_ID of %s weights, which the "
                 "model's experts need; --experts-on can put them on a device that does\n",
-                shown(r->names[w]), bp_type_name(t));
+                run_shown(r->names[w]), bp_type_name(t));
     return false;
 }
 
@@ -490,7 +384,7 @@ static bool choose_attention(struct run *run)
         fprintf(stderr, "backplane run: %s: %s, which holds the KV cache, does not run "
                 "FLASH_ATTN_EXT for this model\n",
                 run->o->flash_attn == 1 ? "--flash-attn on" : "a quantised KV cache",
-                shown(r->names[r->kv_on]));
+                run_shown(r->names[r->kv_on]));
         return false;
     }
     r->flash_attn = can && run->o->flash_attn != 0;
@@ -514,7 +408,7 @@ static bool check_memory(struct run *run)
         tool_format_sizes(need, mem_free, mem_total, sz);
         fprintf(stderr, "backplane run: model '%s' with %s weights needs %s for weights "
                 "and KV cache; %s has %s free of %s\n", cfg->name, bp_type_name(run->o->wtype),
-                sz[0], shown(r->names[w]), sz[1], sz[2]);
+                sz[0], run_shown(r->names[w]), sz[1], sz[2]);
         return false;
     }
     return true;
@@ -581,7 +475,7 @@ static bool load_model(struct run *run)
     run->wbuft = weight_buffer_type(run);
     if (run->show && weight_bytes(o) > (64u << 20)) /* takes a while */
         fprintf(stderr, "loading %s (%s weights) on %s...", tool_text(cfg->name), bp_type_name(o->wtype),
-                shown(r->names[w]));
+                run_shown(r->names[w]));
     /* The embedding table goes with the weights, except on a CPU, whose CPU_REPACK type would
      * keep a GET_ROWS table plain anyway: its default type there, a host one, which lets a
      * file's table be used from the mapping (model-gguf.c). */
@@ -603,7 +497,7 @@ static bool load_model(struct run *run)
                                               : model_init(&run->m, cfg, o->wtype, &where, o->seed);
     if (st != BP_OK) {
         fprintf(stderr, "%sbackplane run: cannot load model '%s' on %s: %s\n",
-                run->show ? "\n" : "", tool_text(cfg->name), shown(r->names[w]), tool_text(bp_last_error()));
+                run->show ? "\n" : "", tool_text(cfg->name), run_shown(r->names[w]), tool_text(bp_last_error()));
         return false;
     }
     if (run->show)
@@ -876,656 +770,6 @@ static int run_once(const struct run_opts *o, const char *devices, struct run_re
     return ok ? 0 : 1;
 }
 
-static double mib(size_t b)
-{
-    return (double)b / 1048576.0;
-}
-
-/* The "experts:" line of the report, without its newline. */
-static void print_experts(const struct run_opts *o, const struct run_result *r)
-{
-    const struct model_config *c = o->cfg;
-    printf("experts:    %d per layer, %d used per token; %.2f MiB %s %s (%s)", c->n_expert,
-           c->n_expert_used, mib(r->expert_bytes), r->experts_on < 0 ? "in" : "on",
-           r->experts_on < 0 ? "the file" : shown(r->names[r->experts_on]),
-           tool_text(r->expert_buft));
-    for (int p = 0; p < r->n_weight_parts && r->experts_on == r->weights_on; p++)
-        printf("%s%.2f", p == 0 ? "; per part: " : " + ", mib(r->expert_part_bytes[p]));
-    if (r->n_weight_parts > 0 && r->experts_on == r->weights_on)
-        printf(" MiB");
-    if (o->n_gen > 1 && r->gen_expert_whole > 0)
-        printf("; copied per generated token: %.3f MiB of experts (%s; whole tensors: %.3f "
-               "MiB), %.3f MiB in all", r->gen_expert_copied / (o->n_gen - 1) / 1048576.0,
-               o->no_expert_stream    ? "--no-expert-stream"
-               : o->expert_copies_all ? "--expert-copies all"
-                                      : "the ones used",
-               r->gen_expert_whole / (o->n_gen - 1) / 1048576.0,
-               r->gen_copied / (o->n_gen - 1) / 1048576.0);
-    if (o->expert_cache > 0 && r->gen_hits + r->gen_misses > 0)
-        printf("; cache of %d per tensor: %.0f hits, %.0f misses (%.1f%% hits)",
-               o->expert_cache, r->gen_hits, r->gen_misses,
-               100.0 * r->gen_hits / (r->gen_hits + r->gen_misses));
-    if (r->prefetch && o->n_gen > 1)
-        printf("; prefetch: %.0f experts loaded ahead (%.3f MiB per generated token of "
-               "those copied), %.0f of them used; per generated token %.3f ms copying, "
-               "%.3f ms waiting, %.3f ms prefetching alongside", r->gen_prefetched,
-               r->gen_prefetch_bytes / (o->n_gen - 1) / 1048576.0, r->gen_prefetch_hits,
-               1e3 * r->gen_copy_s / (o->n_gen - 1),
-               1e3 * r->gen_wait_s / (o->n_gen - 1), 1e3 * r->gen_prefetch_s / (o->n_gen - 1));
-    else if (o->n_gen > 1 && r->gen_expert_whole > 0)
-        printf("; %.3f ms per generated token copying experts",
-               1e3 * r->gen_copy_s / (o->n_gen - 1));
-}
-
-static void print_text(const struct run_opts *o, const struct run_result *r)
-{
-    const struct model_config *c = o->cfg;
-    printf("model:      ");
-    tool_put_text(c->name, stdout);
-    printf(" (%d layers, n_embd %d, n_ff %d, %d heads", c->n_layer, c->n_embd, c->n_ff, c->n_head);
-    if (c->n_head_kv != c->n_head)
-        printf(" (%d for keys and values)", c->n_head_kv);
-    printf(", vocab %d; %.1f M parameters), %s weights, ", c->n_vocab,
-           (double)model_n_params(c) / 1e6, bp_type_name(o->wtype));
-    if (o->gguf_path != NULL) {
-        printf("from ");
-        tool_put_text(o->gguf_path, stdout);
-        printf("\n");
-    } else {
-        printf("seed %llu\n", (unsigned long long)o->seed);
-    }
-    for (int i = 0; i < r->n_backends; i++) {
-        printf("%-11s ", i == 0 ? "devices:" : "");
-        tool_put_text(or_unknown(r->names[i]), stdout);
-        printf(": ");
-        tool_put_text(or_unknown(r->descriptions[i]), stdout);
-        printf("\n%-11s (plugin ", "");
-        tool_put_text(or_unknown(r->plugins[i]), stdout);
-        printf(")\n");
-    }
-    if (r->kv_on == r->weights_on && r->embd_on == r->weights_on)
-        printf("buffers:    weights %.2f MiB and KV cache %.2f MiB on %s (%s)",
-               mib(r->weight_bytes), mib(r->kv_bytes), shown(r->names[r->weights_on]),
-               tool_text(r->weight_buft));
-    else
-        printf("buffers:    weights %.2f MiB on %s (%s), token embedding on %s, KV cache %.2f MiB "
-               "on %s", mib(r->weight_bytes), shown(r->names[r->weights_on]), tool_text(r->weight_buft),
-               shown(r->names[r->embd_on]), mib(r->kv_bytes), shown(r->names[r->kv_on]));
-    for (int p = 0; p < r->n_weight_parts; p++)
-        printf("%s%.2f", p == 0 ? "; weights per part: " : " + ", mib(r->weight_part_bytes[p]));
-    if (r->n_weight_parts > 0)
-        printf(" MiB");
-    for (int i = 0; i < r->n_backends; i++)
-        printf("; compute %s %.2f MiB", shown(r->names[i]), mib(r->compute_bytes[i]));
-    printf("\n");
-    if (c->n_expert > 0) {
-        print_experts(o, r);
-        printf("\n");
-    }
-    if (r->gen_reduced > 0 && o->n_gen > 1)
-        printf("all-reduce: %.1f KiB per generated token%s\n",
-               r->gen_reduced / (o->n_gen - 1) / 1024.0,
-               r->n_ranks > 1 ? " between the processes (gathers across them included)" : "");
-    printf("attention:  %s, %s KV cache\n",
-           r->flash_attn ? "fused (FLASH_ATTN_EXT)" : "MUL_MAT, SOFT_MAX, MUL_MAT",
-           bp_type_name(o->cfg->kv_type));
-    if (o->half)
-        printf("products:   half precision (activations of BF16/F16 products may be rounded "
-               "to 16 bits)\n");
-    printf("load:       %.1f ms loading the weights; first prompt pass %.1f ms; peak RSS %.1f MiB\n",
-           r->load_seconds * 1e3, r->first_prompt_seconds * 1e3, mib(r->peak_rss));
-    printf("prompt:     %d tokens in one graph, %d split%s, %.1f tokens/s (%.1f ms%s)\n",
-           o->n_prompt, r->prompt_splits, r->prompt_splits == 1 ? "" : "s",
-           o->n_prompt / r->prompt_seconds, r->prompt_seconds * 1e3,
-           o->repeat > 0 ? ", median of the passes after the warm-up" : ", cold");
-    if (o->n_gen > 1) {
-        printf("generation: %d tokens, %d split%s per graph:", o->n_gen - 1, r->gen_splits,
-               r->gen_splits == 1 ? "" : "s");
-        for (int i = 0; i < r->n_gen_split_info; i++)
-            printf(" %s %d nodes%s", tool_text(r->gen_split[i].backend), r->gen_split[i].nodes,
-                   i + 1 < r->n_gen_split_info ? "," : "");
-        if (r->gen_splits > r->n_gen_split_info)
-            printf(", ...");
-        printf("\n            %.1f tokens/s (median %.2f ms per token); %d of %d graphs "
-               "reused\n", 1.0 / r->gen_median_seconds, r->gen_median_seconds * 1e3,
-               r->gen_reused, o->n_gen - 1);
-    }
-    printf("tokens:    ");
-    for (int i = 0; i < o->n_gen; i++)
-        printf(" %d", r->tokens[i]);
-    printf("\n");
-}
-
-/* What --check found against the run on the CPU alone. */
-struct run_check {
-    bool agree;      /* the same tokens */
-    int first_diff;  /* the first step whose tokens differ (when !agree) */
-    double max_diff; /* the largest logit difference over the steps compared */
-    double nmse;     /* normalised mean squared error of the logits compared */
-    double bound;    /* what nmse may be for the check to pass */
-    bool pass;
-    int compared;
-};
-
-static void print_json(const struct run_opts *o, const struct run_result *r,
-                       const struct run_check *check)
-{
-    const struct model_config *c = o->cfg;
-    struct json_writer w;
-    json_init(&w, stdout, 1);
-    json_begin_object(&w);
-    json_member_string(&w, "model", c->name);
-    json_member_int(&w, "parameters", (long long)model_n_params(c));
-    json_member_string(&w, "wtype", bp_type_name(o->wtype));
-    if (o->gguf_path != NULL)
-        json_member_string(&w, "gguf", o->gguf_path);
-    else
-        json_member_uint(&w, "seed", (unsigned long long)o->seed);
-    json_member_int(&w, "layers", c->n_layer);
-    json_member_int(&w, "heads", c->n_head);
-    json_member_int(&w, "kv_heads", c->n_head_kv);
-    json_member_string(&w, "weights_on", or_unknown(r->names[r->weights_on]));
-    json_member_string(&w, "embedding_on", or_unknown(r->names[r->embd_on]));
-    json_member_string(&w, "kv_cache_on", or_unknown(r->names[r->kv_on]));
-    json_member_bool(&w, "flash_attn", r->flash_attn);
-    json_member_string(&w, "matmul_precision", o->half ? "half" : "full");
-    json_member_string(&w, "kv_type", bp_type_name(o->cfg->kv_type));
-    json_key(&w, "devices");
-    json_begin_array(&w);
-    for (int i = 0; i < r->n_backends; i++) {
-        json_begin_object(&w);
-        json_member_string(&w, "name", or_unknown(r->names[i]));
-        json_member_string(&w, "plugin", or_unknown(r->plugins[i]));
-        json_member_uint(&w, "compute_bytes", r->compute_bytes[i]);
-        json_end_object(&w);
-    }
-    json_end_array(&w);
-    json_member_uint(&w, "weight_bytes", r->weight_bytes);
-    json_member_uint(&w, "kv_bytes", r->kv_bytes);
-    json_member_string(&w, "weight_buffer_type", r->weight_buft);
-    if (c->n_expert > 0) {
-        const int steps = o->n_gen > 1 ? o->n_gen - 1 : 1;
-        json_member_int(&w, "experts", c->n_expert);
-        json_member_int(&w, "experts_used", c->n_expert_used);
-        json_member_string(&w, "experts_on",
-                           r->experts_on < 0 ? "file" : shown(r->names[r->experts_on]));
-        json_member_uint(&w, "expert_bytes", r->expert_bytes);
-        json_member_string(&w, "expert_copies", o->expert_copies_all ? "all" : "used");
-        json_member_double(&w, "expert_bytes_copied_per_token", r->gen_expert_copied / steps, 10);
-        json_member_double(&w, "expert_bytes_whole_per_token", r->gen_expert_whole / steps, 10);
-        json_member_double(&w, "bytes_copied_per_token", r->gen_copied / steps, 10);
-        json_member_int(&w, "expert_cache", o->expert_cache);
-        json_member_double(&w, "expert_cache_hits", r->gen_hits, 10);
-        json_member_double(&w, "expert_cache_misses", r->gen_misses, 10);
-        json_member_bool(&w, "expert_prefetch", r->prefetch);
-        json_member_double(&w, "experts_prefetched", r->gen_prefetched, 10);
-        json_member_double(&w, "experts_prefetch_hits", r->gen_prefetch_hits, 10);
-        json_member_double(&w, "expert_bytes_prefetched_per_token", r->gen_prefetch_bytes / steps,
-                           10);
-        json_member_double(&w, "expert_copy_seconds_per_token", r->gen_copy_s / steps, 10);
-        json_member_double(&w, "expert_wait_seconds_per_token", r->gen_wait_s / steps, 10);
-        json_member_double(&w, "expert_prefetch_seconds_per_token", r->gen_prefetch_s / steps,
-                           10);
-    }
-    json_member_int(&w, "ranks", r->n_ranks > 0 ? r->n_ranks : 1);
-    json_member_double(&w, "bytes_allreduced_per_token",
-                       r->gen_reduced / (o->n_gen > 1 ? o->n_gen - 1 : 1), 10);
-    json_member_int(&w, "repeat", o->repeat);
-    json_member_double(&w, "load_seconds", r->load_seconds, 10);
-    json_member_double(&w, "first_prompt_seconds", r->first_prompt_seconds, 10);
-    json_member_uint(&w, "peak_rss_bytes", r->peak_rss);
-    json_member_int(&w, "prompt_tokens", o->n_prompt);
-    json_member_int(&w, "prompt_splits", r->prompt_splits);
-    json_member_double(&w, "prompt_tokens_per_s", o->n_prompt / r->prompt_seconds, 10);
-    json_member_int(&w, "generated_tokens", o->n_gen);
-    json_member_int(&w, "generation_splits", r->gen_splits);
-    json_member_int(&w, "generation_graphs_reused", r->gen_reused);
-    json_member_double(&w, "generation_tokens_per_s",
-                       o->n_gen > 1 ? 1.0 / r->gen_median_seconds : 0.0, 10);
-    json_key(&w, "tokens");
-    json_begin_array(&w);
-    for (int i = 0; i < o->n_gen; i++)
-        json_int(&w, r->tokens[i]);
-    json_end_array(&w);
-    if (check != NULL) {
-        json_key(&w, "check");
-        json_begin_object(&w);
-        json_member_bool(&w, "tokens_agree", check->agree);
-        json_member_int(&w, "first_differing_step", check->first_diff);
-        json_member_int(&w, "steps_compared", check->compared);
-        json_member_double(&w, "max_logit_diff", check->max_diff, 6);
-        json_member_double(&w, "logit_nmse", check->nmse, 6);
-        json_member_double(&w, "nmse_bound", check->bound, 6);
-        json_member_bool(&w, "pass", check->pass);
-        json_end_object(&w);
-    }
-    json_end_object(&w);
-    json_finish(&w);
-}
-
-/* Whether name is one of the KV cache's types: f16, and llama.cpp's quantised cache types. */
-static bool kv_type_name(const char *name)
-{
-    static const char *const names[] = {"f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (strcmp(name, names[i]) == 0)
-            return true;
-    return false;
-}
-
-static void run_usage(FILE *f)
-{
-    fprintf(f, "usage: backplane run [--model tiny|small|base|moe] [--wtype TYPE]\n"
-               "                     [--gguf FILE] [--tokens ID,ID,...] [--ctx N]\n"
-               "                     [--flash-attn on|off|auto]\n"
-               "                     [--kv-type f16|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl]\n"
-               "                     [--logits FILE] [--precision full|half]\n"
-               "                     [-d DEVICES] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-t THREADS]\n"
-               "                     [--seed N] [--repeat N] [--check] [--json] [--dot FILE]\n"
-               "                     [--no-repack]\n"
-               "                     [--experts-on DEVICE] [--expert-copies used|all]\n"
-               "                     [--expert-cache N] [--expert-prefetch on|off]\n"
-               "                     [--no-expert-stream]\n"
-               "       backplane run --model M [--wtype T] [--seed N] --save-gguf FILE\n"
-               "\n"
-               "  --wtype     the seeded model's weight type: f32 (default), f16, bf16, q8_0,\n"
-               "              q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs;\n"
-               "              rows a k-quant's blocks of 256 do not divide fall back as in\n"
-               "              llama.cpp (q4_K to q5_0, q5_K to q5_1, q6_K to q8_0, q2_K and q3_K\n"
-               "              to q4_0, iq4_xs to iq4_nl)\n"
-               "  --gguf FILE the model of a llama-architecture GGUF file (llama, mistral, qwen2)\n"
-               "              instead of a seeded one; its weights keep their types\n"
-               "  --tokens    the prompt as token ids (no tokenizer); default: -p ids drawn from\n"
-               "              the seed\n"
-               "  --ctx N     positions the KV cache holds (default: the model's context, at most\n"
-               "              4096 for a file)\n"
-               "  --save-gguf write the seeded model as a llama GGUF file and exit\n"
-               "  --kv-type   the KV cache's type: f16 (default), or q8_0, q4_0, q4_1, q5_0,\n"
-               "              q5_1, iq4_nl (these need fused attention)\n"
-               "  --repeat N  one warm-up pass of prompt and generation, then N timed passes:\n"
-               "              the speeds reported are their medians (default: one cold pass;\n"
-               "              the 'load:' line shows load time, first pass and peak RSS)\n"
-               "  --logits FILE write the logits that chose each generated token to FILE:\n"
-               "              n_gen x n_vocab little-endian f32, step by step\n"
-               "  --flash-attn attention as one fused op (default auto: where the device\n"
-               "              holding the KV cache runs it)\n"
-               "  -d DEVICES  comma-separated backends, e.g. CPU, CUDA0,CPU or \"Meta(CPU0,CPU1)\";\n"
-               "              weights live on the first that can multiply, the embedding table\n"
-               "              and KV cache there too when it runs their ops (else on the first\n"
-               "              that does); one CPU backend finishes every graph: named, it\n"
-               "              must come last, else it is added (default: every GPU, then CPU)\n"
-               "  --check     also run on the CPU alone; compare the logits (NMSE within the weight\n"
-               "              type's bound, else exit status 1) and the generated tokens\n"
-               "  --no-repack Q4_0/Q8_0/IQ4_NL weights on a CPU device (or a meta device's CPU\n"
-               "              parts) stay in host memory as they are\n"
-               "              (default: the CPU's CPU_REPACK buffer type, row-interleaved\n"
-               "              where the CPU variant has a kernel for that layout)\n"
-               "  --precision half lets the products of BF16/F16 weights round the activations\n"
-               "              to 16 bits, as ggml does (BP_MM_PRECISION_HALF); full (default)\n"
-               "              keeps at least 16 significant bits on every device\n"
-               "  --experts-on DEVICE where a model's stacked expert matrices live (one of -d;\n"
-               "              default: with the weights); a device that asks for MUL_MAT_ID\n"
-               "              runs it anyway, the scheduler copying the experts over; 'file'\n"
-               "              leaves them in the --gguf file, read with pread as used\n"
-               "  --expert-copies used (default) copies only the experts the router chose;\n"
-               "              all copies the whole stacked tensors\n"
-               "  --expert-cache N keep N experts of each stacked tensor on the device that\n"
-               "              runs MUL_MAT_ID and copy the ones it holds from there (0: none)\n"
-               "  --expert-prefetch on (default with a cache) predicts each next layer's\n"
-               "              experts (its router on this layer's MLP input) and loads them\n"
-               "              into the cache on a copy thread while this layer computes\n"
-               "  --no-expert-stream copy whole stacked experts, as any other weight: no\n"
-               "              used-expert copies, no cache, no prefetch\n");
-}
-
-static const char run_cmd[] = "backplane run";
-
-/* An option whose value is one word of a fixed set: 1 taken, 0 not such an option, 2 after a
- * message (v is not one of its words). */
-static int take_choice(const char *a, const char *v, struct run_opts *o)
-{
-    if (strcmp(a, "--flash-attn") == 0) {
-        if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0 && strcmp(v, "auto") != 0) {
-            fprintf(stderr, "%s: --flash-attn takes on, off or auto, not '%s'\n", run_cmd,
-                    tool_text(v));
-            return 2;
-        }
-        o->flash_attn = strcmp(v, "on") == 0 ? 1 : strcmp(v, "off") == 0 ? 0 : -1;
-    } else if (strcmp(a, "--kv-type") == 0) {
-        if (!kv_type_name(v)) {
-            fprintf(stderr, "%s: --kv-type takes f16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl, "
-                    "not '%s'\n", run_cmd, tool_text(v));
-            return 2;
-        }
-        o->kv_type = v;
-    } else if (strcmp(a, "--precision") == 0) {
-        if (strcmp(v, "full") != 0 && strcmp(v, "half") != 0) {
-            fprintf(stderr, "%s: --precision takes full or half, not '%s'\n", run_cmd,
-                    tool_text(v));
-            return 2;
-        }
-        o->half = strcmp(v, "half") == 0;
-    } else if (strcmp(a, "--expert-prefetch") == 0) {
-        if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0) {
-            fprintf(stderr, "%s: --expert-prefetch is on or off, not '%s'\n", run_cmd,
-                    tool_text(v));
-            return 2;
-        }
-        o->expert_prefetch = strcmp(v, "on") == 0;
-    } else if (strcmp(a, "--expert-copies") == 0) {
-        if (strcmp(v, "used") != 0 && strcmp(v, "all") != 0) {
-            fprintf(stderr, "%s: --expert-copies is used or all, not '%s'\n", run_cmd,
-                    tool_text(v));
-            return 2;
-        }
-        o->expert_copies_all = strcmp(v, "all") == 0;
-        o->expert_copies_given = true;
-    } else if (strcmp(a, "--model") == 0) {
-        if ((o->cfg = model_config_by_name(v)) == NULL) {
-            fprintf(stderr, "%s: no model '%s'; models: %s\n", run_cmd, tool_text(v),
-                    model_config_names());
-            return 2;
-        }
-        o->model_given = true;
-    } else if (strcmp(a, "--wtype") == 0) {
-        if (bp_type_from_name(v, &o->wtype) != BP_OK || !is_weight_type(o->wtype)) {
-            fprintf(stderr, "%s: '%s' is not a weight type (f32, f16, bf16, q8_0, q4_0, q4_1, "
-                    "q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs)\n", run_cmd,
-                    tool_text(v));
-            return 2;
-        }
-        o->wtype_given = true;
-    } else {
-        return 0;
-    }
-    return 1;
-}
-
-/* An option whose value is a number, a file or a list: 1 taken, 0 not such an option, 2 after a
- * message. */
-static int take_value(const char *a, const char *v, struct run_opts *o)
-{
-    long long num = 0;
-    const char **text = strcmp(a, "--gguf") == 0        ? &o->gguf_path
-                        : strcmp(a, "--save-gguf") == 0 ? &o->save_gguf
-                        : strcmp(a, "--tokens") == 0    ? &o->tokens_arg
-                        : strcmp(a, "--logits") == 0    ? &o->logits_path
-                        : strcmp(a, "--dot") == 0       ? &o->dot
-                        : strcmp(a, "--experts-on") == 0 ? &o->experts_on
-                        : strcmp(a, "-d") == 0 || strcmp(a, "--devices") == 0 ? &o->devices
-                                                                              : NULL;
-    if (text != NULL) {
-        *text = v;
-    } else if (strcmp(a, "--ctx") == 0) {
-        if (!tool_parse_int(run_cmd, a, v, 1, 1 << 20, &num))
-            return 2;
-        o->n_ctx = (int)num;
-    } else if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) {
-        /* int: the model's positions are int; the context is checked by check_run_opts, once
-         * the model is known. */
-        if (!tool_parse_int(run_cmd, a, v, 1, INT_MAX, &num))
-            return 2;
-        o->n_prompt = (int)num;
-        o->prompt_given = true;
-    } else if (strcmp(a, "-n") == 0 || strcmp(a, "--gen") == 0) {
-        if (!tool_parse_int(run_cmd, a, v, 1, INT_MAX, &num))
-            return 2;
-        o->n_gen = (int)num;
-    } else if (strcmp(a, "-t") == 0 || strcmp(a, "--threads") == 0) {
-        /* 0: the CPU plugin's default; its upper limit is 1024 */
-        if (!tool_parse_int(run_cmd, a, v, 0, 1024, &num))
-            return 2;
-        o->threads = (int)num;
-    } else if (strcmp(a, "--expert-cache") == 0) {
-        if (!tool_parse_int(run_cmd, a, v, 0, 4096, &num))
-            return 2;
-        o->expert_cache = (int)num;
-        o->expert_cache_given = true;
-    } else if (strcmp(a, "--seed") == 0) {
-        if (!tool_parse_u64(run_cmd, a, v, &o->seed))
-            return 2;
-    } else if (strcmp(a, "--repeat") == 0) {
-        if (!tool_parse_int(run_cmd, a, v, 1, 1000, &num))
-            return 2;
-        o->repeat = (int)num;
-    } else {
-        return 0;
-    }
-    return 1;
-}
-
-/* A flag (an option without a value): true when a is one. */
-static bool take_flag(const char *a, struct run_opts *o)
-{
-    if (strcmp(a, "--check") == 0) {
-        o->check = true;
-    } else if (strcmp(a, "--json") == 0) {
-        o->json = true;
-    } else if (strcmp(a, "--no-repack") == 0) {
-        o->no_repack = true;
-        setenv("BP_META_NO_REPACK", "1", 1); /* and a meta device's parts' slices */
-    } else if (strcmp(a, "--no-expert-stream") == 0) {
-        o->no_expert_stream = true;
-    } else {
-        return false;
-    }
-    return true;
-}
-
-/* Whether a is an option that takes a value (take_choice and take_value know them all). */
-static bool takes_value(const char *a)
-{
-    static const char *const names[] = {
-        "--model", "--wtype", "--gguf", "--save-gguf", "--tokens", "--flash-attn", "--kv-type",
-        "--precision", "--logits", "--ctx", "-d", "--devices", "-p", "--prompt", "-n", "--gen",
-        "-t", "--threads", "--expert-cache", "--seed", "--repeat", "--dot", "--experts-on",
-        "--expert-prefetch", "--expert-copies"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (strcmp(a, names[i]) == 0)
-            return true;
-    return false;
-}
-
-/* The options into o. -1 to go on, else the exit status (0 after --help, 2 after a message). */
-static int parse_run_args(int argc, char **argv, struct run_opts *o)
-{
-    static const char *const save_opts[] = {"--model", "--wtype", "--seed", "--save-gguf"};
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            run_usage(stdout);
-            return 0;
-        }
-        if (!take_flag(a, o)) {
-            /* The value is the next argument as it is ("-p -1" is a bad count, not an option). */
-            if (i + 1 == argc)
-                return takes_value(a) ? tool_no_value(run_cmd, a) : tool_bad_arg(run_cmd, a);
-            int st = take_choice(a, argv[i + 1], o);
-            if (st == 0)
-                st = take_value(a, argv[i + 1], o);
-            if (st == 0)
-                return tool_bad_arg(run_cmd, a);
-            if (st == 2)
-                return 2;
-            i++;
-        }
-        bool saves = false;
-        for (size_t k = 0; k < sizeof(save_opts) / sizeof(save_opts[0]); k++)
-            saves |= strcmp(a, save_opts[k]) == 0;
-        if (!saves && o->run_only == NULL)
-            o->run_only = a;
-    }
-    return -1;
-}
-
-/* The ids of --tokens into o->tokens, each below the model's vocabulary size; also -p. The
- * count, or -1 after a message. */
-static int parse_tokens(struct run_opts *o)
-{
-    const char *p = o->tokens_arg;
-    int n = 1;
-    for (const char *c = p; *c; c++)
-        n += *c == ',';
-    o->tokens = malloc((size_t)n * sizeof(int32_t));
-    if (o->tokens == NULL) {
-        fprintf(stderr, "%s: out of memory\n", run_cmd);
-        return -1;
-    }
-    for (int i = 0; i < n; i++) {
-        char *end;
-        errno = 0;
-        const long long v = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : -1;
-        if (v < 0)
-            end = (char *)p;
-        if (end == p || errno != 0 || (*end != ',' && *end != '\0') || v < 0 ||
-            v >= o->cfg->n_vocab) {
-            char *item = strndup(p, strcspn(p, ","));
-            fprintf(stderr, "%s: --tokens: token %d ('%s') is not an id in [0, %d) of '%s'\n",
-                    run_cmd, i + 1, tool_text(item ? item : "?"), o->cfg->n_vocab,
-                    tool_text(o->cfg->name));
-            free(item);
-            return -1;
-        }
-        o->tokens[i] = (int32_t)v;
-        p = *end == ',' ? end + 1 : end;
-    }
-    o->n_prompt = n;
-    return n;
-}
-
-/* The expert options fit the model and each other. -1 to go on, else 2 after a message. */
-static int check_expert_opts(struct run_opts *o)
-{
-    if (o->experts_on != NULL && strcasecmp(o->experts_on, "file") == 0 && o->gguf == NULL) {
-        fprintf(stderr, "%s: --experts-on file leaves the experts in the --gguf file; give one\n",
-                run_cmd);
-        return 2;
-    }
-    if ((o->experts_on != NULL || o->expert_cache_given || o->expert_copies_given ||
-         o->expert_prefetch >= 0 || o->no_expert_stream) &&
-        o->cfg->n_expert == 0) {
-        fprintf(stderr, "%s: %s applies to a model with experts; '%s' has none\n", run_cmd,
-                o->experts_on != NULL    ? "--experts-on"
-                : o->expert_cache_given  ? "--expert-cache"
-                : o->expert_copies_given ? "--expert-copies"
-                : o->no_expert_stream    ? "--no-expert-stream"
-                                         : "--expert-prefetch",
-                tool_text(o->cfg->name));
-        return 2;
-    }
-    if (o->no_expert_stream && ((o->expert_copies_given && !o->expert_copies_all) ||
-                                o->expert_cache > 0 || o->expert_prefetch == 1)) {
-        fprintf(stderr, "%s: --no-expert-stream copies whole stacked experts, without a cache or "
-                "prefetch; it does not go with %s\n", run_cmd,
-                o->expert_cache > 0 ? "--expert-cache" : o->expert_prefetch == 1
-                ? "--expert-prefetch on" : "--expert-copies used");
-        return 2;
-    }
-    if (o->no_expert_stream)
-        o->expert_copies_all = true;
-    if (o->expert_copies_all && o->expert_cache > 0 && !o->no_expert_stream) {
-        fprintf(stderr, "%s: --expert-cache keeps the experts that used-expert copies bring; it "
-                "does not go with --expert-copies all\n", run_cmd);
-        return 2;
-    }
-    if (o->expert_prefetch == 1 && (o->expert_cache == 0 || o->expert_copies_all)) {
-        fprintf(stderr, "%s: --expert-prefetch on loads predicted experts into the expert cache: "
-                "give --expert-cache N (and not --expert-copies all)\n", run_cmd);
-        return 2;
-    }
-    return -1;
-}
-
-/* Whether two output paths name one regular file: the same text, or an existing file under two
- * names (a link, "./x" and "x"). Streams such as /dev/null may take both. */
-static bool same_file(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    if (stat(a, &sa) != 0 || stat(b, &sb) != 0)
-        return strcmp(a, b) == 0;
-    return S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
-/* The options fit together and the --dot file can be written (it is opened here, before the
- * model runs, so that a path that cannot be written fails at once). -1 to go on, else the exit
- * status after a message. */
-static int check_run_opts(struct run_opts *o)
-{
-    if (o->save_gguf != NULL && o->gguf_path == NULL && o->run_only != NULL) {
-        fprintf(stderr, "%s: --save-gguf writes the model and exits: %s does not apply (it "
-                "takes --model, --wtype and --seed)\n", run_cmd, o->run_only);
-        return 2;
-    }
-    if (o->gguf_path != NULL && (o->save_gguf != NULL || o->wtype_given || o->model_given)) {
-        fprintf(stderr, "%s: --gguf serves the file's model as it is: --%s does not apply\n",
-                run_cmd, o->save_gguf != NULL ? "save-gguf" : o->wtype_given ? "wtype" : "model");
-        return 2;
-    }
-    if (o->tokens_arg != NULL && o->prompt_given) {
-        fprintf(stderr, "%s: --tokens is the prompt: -p does not apply\n", run_cmd);
-        return 2;
-    }
-    if (o->gguf_path != NULL) {
-        o->gguf = bp_gguf_open(o->gguf_path);
-        enum bp_type wtype;
-        if (o->gguf == NULL ||
-            model_gguf_config(o->gguf, &o->file_cfg, o->file_name, sizeof(o->file_name), &wtype) !=
-                BP_OK) {
-            fprintf(stderr, "%s: %s: %s\n", run_cmd, tool_text(o->gguf_path),
-                    tool_text(bp_last_error()));
-            return 1;
-        }
-        o->cfg = &o->file_cfg;
-        o->wtype = wtype;
-    }
-    if (o->n_ctx > 0 || o->kv_type != NULL) {
-        if (o->cfg != &o->file_cfg) {
-            o->file_cfg = *o->cfg;
-            o->cfg = &o->file_cfg;
-        }
-        if (o->n_ctx > 0)
-            o->file_cfg.n_ctx = o->n_ctx;
-        if (o->kv_type != NULL)
-            bp_type_from_name(o->kv_type, &o->file_cfg.kv_type); /* checked: kv_type_name */
-    }
-    if (o->cfg->kv_type != BP_TYPE_F16 && (o->cfg->n_embd / o->cfg->n_head) % 32 != 0) {
-        fprintf(stderr, "%s: --kv-type %s needs heads of a multiple of 32 values; '%s' has "
-                "%d\n", run_cmd, bp_type_name(o->cfg->kv_type), tool_text(o->cfg->name),
-                o->cfg->n_embd / o->cfg->n_head);
-        return 2;
-    }
-    const int experts = check_expert_opts(o);
-    if (experts >= 0)
-        return experts;
-    if (o->cfg->kv_type != BP_TYPE_F16 && o->flash_attn == 0) {
-        fprintf(stderr, "%s: --kv-type %s needs --flash-attn on or auto\n", run_cmd,
-                bp_type_name(o->cfg->kv_type));
-        return 2;
-    }
-    if (o->tokens_arg != NULL && (o->n_tokens = parse_tokens(o)) < 0)
-        return 2;
-    /* Both are in 1..INT_MAX here, so the test is written without a sum that could overflow:
-     * -p + -n - 1 <= n_ctx. */
-    const int n_ctx = o->cfg->n_ctx;
-    if (o->n_prompt > n_ctx || o->n_gen > n_ctx - o->n_prompt + 1) {
-        fprintf(stderr, "%s: -p %d and -n %d do not fit the context of '%s': -p + -n - 1 must be "
-                "at most %d\n", run_cmd, o->n_prompt, o->n_gen, tool_text(o->cfg->name), n_ctx);
-        return 2;
-    }
-    if (o->dot != NULL && o->n_gen < 2) {
-        fprintf(stderr, "%s: --dot writes the graph of a generation step: it needs -n 2 or more\n",
-                run_cmd);
-        return 2;
-    }
-    if (o->dot != NULL && o->logits_path != NULL && same_file(o->dot, o->logits_path)) {
-        fprintf(stderr, "%s: --dot and --logits name the same file '%s': one would overwrite "
-                "the other\n", run_cmd, tool_text(o->logits_path));
-        return 2;
-    }
-    if (o->dot != NULL && (o->dot_file = tool_open_output(run_cmd, "--dot", o->dot)) == NULL)
-        return 1;
-    return -1;
-}
 
 /* The run on the devices asked for; the --dot file is closed after it, and a failed write
  * fails the run. 0, or 1 after printing why. */
@@ -1639,9 +883,9 @@ int cmd_run(int argc, char **argv)
     struct run_opts o = {.cfg = model_config_by_name("tiny"), .wtype = BP_TYPE_F32,
                          .n_prompt = 32, .n_gen = 16, .seed = 1, .flash_attn = -1,
                          .expert_prefetch = -1};
-    int status = parse_run_args(argc, argv, &o);
+    int status = run_parse_args(argc, argv, &o);
     if (status < 0)
-        status = check_run_opts(&o);
+        status = run_check_opts(&o);
     if (status < 0)
         status = o.save_gguf != NULL ? save_model(&o) : run_cmd_main(&o);
     if (o.dot_file != NULL)
@@ -1691,20 +935,11 @@ static int run_cmd_main(struct run_opts *o_)
         return 1;
     }
     if (o.json) {
-        print_json(&o, &r, o.check ? &c : NULL);
+        run_print_json(&o, &r, o.check ? &c : NULL);
     } else {
-        print_text(&o, &r);
-        if (o.check) {
-            char tokens[64];
-            if (c.agree)
-                snprintf(tokens, sizeof(tokens), "tokens agree");
-            else
-                snprintf(tokens, sizeof(tokens), "tokens differ from step %d%s", c.first_diff,
-                         c.pass ? " (a near tie)" : "");
-            printf("check:      on CPU alone: %s; largest logit difference %.3g over %d step%s; "
-                   "NMSE %.3g (bound %.0e): %s\n", tokens, c.max_diff, c.compared,
-                   c.compared == 1 ? "" : "s", c.nmse, c.bound, c.pass ? "pass" : "FAIL");
-        }
+        run_print_text(&o, &r);
+        if (o.check)
+            run_print_check(&c);
     }
     result_free(&r);
     return c.pass ? 0 : 1;
