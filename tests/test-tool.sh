@@ -38,6 +38,7 @@ check "list shows a lying plugin's honest device" sh -c "BP_PLUGIN_PATH='$BP_TES
 check "unknown command exits 2" sh -c "'$tool' frobnicate; test \$? -eq 2"
 check "unknown list option exits 2" sh -c "'$tool' list --yaml; test \$? -eq 2"
 check "every command takes -h" sh -c "for c in version list ops run bench conformance quantize help; do '$tool' \$c -h | grep -q '^usage: backplane' || exit 1; done"
+check "every help fits 80 columns" sh -c "for c in version list ops run bench conformance quantize help; do '$tool' \$c -h | awk 'length > 80 { bad = 1 } END { exit bad }' || exit 1; done"
 if command -v python3 >/dev/null 2>&1; then
     check "json parses" sh -c "echo \"\$1\" | python3 -m json.tool" - "$json"
 fi

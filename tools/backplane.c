@@ -37,12 +37,14 @@ static void usage(FILE *f)
                "                 (backplane run --help)\n"
                "  bench [opts]   matmul and element-wise throughput on chosen devices (-d LIST,\n"
                "                 --types, --M, --K, --N, -t, --min-time) beside the machine's\n"
-               "                 FMA peak and triad bandwidth; --types q4_0_repack or\n"
-               "                 q8_0_repack puts the weights in the CPU's CPU_REPACK buffer type\n"
+               "                 FMA peak and triad bandwidth; --types q4_0_repack (or\n"
+               "                 q8_0_repack, iq4_nl_repack) puts the weights in the CPU's\n"
+               "                 CPU_REPACK buffer type\n"
                "                 (backplane bench --help)\n"
                "  conformance [DEVICE...] [--ops LIST] [--json]\n"
                "                 run every op case (op, type, shape) on the devices and compare\n"
-               "                 with the reference implementation (backplane conformance --help)\n"
+               "                 with the reference implementation\n"
+               "                 (backplane conformance --help)\n"
                "  quantize [options] IN.gguf OUT.gguf TYPE\n"
                "                 write a GGUF model again in another weight type or one of\n"
                "                 llama.cpp's mixes (Q4_K_M...) (backplane quantize --help)\n"
@@ -52,8 +54,8 @@ static void usage(FILE *f)
                "option, an extra argument, an empty or repeated list entry) stops it with exit\n"
                "status 2 and its usage line on stderr.\n"
                "\n"
-               "environment: BP_PLUGIN_PATH, BP_PLUGINS_ONLY, BP_PLUGINS_DISABLE, BP_CPU_DISABLE,\n"
-               "BP_LOG_LEVEL and others (backplane(1), README.md)\n");
+               "environment: BP_PLUGIN_PATH, BP_PLUGINS_ONLY, BP_PLUGINS_DISABLE,\n"
+               "BP_CPU_DISABLE, BP_LOG_LEVEL and others (backplane(1), README.md)\n");
 }
 
 /* For the commands that take no arguments: -1 to go on, else the exit status (0 after -h). */

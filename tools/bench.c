@@ -118,8 +118,8 @@ static void bench_add(bp_backend *be, long n, double min_time)
 
 static void bench_usage(FILE *f)
 {
-    fprintf(f, "usage: backplane bench [-d DEVICES] [--types LIST] [--M N] [--K N] [--N LIST] [-t N]\n"
-               "                       [--min-time SECONDS] [--no-limits]\n"
+    fprintf(f, "usage: backplane bench [-d DEVICES] [--types LIST] [--M N] [--K N] [--N LIST]\n"
+               "                       [-t N] [--min-time SECONDS] [--no-limits]\n"
                "\n"
                "Measures matmul (GFLOP/s, and weight bandwidth at N = 1) and an element-wise add\n"
                "(GB/s) on each device, beside the machine's FMA peak and triad bandwidth, then\n"
@@ -129,9 +129,11 @@ static void bench_usage(FILE *f)
                "  --types LIST   weight types, each once: f32, f16, bf16, q8_0, q4_0, q4_1,\n"
                "                 q5_0, q5_1, q2_k..q6_k, iq4_nl, iq4_xs (any type the\n"
                "                 runtime can quantise to), and\n"
-               "                 q4_0_repack or q8_0_repack for the CPU's CPU_REPACK buffer type\n"
+               "                 q4_0_repack, q8_0_repack or iq4_nl_repack for the CPU's\n"
+               "                 CPU_REPACK buffer type\n"
                "                 (default: f32,f16,bf16,q8_0,q4_0)\n"
-               "  --M N, --K N   weight rows and columns (default 4096; K a multiple of the types' blocks)\n"
+               "  --M N, --K N   weight rows and columns (default 4096; K a multiple of the\n"
+               "                 types' blocks)\n"
                "  --N LIST       activation columns, up to 8 distinct numbers (default: 1,32)\n"
                "  -t N           threads of CPU devices (default: the CPU plugin's)\n"
                "  --min-time S   seconds to repeat each measurement for (default 0.5)\n"

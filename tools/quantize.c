@@ -34,13 +34,36 @@ struct qopts {
     int threads; /* -t: at least 1 */
 };
 
+/* text's words after `indent` spaces, in lines of at most 78 columns, then end. */
+static void put_wrapped(FILE *f, const char *text, int indent, const char *end)
+{
+    int col = 0;
+    for (const char *p = text; *p != '\0';) {
+        const size_t n = strcspn(p, " ");
+        if (col > indent && col + 1 + (int)n > 78) {
+            fputc('\n', f);
+            col = 0;
+        }
+        if (col == 0)
+            col = fprintf(f, "%*s", indent, "");
+        else
+            col += fprintf(f, " ");
+        col += fprintf(f, "%.*s", (int)n, p);
+        p += n;
+        p += strspn(p, " ");
+    }
+    fprintf(f, "%s\n", end);
+}
+
 static void quantize_usage(FILE *f)
 {
     fprintf(f, "usage: backplane quantize [--imatrix FILE] [--pure] [-t N] IN.gguf OUT.gguf TYPE\n"
-               "       backplane quantize --dry-run [--imatrix FILE] [--pure] IN.gguf [OUT.gguf] TYPE\n"
+               "       backplane quantize --dry-run [--imatrix FILE] [--pure] IN.gguf\n"
+               "                                    [OUT.gguf] TYPE\n"
                "\n"
-               "  TYPE      one of llama.cpp's file types (case-insensitive): %s;\n"
-               "            a mix (Q4_K_M...) gives attn_v, ffn_down, attn_output, output and\n"
+               "  TYPE      one of llama.cpp's file types (case-insensitive):\n");
+    put_wrapped(f, quant_ftype_names(), 12, ";");
+    fprintf(f, "            a mix (Q4_K_M...) gives attn_v, ffn_down, attn_output, output and\n"
                "            tied token embeddings the types llama-quantize gives them; k-quants\n"
                "            need rows that are multiples of 256, others fall back (Q4_K to\n"
                "            Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K and Q3_K to Q4_0, IQ4_XS to\n"
@@ -49,11 +72,10 @@ static void quantize_usage(FILE *f)
                "  --imatrix FILE  llama.cpp's legacy importance matrix (.dat): each tensor's\n"
                "            column weights go to its quantiser\n"
                "  --pure    every weight matrix in TYPE (fallbacks only), no mix rules\n"
-               "  -t N      threads quantising each tensor (default: the online CPUs); the output\n"
-               "            is the same for any N\n"
+               "  -t N      threads quantising each tensor (default: the online CPUs); the\n"
+               "            output is the same for any N\n"
                "  --dry-run print the plan (tensor, shape, type -> type, bytes; 'no quantizer'\n"
-               "            where this build has none for the type) and write nothing\n",
-               quant_ftype_names());
+               "            where this build has none for the type) and write nothing\n");
 }
 
 /* 1 to go on, else the exit status. */
