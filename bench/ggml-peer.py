@@ -12,8 +12,8 @@ bench-matmul (`--no-limits`, same type, shape and threads); the line printed per
 medians and the median of the per-pair ratios (backplane / ggml). Weights are placed the way
 llama.cpp places them: in ggml's CPU_REPACK buffer type wherever ggml's CPU device says it takes
 the product there (the test llama.cpp makes; on x86 with AVX2 this ggml repacks Q4_0, Q4_K,
-IQ4_NL and, with AVX-512, Q2_K), else in the plain CPU buffer; ours are repacked for Q4_0 and Q8_0
-(q4_0_repack, q8_0_repack) and used as they are for the other types. --types all: every type
+IQ4_NL and, with AVX-512, Q2_K), else in the plain CPU buffer; ours are repacked for Q4_0, Q8_0,
+IQ4_NL and Q5_0 (q4_0_repack, ...) and used as they are for the other types. --types all: every type
 below but f32. ggml's F16/BF16
 products convert the activations to the weights' 16-bit type (its vec_dot_type), ours keep them
 in f32 (docs/decisions.md), so equal speed means more work done here; --half gives ours the
@@ -185,7 +185,7 @@ def time_ggml(wtype, M, K, N, threads, min_time, use_repack):
 def time_ours(tool, wtype, M, K, N, threads, min_time, half, disable=None):
     """bench-matmul's GFLOP/s for the same case (repacked types for Q8_0/Q4_0; with half,
     BF16/F16 products under BP_MM_PRECISION_HALF, ggml's precision)."""
-    t = wtype + "_repack" if wtype in ("q8_0", "q4_0", "iq4_nl") else wtype
+    t = wtype + "_repack" if wtype in ("q8_0", "q4_0", "iq4_nl", "q5_0") else wtype
     if half and wtype in ("bf16", "f16"):
         t += "_half"
     out = subprocess.run([tool, "--types", t, "--M", str(M), "--K", str(K), "--N", str(N),

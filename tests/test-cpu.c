@@ -518,17 +518,18 @@ static void variant_done(bp_backend *be)
     unsetenv("BP_CPU_DISABLE");
 }
 
-/* ---- CPU_REPACK: Q4_0, Q8_0 and IQ4_NL weights stored row-interleaved ------------------------
+/* ---- CPU_REPACK: Q4_0, Q8_0, IQ4_NL and Q5_0 weights stored row-interleaved ----------------
  * Run once per kernel and type: the best variant with AMX (where the machine has it), the avx512
  * variant without (its VNNI kernel for every N), the avx2 variant (its own kernel for Q4_0; its
- * Q8_0 and IQ4_NL stay plain) and the baseline (which repacks nothing: the buffer type holds
+ * Q8_0, IQ4_NL and Q5_0 stay plain) and the baseline (which repacks nothing: the buffer type holds
  * plain rows). */
 static const char *const repack_configs[][2] = {
     {"", ""}, {"BP_CPU_AMX", "0"}, {"BP_CPU_DISABLE", "avx512f"}, {"BP_CPU_DISABLE", "avx512f,avx2"}};
 #define N_REPACK_CONFIGS 4
-static const enum bp_type repack_types[] = {BP_TYPE_Q4_0, BP_TYPE_Q8_0, BP_TYPE_IQ4_NL};
+static const enum bp_type repack_types[] = {BP_TYPE_Q4_0, BP_TYPE_Q8_0, BP_TYPE_IQ4_NL,
+                                            BP_TYPE_Q5_0};
 
-/* n random blocks of type (Q4_0, Q8_0 or IQ4_NL) at b: scales of varied magnitude and sign,
+/* n random blocks of type (Q4_0, Q8_0, IQ4_NL or Q5_0) at b: scales of varied magnitude and sign,
  * every quant value (Q8_0 includes -128). */
 static void random_blocks(enum bp_type type, void *b, int64_t n, unsigned *seed)
 {
@@ -555,7 +556,10 @@ static double block_value(enum bp_type type, const void *row, int64_t k)
                                   1,    13,   25,  38,  53,  69,  89,  113};
     const int nib = j < 16 ? (b[2 + j] & 0x0f) : (b[2 + j - 16] >> 4);
     int q;
-    if (type == BP_TYPE_Q4_0)
+    if (type == BP_TYPE_Q5_0) { /* d, then qh (bit j: value j's fifth bit), then the nibbles */
+        const int n5 = j < 16 ? (b[6 + j] & 0x0f) : (b[6 + j - 16] >> 4);
+        q = (n5 | (((b[2 + j / 8] >> (j % 8)) & 1) << 4)) - 16;
+    } else if (type == BP_TYPE_Q4_0)
         q = nib - 8;
     else if (type == BP_TYPE_IQ4_NL)
         q = iq4nl[nib];
@@ -781,9 +785,11 @@ START_TEST(test_repack_mul_mat)
                         }
                     /* Below 16 columns the host weights take the same integer sums; from 16, AMX
                      * (both) or f32 products (host weights, without AMX). */
-                    /* IQ4_NL's values reach 127 at every index a random byte picks, so one
-                     * row's few products carry the activations' rounding at up to 2.5e-4. */
-                    const double bound = type == BP_TYPE_IQ4_NL ? 4e-4 : 2e-4;
+                    /* Random bytes give IQ4_NL and Q5_0 their widest values everywhere, so one
+                     * row's few products carry the activations' rounding at up to 3.4e-4 (the
+                     * host weights' kernels too, within 1e-9 of these). */
+                    const double bound =
+                        type == BP_TYPE_IQ4_NL || type == BP_TYPE_Q5_0 ? 4e-4 : 2e-4;
                     ck_assert_msg(err <= bound * ref2 && (N >= 16 || diff <= 1e-9 * ref2),
                                   "%s K %lld M %lld N %lld: NMSE %g against the definition, %g "
                                   "against host weights", bp_type_name(type), (long long)K,

@@ -71,7 +71,7 @@ static void run_usage(FILE *f)
                "  --no-repack weights on a CPU device (or a meta device's CPU parts) stay in\n"
                "              host memory as they are (default: the CPU's CPU_REPACK buffer\n"
                "              type where the CPU variant stores their type row-interleaved:\n"
-               "              Q4_0, Q8_0 and IQ4_NL with AVX-512 VNNI, Q4_0 with AVX2)\n"
+               "              Q4_0, Q8_0, IQ4_NL, Q5_0 with AVX-512 VNNI, Q4_0 with AVX2)\n"
                "  --precision half lets the products of BF16/F16 weights round the activations\n"
                "              to 16 bits, as ggml does (BP_MM_PRECISION_HALF); full (default)\n"
                "              keeps at least 16 significant bits on every device\n"

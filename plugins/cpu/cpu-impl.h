@@ -230,12 +230,12 @@ bool bp_cpu_repack_supports_op(const bp_tensor *op);
 /* Whether this variant stores 2-D tensors of type row-interleaved in CPU_REPACK (the proc
  * address "bp_cpu_repack_type" answers with it). */
 bool bp_cpu_repack_stores(enum bp_type type);
-/* Row r, block kb of repacked t in its type's layout (one Q4_0, Q8_0 or IQ4_NL block). */
+/* Row r, block kb of repacked t in its type's layout (one Q4_0, Q8_0, IQ4_NL or Q5_0 block). */
 void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *out);
 /* What the kernels want each activation block's quant sum multiplied by, per lane (ycorr). */
 int32_t bp_cpu_repack_ycorr(enum bp_type type);
 /* Kernels for the repacked layout, where BP_CPU_REPACK_KERNEL (cpu-isa.h) says there are: AVX-512
- * VNNI (Q4_0, Q8_0 and IQ4_NL), and AVX2 (Q4_0). Other builds repack nothing. */
+ * VNNI (Q4_0, Q8_0, IQ4_NL and Q5_0), and AVX2 (Q4_0). Other builds repack nothing. */
 /* Groups of eight rows [g0, g1) of repacked a against N columns quantised to Q8_0 (bq; per
  * block: ycorr = bp_cpu_repack_ycorr(a->type) times the sum of its quants, yd = its scale as
  * float), into c (column n at

@@ -15,8 +15,8 @@
  *   GEMM          N >= 16 otherwise: the packed, blocked GEMM (cpu-gemm.c)
  *   GEMV_FLOAT    N < 16, F32/F16/BF16 weights: dot-product tiles (cpu-gemv.c)
  *   GEMV_QUANT    N < 16, Q8_0/Q4_0 weights: integer dot products against B quantised to Q8_0
- *   GEMV_REPACK   weights in the CPU_REPACK layout (cpu-repack.c: Q4_0, Q8_0, IQ4_NL), any N
- *                 without AMX: that file's kernel (only builds that have one repack anything)
+ *   GEMV_REPACK   weights in the CPU_REPACK layout (cpu-repack.c: Q4_0, Q8_0, IQ4_NL, Q5_0), any
+ *                 N without AMX: that file's kernel (only builds that have one repack anything)
  *   QTYPE         the weight types of cpu-qtypes.h (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K to Q6_K,
  *                 IQ4_XS) below qtype_gemm_min_n columns: B quantised to the type's
  *                 activation type, then its dot product per (row, column) (cpu-qtypes.c);

@@ -1,29 +1,32 @@
-/* cpu-repack.c - the "CPU_REPACK" buffer type: Q4_0, Q8_0 and IQ4_NL weights stored
+/* cpu-repack.c - the "CPU_REPACK" buffer type: Q4_0, Q8_0, IQ4_NL and Q5_0 weights stored
  * row-interleaved for the CPU's kernels, converted when they are written and back when they are
  * read.
  *
  * Which tensors: a 2-D (ne[2] = ne[3] = 1), contiguous, non-view tensor of a type this variant
- * repacks (bp_cpu_repack_stores: Q4_0, Q8_0 and IQ4_NL on avx512, Q4_0 on avx2, none on the
- * baseline) placed in a CPU_REPACK buffer is stored repacked; every other tensor placed there is stored as it is, as
- * in host memory. Applications reach the buffer type through the CPU registry's proc address
- * "bp_cpu_repack_buffer_type" and use it for weights that the CPU multiplies.
+ * repacks (bp_cpu_repack_stores: Q4_0, Q8_0, IQ4_NL and Q5_0 on avx512, Q4_0 on avx2, none on
+ * the baseline) placed in a CPU_REPACK buffer is stored repacked; every other tensor placed
+ * there is stored as it is, as in host memory. Applications reach the buffer type through the
+ * CPU registry's proc address "bp_cpu_repack_buffer_type" and use it for weights that the CPU
+ * multiplies.
  *
  * The layout: rows in groups of eight (the last group padded with zero rows), the same bytes per
- * row and block as the type itself (18 for Q4_0 and IQ4_NL, 34 for Q8_0), so a group is nblk * 8
- * blocks (nblk = ne[0] / 32 blocks per row). A group holds first the quants of its blocks, qb * 8
- * bytes per block (qb = 16 quant bytes per row for Q4_0 and IQ4_NL, 32 for Q8_0), then the
- * scales, 16 bytes per
- * block. The quants of a block come in runs of 64 bytes, run u holding bytes 8u..8u+7 of each
- * row's quants, row j at 8j:
+ * row and block as the type itself (18 for Q4_0 and IQ4_NL, 22 for Q5_0, 34 for Q8_0), so a group
+ * is nblk * 8 blocks (nblk = ne[0] / 32 blocks per row). A group holds first the quants of its
+ * blocks, qb * 8 bytes per block (qb = 16 quant bytes per row, 32 for Q8_0), then Q5_0's fifth
+ * bits, 32 bytes per block, then the scales, 16 bytes per block. The quants of a block come in
+ * runs of 64 bytes, run u holding bytes 8u..8u+7 of each row's quants, row j at 8j:
  *
  *   quants of block kb, at kb * 8 qb:  [row 0 qs 0-7][row 1 qs 0-7] ... [row 7 qs 0-7]
  *                                      [row 0 qs 8-15] ...              [row 7 qs 8-15]  (...)
- *   scales of block kb, at nblk * 8 qb + kb * 16: the eight rows' f16 scales
+ *   fifth bits of block kb (Q5_0), at nblk * 8 qb + kb * 32: byte t of each row's qh, row j at
+ *                                      8t + j (bits of values 8t..8t+7)
+ *   scales of block kb, after them at kb * 16: the eight rows' f16 scales
  *
  * so a 512-bit load of a run gives every row two 32-bit lanes, and an 8-byte broadcast of the
  * activation's quants matches them without any shuffle: for Q8_0, run u holds values 8u..8u+7;
- * for Q4_0 and IQ4_NL, the low nibbles of run u hold values 8u..8u+7 and the high nibbles
- * 16+8u..23+8u (IQ4_NL's nibbles index its table of 16 values, looked up with a byte shuffle). One
+ * for Q4_0, IQ4_NL and Q5_0, the low nibbles of run u hold values 8u..8u+7 and the high nibbles
+ * 16+8u..23+8u (IQ4_NL's nibbles index its table of 16 values, looked up with a byte shuffle;
+ * Q5_0's fifth bits for the same values are one 64-bit mask, 8 bytes of its fifth bits). One
  * vector of integer dot products then covers eight rows, and the eight scales are one 16-byte
  * load. The quants keep their values (Q8_0 stays signed), so every byte of a block stays a byte of
  * the same block: memset and clear mean the same in either layout.
@@ -54,29 +57,35 @@ bool bp_cpu_is_repack_buft(bp_buffer_type *buft)
     return buft != NULL && bp_buffer_type_get_context(buft) == &repack_tag;
 }
 
-/* Quant bytes per row and block, and bytes per block. */
+/* Quant bytes per row and block, bytes of fifth bits (Q5_0's qh), and bytes per block. */
 static int64_t qbytes(enum bp_type type)
 {
     return type == BP_TYPE_Q8_0 ? 32 : 16;
 }
 
+static int64_t hbytes(enum bp_type type)
+{
+    return type == BP_TYPE_Q5_0 ? 4 : 0;
+}
+
 static int64_t block_bytes(enum bp_type type)
 {
-    return 2 + qbytes(type);
+    return 2 + hbytes(type) + qbytes(type);
 }
 
 /* The types this variant stores repacked: those it has a kernel for that reads them faster than
- * plain rows. Q4_0 with the AVX512-VNNI or the AVX2 kernel; Q8_0 and IQ4_NL only with
- * AVX512-VNNI (IQ4_NL's values, shifted to unsigned bytes up to 240, would saturate AVX2's 16-bit
- * pair sums); Q8_0, because on the
- * avx2 variant plain Q8_0 rows stream at 0.97 of the read bandwidth at N = 1 against 0.81
- * repacked (M 32000, K 4096, 2 threads) and the broadcast kernel beats the repacked one at
- * N = 32 (205 against 168 GFLOP/s). Elsewhere (the baseline, generic builds) nothing is: the
- * buffer type then holds plain rows, like host memory, and the ordinary kernels read them. */
+ * plain rows. Q4_0 with the AVX512-VNNI or the AVX2 kernel; Q8_0, IQ4_NL and Q5_0 only with
+ * AVX512-VNNI: IQ4_NL's values shifted to unsigned bytes (up to 240) would saturate AVX2's
+ * 16-bit pair sums, Q5_0's fifth bits come in through a mask register, and on the avx2 variant
+ * plain Q8_0 rows stream at 0.97 of the read bandwidth at N = 1 against 0.81 repacked (M 32000,
+ * K 4096, 2 threads) and the broadcast kernel beats the repacked one at N = 32 (205 against 168
+ * GFLOP/s). Elsewhere (the baseline, generic builds) nothing is: the buffer type then holds
+ * plain rows, like host memory, and the ordinary kernels read them. */
 bool bp_cpu_repack_stores(enum bp_type type)
 {
 #if defined(BP_CPU_HAVE_AVX512_VNNI)
-    return type == BP_TYPE_Q4_0 || type == BP_TYPE_Q8_0 || type == BP_TYPE_IQ4_NL;
+    return type == BP_TYPE_Q4_0 || type == BP_TYPE_Q8_0 || type == BP_TYPE_IQ4_NL ||
+           type == BP_TYPE_Q5_0;
 #elif defined(BP_CPU_REPACK_KERNEL)
     return type == BP_TYPE_Q4_0;
 #else
@@ -137,32 +146,41 @@ static char *group_of(const bp_tensor *t, int64_t g)
     return (char *)t->data + g * (t->ne[0] / 32) * GROUP * block_bytes(t->type);
 }
 
-/* Row j of group grp, block kb, copied out of (or, with in, into) the layout. qb: quant bytes
- * per row and block. */
-BP_CPU_INLINE void block_out(const char *grp, int64_t nblk, int64_t qb, int j, int64_t kb,
+/* Row j of group grp, block kb, copied out of (or, with in, into) the layout: the scale, the
+ * fifth bits (Q5_0: byte t of row j at kb * 32 + 8t + j of the group's fifth bits) and the
+ * quants. */
+BP_CPU_INLINE void block_out(const char *grp, int64_t nblk, enum bp_type type, int j, int64_t kb,
                              char *out)
 {
-    memcpy(out, grp + nblk * GROUP * qb + kb * SC_BYTES + 2 * j, 2);
+    const int64_t qb = qbytes(type), hb = hbytes(type);
+    const char *hbits = grp + nblk * GROUP * qb, *scales = hbits + nblk * GROUP * hb;
+    memcpy(out, scales + kb * SC_BYTES + 2 * j, 2);
+    for (int64_t t = 0; t < hb; t++)
+        out[2 + t] = hbits[kb * GROUP * hb + GROUP * t + j];
     for (int64_t u = 0; u < qb / 8; u++)
-        memcpy(out + 2 + 8 * u, grp + kb * GROUP * qb + 64 * u + 8 * j, 8);
+        memcpy(out + 2 + hb + 8 * u, grp + kb * GROUP * qb + 64 * u + 8 * j, 8);
 }
 
-BP_CPU_INLINE void block_in(char *grp, int64_t nblk, int64_t qb, int j, int64_t kb,
+BP_CPU_INLINE void block_in(char *grp, int64_t nblk, enum bp_type type, int j, int64_t kb,
                             const char *in)
 {
-    memcpy(grp + nblk * GROUP * qb + kb * SC_BYTES + 2 * j, in, 2);
+    const int64_t qb = qbytes(type), hb = hbytes(type);
+    char *hbits = grp + nblk * GROUP * qb, *scales = hbits + nblk * GROUP * hb;
+    memcpy(scales + kb * SC_BYTES + 2 * j, in, 2);
+    for (int64_t t = 0; t < hb; t++)
+        hbits[kb * GROUP * hb + GROUP * t + j] = in[2 + t];
     for (int64_t u = 0; u < qb / 8; u++)
-        memcpy(grp + kb * GROUP * qb + 64 * u + 8 * j, in + 2 + 8 * u, 8);
+        memcpy(grp + kb * GROUP * qb + 64 * u + 8 * j, in + 2 + hb + 8 * u, 8);
 }
 
 void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *out)
 {
-    block_out(group_of(t, r / GROUP), t->ne[0] / 32, qbytes(t->type), (int)(r % GROUP), kb, out);
+    block_out(group_of(t, r / GROUP), t->ne[0] / 32, t->type, (int)(r % GROUP), kb, out);
 }
 
 static void put_block(const bp_tensor *t, int64_t r, int64_t kb, const void *in)
 {
-    block_in(group_of(t, r / GROUP), t->ne[0] / 32, qbytes(t->type), (int)(r % GROUP), kb, in);
+    block_in(group_of(t, r / GROUP), t->ne[0] / 32, t->type, (int)(r % GROUP), kb, in);
 }
 
 static size_t repacked_size(const bp_tensor *t)
@@ -350,10 +368,10 @@ bp_buffer_type *bp_cpu_repack_buft_new(bp_device *dev)
 
 /* The activation's block sums times this start each lane (Q4_0: nibbles used as unsigned, q + 8,
  * two lanes a row, so -4; Q8_0, repacked on AVX-512 only: bytes x ^ 0x80 = x + 128, so -64;
- * IQ4_NL, the same: its table values plus 128). */
+ * IQ4_NL, the same: its table values plus 128; Q5_0: q + 16 with the fifth bit, so -8). */
 int32_t bp_cpu_repack_ycorr(enum bp_type type)
 {
-    return type == BP_TYPE_Q4_0 ? -4 : -64;
+    return type == BP_TYPE_Q4_0 ? -4 : type == BP_TYPE_Q5_0 ? -8 : -64;
 }
 
 #ifdef BP_CPU_REPACK_KERNEL
@@ -378,9 +396,10 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
                            const struct bp_block_q8_0 *const y[4], const int32_t *const ycorr[4],
                            const float *const yd[4], float *out)
 {
-    const int64_t qs_bytes = GROUP * qbytes(type);
-    const char *sc = grp + nblk * qs_bytes;
+    const int64_t qs_bytes = GROUP * qbytes(type), hs_bytes = GROUP * hbytes(type);
+    const char *hbits = grp + nblk * qs_bytes, *sc = hbits + nblk * hs_bytes;
     const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i sixteen = _mm512_set1_epi8(16);
     /* IQ4_NL's values plus 128 (1..241), in every 128-bit lane for the byte shuffle. */
     const __m512i iq4nl_u8 = _mm512_broadcast_i32x4(_mm_xor_si128(
         _mm_loadu_si128((const __m128i *)iq4nl_values), _mm_set1_epi8((char)0x80)));
@@ -400,7 +419,7 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
             _mm_prefetch(q + PREFETCH_L2 + 64 * u, _MM_HINT_T1);
         }
         __m512i v[4];
-        if (type == BP_TYPE_Q4_0 || type == BP_TYPE_IQ4_NL) {
+        if (type == BP_TYPE_Q4_0 || type == BP_TYPE_IQ4_NL || type == BP_TYPE_Q5_0) {
             const __m512i m = _mm512_set1_epi8(0x0f);
             const __m512i q0 = _mm512_loadu_si512(q), q1 = _mm512_loadu_si512(q + 64);
             v[0] = _mm512_and_si512(q0, m);
@@ -410,6 +429,14 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
             if (type == BP_TYPE_IQ4_NL)
                 for (int u = 0; u < 4; u++)
                     v[u] = _mm512_shuffle_epi8(iq4nl_u8, v[u]);
+            /* Q5_0: the 8 bytes at 8u of the block's fifth bits are the eight rows' bits for
+             * values 8u..8u+7, byte j row j's: a mask lined up with v[u]. */
+            if (type == BP_TYPE_Q5_0)
+                for (int u = 0; u < 4; u++) {
+                    uint64_t bits;
+                    memcpy(&bits, hbits + kb * hs_bytes + 8 * u, sizeof(bits));
+                    v[u] = _mm512_or_si512(v[u], _mm512_maskz_mov_epi8(bits, sixteen));
+                }
         } else {
             const __m512i flip = _mm512_set1_epi8((char)0x80);
             for (int u = 0; u < 4; u++)
@@ -528,11 +555,14 @@ static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
 #define Q4(c) group_t(BP_TYPE_Q4_0, c, grp, nblk, y, ycorr, yd, out)
 #define Q8(c) group_t(BP_TYPE_Q8_0, c, grp, nblk, y, ycorr, yd, out)
 #define NL(c) group_t(BP_TYPE_IQ4_NL, c, grp, nblk, y, ycorr, yd, out)
+#define Q5(c) group_t(BP_TYPE_Q5_0, c, grp, nblk, y, ycorr, yd, out)
 #if defined(BP_CPU_HAVE_AVX512)
     if (type == BP_TYPE_Q4_0) {
         BY_COLUMNS(nc, Q4)
     } else if (type == BP_TYPE_IQ4_NL) {
         BY_COLUMNS(nc, NL)
+    } else if (type == BP_TYPE_Q5_0) {
+        BY_COLUMNS(nc, Q5)
     } else {
         BY_COLUMNS(nc, Q8)
     }
@@ -543,6 +573,7 @@ static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
 #undef Q4
 #undef Q8
 #undef NL
+#undef Q5
 }
 #undef BY_COLUMNS
 
