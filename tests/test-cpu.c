@@ -1037,6 +1037,70 @@ END_TEST
 /* Rows of every weight type converted to f32 by the CPU (GET_ROWS, which takes each variant's
  * vector conversions) equal the runtime's own converter bit for bit, on random bytes (scales
  * that are Inf or NaN included: NaN matches any NaN), in each variant. */
+/* MUL_MAT of every weight type that the 8-bit tiles take (cpu-amx.c; where the machine has no
+ * AMX, whatever the best variant does at these sizes), on shapes that cross every blocking edge
+ * of that kernel: K past one K block and not a multiple of it, more rows than a thread's block,
+ * more columns than one column block, and small odd ones. Weights from the runtime's quantiser,
+ * the reference from the runtime's dequantiser in double; the activations are quantised to 8
+ * bits, hence the tolerance. */
+static const enum bp_type tile_types[] = {BP_TYPE_Q8_0, BP_TYPE_Q4_0,  BP_TYPE_Q4_1,
+                                          BP_TYPE_Q5_0, BP_TYPE_Q5_1,  BP_TYPE_IQ4_NL,
+                                          BP_TYPE_Q4_K, BP_TYPE_Q5_K, BP_TYPE_IQ4_XS};
+
+START_TEST(test_int8_tiles_mul_mat)
+{
+    const enum bp_type type = tile_types[_i];
+    bp_backend *be = variant_backend(0);
+    static const int64_t shapes[][3] = {{1280, 600, 530}, {256, 33, 16}, {768, 7, 17}};
+    unsigned seed = 11;
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const int64_t K = shapes[si][0], M = shapes[si][1], N = shapes[si][2];
+        bp_context *ctx = bp_context_new(4);
+        bp_tensor *a = bp_new_tensor_2d(ctx, type, K, M);
+        bp_tensor *b = bp_new_tensor_2d(ctx, BP_TYPE_F32, K, N);
+        bp_tensor *c = bp_mul_mat(ctx, a, b);
+        bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+        ck_assert_ptr_nonnull(buf);
+        float *wf = malloc((size_t)(K * M) * sizeof(float));
+        float *x = malloc((size_t)(K * N) * sizeof(float));
+        float *got = malloc((size_t)(M * N) * sizeof(float));
+        void *w = malloc(bp_nbytes(a));
+        for (int64_t i = 0; i < K * M; i++) /* rows of different magnitude and offset */
+            wf[i] = (float)(rand_r(&seed) % 2001 - 1000) / 1000.0f * (float)(1 + (i / K) % 5) +
+                    (float)((i / K) % 3) * 0.25f;
+        for (int64_t i = 0; i < K * N; i++)
+            x[i] = (float)(rand_r(&seed) % 2001 - 1000) / 1000.0f;
+        ck_assert_uint_eq(bp_quantize_rows(type, wf, w, M, K, NULL), bp_nbytes(a));
+        ck_assert_int_eq(bp_tensor_set(a, w, 0, bp_nbytes(a)), BP_OK);
+        ck_assert_int_eq(bp_tensor_set(b, x, 0, bp_nbytes(b)), BP_OK);
+        bp_graph *g = bp_graph_new(4);
+        bp_graph_build_forward(g, c);
+        ck_assert_msg(bp_backend_graph_compute(be, g) == BP_OK, "%s", bp_last_error());
+        ck_assert_int_eq(bp_tensor_get(c, got, 0, bp_nbytes(c)), BP_OK);
+        bp_type_get_traits(type)->to_float(w, wf, K * M); /* the weights as stored */
+        double err = 0, ref2 = 0;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                double r = 0;
+                for (int64_t k = 0; k < K; k++)
+                    r += (double)wf[m * K + k] * x[n * K + k];
+                err += (got[n * M + m] - r) * (got[n * M + m] - r);
+                ref2 += r * r;
+            }
+        ck_assert_msg(err <= 2e-4 * ref2, "%s K %lld M %lld N %lld: NMSE %g", bp_type_name(type),
+                      (long long)K, (long long)M, (long long)N, err / ref2);
+        free(w);
+        free(got);
+        free(x);
+        free(wf);
+        bp_graph_free(g);
+        bp_buffer_free(buf);
+        bp_context_free(ctx);
+    }
+    variant_done(be);
+}
+END_TEST
+
 START_TEST(test_every_type_converts_exactly)
 {
     bp_backend *be = variant_backend(_i);
@@ -1126,5 +1190,10 @@ int main(void)
     tcase_add_loop_test(tc, test_repack_mul_mat_id, 0,
                         N_REPACK_CONFIGS * (int)(sizeof(repack_types) / sizeof(repack_types[0])));
     suite_add_tcase(s, tc);
+    TCase *tiles = tcase_create("test_int8_tiles_mul_mat");
+    tcase_set_timeout(tiles, 120);
+    tcase_add_loop_test(tiles, test_int8_tiles_mul_mat, 0,
+                        (int)(sizeof(tile_types) / sizeof(tile_types[0])));
+    suite_add_tcase(s, tiles);
     return bp_test_run(s);
 }

@@ -31,6 +31,8 @@
 
 #if defined(BP_CPU_HAVE_AMX)
 
+#include "cpu-unpack32.h"
+
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -76,9 +78,33 @@ bool bp_cpu_amx_available(void)
     return amx_ok;
 }
 
+/* The weight types that go through 8-bit tiles: each block of 32 values is 32 small integers q
+ * (int8), a scale d and for some a minimum m, value = d q + m (Q4_K: d = d s, m = -dmin m of
+ * its sub-block of 32; IQ4_NL/IQ4_XS: q is the table's value). Repacked weights: Q8_0 and Q4_0
+ * only (Q5_0 and IQ4_NL in CPU_REPACK keep the repack kernel). */
 static bool quant(enum bp_type t)
 {
-    return t == BP_TYPE_Q8_0 || t == BP_TYPE_Q4_0;
+    switch (t) {
+    case BP_TYPE_Q8_0:
+    case BP_TYPE_Q4_0:
+    case BP_TYPE_Q4_1:
+    case BP_TYPE_Q5_0:
+    case BP_TYPE_Q5_1:
+    case BP_TYPE_IQ4_NL:
+    case BP_TYPE_Q4_K:
+    case BP_TYPE_Q5_K:
+    case BP_TYPE_IQ4_XS:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Whether the blocks of type t have a minimum (the products then need each activation block's
+ * sum). */
+static bool has_min(enum bp_type t)
+{
+    return t == BP_TYPE_Q4_1 || t == BP_TYPE_Q5_1 || t == BP_TYPE_Q4_K || t == BP_TYPE_Q5_K;
 }
 
 bool bp_cpu_amx_use(const bp_tensor *dst)
@@ -88,6 +114,8 @@ bool bp_cpu_amx_use(const bp_tensor *dst)
                           : a->type == BP_TYPE_F16 ? AMX_MIN_N_F16
                           : quant(a->type)         ? AMX_MIN_N_QUANT
                                                    : INT64_MAX;
+    if (bp_cpu_repacked_base(a) != NULL && a->type != BP_TYPE_Q8_0 && a->type != BP_TYPE_Q4_0)
+        return false;
     return dst->ne[1] >= min_n && a->ne[0] % 32 == 0 && bp_cpu_amx_available();
 }
 
@@ -111,8 +139,9 @@ void bp_cpu_amx_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shar
         const int64_t nb = K / 32;
         *per_thread += (size_t)(16 * nb) * sizeof(struct bp_block_q8_0) +
                        (size_t)nb * sizeof(int32_t) + 64;
-        /* Quants of the activations, then their scales. */
-        *shared = (size_t)(Np * K) + (size_t)(Np * nb) * sizeof(float);
+        /* Quants of the activations, then their scales and (for weights with a minimum)
+         * their scaled block sums. */
+        *shared = (size_t)(Np * K) + 2 * (size_t)(Np * nb) * sizeof(float);
     } else {
         /* Activations, hi and lo, in groups of 16 columns. */
         *shared = 2 * (size_t)(Np * K) * sizeof(uint16_t);
@@ -223,17 +252,23 @@ static void pack_a_half(const bp_tensor *a, const char *abase, int64_t m0, int r
 
 /* Columns [n0, n0 + 16) of b (zero past N) quantised to Q8_0 and packed for 8-bit tiles: for
  * block t, 8 rows of 64 bytes at q + t * 512 (row r: quants 4r..4r+3 of each column) and the
- * 16 scales at d + t * 16. tmp holds the 16 columns' blocks and one column's block sums. */
+ * 16 scales at d + t * 16; s (unless NULL) likewise gets each block's scale times the sum of its
+ * quants. tmp holds the 16 columns' blocks and one column's block sums. */
 static void pack_b_group_q(const bp_tensor *b, const char *bbase, int64_t n0, int64_t N,
-                           int64_t nb, int8_t *q, float *d, struct bp_block_q8_0 *tmp,
+                           int64_t nb, int8_t *q, float *d, float *s, struct bp_block_q8_0 *tmp,
                            int32_t *sums)
 {
     for (int j = 0; j < 16; j++) {
-        if (n0 + j < N)
+        if (n0 + j < N) {
             bp_cpu_quantize_q8_0((const float *)(bbase + (n0 + j) * (int64_t)b->nb[1]),
                                  tmp + j * nb, sums, nb);
-        else
+            for (int64_t t = 0; s && t < nb; t++)
+                s[t * 16 + j] = bp_cpu_half_to_float(tmp[j * nb + t].d) * (float)sums[t];
+        } else {
             memset(tmp + j * nb, 0, (size_t)nb * sizeof(*tmp));
+            for (int64_t t = 0; s && t < nb; t++)
+                s[t * 16 + j] = 0.0f;
+        }
     }
     for (int64_t t = 0; t < nb; t += 2) {
         /* Two blocks of each column (16 dwords) at once: after the transpose, rows 0-7 are
@@ -319,10 +354,87 @@ static void pack_a_half_repacked(const bp_tensor *a, int64_t m0, int rows, int64
     }
 }
 
-/* Rows [m0, m0 + rows) of Q8_0/Q4_0 a (zero up to 16 rows), blocks [b0, b0 + nbk), as tiles of
- * 16 rows x 32 signed quants at q + t * 512 and the rows' scales at d + t * 16. */
+/* Q4_K's/Q5_K's scale s and minimum m of sub-block j (0-7) from its 12 packed bytes: j < 4 the
+ * low 6 bits of bytes j and j + 4; j >= 4 the nibbles of byte j + 4 with the top 2 bits of
+ * bytes j - 4 and j. */
+BP_CPU_INLINE void k4_scale_min(const uint8_t *sc, int j, int *s, int *m)
+{
+    if (j < 4) {
+        *s = sc[j] & 63;
+        *m = sc[j + 4] & 63;
+    } else {
+        *s = (sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4);
+        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
+/* Block t (of 32 values) of a row of one of the types beyond Q8_0/Q4_0: its 32 values q in
+ * element order, and d and m with value = d q + m. */
+static __m256i unpack_q(enum bp_type type, const void *row, int64_t t, float *d, float *m)
+{
+    switch (type) {
+    case BP_TYPE_Q4_1: {
+        const struct bp_block_q4_1 *x = (const struct bp_block_q4_1 *)row + t;
+        *d = bp_cpu_half_to_float(x->d);
+        *m = bp_cpu_half_to_float(x->m);
+        break;
+    }
+    case BP_TYPE_Q5_1: {
+        const struct bp_block_q5_1 *x = (const struct bp_block_q5_1 *)row + t;
+        *d = bp_cpu_half_to_float(x->d);
+        *m = bp_cpu_half_to_float(x->m);
+        break;
+    }
+    case BP_TYPE_Q5_0:
+        *d = bp_cpu_half_to_float(((const struct bp_block_q5_0 *)row)[t].d);
+        *m = 0.0f;
+        break;
+    case BP_TYPE_IQ4_NL:
+        *d = bp_cpu_half_to_float(((const struct bp_block_iq4_nl *)row)[t].d);
+        *m = 0.0f;
+        break;
+    case BP_TYPE_Q4_K:
+    case BP_TYPE_Q5_K: {
+        /* Sub-block j of 32 takes the low (j even) or high nibbles of qs[32 (j / 2) ...], and
+         * Q5_K bit j of qh[0..31] as the fifth bit. */
+        const int j = (int)(t % 8);
+        const bool q5 = type == BP_TYPE_Q5_K;
+        const struct bp_block_q4_k *x4 = (const struct bp_block_q4_k *)row + t / 8;
+        const struct bp_block_q5_k *x5 = (const struct bp_block_q5_k *)row + t / 8;
+        const uint16_t dd = q5 ? x5->d : x4->d, dm = q5 ? x5->dmin : x4->dmin;
+        int sc, mn;
+        k4_scale_min(q5 ? x5->scales : x4->scales, j, &sc, &mn);
+        *d = bp_cpu_half_to_float(dd) * (float)sc;
+        *m = -(bp_cpu_half_to_float(dm) * (float)mn);
+        const uint8_t *qs = (q5 ? x5->qs : x4->qs) + 32 * (j / 2);
+        const __m256i v = _mm256_loadu_si256((const __m256i *)qs);
+        __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+        if (q5) {
+            const __mmask32 hb = _mm256_test_epi8_mask(
+                _mm256_loadu_si256((const __m256i *)x5->qh), _mm256_set1_epi8((char)(1 << j)));
+            q = _mm256_or_si256(q, _mm256_maskz_mov_epi8(hb, _mm256_set1_epi8(16)));
+        }
+        return q;
+    }
+    default: { /* IQ4_XS: sub-block j's 16 bytes of nibbles, its 6-bit scale offset by 32 */
+        const int j = (int)(t % 8);
+        const struct bp_block_iq4_xs *x = (const struct bp_block_iq4_xs *)row + t / 8;
+        const int ls = ((x->scales_l[j / 2] >> (4 * (j % 2))) & 0xf) | (((x->scales_h >> (2 * j)) & 3) << 4);
+        *d = bp_cpu_half_to_float(x->d) * (float)(ls - 32);
+        *m = 0.0f;
+        const __m256i tbl =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
+        return _mm256_shuffle_epi8(tbl, nibbles32(x->qs + 16 * j));
+    }
+    }
+    return unpack_block(type, row, t);
+}
+
+/* Rows [m0, m0 + rows) of a (zero up to 16 rows), blocks [b0, b0 + nbk), as tiles of 16 rows x
+ * 32 quants at q + t * 512, the rows' scales at d + t * 16 and (types with a minimum) their
+ * minimums at m + t * 16. */
 static void pack_a_half_q(const bp_tensor *a, bool repacked, const char *abase, int64_t m0,
-                          int rows, int64_t b0, int64_t nbk, int8_t *q, float *d)
+                          int rows, int64_t b0, int64_t nbk, int8_t *q, float *d, float *m)
 {
     if (repacked) {
         pack_a_half_repacked(a, m0, rows, b0, nbk, q, d);
@@ -335,6 +447,13 @@ static void pack_a_half_q(const bp_tensor *a, bool repacked, const char *abase, 
             if (!row) {
                 _mm256_storeu_si256((__m256i *)out, _mm256_setzero_si256());
                 d[t * 16 + r] = 0.0f;
+                if (m)
+                    m[t * 16 + r] = 0.0f;
+            } else if (a->type != BP_TYPE_Q8_0 && a->type != BP_TYPE_Q4_0) {
+                float mm;
+                _mm256_storeu_si256((__m256i *)out, unpack_q(a->type, row, b0 + t, &d[t * 16 + r], &mm));
+                if (m)
+                    m[t * 16 + r] = mm;
             } else if (a->type == BP_TYPE_Q8_0) {
                 const struct bp_block_q8_0 *x = (const struct bp_block_q8_0 *)row + b0 + t;
                 _mm256_storeu_si256((__m256i *)out, _mm256_loadu_si256((const __m256i *)x->qs));
@@ -343,9 +462,9 @@ static void pack_a_half_q(const bp_tensor *a, bool repacked, const char *abase, 
                 /* Q4_0: value j in the low nibble of byte j, value j + 16 in the high; minus 8. */
                 const struct bp_block_q4_0 *x = (const struct bp_block_q4_0 *)row + b0 + t;
                 const __m128i v = _mm_loadu_si128((const __m128i *)x->qs);
-                const __m128i m = _mm_set1_epi8(0x0f);
-                const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m),
-                                                   _mm_and_si128(v, m));
+                const __m128i lo4 = _mm_set1_epi8(0x0f);
+                const __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), lo4),
+                                                   _mm_and_si128(v, lo4));
                 _mm256_storeu_si256((__m256i *)out, _mm256_sub_epi8(u, _mm256_set1_epi8(8)));
                 d[t * 16 + r] = bp_cpu_half_to_float(x->d);
             }
@@ -437,9 +556,11 @@ static void tile_block(const struct a_src *a0, const struct a_src *a1, const uin
 }
 
 /* acc (four 16 x 16 float tiles: rows h0/h1 x columns j0/j1) += the integer tiles ci, each
- * element scaled by its row's weight scale (dw0/dw1) and its column's activation scale. */
+ * element scaled by its row's weight scale (dw0/dw1) and its column's activation scale, plus
+ * (where mw0 is not NULL) its row's weight minimum times its column's scaled block sum. */
 BP_CPU_INLINE void rescale(float *acc, const int32_t *ci, const float *dw0, const float *dw1,
-                           const float *dx0, const float *dx1)
+                           const float *dx0, const float *dx1, const float *mw0,
+                           const float *mw1, const float *sx0, const float *sx1)
 {
     const __m512 x[2] = {_mm512_loadu_ps(dx0), _mm512_loadu_ps(dx1)};
     for (int t = 0; t < 4; t++) {
@@ -451,18 +572,31 @@ BP_CPU_INLINE void rescale(float *acc, const int32_t *ci, const float *dw0, cons
             _mm512_store_ps(p, _mm512_fmadd_ps(c, sc, _mm512_load_ps(p)));
         }
     }
+    if (!mw0)
+        return;
+    const __m512 sx[2] = {_mm512_loadu_ps(sx0), _mm512_loadu_ps(sx1)};
+    for (int t = 0; t < 4; t++) {
+        const float *mw = t >> 1 ? mw1 : mw0;
+        for (int i = 0; i < 16; i++) {
+            float *p = acc + t * 256 + i * 16;
+            _mm512_store_ps(p, _mm512_fmadd_ps(_mm512_set1_ps(mw[i]), sx[t & 1],
+                                               _mm512_load_ps(p)));
+        }
+    }
 }
 
-/* Where the 8-bit tiles of one 16-row half come from (packed: block t at q + t * 512). */
+/* Where the 8-bit tiles of one 16-row half come from (packed: block t at q + t * 512), their
+ * scales and (NULL for types without) minimums. */
 struct a_src_q {
     const int8_t *q;
-    const float *d;
+    const float *d, *m;
 };
 
-/* acc[32 x 32] (+)= A[32 x 32 nbk] B[32 nbk x 32] one block at a time, scaled per block. */
+/* acc[32 x 32] (+)= A[32 x 32 nbk] B[32 nbk x 32] one block at a time, scaled per block; sx0 and
+ * sx1 the activations' scaled block sums where the weights have minimums. */
 static void tile_block_q(const struct a_src_q *a0, const struct a_src_q *a1, const int8_t *b0,
-                         const int8_t *b1, const float *dx0, const float *dx1, int64_t nbk,
-                         bool first, float *acc)
+                         const int8_t *b1, const float *dx0, const float *dx1, const float *sx0,
+                         const float *sx1, int64_t nbk, bool first, float *acc)
 {
     int32_t ci[1024] __attribute__((aligned(64)));
     if (first)
@@ -481,7 +615,9 @@ static void tile_block_q(const struct a_src_q *a0, const struct a_src_q *a1, con
         _tile_stored(1, ci + 256, 64);
         _tile_stored(2, ci + 512, 64);
         _tile_stored(3, ci + 768, 64);
-        rescale(acc, ci, a0->d + t * 16, a1->d + t * 16, dx0 + t * 16, dx1 + t * 16);
+        rescale(acc, ci, a0->d + t * 16, a1->d + t * 16, dx0 + t * 16, dx1 + t * 16,
+                a0->m ? a0->m + t * 16 : NULL, a1->m ? a1->m + t * 16 : NULL,
+                a0->m ? sx0 + t * 16 : NULL, a0->m ? sx1 + t * 16 : NULL);
     }
 }
 
@@ -503,7 +639,7 @@ static void store_tile(const float *t, float *dst, int64_t ldc, int mrows, int n
 struct b_panels {
     uint16_t *hi, *lo;
     int8_t *q;
-    float *d;
+    float *d, *s;
 };
 
 static struct b_panels b_panels_of(const bp_tensor *dst, void *wshared)
@@ -515,6 +651,7 @@ static struct b_panels b_panels_of(const bp_tensor *dst, void *wshared)
     b.lo = b.hi + Np * K;
     b.q = wshared;
     b.d = (float *)((int8_t *)wshared + Np * K);
+    b.s = has_min(dst->src[0]->type) ? b.d + Np * (K / 32) : NULL;
     return b;
 }
 
@@ -538,7 +675,7 @@ static void pack_b_block(const bp_tensor *dst, const char *bbase, int64_t n0, in
             struct bp_block_q8_0 *tmp = (struct bp_block_q8_0 *)(
                 ((uintptr_t)apanel + A_PANEL_BYTES + 63) & ~(uintptr_t)63);
             pack_b_group_q(b, bbase, n0 + g * 16, N, nb, bq + g * 16 * K, bd + g * 16 * nb,
-                           tmp, (int32_t *)(tmp + 16 * nb));
+                           bp->s ? bp->s + g * 16 * nb : NULL, tmp, (int32_t *)(tmp + 16 * nb));
         } else {
             pack_b_group(b, bbase, n0 + g * 16, N, K, bhi + g * 16 * K, blo + g * 16 * K);
         }
@@ -588,7 +725,7 @@ void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, ch
     const struct b_panels bp = b_panels_of(dst, p->wshared);
     const uint16_t *bhi = bp.hi, *blo = bp.lo;
     const int8_t *bq = bp.q;
-    const float *bd = bp.d;
+    const float *bd = bp.d, *bs = bp.s;
 
     load_config(int8);
     for (int64_t n0 = 0; n0 < N; n0 += NB) {
@@ -615,9 +752,11 @@ void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, ch
                     if (int8) {
                         int8_t *q = (int8_t *)apanel + h * 16 * KC;
                         float *d = (float *)(apanel + (size_t)MB * KC) + h * (KC / 32) * 16;
-                        pack_a_half_q(a, repacked, abase, m, rows, k0 / 32, kc / 32, q, d);
+                        float *mins = bs ? d + (size_t)MB * (KC / 32) : NULL;
+                        pack_a_half_q(a, repacked, abase, m, rows, k0 / 32, kc / 32, q, d, mins);
                         srcq[h].q = q;
                         srcq[h].d = d;
+                        srcq[h].m = mins;
                     } else {
                         uint16_t *hh = (uint16_t *)apanel + h * 16 * KC;
                         uint16_t *ll = (uint16_t *)apanel + (MB + h * 16) * KC;
@@ -633,8 +772,10 @@ void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, ch
                         if (int8) {
                             const int8_t *b0 = bq + col * K + k0 * 16;
                             const float *d0 = bd + col * nb + k0 / 32 * 16;
+                            const float *x0 = bs ? bs + col * nb + k0 / 32 * 16 : NULL;
                             tile_block_q(&srcq[2 * s], &srcq[2 * s + 1], b0, b0 + 16 * K, d0,
-                                         d0 + 16 * nb, kc / 32, k0 == 0, c);
+                                         d0 + 16 * nb, x0, x0 ? x0 + 16 * nb : NULL, kc / 32,
+                                         k0 == 0, c);
                         } else {
                             const uint16_t *bh0 = bhi + col * K + k0 * 16;
                             const uint16_t *bl0 = blo + col * K + k0 * 16;

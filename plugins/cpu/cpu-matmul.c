@@ -6,7 +6,9 @@
  * and what this build variant may use; pick_strategy() below is the one place that decides:
  *
  *   AMX           tile kernels (cpu-amx.c), avx512 build, when the CPU and kernel allow and
- *                 the weights have enough columns for their type (bp_cpu_amx_use)
+ *                 the weights have enough columns for their type (bp_cpu_amx_use): F16, BF16,
+ *                 and 8-bit tiles for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and
+ *                 IQ4_XS (those of the last row not repacked)
  *   DOT_BF16      N <= 48, BF16 weights under BP_MM_PRECISION_HALF, avx512 build on a CPU
  *                 with AVX512_BF16: activations rounded to BF16, vdpbf16ps dot-product tiles
  *                 on the weights' rows in place (cpu-gemm-bf16.c)
@@ -92,12 +94,12 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
     const bp_tensor *a = dst->src[0];
     const int64_t N = dst->ne[1];
     const bool repacked = bp_cpu_repacked_base(a) != NULL;
-    if (bp_cpu_qtype(a->type) != NULL && !repacked)
-        return N < qtype_gemm_min_n(a->type) ? MM_QTYPE : MM_GEMM;
 #if defined(BP_CPU_HAVE_AMX)
     if (bp_cpu_amx_use(dst))
         return MM_AMX;
 #endif
+    if (bp_cpu_qtype(a->type) != NULL && !repacked)
+        return N < qtype_gemm_min_n(a->type) ? MM_QTYPE : MM_GEMM;
 #if defined(BP_CPU_HAVE_AVX512)
     if (bp_cpu_dot_bf16_use(dst))
         return MM_DOT_BF16;
