@@ -1037,19 +1037,21 @@ END_TEST
 /* Rows of every weight type converted to f32 by the CPU (GET_ROWS, which takes each variant's
  * vector conversions) equal the runtime's own converter bit for bit, on random bytes (scales
  * that are Inf or NaN included: NaN matches any NaN), in each variant. */
-/* MUL_MAT of every weight type that the 8-bit tiles take (cpu-amx.c; where the machine has no
- * AMX, whatever the best variant does at these sizes), on shapes that cross every blocking edge
- * of that kernel: K past one K block and not a multiple of it, more rows than a thread's block,
- * more columns than one column block, and small odd ones. Weights from the runtime's quantiser,
- * the reference from the runtime's dequantiser in double; the activations are quantised to 8
- * bits, hence the tolerance. */
-static const enum bp_type tile_types[] = {BP_TYPE_Q8_0, BP_TYPE_Q4_0,  BP_TYPE_Q4_1,
-                                          BP_TYPE_Q5_0, BP_TYPE_Q5_1,  BP_TYPE_IQ4_NL,
-                                          BP_TYPE_Q4_K, BP_TYPE_Q5_K, BP_TYPE_IQ4_XS};
+/* MUL_MAT of every weight type that the 8-bit kernels take (cpu-amx.c, cpu-gemm-int8.c), with
+ * the best variant and again without AMX (where the machine has none, both runs are the same),
+ * on shapes that cross every blocking edge of those kernels: K past one K block and not a
+ * multiple of it, more rows than a thread's block, more columns than one column block, and small
+ * odd ones. Weights from the runtime's quantiser, the reference from the runtime's dequantiser
+ * in double; the activations are quantised to 8 bits, hence the tolerance. */
+static const enum bp_type tile_types[] = {BP_TYPE_Q8_0, BP_TYPE_Q4_0,  BP_TYPE_Q4_1, BP_TYPE_Q5_0,
+                                          BP_TYPE_Q5_1, BP_TYPE_IQ4_NL, BP_TYPE_Q2_K, BP_TYPE_Q3_K,
+                                          BP_TYPE_Q4_K, BP_TYPE_Q5_K,  BP_TYPE_Q6_K, BP_TYPE_IQ4_XS};
 
 START_TEST(test_int8_tiles_mul_mat)
 {
-    const enum bp_type type = tile_types[_i];
+    const enum bp_type type = tile_types[_i / 2];
+    if (_i % 2)
+        setenv("BP_CPU_AMX", "0", 1);
     bp_backend *be = variant_backend(0);
     static const int64_t shapes[][3] = {{1280, 600, 530}, {256, 33, 16}, {768, 7, 17}};
     unsigned seed = 11;
@@ -1087,8 +1089,9 @@ START_TEST(test_int8_tiles_mul_mat)
                 err += (got[n * M + m] - r) * (got[n * M + m] - r);
                 ref2 += r * r;
             }
-        ck_assert_msg(err <= 2e-4 * ref2, "%s K %lld M %lld N %lld: NMSE %g", bp_type_name(type),
-                      (long long)K, (long long)M, (long long)N, err / ref2);
+        ck_assert_msg(err <= 2e-4 * ref2, "%s K %lld M %lld N %lld%s: NMSE %g",
+                      bp_type_name(type), (long long)K, (long long)M, (long long)N,
+                      _i % 2 ? " without AMX" : "", err / ref2);
         free(w);
         free(got);
         free(x);
@@ -1098,6 +1101,7 @@ START_TEST(test_int8_tiles_mul_mat)
         bp_context_free(ctx);
     }
     variant_done(be);
+    unsetenv("BP_CPU_AMX");
 }
 END_TEST
 
@@ -1193,7 +1197,7 @@ int main(void)
     TCase *tiles = tcase_create("test_int8_tiles_mul_mat");
     tcase_set_timeout(tiles, 120);
     tcase_add_loop_test(tiles, test_int8_tiles_mul_mat, 0,
-                        (int)(sizeof(tile_types) / sizeof(tile_types[0])));
+                        2 * (int)(sizeof(tile_types) / sizeof(tile_types[0])));
     suite_add_tcase(s, tiles);
     return bp_test_run(s);
 }

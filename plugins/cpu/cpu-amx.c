@@ -354,82 +354,6 @@ static void pack_a_half_repacked(const bp_tensor *a, int64_t m0, int rows, int64
     }
 }
 
-/* Q4_K's/Q5_K's scale s and minimum m of sub-block j (0-7) from its 12 packed bytes: j < 4 the
- * low 6 bits of bytes j and j + 4; j >= 4 the nibbles of byte j + 4 with the top 2 bits of
- * bytes j - 4 and j. */
-BP_CPU_INLINE void k4_scale_min(const uint8_t *sc, int j, int *s, int *m)
-{
-    if (j < 4) {
-        *s = sc[j] & 63;
-        *m = sc[j + 4] & 63;
-    } else {
-        *s = (sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4);
-        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-    }
-}
-
-/* Block t (of 32 values) of a row of one of the types beyond Q8_0/Q4_0: its 32 values q in
- * element order, and d and m with value = d q + m. */
-static __m256i unpack_q(enum bp_type type, const void *row, int64_t t, float *d, float *m)
-{
-    switch (type) {
-    case BP_TYPE_Q4_1: {
-        const struct bp_block_q4_1 *x = (const struct bp_block_q4_1 *)row + t;
-        *d = bp_cpu_half_to_float(x->d);
-        *m = bp_cpu_half_to_float(x->m);
-        break;
-    }
-    case BP_TYPE_Q5_1: {
-        const struct bp_block_q5_1 *x = (const struct bp_block_q5_1 *)row + t;
-        *d = bp_cpu_half_to_float(x->d);
-        *m = bp_cpu_half_to_float(x->m);
-        break;
-    }
-    case BP_TYPE_Q5_0:
-        *d = bp_cpu_half_to_float(((const struct bp_block_q5_0 *)row)[t].d);
-        *m = 0.0f;
-        break;
-    case BP_TYPE_IQ4_NL:
-        *d = bp_cpu_half_to_float(((const struct bp_block_iq4_nl *)row)[t].d);
-        *m = 0.0f;
-        break;
-    case BP_TYPE_Q4_K:
-    case BP_TYPE_Q5_K: {
-        /* Sub-block j of 32 takes the low (j even) or high nibbles of qs[32 (j / 2) ...], and
-         * Q5_K bit j of qh[0..31] as the fifth bit. */
-        const int j = (int)(t % 8);
-        const bool q5 = type == BP_TYPE_Q5_K;
-        const struct bp_block_q4_k *x4 = (const struct bp_block_q4_k *)row + t / 8;
-        const struct bp_block_q5_k *x5 = (const struct bp_block_q5_k *)row + t / 8;
-        const uint16_t dd = q5 ? x5->d : x4->d, dm = q5 ? x5->dmin : x4->dmin;
-        int sc, mn;
-        k4_scale_min(q5 ? x5->scales : x4->scales, j, &sc, &mn);
-        *d = bp_cpu_half_to_float(dd) * (float)sc;
-        *m = -(bp_cpu_half_to_float(dm) * (float)mn);
-        const uint8_t *qs = (q5 ? x5->qs : x4->qs) + 32 * (j / 2);
-        const __m256i v = _mm256_loadu_si256((const __m256i *)qs);
-        __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
-        if (q5) {
-            const __mmask32 hb = _mm256_test_epi8_mask(
-                _mm256_loadu_si256((const __m256i *)x5->qh), _mm256_set1_epi8((char)(1 << j)));
-            q = _mm256_or_si256(q, _mm256_maskz_mov_epi8(hb, _mm256_set1_epi8(16)));
-        }
-        return q;
-    }
-    default: { /* IQ4_XS: sub-block j's 16 bytes of nibbles, its 6-bit scale offset by 32 */
-        const int j = (int)(t % 8);
-        const struct bp_block_iq4_xs *x = (const struct bp_block_iq4_xs *)row + t / 8;
-        const int ls = ((x->scales_l[j / 2] >> (4 * (j % 2))) & 0xf) | (((x->scales_h >> (2 * j)) & 3) << 4);
-        *d = bp_cpu_half_to_float(x->d) * (float)(ls - 32);
-        *m = 0.0f;
-        const __m256i tbl =
-            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
-        return _mm256_shuffle_epi8(tbl, nibbles32(x->qs + 16 * j));
-    }
-    }
-    return unpack_block(type, row, t);
-}
-
 /* Rows [m0, m0 + rows) of a (zero up to 16 rows), blocks [b0, b0 + nbk), as tiles of 16 rows x
  * 32 quants at q + t * 512, the rows' scales at d + t * 16 and (types with a minimum) their
  * minimums at m + t * 16. */
@@ -451,7 +375,7 @@ static void pack_a_half_q(const bp_tensor *a, bool repacked, const char *abase, 
                     m[t * 16 + r] = 0.0f;
             } else if (a->type != BP_TYPE_Q8_0 && a->type != BP_TYPE_Q4_0) {
                 float mm;
-                _mm256_storeu_si256((__m256i *)out, unpack_q(a->type, row, b0 + t, &d[t * 16 + r], &mm));
+                _mm256_storeu_si256((__m256i *)out, bp_cpu_unpack_q(a->type, row, b0 + t, &d[t * 16 + r], &mm));
                 if (m)
                     m[t * 16 + r] = mm;
             } else if (a->type == BP_TYPE_Q8_0) {

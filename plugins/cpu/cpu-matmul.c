@@ -9,6 +9,9 @@
  *                 the weights have enough columns for their type (bp_cpu_amx_use): F16, BF16,
  *                 and 8-bit tiles for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and
  *                 IQ4_XS (those of the last row not repacked)
+ *   GEMM_INT8     N >= 16, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K or IQ4_XS weights (not
+ *                 repacked), avx512 build without AMX: 16-row strips unpacked to bytes, VNNI
+ *                 dot products against B quantised to Q8_0 (cpu-gemm-int8.c)
  *   DOT_BF16      N <= 48, BF16 weights under BP_MM_PRECISION_HALF, avx512 build on a CPU
  *                 with AVX512_BF16: activations rounded to BF16, vdpbf16ps dot-product tiles
  *                 on the weights' rows in place (cpu-gemm-bf16.c)
@@ -46,6 +49,9 @@ enum mm_strategy {
 #if defined(BP_CPU_HAVE_AVX512)
     MM_GEMM_BF16,
     MM_DOT_BF16,
+#endif
+#if defined(BP_CPU_HAVE_AVX512_VNNI)
+    MM_GEMM_INT8,
 #endif
 #if defined(BP_CPU_HAVE_AVX2)
     MM_BCAST,
@@ -97,6 +103,10 @@ static enum mm_strategy pick_strategy(const bp_tensor *dst)
 #if defined(BP_CPU_HAVE_AMX)
     if (bp_cpu_amx_use(dst))
         return MM_AMX;
+#endif
+#if defined(BP_CPU_HAVE_AVX512_VNNI)
+    if (bp_cpu_gemm_int8_use(dst))
+        return MM_GEMM_INT8;
 #endif
     if (bp_cpu_qtype(a->type) != NULL && !repacked)
         return N < qtype_gemm_min_n(a->type) ? MM_QTYPE : MM_GEMM;
@@ -158,6 +168,11 @@ void bp_cpu_mul_mat_work_size(const bp_tensor *dst, int nth, size_t *per_thread,
         bp_cpu_dot_bf16_work_size(dst, per_thread, shared);
         break;
 #endif
+#if defined(BP_CPU_HAVE_AVX512_VNNI)
+    case MM_GEMM_INT8:
+        bp_cpu_gemm_int8_work_size(dst, per_thread, shared);
+        break;
+#endif
 #if defined(BP_CPU_HAVE_AVX2)
     case MM_BCAST:
         bp_cpu_bcast_work_size(dst, per_thread, shared);
@@ -191,6 +206,11 @@ static void run_batch(enum mm_strategy s, bp_tensor *dst, const char *abase, con
         break;
     case MM_DOT_BF16:
         bp_cpu_dot_bf16_batch(dst, abase, bbase, cbase, p);
+        break;
+#endif
+#if defined(BP_CPU_HAVE_AVX512_VNNI)
+    case MM_GEMM_INT8:
+        bp_cpu_gemm_int8_batch(dst, abase, bbase, cbase, p);
         break;
 #endif
 #if defined(BP_CPU_HAVE_AVX2)

@@ -58,6 +58,15 @@ void bp_cpu_dot_bf16_batch(bp_tensor *dst, const char *abase, const char *bbase,
                            const struct bp_cpu_params *p);
 #endif
 
+#if defined(BP_CPU_HAVE_AVX512_VNNI)
+/* Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and IQ4_XS weights (not repacked) from 16 columns:
+ * integer dot products of unpacked 16-row strips with B quantised to Q8_0 (cpu-gemm-int8.c). */
+bool bp_cpu_gemm_int8_use(const bp_tensor *dst);
+void bp_cpu_gemm_int8_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared);
+void bp_cpu_gemm_int8_batch(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
+                            const struct bp_cpu_params *p);
+#endif
+
 /* ---- Matrix-vector products (cpu-gemv.c) ---------------------------------------------------- */
 
 /* One size for all the batches below. */

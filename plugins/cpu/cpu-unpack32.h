@@ -2,7 +2,9 @@
  * (the low nibbles are elements 0-15, the high ones 16-31, the fifth bits from qh, IQ4_NL's
  * indices looked up in its table with a byte shuffle): unsigned for Q4_1 and Q5_1, signed for
  * Q5_0 (q - 16) and IQ4_NL. Shared by the dot products (cpu-quants32.c) and the conversions to
- * floats (cpu-convert.c); AVX2 and AVX-512 builds only. */
+ * floats (cpu-convert.c); AVX2 and AVX-512 builds only. AVX-512 builds also unpack the
+ * sub-blocks of 32 of Q4_K, Q5_K and IQ4_XS with their scales, for the 8-bit matrix products
+ * (cpu-amx.c, cpu-gemm-int8.c). */
 #ifndef BP_CPU_UNPACK32_H
 #define BP_CPU_UNPACK32_H
 
@@ -69,6 +71,145 @@ BP_CPU_INLINE __m256i unpack_block(const enum bp_type t, const void *w, int64_t 
     }
 }
 
+#endif
+
+#if defined(BP_CPU_HAVE_AVX512)
+/* Q4_K's/Q5_K's scale s and minimum m of sub-block j (0-7) from its 12 packed bytes: j < 4 the
+ * low 6 bits of bytes j and j + 4; j >= 4 the nibbles of byte j + 4 with the top 2 bits of
+ * bytes j - 4 and j. */
+BP_CPU_INLINE void k4_scale_min(const uint8_t *sc, int j, int *s, int *m)
+{
+    if (j < 4) {
+        *s = sc[j] & 63;
+        *m = sc[j + 4] & 63;
+    } else {
+        *s = (sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4);
+        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
+/* Block t (of 32 values) of a row of Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K or IQ4_XS: its 32
+ * values q in element order (as unpack_block: unsigned for the types with a minimum, signed for
+ * the others), and d and m with value = d q + m. */
+BP_CPU_INLINE __m256i bp_cpu_unpack_q(enum bp_type type, const void *row, int64_t t, float *d, float *m)
+{
+    switch (type) {
+    case BP_TYPE_Q4_1: {
+        const struct bp_block_q4_1 *x = (const struct bp_block_q4_1 *)row + t;
+        *d = bp_cpu_half_to_float(x->d);
+        *m = bp_cpu_half_to_float(x->m);
+        break;
+    }
+    case BP_TYPE_Q5_1: {
+        const struct bp_block_q5_1 *x = (const struct bp_block_q5_1 *)row + t;
+        *d = bp_cpu_half_to_float(x->d);
+        *m = bp_cpu_half_to_float(x->m);
+        break;
+    }
+    case BP_TYPE_Q5_0:
+        *d = bp_cpu_half_to_float(((const struct bp_block_q5_0 *)row)[t].d);
+        *m = 0.0f;
+        break;
+    case BP_TYPE_IQ4_NL:
+        *d = bp_cpu_half_to_float(((const struct bp_block_iq4_nl *)row)[t].d);
+        *m = 0.0f;
+        break;
+    case BP_TYPE_Q4_K:
+    case BP_TYPE_Q5_K: {
+        /* Sub-block j of 32 takes the low (j even) or high nibbles of qs[32 (j / 2) ...], and
+         * Q5_K bit j of qh[0..31] as the fifth bit. */
+        const int j = (int)(t % 8);
+        const bool q5 = type == BP_TYPE_Q5_K;
+        const struct bp_block_q4_k *x4 = (const struct bp_block_q4_k *)row + t / 8;
+        const struct bp_block_q5_k *x5 = (const struct bp_block_q5_k *)row + t / 8;
+        const uint16_t dd = q5 ? x5->d : x4->d, dm = q5 ? x5->dmin : x4->dmin;
+        int sc, mn;
+        k4_scale_min(q5 ? x5->scales : x4->scales, j, &sc, &mn);
+        *d = bp_cpu_half_to_float(dd) * (float)sc;
+        *m = -(bp_cpu_half_to_float(dm) * (float)mn);
+        const uint8_t *qs = (q5 ? x5->qs : x4->qs) + 32 * (j / 2);
+        const __m256i v = _mm256_loadu_si256((const __m256i *)qs);
+        __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+        if (q5) {
+            const __mmask32 hb = _mm256_test_epi8_mask(
+                _mm256_loadu_si256((const __m256i *)x5->qh), _mm256_set1_epi8((char)(1 << j)));
+            q = _mm256_or_si256(q, _mm256_maskz_mov_epi8(hb, _mm256_set1_epi8(16)));
+        }
+        return q;
+    }
+    default: { /* IQ4_XS: sub-block j's 16 bytes of nibbles, its 6-bit scale offset by 32 */
+        const int j = (int)(t % 8);
+        const struct bp_block_iq4_xs *x = (const struct bp_block_iq4_xs *)row + t / 8;
+        const int ls = ((x->scales_l[j / 2] >> (4 * (j % 2))) & 0xf) | (((x->scales_h >> (2 * j)) & 3) << 4);
+        *d = bp_cpu_half_to_float(x->d) * (float)(ls - 32);
+        *m = 0.0f;
+        const __m256i tbl =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
+        return _mm256_shuffle_epi8(tbl, nibbles32(x->qs + 16 * j));
+    }
+    }
+    return unpack_block(type, row, t);
+}
+
+
+/* Block t (of 32 values) of a row of Q2_K, Q3_K or Q6_K, whose scales go by 16: its 32 values q
+ * unsigned in element order, and for each half of 16 (h = 0, 1) d[h] and m[h] with value =
+ * d[h] q + m[h]. In each half of a super-block (128 values), sub-block u (0-3) of 32 takes
+ * bits 2u, 2u + 1 of 32 bytes of quants (Q2_K, Q3_K: qs[32 (t % 8 / 4) ...]; Q3_K's third bit is
+ * bit (t % 8) of hmask[0..31], clear meaning 4 less); Q6_K takes the low (u < 2) or high nibbles
+ * of ql[64 h' + 32 (u % 2) ...] and bits 2u, 2u + 1 of qh[32 h' ...] as the top two. */
+BP_CPU_INLINE __m256i bp_cpu_unpack_q16(enum bp_type type, const void *row, int64_t t, float d[2],
+                                         float m[2])
+{
+    const int j = (int)(t % 8), half = j / 4, u = j % 4;
+    const __m256i three = _mm256_set1_epi8(3);
+    switch (type) {
+    case BP_TYPE_Q2_K: {
+        const struct bp_block_q2_k *x = (const struct bp_block_q2_k *)row + t / 8;
+        const float dd = bp_cpu_half_to_float(x->d), dm = bp_cpu_half_to_float(x->dmin);
+        for (int h = 0; h < 2; h++) {
+            const int s = x->scales[half * 8 + 2 * u + h];
+            d[h] = dd * (float)(s & 0xf);
+            m[h] = -(dm * (float)(s >> 4));
+        }
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * half));
+        return _mm256_and_si256(_mm256_srli_epi16(q, 2 * u), three);
+    }
+    case BP_TYPE_Q3_K: {
+        const struct bp_block_q3_k *x = (const struct bp_block_q3_k *)row + t / 8;
+        const float dd = bp_cpu_half_to_float(x->d);
+        for (int h = 0; h < 2; h++) {
+            const int k = half * 8 + 2 * u + h; /* scale k of 16 */
+            const int low = k < 8 ? (x->scales[k] & 0xf) : (x->scales[k - 8] >> 4);
+            const int high = (x->scales[8 + k % 4] >> (2 * (k / 4))) & 3;
+            d[h] = dd * (float)((low | (high << 4)) - 32);
+            m[h] = -4.0f * d[h];
+        }
+        const __m256i q = _mm256_and_si256(
+            _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * half)), 2 * u),
+            three);
+        const __mmask32 hb = _mm256_test_epi8_mask(_mm256_loadu_si256((const __m256i *)x->hmask),
+                                                   _mm256_set1_epi8((char)(1 << j)));
+        return _mm256_or_si256(q, _mm256_maskz_mov_epi8(hb, _mm256_set1_epi8(4)));
+    }
+    default: { /* Q6_K */
+        const struct bp_block_q6_k *x = (const struct bp_block_q6_k *)row + t / 8;
+        const float dd = bp_cpu_half_to_float(x->d);
+        for (int h = 0; h < 2; h++) {
+            d[h] = dd * (float)x->scales[half * 8 + 2 * u + h];
+            m[h] = -32.0f * d[h];
+        }
+        const __m256i l =
+            _mm256_loadu_si256((const __m256i *)(x->ql + 64 * half + 32 * (u % 2)));
+        const __m256i nib = _mm256_and_si256(u >= 2 ? _mm256_srli_epi16(l, 4) : l,
+                                             _mm256_set1_epi8(0x0f));
+        const __m256i top = _mm256_and_si256(
+            _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(x->qh + 32 * half)), 2 * u),
+            three);
+        return _mm256_or_si256(nib, _mm256_slli_epi16(top, 4));
+    }
+    }
+}
 #endif
 
 #endif
