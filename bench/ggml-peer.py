@@ -10,14 +10,21 @@ shapes and thread counts. Benchmark runs only: never CI, never the library.
 A shape is MxKxN (weights M rows of K, N activation columns). Each pair times ggml, then
 bench-matmul (`--no-limits`, same type, shape and threads); the line printed per case gives both
 medians and the median of the per-pair ratios (backplane / ggml). Weights are placed the way
-llama.cpp places them: in ggml's CPU_REPACK buffer type wherever ggml's CPU device says it takes
-the product there (the test llama.cpp makes; on x86 with AVX2 this ggml repacks Q4_0, Q4_K,
-IQ4_NL and, with AVX-512, Q2_K), else in the plain CPU buffer; ours are repacked for Q4_0, Q8_0,
+llama.cpp places them: in the first of ggml's extra CPU buffer types (AMX where ggml was built
+for it and the CPU has it, then CPU_REPACK) whose device says it takes the product there (the
+test llama.cpp makes; on x86 with AVX2 this ggml repacks Q4_0, Q4_K, IQ4_NL and, with AVX-512,
+Q2_K; its AMX buffer takes Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS), else in the plain
+CPU buffer; ours are repacked for Q4_0, Q8_0,
 IQ4_NL and Q5_0 (q4_0_repack, ...) and used as they are for the other types. --types all: every type
 below but f32. ggml's F16/BF16
 products convert the activations to the weights' 16-bit type (its vec_dot_type), ours keep them
 in f32 (docs/decisions.md), so equal speed means more work done here; --half gives ours the
 same permission (BP_MM_PRECISION_HALF: bench-matmul's bf16_half and f16_half).
+
+On some AMX machines ggml's AMX kernels fault (llama-bench and llama-cli crash there too, in
+ggml_backend_amx_mul_mat), so the llama.cpp that works on them is one built without AMX: the
+same cmake line as the peer's with -DCMAKE_C_FLAGS and -DCMAKE_CXX_FLAGS set to
+"-mno-amx-tile -mno-amx-int8 -mno-amx-bf16", passed with --ggml-lib (docs/performance.md).
 
 Other instruction-set levels: build ggml for that level (cmake -DGGML_NATIVE=OFF with its
 GGML_AVX2/... switches) and pass its library directory with --ggml-lib, and our plugin's variant of
@@ -102,20 +109,20 @@ cpu_init = sig(cpu, "ggml_backend_cpu_init", P)
 cpu_threads = sig(cpu, "ggml_backend_cpu_set_n_threads", None, P, ctypes.c_int)
 
 
-def repack_buft():
-    """ggml's CPU_REPACK buffer type (what llama.cpp puts Q4_0 weights in), or None."""
+def extra_bufts():
+    """ggml's CPU extra buffer types (AMX, CPU_REPACK, ...) in the order that llama.cpp tries
+    them for a weight."""
     dev = dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
     fn = reg_proc(dev_backend_reg(dev), b"ggml_backend_dev_get_extra_bufts")
     if not fn:
-        return None
+        return []
     get = ctypes.CFUNCTYPE(ctypes.POINTER(P), P)(fn)
     arr = get(dev)
-    i = 0
+    out, i = [], 0
     while arr and arr[i]:
-        if buft_name(arr[i]) == b"CPU_REPACK":
-            return arr[i]
+        out.append(arr[i])
         i += 1
-    return None
+    return out
 
 
 def repack_takes(rb, w, op):
@@ -157,9 +164,11 @@ def time_ggml(wtype, M, K, N, threads, min_time, use_repack):
     out = mul_mat(actx, w, b)
     graph = new_graph(actx)
     build_forward(graph, out)
-    rb = repack_buft() if use_repack else None
-    if rb and not repack_takes(rb, w, out):
-        rb = None
+    rb = None
+    for cand in extra_bufts() if use_repack else []:
+        if repack_takes(cand, w, out):
+            rb = cand
+            break
     wbuf = alloc_tensors(wctx, rb or cpu_buft())
     abuf = alloc_tensors(actx, cpu_buft())
     data = weight_bytes(wtype, M, K, rng)
@@ -209,7 +218,7 @@ def main():
     ap.add_argument("--bench-matmul", default="./bench/bench-matmul")
     ap.add_argument("--ggml-lib", help="directory of another ggml build's libraries")
     ap.add_argument("--no-ggml-repack", action="store_true",
-                    help="ggml's weights in its plain CPU buffer, never CPU_REPACK")
+                    help="ggml's weights in its plain CPU buffer, never AMX or CPU_REPACK")
     ap.add_argument("--disable", help="BP_CPU_DISABLE for our side (avx512f: the avx2 variant; "
                     "avx2: the baseline)")
     ap.add_argument("--half", action="store_true",
