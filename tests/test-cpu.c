@@ -1043,9 +1043,9 @@ END_TEST
  * multiple of it, more rows than a thread's block, more columns than one column block, and small
  * odd ones. Weights from the runtime's quantiser, the reference from the runtime's dequantiser
  * in double; the activations are quantised to 8 bits, hence the tolerance. */
-static const enum bp_type tile_types[] = {BP_TYPE_Q8_0, BP_TYPE_Q4_0,  BP_TYPE_Q4_1, BP_TYPE_Q5_0,
-                                          BP_TYPE_Q5_1, BP_TYPE_IQ4_NL, BP_TYPE_Q2_K, BP_TYPE_Q3_K,
-                                          BP_TYPE_Q4_K, BP_TYPE_Q5_K,  BP_TYPE_Q6_K, BP_TYPE_IQ4_XS};
+static const enum bp_type tile_types[] = {
+    BP_TYPE_Q8_0, BP_TYPE_Q4_0, BP_TYPE_Q4_1, BP_TYPE_Q5_0, BP_TYPE_Q5_1,  BP_TYPE_IQ4_NL,
+    BP_TYPE_Q2_K, BP_TYPE_Q3_K, BP_TYPE_Q4_K, BP_TYPE_Q5_K, BP_TYPE_Q6_K, BP_TYPE_IQ4_XS};
 
 START_TEST(test_int8_tiles_mul_mat)
 {

@@ -354,6 +354,38 @@ static void pack_a_half_repacked(const bp_tensor *a, int64_t m0, int rows, int64
     }
 }
 
+/* pack_a_half_q for Q4_K, Q5_K and IQ4_XS (b0 and nbk whole super-blocks): the quants row by
+ * row, then per super-block each row's eight scales (and minimums) as one vector, transposed so
+ * that vector t holds block t's scales of the 16 rows. */
+static void pack_a_half_superblocks(const bp_tensor *a, const char *abase, int64_t m0, int rows,
+                                    int64_t b0, int64_t nbk, int8_t *q, float *d, float *m)
+{
+    const char *rowp[16];
+    for (int r = 0; r < 16; r++) {
+        rowp[r] = r < rows ? abase + (m0 + r) * (int64_t)a->nb[1] : NULL;
+        for (int64_t t = 0; t < nbk; t++)
+            _mm256_storeu_si256((__m256i *)(q + t * 512 + r * 32),
+                                rowp[r] ? bp_cpu_unpack_q(a->type, rowp[r], b0 + t, NULL, NULL)
+                                        : _mm256_setzero_si256());
+    }
+    for (int64_t i = 0; i < nbk / 8; i++) {
+        __m512 vd[16], vm[16];
+        for (int r = 0; r < 16; r++) {
+            if (rowp[r])
+                bp_cpu_superblock_scales(a->type, rowp[r], b0 / 8 + i, &vd[r], &vm[r]);
+            else
+                vd[r] = vm[r] = _mm512_setzero_ps();
+        }
+        bp_cpu_transpose16(vd);
+        bp_cpu_transpose16(vm);
+        for (int t = 0; t < 8; t++) {
+            _mm512_storeu_ps(d + (8 * i + t) * 16, vd[t]);
+            if (m)
+                _mm512_storeu_ps(m + (8 * i + t) * 16, vm[t]);
+        }
+    }
+}
+
 /* Rows [m0, m0 + rows) of a (zero up to 16 rows), blocks [b0, b0 + nbk), as tiles of 16 rows x
  * 32 quants at q + t * 512, the rows' scales at d + t * 16 and (types with a minimum) their
  * minimums at m + t * 16. */
@@ -362,6 +394,10 @@ static void pack_a_half_q(const bp_tensor *a, bool repacked, const char *abase, 
 {
     if (repacked) {
         pack_a_half_repacked(a, m0, rows, b0, nbk, q, d);
+        return;
+    }
+    if (a->type == BP_TYPE_Q4_K || a->type == BP_TYPE_Q5_K || a->type == BP_TYPE_IQ4_XS) {
+        pack_a_half_superblocks(a, abase, m0, rows, b0, nbk, q, d, m);
         return;
     }
     for (int r = 0; r < 16; r++) {
@@ -375,7 +411,8 @@ static void pack_a_half_q(const bp_tensor *a, bool repacked, const char *abase, 
                     m[t * 16 + r] = 0.0f;
             } else if (a->type != BP_TYPE_Q8_0 && a->type != BP_TYPE_Q4_0) {
                 float mm;
-                _mm256_storeu_si256((__m256i *)out, bp_cpu_unpack_q(a->type, row, b0 + t, &d[t * 16 + r], &mm));
+                _mm256_storeu_si256((__m256i *)out,
+                                    bp_cpu_unpack_q(a->type, row, b0 + t, &d[t * 16 + r], &mm));
                 if (m)
                     m[t * 16 + r] = mm;
             } else if (a->type == BP_TYPE_Q8_0) {

@@ -100,37 +100,38 @@ void bp_cpu_gemm_int8_work_size(const bp_tensor *dst, size_t *per_thread, size_t
 /* Rows [m0, m0 + rows) of a (rows <= 16; the rest of the strip zero), all nb blocks, into the
  * panel p: block t at p + t * block_bytes, its eight vectors of quants, then the 16 rows' d and
  * their m (by 16: d of the first half, d of the second, m of the first, m of the second). */
-static void pack_strip(const bp_tensor *a, const char *abase, int64_t m0, int rows, int64_t nb,
-                       char *p)
+BP_CPU_INLINE void pack_strip_t(const enum bp_type type, const bp_tensor *a, const char *abase,
+                                int64_t m0, int rows, int64_t nb, char *p)
 {
-    const bool sgn = signed_q(a->type), sub16 = by16(a->type);
+    const bool sgn = signed_q(type), sub16 = by16(type);
+    const bool superblk = type == BP_TYPE_Q2_K || type == BP_TYPE_Q3_K || type == BP_TYPE_Q4_K ||
+                          type == BP_TYPE_Q5_K || type == BP_TYPE_Q6_K || type == BP_TYPE_IQ4_XS;
     const int64_t bb = block_bytes(sub16);
     const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const char *rowp[16];
+    for (int r = 0; r < 16; r++)
+        rowp[r] = r < rows ? abase + (m0 + r) * (int64_t)a->nb[1] : NULL;
     for (int64_t t = 0; t < nb; t += 2) {
         /* Two blocks of each row (16 dwords) at once: after the transpose, vectors 0-7 are
-         * block t's and 8-15 block t + 1's. */
+         * block t's and 8-15 block t + 1's. The blocks of 32 take their d and m here; the
+         * super-blocks', below. */
         __m512i v[16];
-        float d[2][2][16], m[2][2][16]; /* [block][half][row] */
+        float d[2][16], m[2][16]; /* [block][row] */
         for (int r = 0; r < 16; r++) {
             __m256i q[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
             for (int h = 0; h < 2; h++) {
-                d[h][0][r] = d[h][1][r] = m[h][0][r] = m[h][1][r] = 0.0f;
-                if (r >= rows || t + h >= nb)
+                d[h][r] = m[h][r] = 0.0f;
+                if (!rowp[r] || t + h >= nb)
                     continue;
-                const char *row = abase + (m0 + r) * (int64_t)a->nb[1];
-                if (sub16) {
-                    float dd[2], mm[2];
-                    q[h] = bp_cpu_unpack_q16(a->type, row, t + h, dd, mm);
-                    d[h][0][r] = dd[0];
-                    d[h][1][r] = dd[1];
-                    m[h][0][r] = mm[0];
-                    m[h][1][r] = mm[1];
-                    continue;
-                }
-                q[h] = bp_cpu_unpack_q(a->type, row, t + h, &d[h][0][r], &m[h][0][r]);
+                if (sub16)
+                    q[h] = bp_cpu_unpack_q16(type, rowp[r], t + h, NULL, NULL);
+                else if (superblk)
+                    q[h] = bp_cpu_unpack_q(type, rowp[r], t + h, NULL, NULL);
+                else
+                    q[h] = bp_cpu_unpack_q(type, rowp[r], t + h, &d[h][r], &m[h][r]);
                 if (sgn) {
                     q[h] = _mm256_xor_si256(q[h], flip);
-                    m[h][0][r] -= 128.0f * d[h][0][r];
+                    m[h][r] -= 128.0f * d[h][r];
                 }
             }
             v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
@@ -140,17 +141,65 @@ static void pack_strip(const bp_tensor *a, const char *abase, int64_t m0, int ro
             char *blk = p + (t + h) * bb;
             for (int c = 0; c < 8; c++)
                 _mm512_storeu_si512(blk + 64 * c, v[8 * h + c]);
-            float *f = (float *)(blk + 512);
-            memcpy(f, d[h][0], 64);
-            if (sub16) {
-                memcpy(f + 16, d[h][1], 64);
-                memcpy(f + 32, m[h][0], 64);
-                memcpy(f + 48, m[h][1], 64);
-            } else {
-                memcpy(f + 16, m[h][0], 64);
+            if (!superblk) {
+                memcpy(blk + 512, d[h], 64);
+                memcpy(blk + 576, m[h], 64);
             }
         }
     }
+    if (!superblk)
+        return;
+    /* Per super-block: each row's 16 scales (and minimums) as one vector, transposed, so that
+     * vector k holds scale k of the 16 rows. */
+    for (int64_t i = 0; i < nb / 8; i++) {
+        __m512 vd[16], vm[16];
+        for (int r = 0; r < 16; r++) {
+            if (rowp[r])
+                bp_cpu_superblock_scales(type, rowp[r], i, &vd[r], &vm[r]);
+            else
+                vd[r] = vm[r] = _mm512_setzero_ps();
+        }
+        bp_cpu_transpose16(vd);
+        bp_cpu_transpose16(vm);
+        for (int t = 0; t < 8; t++) {
+            float *f = (float *)(p + (8 * i + t) * bb + 512);
+            if (sub16) { /* d of each half, then m of each half */
+                _mm512_storeu_ps(f, vd[2 * t]);
+                _mm512_storeu_ps(f + 16, vd[2 * t + 1]);
+                _mm512_storeu_ps(f + 32, vm[2 * t]);
+                _mm512_storeu_ps(f + 48, vm[2 * t + 1]);
+            } else {
+                _mm512_storeu_ps(f, vd[t]);
+                _mm512_storeu_ps(f + 16, sgn ? _mm512_mul_ps(vd[t], _mm512_set1_ps(-128.0f))
+                                             : vm[t]);
+            }
+        }
+    }
+}
+
+/* pack_strip_t with the type's unpacking inlined. */
+static void pack_strip(const bp_tensor *a, const char *abase, int64_t m0, int rows, int64_t nb,
+                       char *p)
+{
+#define PACK(t)                                                                                \
+    case t:                                                                                    \
+        pack_strip_t(t, a, abase, m0, rows, nb, p);                                            \
+        break
+    switch (a->type) {
+        PACK(BP_TYPE_Q4_1);
+        PACK(BP_TYPE_Q5_0);
+        PACK(BP_TYPE_Q5_1);
+        PACK(BP_TYPE_IQ4_NL);
+        PACK(BP_TYPE_Q2_K);
+        PACK(BP_TYPE_Q3_K);
+        PACK(BP_TYPE_Q4_K);
+        PACK(BP_TYPE_Q5_K);
+        PACK(BP_TYPE_Q6_K);
+    default: /* IQ4_XS (bp_cpu_gemm_int8_use admits no other) */
+        pack_strip_t(BP_TYPE_IQ4_XS, a, abase, m0, rows, nb, p);
+        break;
+    }
+#undef PACK
 }
 
 BP_CPU_INLINE __m512i bcast4(const int8_t *p)

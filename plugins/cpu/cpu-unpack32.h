@@ -90,8 +90,10 @@ BP_CPU_INLINE void k4_scale_min(const uint8_t *sc, int j, int *s, int *m)
 
 /* Block t (of 32 values) of a row of Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K or IQ4_XS: its 32
  * values q in element order (as unpack_block: unsigned for the types with a minimum, signed for
- * the others), and d and m with value = d q + m. */
-BP_CPU_INLINE __m256i bp_cpu_unpack_q(enum bp_type type, const void *row, int64_t t, float *d, float *m)
+ * the others), and d and m with value = d q + m (the super-block types leave them out where d
+ * is NULL: bp_cpu_superblock_scales gives them for a whole super-block). */
+BP_CPU_INLINE __m256i bp_cpu_unpack_q(enum bp_type type, const void *row, int64_t t, float *d,
+                                       float *m)
 {
     switch (type) {
     case BP_TYPE_Q4_1: {
@@ -122,11 +124,13 @@ BP_CPU_INLINE __m256i bp_cpu_unpack_q(enum bp_type type, const void *row, int64_
         const bool q5 = type == BP_TYPE_Q5_K;
         const struct bp_block_q4_k *x4 = (const struct bp_block_q4_k *)row + t / 8;
         const struct bp_block_q5_k *x5 = (const struct bp_block_q5_k *)row + t / 8;
-        const uint16_t dd = q5 ? x5->d : x4->d, dm = q5 ? x5->dmin : x4->dmin;
-        int sc, mn;
-        k4_scale_min(q5 ? x5->scales : x4->scales, j, &sc, &mn);
-        *d = bp_cpu_half_to_float(dd) * (float)sc;
-        *m = -(bp_cpu_half_to_float(dm) * (float)mn);
+        if (d) {
+            const uint16_t dd = q5 ? x5->d : x4->d, dm = q5 ? x5->dmin : x4->dmin;
+            int sc, mn;
+            k4_scale_min(q5 ? x5->scales : x4->scales, j, &sc, &mn);
+            *d = bp_cpu_half_to_float(dd) * (float)sc;
+            *m = -(bp_cpu_half_to_float(dm) * (float)mn);
+        }
         const uint8_t *qs = (q5 ? x5->qs : x4->qs) + 32 * (j / 2);
         const __m256i v = _mm256_loadu_si256((const __m256i *)qs);
         __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
@@ -140,9 +144,12 @@ BP_CPU_INLINE __m256i bp_cpu_unpack_q(enum bp_type type, const void *row, int64_
     default: { /* IQ4_XS: sub-block j's 16 bytes of nibbles, its 6-bit scale offset by 32 */
         const int j = (int)(t % 8);
         const struct bp_block_iq4_xs *x = (const struct bp_block_iq4_xs *)row + t / 8;
-        const int ls = ((x->scales_l[j / 2] >> (4 * (j % 2))) & 0xf) | (((x->scales_h >> (2 * j)) & 3) << 4);
-        *d = bp_cpu_half_to_float(x->d) * (float)(ls - 32);
-        *m = 0.0f;
+        if (d) {
+            const int ls = ((x->scales_l[j / 2] >> (4 * (j % 2))) & 0xf) |
+                           (((x->scales_h >> (2 * j)) & 3) << 4);
+            *d = bp_cpu_half_to_float(x->d) * (float)(ls - 32);
+            *m = 0.0f;
+        }
         const __m256i tbl =
             _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
         return _mm256_shuffle_epi8(tbl, nibbles32(x->qs + 16 * j));
@@ -153,8 +160,8 @@ BP_CPU_INLINE __m256i bp_cpu_unpack_q(enum bp_type type, const void *row, int64_
 
 
 /* Block t (of 32 values) of a row of Q2_K, Q3_K or Q6_K, whose scales go by 16: its 32 values q
- * unsigned in element order, and for each half of 16 (h = 0, 1) d[h] and m[h] with value =
- * d[h] q + m[h]. In each half of a super-block (128 values), sub-block u (0-3) of 32 takes
+ * unsigned in element order, and (unless d is NULL) for each half of 16 (h = 0, 1) d[h] and
+ * m[h] with value = d[h] q + m[h]. In each half of a super-block (128 values), sub-block u (0-3) of 32 takes
  * bits 2u, 2u + 1 of 32 bytes of quants (Q2_K, Q3_K: qs[32 (t % 8 / 4) ...]; Q3_K's third bit is
  * bit (t % 8) of hmask[0..31], clear meaning 4 less); Q6_K takes the low (u < 2) or high nibbles
  * of ql[64 h' + 32 (u % 2) ...] and bits 2u, 2u + 1 of qh[32 h' ...] as the top two. */
@@ -167,7 +174,7 @@ BP_CPU_INLINE __m256i bp_cpu_unpack_q16(enum bp_type type, const void *row, int6
     case BP_TYPE_Q2_K: {
         const struct bp_block_q2_k *x = (const struct bp_block_q2_k *)row + t / 8;
         const float dd = bp_cpu_half_to_float(x->d), dm = bp_cpu_half_to_float(x->dmin);
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < 2 && d; h++) {
             const int s = x->scales[half * 8 + 2 * u + h];
             d[h] = dd * (float)(s & 0xf);
             m[h] = -(dm * (float)(s >> 4));
@@ -178,7 +185,7 @@ BP_CPU_INLINE __m256i bp_cpu_unpack_q16(enum bp_type type, const void *row, int6
     case BP_TYPE_Q3_K: {
         const struct bp_block_q3_k *x = (const struct bp_block_q3_k *)row + t / 8;
         const float dd = bp_cpu_half_to_float(x->d);
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < 2 && d; h++) {
             const int k = half * 8 + 2 * u + h; /* scale k of 16 */
             const int low = k < 8 ? (x->scales[k] & 0xf) : (x->scales[k - 8] >> 4);
             const int high = (x->scales[8 + k % 4] >> (2 * (k / 4))) & 3;
@@ -195,7 +202,7 @@ BP_CPU_INLINE __m256i bp_cpu_unpack_q16(enum bp_type type, const void *row, int6
     default: { /* Q6_K */
         const struct bp_block_q6_k *x = (const struct bp_block_q6_k *)row + t / 8;
         const float dd = bp_cpu_half_to_float(x->d);
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < 2 && d; h++) {
             d[h] = dd * (float)x->scales[half * 8 + 2 * u + h];
             m[h] = -32.0f * d[h];
         }
@@ -207,6 +214,93 @@ BP_CPU_INLINE __m256i bp_cpu_unpack_q16(enum bp_type type, const void *row, int6
             _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(x->qh + 32 * half)), 2 * u),
             three);
         return _mm256_or_si256(nib, _mm256_slli_epi16(top, 4));
+    }
+    }
+}
+
+/* The scales of super-block i of a row of Q2_K to Q6_K or IQ4_XS as 16 floats each: *d and *m
+ * hold, per sub-block k of 16 (Q2_K, Q3_K, Q6_K; k = 2 t + h for half h of block t), d and m of
+ * value = d q + m with q as bp_cpu_unpack_q16 gives it; per block t of 32 in lanes 0-7 (Q4_K,
+ * Q5_K, IQ4_XS; lanes 8-15 zero), as bp_cpu_unpack_q gives q. */
+BP_CPU_INLINE void bp_cpu_superblock_scales(enum bp_type type, const void *row, int64_t i,
+                                            __m512 *d, __m512 *m)
+{
+    switch (type) {
+    case BP_TYPE_Q2_K: {
+        const struct bp_block_q2_k *x = (const struct bp_block_q2_k *)row + i;
+        const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)x->scales));
+        const __m512i lo = _mm512_and_si512(s, _mm512_set1_epi32(0xf));
+        *d = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(bp_cpu_half_to_float(x->d)));
+        *m = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(s, 4)),
+                           _mm512_set1_ps(-bp_cpu_half_to_float(x->dmin)));
+        return;
+    }
+    case BP_TYPE_Q3_K: {
+        /* Scale k: the low 4 bits a nibble of byte k % 8 (low for k < 8), the high 2 bits
+         * 2 (k / 4) of byte 8 + k % 4; offset 32. */
+        const struct bp_block_q3_k *x = (const struct bp_block_q3_k *)row + i;
+        uint32_t a, b, c, w[4];
+        memcpy(&a, x->scales, 4);
+        memcpy(&b, x->scales + 4, 4);
+        memcpy(&c, x->scales + 8, 4);
+        w[0] = (a & 0x0f0f0f0fu) | ((c & 0x03030303u) << 4);
+        w[1] = (b & 0x0f0f0f0fu) | (((c >> 2) & 0x03030303u) << 4);
+        w[2] = ((a >> 4) & 0x0f0f0f0fu) | (((c >> 4) & 0x03030303u) << 4);
+        w[3] = ((b >> 4) & 0x0f0f0f0fu) | (((c >> 6) & 0x03030303u) << 4);
+        const __m512i s = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)w)),
+                                           _mm512_set1_epi32(32));
+        *d = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(bp_cpu_half_to_float(x->d)));
+        *m = _mm512_mul_ps(*d, _mm512_set1_ps(-4.0f));
+        return;
+    }
+    case BP_TYPE_Q6_K: {
+        const struct bp_block_q6_k *x = (const struct bp_block_q6_k *)row + i;
+        const __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x->scales));
+        *d = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(bp_cpu_half_to_float(x->d)));
+        *m = _mm512_mul_ps(*d, _mm512_set1_ps(-32.0f));
+        return;
+    }
+    case BP_TYPE_Q4_K:
+    case BP_TYPE_Q5_K: {
+        /* The 12 bytes as 8 scales then 8 minimums (k4_scale_min, all at once). */
+        const bool q5 = type == BP_TYPE_Q5_K;
+        const struct bp_block_q4_k *x4 = (const struct bp_block_q4_k *)row + i;
+        const struct bp_block_q5_k *x5 = (const struct bp_block_q5_k *)row + i;
+        const uint8_t *packed = q5 ? x5->scales : x4->scales;
+        uint32_t a, b, c, w[4];
+        memcpy(&a, packed, 4);
+        memcpy(&b, packed + 4, 4);
+        memcpy(&c, packed + 8, 4);
+        w[0] = a & 0x3f3f3f3fu;
+        w[1] = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+        w[2] = b & 0x3f3f3f3fu;
+        w[3] = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
+        const __m512 s =
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)w)));
+        const float dd = bp_cpu_half_to_float(q5 ? x5->d : x4->d);
+        const float dm = bp_cpu_half_to_float(q5 ? x5->dmin : x4->dmin);
+        *d = _mm512_maskz_mul_ps(0x00ff, s, _mm512_set1_ps(dd));
+        /* The minimums into lanes 0-7, negated. */
+        *m = _mm512_maskz_mul_ps(0x00ff, _mm512_shuffle_f32x4(s, s, 0xee), _mm512_set1_ps(-dm));
+        return;
+    }
+    default: { /* IQ4_XS */
+        const struct bp_block_iq4_xs *x = (const struct bp_block_iq4_xs *)row + i;
+        uint32_t l32;
+        memcpy(&l32, x->scales_l, 4);
+        uint64_t l = l32, h = x->scales_h;
+        l = (l | l << 16) & 0x0000ffff0000ffffull;
+        l = (l | l << 8) & 0x00ff00ff00ff00ffull;
+        l = (l | l << 4) & 0x0f0f0f0f0f0f0f0full;
+        h = (h | h << 24) & 0x000000ff000000ffull;
+        h = (h | h << 12) & 0x000f000f000f000full;
+        h = (h | h << 6) & 0x0303030303030303ull;
+        const __m512i s = _mm512_sub_epi32(
+            _mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(l | h << 4))), _mm512_set1_epi32(32));
+        *d = _mm512_maskz_mul_ps(0x00ff, _mm512_cvtepi32_ps(s),
+                                 _mm512_set1_ps(bp_cpu_half_to_float(x->d)));
+        *m = _mm512_setzero_ps();
+        return;
     }
     }
 }
