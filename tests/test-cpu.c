@@ -1043,6 +1043,20 @@ END_TEST
  * multiple of it, more rows than a thread's block, more columns than one column block, and small
  * odd ones. Weights from the runtime's quantiser, the reference from the runtime's dequantiser
  * in double; the activations are quantised to 8 bits, hence the tolerance. */
+/* Valgrind's CPU has no AVX-512 (so neither kernel runs under it) and runs the products about
+ * fifty times slower: there, the two small shapes only. */
+static bool under_valgrind(void)
+{
+    const char *preload = getenv("LD_PRELOAD");
+    return preload != NULL && strstr(preload, "vgpreload") != NULL;
+}
+
+/* Every third column, then the last one. */
+static int64_t next_column(int64_t n, int64_t N)
+{
+    return n + 3 < N || n == N - 1 ? n + 3 : N - 1;
+}
+
 static const enum bp_type tile_types[] = {
     BP_TYPE_Q8_0, BP_TYPE_Q4_0, BP_TYPE_Q4_1, BP_TYPE_Q5_0, BP_TYPE_Q5_1,  BP_TYPE_IQ4_NL,
     BP_TYPE_Q2_K, BP_TYPE_Q3_K, BP_TYPE_Q4_K, BP_TYPE_Q5_K, BP_TYPE_Q6_K, BP_TYPE_IQ4_XS};
@@ -1053,9 +1067,9 @@ START_TEST(test_int8_tiles_mul_mat)
     if (_i % 2)
         setenv("BP_CPU_AMX", "0", 1);
     bp_backend *be = variant_backend(0);
-    static const int64_t shapes[][3] = {{1280, 600, 530}, {256, 33, 16}, {768, 7, 17}};
+    static const int64_t shapes[][3] = {{256, 33, 16}, {768, 7, 17}, {1280, 600, 530}};
     unsigned seed = 11;
-    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+    for (size_t si = 0; si < (under_valgrind() ? 2u : sizeof(shapes) / sizeof(shapes[0])); si++) {
         const int64_t K = shapes[si][0], M = shapes[si][1], N = shapes[si][2];
         bp_context *ctx = bp_context_new(4);
         bp_tensor *a = bp_new_tensor_2d(ctx, type, K, M);
@@ -1081,8 +1095,9 @@ START_TEST(test_int8_tiles_mul_mat)
         ck_assert_int_eq(bp_tensor_get(c, got, 0, bp_nbytes(c)), BP_OK);
         bp_type_get_traits(type)->to_float(w, wf, K * M); /* the weights as stored */
         double err = 0, ref2 = 0;
+        /* Every row against every third column and the last (the reference is the slow part). */
         for (int64_t m = 0; m < M; m++)
-            for (int64_t n = 0; n < N; n++) {
+            for (int64_t n = 0; n < N; n = next_column(n, N)) {
                 double r = 0;
                 for (int64_t k = 0; k < K; k++)
                     r += (double)wf[m * K + k] * x[n * K + k];
