@@ -721,15 +721,16 @@ START_TEST(test_repack_mul_mat)
     ck_assert(!bp_buffer_type_is_host(bt));
     ck_assert(bp_backend_supports_buft(be, bt));
 
-    /* N = 96 (past the broadcast kernel's columns) in a second pass, so the first draws the same
-     * data as before. */
+    /* N = 96 (past the broadcast kernel's columns) and 130 (where Q5_0 and IQ4_NL leave the
+     * repacked kernel for the 8-bit GEMM) in a second pass, so the first draws the same data as
+     * before. */
     static const int64_t ks[] = {32, 96, 544}, ms[] = {1, 7, 8, 37, 64},
-                         ns[] = {1, 3, 5, 8, 17, 64, 96};
+                         ns[] = {1, 3, 5, 8, 17, 64, 96, 130};
     unsigned seed = 7;
     for (size_t pass = 0; pass < 2; pass++)
         for (size_t ki = 0; ki < 3; ki++)
             for (size_t mi = 0; mi < 5; mi++)
-                for (size_t ni = pass ? 6 : 0; ni < (pass ? 7u : 6u); ni++) {
+                for (size_t ni = pass ? 6 : 0; ni < (pass ? 8u : 6u); ni++) {
                     const int64_t K = ks[ki], M = ms[mi], N = ns[ni], nblk = K / 32;
                     bp_context *wctx = bp_context_new(4), *ctx = bp_context_new(16);
                     bp_tensor *a = bp_new_tensor_2d(wctx, type, K, M);

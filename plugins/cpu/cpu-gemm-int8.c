@@ -37,6 +37,12 @@
 
 /* Fewest columns worth unpacking a strip (below, cpu-qtypes.c's dot products). */
 #define INT8_MIN_N 16
+/* The same for Q5_0 and IQ4_NL in the CPU_REPACK layout, whose strips are unpacked from that
+ * layout one block at a time (bp_cpu_repack_get_block): below this the layout's own kernel is
+ * faster. GFLOP/s, M = K = 4096, 2 threads, no AMX, Q5_0 / IQ4_NL, this kernel against the
+ * repacked one: N = 64 182 / 251 against about 300, N = 128 327 / 344 against 261 / 296, N = 512
+ * 446 / 370 against 217 / 137-300. */
+#define INT8_MIN_N_REPACKED 128
 
 bool bp_cpu_gemm_int8_use(const bp_tensor *dst)
 {
@@ -56,7 +62,8 @@ bool bp_cpu_gemm_int8_use(const bp_tensor *dst)
     default:
         return false;
     }
-    return dst->ne[1] >= INT8_MIN_N && bp_cpu_repacked_base(a) == NULL;
+    /* Of these types, Q5_0 and IQ4_NL may be in the CPU_REPACK layout. */
+    return dst->ne[1] >= (bp_cpu_repacked_base(a) != NULL ? INT8_MIN_N_REPACKED : INT8_MIN_N);
 }
 
 static bool signed_q(enum bp_type t)
@@ -108,9 +115,11 @@ BP_CPU_INLINE void pack_strip_t(const enum bp_type type, const bp_tensor *a, con
                           type == BP_TYPE_Q5_K || type == BP_TYPE_Q6_K || type == BP_TYPE_IQ4_XS;
     const int64_t bb = block_bytes(sub16);
     const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const bool repacked = bp_cpu_repacked_base(a) != NULL;
     const char *rowp[16];
     for (int r = 0; r < 16; r++)
         rowp[r] = r < rows ? abase + (m0 + r) * (int64_t)a->nb[1] : NULL;
+    char plain[64]; /* one block out of the CPU_REPACK layout */
     for (int64_t t = 0; t < nb; t += 2) {
         /* Two blocks of each row (16 dwords) at once: after the transpose, vectors 0-7 are
          * block t's and 8-15 block t + 1's. The blocks of 32 take their d and m here; the
@@ -127,7 +136,10 @@ BP_CPU_INLINE void pack_strip_t(const enum bp_type type, const bp_tensor *a, con
                     q[h] = bp_cpu_unpack_q16(type, rowp[r], t + h, NULL, NULL);
                 else if (superblk)
                     q[h] = bp_cpu_unpack_q(type, rowp[r], t + h, NULL, NULL);
-                else
+                else if (repacked) {
+                    bp_cpu_repack_get_block(a, m0 + r, t + h, plain);
+                    q[h] = bp_cpu_unpack_q(type, plain, 0, &d[h][r], &m[h][r]);
+                } else
                     q[h] = bp_cpu_unpack_q(type, rowp[r], t + h, &d[h][r], &m[h][r]);
                 if (sgn) {
                     q[h] = _mm256_xor_si256(q[h], flip);

@@ -9,9 +9,10 @@
  *                 the weights have enough columns for their type (bp_cpu_amx_use): F16, BF16,
  *                 and 8-bit tiles for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and
  *                 IQ4_XS (those of the last row not repacked)
- *   GEMM_INT8     N >= 16, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K or IQ4_XS weights (not
- *                 repacked), avx512 build without AMX: 16-row strips unpacked to bytes, VNNI
- *                 dot products against B quantised to Q8_0 (cpu-gemm-int8.c)
+ *   GEMM_INT8     N >= 16, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K to Q6_K or IQ4_XS weights (N >= 128
+ *                 for Q5_0 and IQ4_NL in CPU_REPACK), avx512 build, those AMX does not take:
+ *                 16-row strips unpacked to bytes, VNNI dot products against B quantised to
+ *                 Q8_0 (cpu-gemm-int8.c)
  *   DOT_BF16      N <= 48, BF16 weights under BP_MM_PRECISION_HALF, avx512 build on a CPU
  *                 with AVX512_BF16: activations rounded to BF16, vdpbf16ps dot-product tiles
  *                 on the weights' rows in place (cpu-gemm-bf16.c)
