@@ -518,7 +518,7 @@ static void variant_done(bp_backend *be)
     unsetenv("BP_CPU_DISABLE");
 }
 
-/* ---- CPU_REPACK: Q4_0, Q8_0, IQ4_NL and Q5_0 weights stored row-interleaved ----------------
+/* ---- CPU_REPACK: Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1 and Q5_1 weights stored row-interleaved -----
  * Run once per kernel and type: the best variant with AMX (where the machine has it), the avx512
  * variant without (its VNNI kernel for every N), the avx2 variant (its own kernel for Q4_0; its
  * Q8_0, IQ4_NL and Q5_0 stay plain) and the baseline (which repacks nothing: the buffer type holds
@@ -527,10 +527,10 @@ static const char *const repack_configs[][2] = {
     {"", ""}, {"BP_CPU_AMX", "0"}, {"BP_CPU_DISABLE", "avx512f"}, {"BP_CPU_DISABLE", "avx512f,avx2"}};
 #define N_REPACK_CONFIGS 4
 static const enum bp_type repack_types[] = {BP_TYPE_Q4_0, BP_TYPE_Q8_0, BP_TYPE_IQ4_NL,
-                                            BP_TYPE_Q5_0};
+                                            BP_TYPE_Q5_0, BP_TYPE_Q4_1, BP_TYPE_Q5_1};
 
-/* n random blocks of type (Q4_0, Q8_0, IQ4_NL or Q5_0) at b: scales of varied magnitude and sign,
- * every quant value (Q8_0 includes -128). */
+/* n random blocks of type (Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1, Q5_1) at b: scales (and minimums) of
+ * varied magnitude and sign, every quant value (Q8_0 includes -128). */
 static void random_blocks(enum bp_type type, void *b, int64_t n, unsigned *seed)
 {
     const size_t bs = bp_type_size(type);
@@ -541,6 +541,10 @@ static void random_blocks(enum bp_type type, void *b, int64_t n, unsigned *seed)
         memcpy(blk, &d, 2);
         for (size_t j = 2; j < bs; j++)
             blk[j] = (uint8_t)(rand_r(seed) & 0xff);
+        if (type == BP_TYPE_Q4_1 || type == BP_TYPE_Q5_1) { /* a minimum of varied sign too */
+            const uint16_t m = bp_fp32_to_fp16((float)(rand_r(seed) % 17 - 8) / 16.0f);
+            memcpy(blk + 2, &m, 2);
+        }
     }
 }
 
@@ -556,6 +560,15 @@ static double block_value(enum bp_type type, const void *row, int64_t k)
                                   1,    13,   25,  38,  53,  69,  89,  113};
     const int nib = j < 16 ? (b[2 + j] & 0x0f) : (b[2 + j - 16] >> 4);
     int q;
+    if (type == BP_TYPE_Q4_1 || type == BP_TYPE_Q5_1) { /* d, m, (qh,) nibbles: d q + m */
+        uint16_t m;
+        memcpy(&m, b + 2, 2);
+        const int o = type == BP_TYPE_Q4_1 ? 4 : 8;
+        q = j < 16 ? (b[o + j] & 0x0f) : (b[o + j - 16] >> 4);
+        if (type == BP_TYPE_Q5_1)
+            q |= ((b[4 + j / 8] >> (j % 8)) & 1) << 4;
+        return (double)bp_fp16_to_fp32(d) * q + (double)bp_fp16_to_fp32(m);
+    }
     if (type == BP_TYPE_Q5_0) { /* d, then qh (bit j: value j's fifth bit), then the nibbles */
         const int n5 = j < 16 ? (b[6 + j] & 0x0f) : (b[6 + j - 16] >> 4);
         q = (n5 | (((b[2 + j / 8] >> (j % 8)) & 1) << 4)) - 16;
@@ -772,16 +785,24 @@ START_TEST(test_repack_mul_mat)
                     float *host = malloc((size_t)(M * N) * sizeof(float));
                     bp_tensor_get(c, got, 0, (size_t)(M * N) * sizeof(float));
                     bp_tensor_get(ch, host, 0, (size_t)(M * N) * sizeof(float));
+                    const bool mins = type == BP_TYPE_Q4_1 || type == BP_TYPE_Q5_1;
                     double err = 0, ref2 = 0, diff = 0;
                     for (int64_t n = 0; n < N; n++)
                         for (int64_t m = 0; m < M; m++) {
-                            double r = 0;
-                            for (int64_t k = 0; k < K; k++)
-                                r += block_value(type, w + (size_t)(m * nblk) * bs, k) *
-                                     x[n * K + k];
+                            double r = 0, mag = 0;
+                            for (int64_t k = 0; k < K; k++) {
+                                const double p =
+                                    block_value(type, w + (size_t)(m * nblk) * bs, k) *
+                                    x[n * K + k];
+                                r += p;
+                                mag += fabs(p);
+                            }
                             const double gv = got[n * M + m];
                             err += (gv - r) * (gv - r);
-                            ref2 += r * r;
+                            /* A minimum adds to every product a term whose rounding with the
+                             * 8-bit activations does not shrink when the terms cancel: the
+                             * error is measured against the terms' size there. */
+                            ref2 += mins ? mag * mag / (double)K : r * r;
                             diff += (gv - host[n * M + m]) * (gv - host[n * M + m]);
                         }
                     /* Below 16 columns the host weights take the same integer sums; from 16, AMX
@@ -791,7 +812,10 @@ START_TEST(test_repack_mul_mat)
                      * host weights' kernels too, within 1e-9 of these). */
                     const double bound =
                         type == BP_TYPE_IQ4_NL || type == BP_TYPE_Q5_0 ? 4e-4 : 2e-4;
-                    ck_assert_msg(err <= bound * ref2 && (N >= 16 || diff <= 1e-9 * ref2),
+                    /* Q4_1/Q5_1's dot products take the activations' sums rounded to f16 (Q8_1),
+                     * the repacked kernel in f32. */
+                    ck_assert_msg(err <= bound * ref2 &&
+                                      (N >= 16 || diff <= (mins ? 1e-6 : 1e-9) * ref2),
                                   "%s K %lld M %lld N %lld: NMSE %g against the definition, %g "
                                   "against host weights", bp_type_name(type), (long long)K,
                                   (long long)M, (long long)N, err / ref2, diff / ref2);

@@ -51,6 +51,7 @@
 #define AMX_MIN_N_BF16 4
 #define AMX_MIN_N_F16 64
 #define AMX_MIN_N_QUANT 16
+#define AMX_MIN_N_REPACKED 128 /* Q4_1, Q5_0, Q5_1 and IQ4_NL in CPU_REPACK */
 
 /* ---- Availability ------------------------------------------------------------------------ */
 
@@ -81,7 +82,8 @@ bool bp_cpu_amx_available(void)
 /* The weight types that go through 8-bit tiles: each block of 32 values is 32 small integers q
  * (int8), a scale d and for some a minimum m, value = d q + m (Q4_K: d = d s, m = -dmin m of
  * its sub-block of 32; IQ4_NL/IQ4_XS: q is the table's value). Repacked weights: Q8_0 and Q4_0
- * only (Q5_0 and IQ4_NL in CPU_REPACK keep the repack kernel). */
+ * from their layout directly, the other repacked types (Q5_0, IQ4_NL, Q4_1, Q5_1) block by block
+ * through bp_cpu_repack_get_block and from AMX_MIN_N_REPACKED columns only. */
 static bool quant(enum bp_type t)
 {
     switch (t) {
@@ -114,9 +116,12 @@ bool bp_cpu_amx_use(const bp_tensor *dst)
                           : a->type == BP_TYPE_F16 ? AMX_MIN_N_F16
                           : quant(a->type)         ? AMX_MIN_N_QUANT
                                                    : INT64_MAX;
-    if (bp_cpu_repacked_base(a) != NULL && a->type != BP_TYPE_Q8_0 && a->type != BP_TYPE_Q4_0)
-        return false;
-    return dst->ne[1] >= min_n && a->ne[0] % 32 == 0 && bp_cpu_amx_available();
+    /* The other repacked types are unpacked block by block (bp_cpu_repack_get_block), which
+     * pays from as many columns as in cpu-gemm-int8.c; below, the layout's own kernel. */
+    const bool other_repacked = bp_cpu_repacked_base(a) != NULL && a->type != BP_TYPE_Q8_0 &&
+                                a->type != BP_TYPE_Q4_0;
+    return dst->ne[1] >= (other_repacked ? AMX_MIN_N_REPACKED : min_n) && a->ne[0] % 32 == 0 &&
+           bp_cpu_amx_available();
 }
 
 
@@ -392,7 +397,7 @@ static void pack_a_half_superblocks(const bp_tensor *a, const char *abase, int64
 static void pack_a_half_q(const bp_tensor *a, bool repacked, const char *abase, int64_t m0,
                           int rows, int64_t b0, int64_t nbk, int8_t *q, float *d, float *m)
 {
-    if (repacked) {
+    if (repacked && (a->type == BP_TYPE_Q8_0 || a->type == BP_TYPE_Q4_0)) {
         pack_a_half_repacked(a, m0, rows, b0, nbk, q, d);
         return;
     }
@@ -411,8 +416,12 @@ static void pack_a_half_q(const bp_tensor *a, bool repacked, const char *abase, 
                     m[t * 16 + r] = 0.0f;
             } else if (a->type != BP_TYPE_Q8_0 && a->type != BP_TYPE_Q4_0) {
                 float mm;
+                char plain[32]; /* a block out of the CPU_REPACK layout */
+                if (repacked)
+                    bp_cpu_repack_get_block(a, m0 + r, b0 + t, plain);
                 _mm256_storeu_si256((__m256i *)out,
-                                    bp_cpu_unpack_q(a->type, row, b0 + t, &d[t * 16 + r], &mm));
+                                    bp_cpu_unpack_q(a->type, repacked ? plain : row,
+                                                    repacked ? 0 : b0 + t, &d[t * 16 + r], &mm));
                 if (m)
                     m[t * 16 + r] = mm;
             } else if (a->type == BP_TYPE_Q8_0) {

@@ -235,7 +235,7 @@ void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *ou
 /* What the kernels want each activation block's quant sum multiplied by, per lane (ycorr). */
 int32_t bp_cpu_repack_ycorr(enum bp_type type);
 /* Kernels for the repacked layout, where BP_CPU_REPACK_KERNEL (cpu-isa.h) says there are: AVX-512
- * VNNI (Q4_0, Q8_0, IQ4_NL and Q5_0), and AVX2 (Q4_0). Other builds repack nothing. */
+ * VNNI (Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1, Q5_1), and AVX2 (Q4_0). Other builds repack nothing. */
 /* Groups of eight rows [g0, g1) of repacked a against N columns quantised to Q8_0 (bq; per
  * block: ycorr = bp_cpu_repack_ycorr(a->type) times the sum of its quants, yd = its scale as
  * float), into c (column n at

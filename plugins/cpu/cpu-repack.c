@@ -1,34 +1,36 @@
-/* cpu-repack.c - the "CPU_REPACK" buffer type: Q4_0, Q8_0, IQ4_NL and Q5_0 weights stored
- * row-interleaved for the CPU's kernels, converted when they are written and back when they are
- * read.
+/* cpu-repack.c - the "CPU_REPACK" buffer type: Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1 and Q5_1 weights
+ * stored row-interleaved for the CPU's kernels, converted when they are written and back when
+ * they are read.
  *
  * Which tensors: a 2-D (ne[2] = ne[3] = 1), contiguous, non-view tensor of a type this variant
- * repacks (bp_cpu_repack_stores: Q4_0, Q8_0, IQ4_NL and Q5_0 on avx512, Q4_0 on avx2, none on
- * the baseline) placed in a CPU_REPACK buffer is stored repacked; every other tensor placed
- * there is stored as it is, as in host memory. Applications reach the buffer type through the
- * CPU registry's proc address "bp_cpu_repack_buffer_type" and use it for weights that the CPU
- * multiplies.
+ * repacks (bp_cpu_repack_stores: Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1 and Q5_1 on avx512, Q4_0 on
+ * avx2, none on the baseline) placed in a CPU_REPACK buffer is stored repacked; every other
+ * tensor placed there is stored as it is, as in host memory. Applications reach the buffer type
+ * through the CPU registry's proc address "bp_cpu_repack_buffer_type" and use it for weights
+ * that the CPU multiplies.
  *
  * The layout: rows in groups of eight (the last group padded with zero rows), the same bytes per
- * row and block as the type itself (18 for Q4_0 and IQ4_NL, 22 for Q5_0, 34 for Q8_0), so a group
- * is nblk * 8 blocks (nblk = ne[0] / 32 blocks per row). A group holds first the quants of its
- * blocks, qb * 8 bytes per block (qb = 16 quant bytes per row, 32 for Q8_0), then Q5_0's fifth
- * bits, 32 bytes per block, then the scales, 16 bytes per block. The quants of a block come in
+ * row and block as the type itself (18 for Q4_0 and IQ4_NL, 20 for Q4_1, 22 for Q5_0, 24 for
+ * Q5_1, 34 for Q8_0), so a group is nblk * 8 blocks (nblk = ne[0] / 32 blocks per row). A group
+ * holds first the quants of its blocks, qb * 8 bytes per block (qb = 16 quant bytes per row, 32
+ * for Q8_0), then Q5_0's and Q5_1's fifth bits, 32 bytes per block, then the scales, 16 bytes per
+ * block (Q4_1, Q5_1: 32, each row's scale and minimum side by side). The quants of a block come in
  * runs of 64 bytes, run u holding bytes 8u..8u+7 of each row's quants, row j at 8j:
  *
  *   quants of block kb, at kb * 8 qb:  [row 0 qs 0-7][row 1 qs 0-7] ... [row 7 qs 0-7]
  *                                      [row 0 qs 8-15] ...              [row 7 qs 8-15]  (...)
  *   fifth bits of block kb (Q5_0), at nblk * 8 qb + kb * 32: byte t of each row's qh, row j at
  *                                      8t + j (bits of values 8t..8t+7)
- *   scales of block kb, after them at kb * 16: the eight rows' f16 scales
+ *   scales of block kb, after them at kb * 16: the eight rows' f16 scales (Q4_1, Q5_1: at
+ *                                      kb * 32, d and m of row 0, of row 1, ...)
  *
  * so a 512-bit load of a run gives every row two 32-bit lanes, and an 8-byte broadcast of the
  * activation's quants matches them without any shuffle: for Q8_0, run u holds values 8u..8u+7;
- * for Q4_0, IQ4_NL and Q5_0, the low nibbles of run u hold values 8u..8u+7 and the high nibbles
+ * for the 4- and 5-bit types, the low nibbles of run u hold values 8u..8u+7 and the high nibbles
  * 16+8u..23+8u (IQ4_NL's nibbles index its table of 16 values, looked up with a byte shuffle;
- * Q5_0's fifth bits for the same values are one 64-bit mask, 8 bytes of its fifth bits). One
+ * the fifth bits for the same values are one 64-bit mask, 8 bytes of its fifth bits). One
  * vector of integer dot products then covers eight rows, and the eight scales are one 16-byte
- * load. The quants keep their values (Q8_0 stays signed), so every byte of a block stays a byte of
+ * load (Q4_1, Q5_1: a 32-byte load, the minimums taking the activations' block sums). The quants keep their values (Q8_0 stays signed), so every byte of a block stays a byte of
  * the same block: memset and clear mean the same in either layout.
  *
  * Operations on repacked data: MUL_MAT (as src[0]) and GET_ROWS (as src[0]) of a 2-D tensor
@@ -44,7 +46,6 @@
 #include "cpu-impl.h"
 
 #define GROUP 8
-#define SC_BYTES 16 /* scales of one block of a group */
 #define ALIGNMENT 64
 #define PREFETCH 4096     /* bytes ahead of the quants being read, into L1 */
 #define PREFETCH_L2 16384 /* and further ahead into L2 */
@@ -57,7 +58,8 @@ bool bp_cpu_is_repack_buft(bp_buffer_type *buft)
     return buft != NULL && bp_buffer_type_get_context(buft) == &repack_tag;
 }
 
-/* Quant bytes per row and block, bytes of fifth bits (Q5_0's qh), and bytes per block. */
+/* Quant bytes per row and block, bytes of fifth bits (Q5_0's and Q5_1's qh), bytes of scale
+ * (and minimum: Q4_1, Q5_1), and bytes per block. */
 static int64_t qbytes(enum bp_type type)
 {
     return type == BP_TYPE_Q8_0 ? 32 : 16;
@@ -65,18 +67,30 @@ static int64_t qbytes(enum bp_type type)
 
 static int64_t hbytes(enum bp_type type)
 {
-    return type == BP_TYPE_Q5_0 ? 4 : 0;
+    return type == BP_TYPE_Q5_0 || type == BP_TYPE_Q5_1 ? 4 : 0;
+}
+
+static bool has_min(enum bp_type type)
+{
+    return type == BP_TYPE_Q4_1 || type == BP_TYPE_Q5_1;
+}
+
+static int64_t sbytes(enum bp_type type)
+{
+    return has_min(type) ? 4 : 2;
 }
 
 static int64_t block_bytes(enum bp_type type)
 {
-    return 2 + hbytes(type) + qbytes(type);
+    return sbytes(type) + hbytes(type) + qbytes(type);
 }
 
 /* The types this variant stores repacked: those it has a kernel for that reads them faster than
- * plain rows. Q4_0 with the AVX512-VNNI or the AVX2 kernel; Q8_0, IQ4_NL and Q5_0 only with
- * AVX512-VNNI: IQ4_NL's values shifted to unsigned bytes (up to 240) would saturate AVX2's
- * 16-bit pair sums, Q5_0's fifth bits come in through a mask register, and on the avx2 variant
+ * plain rows. Q4_0 with the AVX512-VNNI or the AVX2 kernel; Q8_0, IQ4_NL, Q5_0, Q4_1 and Q5_1
+ * only with AVX512-VNNI (Q4_1 at N = 1, M = K = 4096, 2 threads: 132 GFLOP/s against 58 for its
+ * dot products; Q5_1 96 against 35): IQ4_NL's values shifted to unsigned bytes (up to 240)
+ * would saturate AVX2's 16-bit pair sums, the fifth bits come in through a mask register, and on
+ * the avx2 variant
  * plain Q8_0 rows stream at 0.97 of the read bandwidth at N = 1 against 0.81 repacked (M 32000,
  * K 4096, 2 threads) and the broadcast kernel beats the repacked one at N = 32 (205 against 168
  * GFLOP/s). Elsewhere (the baseline, generic builds) nothing is: the buffer type then holds
@@ -85,7 +99,7 @@ bool bp_cpu_repack_stores(enum bp_type type)
 {
 #if defined(BP_CPU_HAVE_AVX512_VNNI)
     return type == BP_TYPE_Q4_0 || type == BP_TYPE_Q8_0 || type == BP_TYPE_IQ4_NL ||
-           type == BP_TYPE_Q5_0;
+           type == BP_TYPE_Q5_0 || type == BP_TYPE_Q4_1 || type == BP_TYPE_Q5_1;
 #elif defined(BP_CPU_REPACK_KERNEL)
     return type == BP_TYPE_Q4_0;
 #else
@@ -146,31 +160,31 @@ static char *group_of(const bp_tensor *t, int64_t g)
     return (char *)t->data + g * (t->ne[0] / 32) * GROUP * block_bytes(t->type);
 }
 
-/* Row j of group grp, block kb, copied out of (or, with in, into) the layout: the scale, the
- * fifth bits (Q5_0: byte t of row j at kb * 32 + 8t + j of the group's fifth bits) and the
- * quants. */
+/* Row j of group grp, block kb, copied out of (or, with in, into) the layout: the scale (and
+ * minimum), the fifth bits (Q5_0, Q5_1: byte t of row j at kb * 32 + 8t + j of the group's fifth
+ * bits) and the quants. */
 BP_CPU_INLINE void block_out(const char *grp, int64_t nblk, enum bp_type type, int j, int64_t kb,
                              char *out)
 {
-    const int64_t qb = qbytes(type), hb = hbytes(type);
+    const int64_t qb = qbytes(type), hb = hbytes(type), sb = sbytes(type);
     const char *hbits = grp + nblk * GROUP * qb, *scales = hbits + nblk * GROUP * hb;
-    memcpy(out, scales + kb * SC_BYTES + 2 * j, 2);
+    memcpy(out, scales + kb * GROUP * sb + sb * j, (size_t)sb);
     for (int64_t t = 0; t < hb; t++)
-        out[2 + t] = hbits[kb * GROUP * hb + GROUP * t + j];
+        out[sb + t] = hbits[kb * GROUP * hb + GROUP * t + j];
     for (int64_t u = 0; u < qb / 8; u++)
-        memcpy(out + 2 + hb + 8 * u, grp + kb * GROUP * qb + 64 * u + 8 * j, 8);
+        memcpy(out + sb + hb + 8 * u, grp + kb * GROUP * qb + 64 * u + 8 * j, 8);
 }
 
 BP_CPU_INLINE void block_in(char *grp, int64_t nblk, enum bp_type type, int j, int64_t kb,
                             const char *in)
 {
-    const int64_t qb = qbytes(type), hb = hbytes(type);
+    const int64_t qb = qbytes(type), hb = hbytes(type), sb = sbytes(type);
     char *hbits = grp + nblk * GROUP * qb, *scales = hbits + nblk * GROUP * hb;
-    memcpy(scales + kb * SC_BYTES + 2 * j, in, 2);
+    memcpy(scales + kb * GROUP * sb + sb * j, in, (size_t)sb);
     for (int64_t t = 0; t < hb; t++)
-        hbits[kb * GROUP * hb + GROUP * t + j] = in[2 + t];
+        hbits[kb * GROUP * hb + GROUP * t + j] = in[sb + t];
     for (int64_t u = 0; u < qb / 8; u++)
-        memcpy(grp + kb * GROUP * qb + 64 * u + 8 * j, in + 2 + hb + 8 * u, 8);
+        memcpy(grp + kb * GROUP * qb + 64 * u + 8 * j, in + sb + hb + 8 * u, 8);
 }
 
 void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *out)
@@ -371,6 +385,8 @@ bp_buffer_type *bp_cpu_repack_buft_new(bp_device *dev)
  * IQ4_NL, the same: its table values plus 128; Q5_0: q + 16 with the fifth bit, so -8). */
 int32_t bp_cpu_repack_ycorr(enum bp_type type)
 {
+    if (has_min(type)) /* Q4_1, Q5_1: no offset; the raw sums, for their minimums */
+        return 1;
     return type == BP_TYPE_Q4_0 ? -4 : type == BP_TYPE_Q5_0 ? -8 : -64;
 }
 
@@ -397,8 +413,14 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
                            const float *const yd[4], float *out)
 {
     const int64_t qs_bytes = GROUP * qbytes(type), hs_bytes = GROUP * hbytes(type);
+    const int64_t sc_bytes = GROUP * sbytes(type);
+    const bool mins = has_min(type);
     const char *hbits = grp + nblk * qs_bytes, *sc = hbits + nblk * hs_bytes;
     const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    /* Scales and minimums interleaved (Q4_1, Q5_1: d0 m0 d1 m1 ...): each row's d in both its
+     * lanes, its m in the first only (the two lanes are added at the end). */
+    const __m512i dup_d = _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
+    const __m512i at_m = _mm512_setr_epi32(1, 0, 3, 0, 5, 0, 7, 0, 9, 0, 11, 0, 13, 0, 15, 0);
     const __m512i sixteen = _mm512_set1_epi8(16);
     /* IQ4_NL's values plus 128 (1..241), in every 128-bit lane for the byte shuffle. */
     const __m512i iq4nl_u8 = _mm512_broadcast_i32x4(_mm_xor_si128(
@@ -419,7 +441,7 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
             _mm_prefetch(q + PREFETCH_L2 + 64 * u, _MM_HINT_T1);
         }
         __m512i v[4];
-        if (type == BP_TYPE_Q4_0 || type == BP_TYPE_IQ4_NL || type == BP_TYPE_Q5_0) {
+        if (type != BP_TYPE_Q8_0) {
             const __m512i m = _mm512_set1_epi8(0x0f);
             const __m512i q0 = _mm512_loadu_si512(q), q1 = _mm512_loadu_si512(q + 64);
             v[0] = _mm512_and_si512(q0, m);
@@ -431,7 +453,7 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
                     v[u] = _mm512_shuffle_epi8(iq4nl_u8, v[u]);
             /* Q5_0: the 8 bytes at 8u of the block's fifth bits are the eight rows' bits for
              * values 8u..8u+7, byte j row j's: a mask lined up with v[u]. */
-            if (type == BP_TYPE_Q5_0)
+            if (type == BP_TYPE_Q5_0 || type == BP_TYPE_Q5_1)
                 for (int u = 0; u < 4; u++) {
                     uint64_t bits;
                     memcpy(&bits, hbits + kb * hs_bytes + 8 * u, sizeof(bits));
@@ -442,15 +464,23 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
             for (int u = 0; u < 4; u++)
                 v[u] = _mm512_xor_si512(_mm512_loadu_si512(q + 64 * u), flip);
         }
-        const __m512 sw = _mm512_permutexvar_ps(
-            dup, _mm512_castps256_ps512(
-                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + kb * SC_BYTES)))));
+        __m512 sw, mw = _mm512_setzero_ps();
+        if (mins) {
+            const __m512 dm =
+                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + kb * sc_bytes)));
+            sw = _mm512_permutexvar_ps(dup_d, dm);
+            mw = _mm512_maskz_permutexvar_ps(0x5555, at_m, dm);
+        } else {
+            sw = _mm512_permutexvar_ps(
+                dup, _mm512_castps256_ps512(
+                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + kb * sc_bytes)))));
+        }
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) {
             const int8_t *qs = y[c][kb].qs;
             /* Two chains of two dot products, not one of four: the block's sum is ready
              * sooner, so more blocks are in flight (N = 8 one thread: 1.5x). */
-            __m512i s = _mm512_set1_epi32(ycorr[c][kb]), t = _mm512_setzero_si512();
+            __m512i s = _mm512_set1_epi32(mins ? 0 : ycorr[c][kb]), t = _mm512_setzero_si512();
             s = _mm512_dpbusd_epi32(s, v[0], bcast8(qs));
             t = _mm512_dpbusd_epi32(t, v[1], bcast8(qs + 8));
             s = _mm512_dpbusd_epi32(s, v[2], bcast8(qs + 16));
@@ -458,6 +488,9 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
             s = _mm512_add_epi32(s, t);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
                                      _mm512_mul_ps(sw, _mm512_set1_ps(yd[c][kb])), acc[c]);
+            if (mins)
+                acc[c] = _mm512_fmadd_ps(
+                    mw, _mm512_set1_ps(yd[c][kb] * (float)ycorr[c][kb]), acc[c]);
         }
     }
 #pragma GCC unroll 4
@@ -510,7 +543,7 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
             v[2][h] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m);
             v[3][h] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m);
         }
-        const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + kb * SC_BYTES)));
+        const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + kb * 16)));
 #pragma GCC unroll 2
         for (int c = 0; c < nc; c++) {
             const int8_t *qs = y[c][kb].qs;
@@ -556,6 +589,8 @@ static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
 #define Q8(c) group_t(BP_TYPE_Q8_0, c, grp, nblk, y, ycorr, yd, out)
 #define NL(c) group_t(BP_TYPE_IQ4_NL, c, grp, nblk, y, ycorr, yd, out)
 #define Q5(c) group_t(BP_TYPE_Q5_0, c, grp, nblk, y, ycorr, yd, out)
+#define Q41(c) group_t(BP_TYPE_Q4_1, c, grp, nblk, y, ycorr, yd, out)
+#define Q51(c) group_t(BP_TYPE_Q5_1, c, grp, nblk, y, ycorr, yd, out)
 #if defined(BP_CPU_HAVE_AVX512)
     if (type == BP_TYPE_Q4_0) {
         BY_COLUMNS(nc, Q4)
@@ -563,6 +598,10 @@ static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
         BY_COLUMNS(nc, NL)
     } else if (type == BP_TYPE_Q5_0) {
         BY_COLUMNS(nc, Q5)
+    } else if (type == BP_TYPE_Q4_1) {
+        BY_COLUMNS(nc, Q41)
+    } else if (type == BP_TYPE_Q5_1) {
+        BY_COLUMNS(nc, Q51)
     } else {
         BY_COLUMNS(nc, Q8)
     }
@@ -574,6 +613,8 @@ static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
 #undef Q8
 #undef NL
 #undef Q5
+#undef Q41
+#undef Q51
 }
 #undef BY_COLUMNS
 
