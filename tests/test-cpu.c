@@ -520,9 +520,9 @@ static void variant_done(bp_backend *be)
 
 /* ---- CPU_REPACK: Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1 and Q5_1 weights stored row-interleaved -----
  * Run once per kernel and type: the best variant with AMX (where the machine has it), the avx512
- * variant without (its VNNI kernel for every N), the avx2 variant (its own kernel for Q4_0; its
- * Q8_0, IQ4_NL and Q5_0 stay plain) and the baseline (which repacks nothing: the buffer type holds
- * plain rows). */
+ * variant without (its VNNI kernel, and from 128 columns the 8-bit GEMM for the types other than
+ * Q4_0 and Q8_0), the avx2 variant (its own kernel for Q4_0; the other types stay plain) and the
+ * baseline (which repacks nothing: the buffer type holds plain rows). */
 static const char *const repack_configs[][2] = {
     {"", ""}, {"BP_CPU_AMX", "0"}, {"BP_CPU_DISABLE", "avx512f"}, {"BP_CPU_DISABLE", "avx512f,avx2"}};
 #define N_REPACK_CONFIGS 4
@@ -623,7 +623,9 @@ START_TEST(test_repack_mul_mat_id)
     const size_t bs = bp_type_size(type);
     bp_buffer_type *bt = repack_buft(be);
     enum { K = 256, M = 704, E = 8, U = 2, nblk = K / 32 };
-    static const int64_t ts[] = {1, 3, 8, 16, 32, 40};
+    /* 136 tokens: every first slot is expert 0, which then has 136 columns (the 8-bit GEMMs on
+     * a repacked expert's slice). */
+    static const int64_t ts[] = {1, 3, 8, 16, 32, 40, 136};
     unsigned seed = 11;
     for (size_t ti = 0; ti < sizeof(ts) / sizeof(ts[0]); ti++) {
         const int64_t T = ts[ti];
@@ -650,7 +652,7 @@ START_TEST(test_repack_mul_mat_id)
         ck_assert_int_eq(bp_tensor_set(x, xv, 0, bp_nbytes(x)), BP_OK);
         int32_t *iv = malloc((size_t)(U * T) * sizeof(int32_t));
         for (int64_t t = 0; t < T; t++) { /* a token's experts differ, as top-k gives them */
-            iv[t * U] = (int32_t)(rand_r(&seed) % E);
+            iv[t * U] = T == 136 ? 0 : (int32_t)(rand_r(&seed) % E);
             iv[t * U + 1] = (iv[t * U] + 1 + (int32_t)(rand_r(&seed) % (E - 1))) % E;
         }
         ck_assert_int_eq(bp_tensor_set(ids, iv, 0, bp_nbytes(ids)), BP_OK);
@@ -734,9 +736,9 @@ START_TEST(test_repack_mul_mat)
     ck_assert(!bp_buffer_type_is_host(bt));
     ck_assert(bp_backend_supports_buft(be, bt));
 
-    /* N = 96 (past the broadcast kernel's columns) and 130 (where Q5_0 and IQ4_NL leave the
-     * repacked kernel for the 8-bit GEMM) in a second pass, so the first draws the same data as
-     * before. */
+    /* N = 96 (past the broadcast kernel's columns) and 130 (where the repacked types other than
+     * Q4_0 and Q8_0 leave the repacked kernel for the 8-bit GEMMs) in a second pass, so the first
+     * draws the same data as before. */
     static const int64_t ks[] = {32, 96, 544}, ms[] = {1, 7, 8, 37, 64},
                          ns[] = {1, 3, 5, 8, 17, 64, 96, 130};
     unsigned seed = 7;
@@ -805,8 +807,8 @@ START_TEST(test_repack_mul_mat)
                             ref2 += mins ? mag * mag / (double)K : r * r;
                             diff += (gv - host[n * M + m]) * (gv - host[n * M + m]);
                         }
-                    /* Below 16 columns the host weights take the same integer sums; from 16, AMX
-                     * (both) or f32 products (host weights, without AMX). */
+                    /* Below 16 columns the host weights take the same integer sums; from 16,
+                     * other kernels (AMX, the 8-bit GEMM, f32 products). */
                     /* Random bytes give IQ4_NL and Q5_0 their widest values everywhere, so one
                      * row's few products carry the activations' rounding at up to 3.4e-4 (the
                      * host weights' kernels too, within 1e-9 of these). */
@@ -1059,9 +1061,6 @@ START_TEST(test_every_half_converts_exactly)
 }
 END_TEST
 
-/* Rows of every weight type converted to f32 by the CPU (GET_ROWS, which takes each variant's
- * vector conversions) equal the runtime's own converter bit for bit, on random bytes (scales
- * that are Inf or NaN included: NaN matches any NaN), in each variant. */
 /* MUL_MAT of every weight type that the 8-bit kernels take (cpu-amx.c, cpu-gemm-int8.c), with
  * the best variant and again without AMX (where the machine has none, both runs are the same),
  * on shapes that cross every blocking edge of those kernels: K past one K block and not a
@@ -1145,6 +1144,9 @@ START_TEST(test_int8_tiles_mul_mat)
 }
 END_TEST
 
+/* Rows of every weight type converted to f32 by the CPU (GET_ROWS, which takes each variant's
+ * vector conversions) equal the runtime's own converter bit for bit, on random bytes (scales
+ * that are Inf or NaN included: NaN matches any NaN), in each variant. */
 START_TEST(test_every_type_converts_exactly)
 {
     bp_backend *be = variant_backend(_i);

@@ -20,7 +20,9 @@
  * Q8_0/Q4_0 weights use 8-bit tiles (TDPBSSD) against activations quantised to Q8_0, as the
  * dot-product path does: each 32-value block's 16 x 16 integer tile is scaled by the weight
  * row's and the activation column's block scales into f32 accumulators in L1 (the scales differ
- * per block, so the integer sums cannot run longer). */
+ * per block, so the integer sums cannot run longer). Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and
+ * IQ4_XS take the same tiles, their blocks (or sub-blocks) of 32 unpacked to bytes; the types
+ * with a minimum add, per block, the row's minimum times the column's scaled quant sum. */
 #include "config.h"
 
 #include <stdint.h>

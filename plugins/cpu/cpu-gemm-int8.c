@@ -37,11 +37,11 @@
 
 /* Fewest columns worth unpacking a strip (below, cpu-qtypes.c's dot products). */
 #define INT8_MIN_N 16
-/* The same for Q5_0 and IQ4_NL in the CPU_REPACK layout, whose strips are unpacked from that
- * layout one block at a time (bp_cpu_repack_get_block): below this the layout's own kernel is
- * faster. GFLOP/s, M = K = 4096, 2 threads, no AMX, Q5_0 / IQ4_NL, this kernel against the
- * repacked one: N = 64 182 / 251 against about 300, N = 128 327 / 344 against 261 / 296, N = 512
- * 446 / 370 against 217 / 137-300. */
+/* The same for Q4_1, Q5_0, Q5_1 and IQ4_NL in the CPU_REPACK layout, whose strips are unpacked
+ * from that layout one block at a time (bp_cpu_repack_get_block): below this the layout's own
+ * kernel is faster. GFLOP/s, M = K = 4096, 2 threads, no AMX, Q5_0 / IQ4_NL, this kernel
+ * against the repacked one: N = 64 182 / 251 against about 300, N = 128 327 / 344 against
+ * 261 / 296, N = 512 446 / 370 against 217 / 137-300. */
 #define INT8_MIN_N_REPACKED 128
 
 bool bp_cpu_gemm_int8_use(const bp_tensor *dst)
@@ -62,7 +62,7 @@ bool bp_cpu_gemm_int8_use(const bp_tensor *dst)
     default:
         return false;
     }
-    /* Of these types, Q5_0 and IQ4_NL may be in the CPU_REPACK layout. */
+    /* Of these types, Q4_1, Q5_0, Q5_1 and IQ4_NL may be in the CPU_REPACK layout. */
     return dst->ne[1] >= (bp_cpu_repacked_base(a) != NULL ? INT8_MIN_N_REPACKED : INT8_MIN_N);
 }
 

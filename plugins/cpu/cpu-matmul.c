@@ -8,9 +8,10 @@
  *   AMX           tile kernels (cpu-amx.c), avx512 build, when the CPU and kernel allow and
  *                 the weights have enough columns for their type (bp_cpu_amx_use): F16, BF16,
  *                 and 8-bit tiles for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and
- *                 IQ4_XS (those of the last row not repacked)
+ *                 IQ4_XS (repacked Q4_1, Q5_0, Q5_1 and IQ4_NL from 128 columns)
  *   GEMM_INT8     N >= 16, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K to Q6_K or IQ4_XS weights (N >= 128
- *                 for Q5_0 and IQ4_NL in CPU_REPACK), avx512 build, those AMX does not take:
+ *                 for Q4_1, Q5_0, Q5_1 and IQ4_NL in CPU_REPACK), avx512 build, those AMX does
+ *                 not take:
  *                 16-row strips unpacked to bytes, VNNI dot products against B quantised to
  *                 Q8_0 (cpu-gemm-int8.c)
  *   DOT_BF16      N <= 48, BF16 weights under BP_MM_PRECISION_HALF, avx512 build on a CPU
@@ -21,8 +22,10 @@
  *   GEMM          N >= 16 otherwise: the packed, blocked GEMM (cpu-gemm.c)
  *   GEMV_FLOAT    N < 16, F32/F16/BF16 weights: dot-product tiles (cpu-gemv.c)
  *   GEMV_QUANT    N < 16, Q8_0/Q4_0 weights: integer dot products against B quantised to Q8_0
- *   GEMV_REPACK   weights in the CPU_REPACK layout (cpu-repack.c: Q4_0, Q8_0, IQ4_NL, Q5_0), any
- *                 N without AMX: that file's kernel (only builds that have one repack anything)
+ *   GEMV_REPACK   weights in the CPU_REPACK layout (cpu-repack.c: Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1,
+ *                 Q5_1) where neither AMX nor GEMM_INT8 takes them (Q4_0/Q8_0: any N without
+ *                 AMX; the others: below 128 columns): that file's kernel (only builds that
+ *                 have one repack anything)
  *   QTYPE         the weight types of cpu-qtypes.h (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K to Q6_K,
  *                 IQ4_XS) below qtype_gemm_min_n columns: B quantised to the type's
  *                 activation type, then its dot product per (row, column) (cpu-qtypes.c);
@@ -94,8 +97,8 @@ static bool quantized(enum bp_type t)
 }
 
 /* The strategy for node dst: the same answer for every thread, every batch and the work size.
- * Repacked weights take neither the GEMM nor the broadcast kernel: they have their own kernel, or
- * AMX (builds without such a kernel repack nothing). */
+ * Repacked weights take neither the GEMM nor the broadcast kernel: they have their own kernel,
+ * AMX or the 8-bit GEMM (builds without such a kernel repack nothing). */
 static enum mm_strategy pick_strategy(const bp_tensor *dst)
 {
     const bp_tensor *a = dst->src[0];
@@ -373,14 +376,14 @@ void bp_cpu_mul_mat_id_work_size(const bp_tensor *node, int nth, size_t *per_thr
     const struct mm_id_layout l = mm_id_layout(node, nth);
     const int64_t pairs = node->ne[1] * node->ne[2];
     /* The kernels' scratch: for one column, and the most a group of several can need: every
-     * column count up to 64, past every point where the strategy changes (the broadcast
-     * kernel's 48, AMX's 4 and 64), and the largest, since each strategy's scratch grows with
-     * the columns. */
+     * column count up to 160, past every point where the strategy changes (the broadcast
+     * kernel's 48, AMX's 4, 16 and 64, the 8-bit GEMMs' 16 and, for repacked weights, 128),
+     * and the largest, since each strategy's scratch grows with the columns. */
     size_t pt = 0, sh = 0;
     if (pairs > 0)
         inner_work(node, 1, nth, &pt, &sh);
     sh = 0; /* one column's shared scratch has its own parts (l.single) */
-    for (int64_t n = 2; n <= pairs; n = n < 64 ? n + 1 : (n < pairs ? pairs : n + 1)) {
+    for (int64_t n = 2; n <= pairs; n = n < 160 ? n + 1 : (n < pairs ? pairs : n + 1)) {
         size_t p1, s1;
         inner_work(node, n, nth, &p1, &s1);
         pt = p1 > pt ? p1 : pt;

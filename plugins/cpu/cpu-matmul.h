@@ -59,8 +59,8 @@ void bp_cpu_dot_bf16_batch(bp_tensor *dst, const char *abase, const char *bbase,
 #endif
 
 #if defined(BP_CPU_HAVE_AVX512_VNNI)
-/* Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K to Q6_K and IQ4_XS weights from 16 columns (repacked Q5_0 and
- * IQ4_NL from 128):
+/* Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K to Q6_K and IQ4_XS weights from 16 columns (repacked ones from
+ * 128):
  * integer dot products of unpacked 16-row strips with B quantised to Q8_0 (cpu-gemm-int8.c). */
 bool bp_cpu_gemm_int8_use(const bp_tensor *dst);
 void bp_cpu_gemm_int8_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shared);

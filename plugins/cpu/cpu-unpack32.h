@@ -3,8 +3,8 @@
  * indices looked up in its table with a byte shuffle): unsigned for Q4_1 and Q5_1, signed for
  * Q5_0 (q - 16) and IQ4_NL. Shared by the dot products (cpu-quants32.c) and the conversions to
  * floats (cpu-convert.c); AVX2 and AVX-512 builds only. AVX-512 builds also unpack the
- * sub-blocks of 32 of Q4_K, Q5_K and IQ4_XS with their scales, for the 8-bit matrix products
- * (cpu-amx.c, cpu-gemm-int8.c). */
+ * sub-blocks of 32 of the super-block types (Q2_K to Q6_K, IQ4_XS) with their scales, for the
+ * 8-bit matrix products (cpu-amx.c, cpu-gemm-int8.c). */
 #ifndef BP_CPU_UNPACK32_H
 #define BP_CPU_UNPACK32_H
 
@@ -158,13 +158,13 @@ BP_CPU_INLINE __m256i bp_cpu_unpack_q(enum bp_type type, const void *row, int64_
     return unpack_block(type, row, t);
 }
 
-
 /* Block t (of 32 values) of a row of Q2_K, Q3_K or Q6_K, whose scales go by 16: its 32 values q
  * unsigned in element order, and (unless d is NULL) for each half of 16 (h = 0, 1) d[h] and
- * m[h] with value = d[h] q + m[h]. In each half of a super-block (128 values), sub-block u (0-3) of 32 takes
- * bits 2u, 2u + 1 of 32 bytes of quants (Q2_K, Q3_K: qs[32 (t % 8 / 4) ...]; Q3_K's third bit is
- * bit (t % 8) of hmask[0..31], clear meaning 4 less); Q6_K takes the low (u < 2) or high nibbles
- * of ql[64 h' + 32 (u % 2) ...] and bits 2u, 2u + 1 of qh[32 h' ...] as the top two. */
+ * m[h] with value = d[h] q + m[h]. In each half of a super-block (128 values), sub-block u (0-3)
+ * of 32 takes bits 2u, 2u + 1 of 32 bytes of quants (Q2_K, Q3_K: qs[32 (t % 8 / 4) ...]; Q3_K's
+ * third bit is bit (t % 8) of hmask[0..31], clear meaning 4 less); Q6_K takes the low (u < 2) or
+ * high nibbles of ql[64 h' + 32 (u % 2) ...] and bits 2u, 2u + 1 of qh[32 h' ...] as the top
+ * two. */
 BP_CPU_INLINE __m256i bp_cpu_unpack_q16(enum bp_type type, const void *row, int64_t t, float d[2],
                                          float m[2])
 {
@@ -247,8 +247,8 @@ BP_CPU_INLINE void bp_cpu_superblock_scales(enum bp_type type, const void *row, 
         w[1] = (b & 0x0f0f0f0fu) | (((c >> 2) & 0x03030303u) << 4);
         w[2] = ((a >> 4) & 0x0f0f0f0fu) | (((c >> 4) & 0x03030303u) << 4);
         w[3] = ((b >> 4) & 0x0f0f0f0fu) | (((c >> 6) & 0x03030303u) << 4);
-        const __m512i s = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)w)),
-                                           _mm512_set1_epi32(32));
+        const __m512i s = _mm512_sub_epi32(
+            _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)w)), _mm512_set1_epi32(32));
         *d = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(bp_cpu_half_to_float(x->d)));
         *m = _mm512_mul_ps(*d, _mm512_set1_ps(-4.0f));
         return;
@@ -295,8 +295,9 @@ BP_CPU_INLINE void bp_cpu_superblock_scales(enum bp_type type, const void *row, 
         h = (h | h << 24) & 0x000000ff000000ffull;
         h = (h | h << 12) & 0x000f000f000f000full;
         h = (h | h << 6) & 0x0303030303030303ull;
-        const __m512i s = _mm512_sub_epi32(
-            _mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(l | h << 4))), _mm512_set1_epi32(32));
+        const __m512i s =
+            _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(l | h << 4))),
+                             _mm512_set1_epi32(32));
         *d = _mm512_maskz_mul_ps(0x00ff, _mm512_cvtepi32_ps(s),
                                  _mm512_set1_ps(bp_cpu_half_to_float(x->d)));
         *m = _mm512_setzero_ps();
