@@ -417,7 +417,7 @@ static void pack_a_half_q(const bp_tensor *a, bool repacked, const char *abase, 
                 if (m)
                     m[t * 16 + r] = 0.0f;
             } else if (a->type != BP_TYPE_Q8_0 && a->type != BP_TYPE_Q4_0) {
-                float mm;
+                float mm = 0.0f;
                 char plain[32]; /* a block out of the CPU_REPACK layout */
                 if (repacked)
                     bp_cpu_repack_get_block(a, m0 + r, b0 + t, plain);

@@ -133,7 +133,7 @@ BP_CPU_INLINE void pack_strip_t(const enum bp_type type, const bp_tensor *a, con
                 if (!rowp[r] || t + h >= nb)
                     continue;
                 if (sub16)
-                    q[h] = bp_cpu_unpack_q16(type, rowp[r], t + h, NULL, NULL);
+                    q[h] = bp_cpu_unpack_q16(type, rowp[r], t + h);
                 else if (superblk)
                     q[h] = bp_cpu_unpack_q(type, rowp[r], t + h, NULL, NULL);
                 else if (repacked) {

@@ -24,10 +24,8 @@
 #include <string.h>
 
 #include "cpu-qtypes.h"
+#include "cpu-unpack32.h"
 
-/* IQ4_NL's and IQ4_XS's 16 values (the runtime keeps its own copy, hidden in the library). */
-static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                        1,    13,   25,  38,  53,  69,  89,  113};
 
 /* ---- Unpacking of the scales (shared by every body) ------------------------------------------ */
 
@@ -66,22 +64,6 @@ static void q3_k_scales(const uint8_t *packed, uint8_t s[16])
 }
 
 #endif
-
-/* IQ4_XS's 8 scales of 32, offset 32 still on, as 8 bytes: the 8 low nibbles of scales_l and the
- * 8 2-bit fields of scales_h spread one to a byte, then put together. */
-static uint64_t iq4_xs_scales(const struct bp_block_iq4_xs *x)
-{
-    uint32_t l32;
-    memcpy(&l32, x->scales_l, 4);
-    uint64_t l = l32, h = x->scales_h;
-    l = (l | l << 16) & 0x0000ffff0000ffffull;
-    l = (l | l << 8) & 0x00ff00ff00ff00ffull;
-    l = (l | l << 4) & 0x0f0f0f0f0f0f0f0full;
-    h = (h | h << 24) & 0x000000ff000000ffull;
-    h = (h | h << 12) & 0x000f000f000f000full;
-    h = (h | h << 6) & 0x0303030303030303ull;
-    return l | h << 4;
-}
 
 /* ---- Portable bodies --------------------------------------------------------------------------- */
 
@@ -221,7 +203,7 @@ static float dot_iq4_xs(int64_t k, const void *vw, const void *vy)
     const struct bp_block_q8_k *y = vy;
     float sum = 0.0f;
     for (int64_t i = 0; i < k / BP_QK_K; i++) {
-        const uint64_t ls = iq4_xs_scales(&x[i]);
+        const uint64_t ls = bp_cpu_iq4_xs_scales(&x[i]);
         int isum = 0;
         for (int ib = 0; ib < 8; ib++) {
             const uint8_t *q = x[i].qs + 16 * ib;
@@ -290,38 +272,6 @@ BP_CPU_INLINE float hsum_ps(__m256 v)
 BP_CPU_INLINE __m256i bsums(const struct bp_block_q8_k *y)
 {
     return _mm256_loadu_si256((const __m256i *)y->bsums);
-}
-
-/* k4_scales in registers (the 12 bytes as 32-bit words a, b, c): scales then minimums, one a
- * byte. Words 0 and 2 are a and b & 0x3f; words 1 and 3 take c's low or high nibbles and the top
- * 2 bits of a or b. Scalar stores read back as a vector would stall the load. */
-BP_CPU_INLINE __m128i k4_scales_v(const uint8_t *packed)
-{
-    int32_t c32;
-    memcpy(&c32, packed + 8, 4);
-    const __m128i v = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)packed), c32, 2);
-    const __m128i p = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* a c b c */
-    const __m128i q = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* a a b b */
-    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(p, _mm_setr_epi32(0, 0, 0, 4)),
-                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi32(q, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    return _mm_or_si128(lo, hi);
-}
-
-/* q3_k_scales in registers, offset 32 taken off: words 0..3 take the low or high nibbles of a or
- * b and bits 0-1, 2-3, 4-5, 6-7 of c's bytes as their bits 4-5. */
-BP_CPU_INLINE __m128i q3_k_scales_v(const uint8_t *packed)
-{
-    int32_t c32;
-    memcpy(&c32, packed + 8, 4);
-    const __m128i v = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)packed), c32, 2);
-    const __m128i p = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 1, 0)); /* a b a b */
-    const __m128i c = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
-    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(p, _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(15));
-    const __m128i hi = _mm_and_si128(
-        _mm_srlv_epi32(_mm_sllv_epi32(c, _mm_setr_epi32(4, 2, 0, 0)), _mm_setr_epi32(0, 0, 0, 2)),
-        _mm_set1_epi8(0x30));
-    return _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
 }
 
 static float dot_q2_k(int64_t k, const void *vw, const void *vy)
@@ -566,7 +516,7 @@ static float dot_iq4_xs(int64_t k, const void *vw, const void *vy)
     const __m256i m15 = _mm256_set1_epi8(15);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < k / BP_QK_K; i++) {
-        const __m128i ls = _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)iq4_xs_scales(&x[i]))),
+        const __m128i ls = _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)bp_cpu_iq4_xs_scales(&x[i]))),
                                          _mm_set1_epi16(32));
 #if defined(BP_CPU_HAVE_AVX512_VNNI)
         const __m256i s32 = _mm256_cvtepi16_epi32(ls);

@@ -13,6 +13,7 @@
 #define BP_CPU_QTYPES_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "cpu-impl.h"
 
@@ -33,5 +34,21 @@ struct bp_cpu_qtype {
 const struct bp_cpu_qtype *bp_cpu_qtype32(enum bp_type t);
 const struct bp_cpu_qtype *bp_cpu_qtype_k(enum bp_type t);
 const struct bp_cpu_qtype *bp_cpu_qtype(enum bp_type t);
+
+/* IQ4_XS's 8 scales of 32, offset 32 still on, as 8 bytes: the 8 low nibbles of scales_l and the
+ * 8 2-bit fields of scales_h spread one to a byte, then put together. */
+static inline uint64_t bp_cpu_iq4_xs_scales(const struct bp_block_iq4_xs *x)
+{
+    uint32_t l32;
+    memcpy(&l32, x->scales_l, 4);
+    uint64_t l = l32, h = x->scales_h;
+    l = (l | l << 16) & 0x0000ffff0000ffffull;
+    l = (l | l << 8) & 0x00ff00ff00ff00ffull;
+    l = (l | l << 4) & 0x0f0f0f0f0f0f0f0full;
+    h = (h | h << 24) & 0x000000ff000000ffull;
+    h = (h | h << 12) & 0x000f000f000f000full;
+    h = (h | h << 6) & 0x0303030303030303ull;
+    return l | h << 4;
+}
 
 #endif

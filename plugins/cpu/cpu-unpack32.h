@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cpu-impl.h"
+#include "cpu-qtypes.h"
 
 /* IQ4_NL's 16 values (ggml's kvalues_iq4nl). */
 static const int8_t iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
@@ -47,6 +48,38 @@ BP_CPU_INLINE __m256i bits32(const uint8_t *p)
 #endif
 }
 
+/* k4_scales in registers (the 12 bytes as 32-bit words a, b, c): scales then minimums, one a
+ * byte. Words 0 and 2 are a and b & 0x3f; words 1 and 3 take c's low or high nibbles and the top
+ * 2 bits of a or b. Scalar stores read back as a vector would stall the load. */
+BP_CPU_INLINE __m128i k4_scales_v(const uint8_t *packed)
+{
+    int32_t c32;
+    memcpy(&c32, packed + 8, 4);
+    const __m128i v = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)packed), c32, 2);
+    const __m128i p = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* a c b c */
+    const __m128i q = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* a a b b */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(p, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(q, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
+/* q3_k_scales in registers, offset 32 taken off: words 0..3 take the low or high nibbles of a or
+ * b and bits 0-1, 2-3, 4-5, 6-7 of c's bytes as their bits 4-5. */
+BP_CPU_INLINE __m128i q3_k_scales_v(const uint8_t *packed)
+{
+    int32_t c32;
+    memcpy(&c32, packed + 8, 4);
+    const __m128i v = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)packed), c32, 2);
+    const __m128i p = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 1, 0)); /* a b a b */
+    const __m128i c = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(p, _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(
+        _mm_srlv_epi32(_mm_sllv_epi32(c, _mm_setr_epi32(4, 2, 0, 0)), _mm_setr_epi32(0, 0, 0, 2)),
+        _mm_set1_epi8(0x30));
+    return _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
+}
+
 /* One block of weights as 32 bytes: unsigned for Q4_1 and Q5_1, signed for Q5_0 and IQ4_NL. */
 BP_CPU_INLINE __m256i unpack_block(const enum bp_type t, const void *w, int64_t i)
 {
@@ -74,24 +107,10 @@ BP_CPU_INLINE __m256i unpack_block(const enum bp_type t, const void *w, int64_t 
 #endif
 
 #if defined(BP_CPU_HAVE_AVX512)
-/* Q4_K's/Q5_K's scale s and minimum m of sub-block j (0-7) from its 12 packed bytes: j < 4 the
- * low 6 bits of bytes j and j + 4; j >= 4 the nibbles of byte j + 4 with the top 2 bits of
- * bytes j - 4 and j. */
-BP_CPU_INLINE void k4_scale_min(const uint8_t *sc, int j, int *s, int *m)
-{
-    if (j < 4) {
-        *s = sc[j] & 63;
-        *m = sc[j + 4] & 63;
-    } else {
-        *s = (sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4);
-        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-    }
-}
-
 /* Block t (of 32 values) of a row of Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K or IQ4_XS: its 32
  * values q in element order (as unpack_block: unsigned for the types with a minimum, signed for
- * the others), and d and m with value = d q + m (the super-block types leave them out where d
- * is NULL: bp_cpu_superblock_scales gives them for a whole super-block). */
+ * the others), and for the blocks of 32 d and m with value = d q + m (the super-block types
+ * leave them out: bp_cpu_superblock_scales gives them for a whole super-block). */
 BP_CPU_INLINE __m256i bp_cpu_unpack_q(enum bp_type type, const void *row, int64_t t, float *d,
                                        float *m)
 {
@@ -124,13 +143,6 @@ BP_CPU_INLINE __m256i bp_cpu_unpack_q(enum bp_type type, const void *row, int64_
         const bool q5 = type == BP_TYPE_Q5_K;
         const struct bp_block_q4_k *x4 = (const struct bp_block_q4_k *)row + t / 8;
         const struct bp_block_q5_k *x5 = (const struct bp_block_q5_k *)row + t / 8;
-        if (d) {
-            const uint16_t dd = q5 ? x5->d : x4->d, dm = q5 ? x5->dmin : x4->dmin;
-            int sc, mn;
-            k4_scale_min(q5 ? x5->scales : x4->scales, j, &sc, &mn);
-            *d = bp_cpu_half_to_float(dd) * (float)sc;
-            *m = -(bp_cpu_half_to_float(dm) * (float)mn);
-        }
         const uint8_t *qs = (q5 ? x5->qs : x4->qs) + 32 * (j / 2);
         const __m256i v = _mm256_loadu_si256((const __m256i *)qs);
         __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
@@ -144,12 +156,6 @@ BP_CPU_INLINE __m256i bp_cpu_unpack_q(enum bp_type type, const void *row, int64_
     default: { /* IQ4_XS: sub-block j's 16 bytes of nibbles, its 6-bit scale offset by 32 */
         const int j = (int)(t % 8);
         const struct bp_block_iq4_xs *x = (const struct bp_block_iq4_xs *)row + t / 8;
-        if (d) {
-            const int ls = ((x->scales_l[j / 2] >> (4 * (j % 2))) & 0xf) |
-                           (((x->scales_h >> (2 * j)) & 3) << 4);
-            *d = bp_cpu_half_to_float(x->d) * (float)(ls - 32);
-            *m = 0.0f;
-        }
         const __m256i tbl =
             _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
         return _mm256_shuffle_epi8(tbl, nibbles32(x->qs + 16 * j));
@@ -159,39 +165,24 @@ BP_CPU_INLINE __m256i bp_cpu_unpack_q(enum bp_type type, const void *row, int64_
 }
 
 /* Block t (of 32 values) of a row of Q2_K, Q3_K or Q6_K, whose scales go by 16: its 32 values q
- * unsigned in element order, and (unless d is NULL) for each half of 16 (h = 0, 1) d[h] and
- * m[h] with value = d[h] q + m[h]. In each half of a super-block (128 values), sub-block u (0-3)
+ * unsigned in element order (bp_cpu_superblock_scales gives each half's d and m, value = d q + m).
+ * In each half of a super-block (128 values), sub-block u (0-3)
  * of 32 takes bits 2u, 2u + 1 of 32 bytes of quants (Q2_K, Q3_K: qs[32 (t % 8 / 4) ...]; Q3_K's
  * third bit is bit (t % 8) of hmask[0..31], clear meaning 4 less); Q6_K takes the low (u < 2) or
  * high nibbles of ql[64 h' + 32 (u % 2) ...] and bits 2u, 2u + 1 of qh[32 h' ...] as the top
  * two. */
-BP_CPU_INLINE __m256i bp_cpu_unpack_q16(enum bp_type type, const void *row, int64_t t, float d[2],
-                                         float m[2])
+BP_CPU_INLINE __m256i bp_cpu_unpack_q16(enum bp_type type, const void *row, int64_t t)
 {
     const int j = (int)(t % 8), half = j / 4, u = j % 4;
     const __m256i three = _mm256_set1_epi8(3);
     switch (type) {
     case BP_TYPE_Q2_K: {
         const struct bp_block_q2_k *x = (const struct bp_block_q2_k *)row + t / 8;
-        const float dd = bp_cpu_half_to_float(x->d), dm = bp_cpu_half_to_float(x->dmin);
-        for (int h = 0; h < 2 && d; h++) {
-            const int s = x->scales[half * 8 + 2 * u + h];
-            d[h] = dd * (float)(s & 0xf);
-            m[h] = -(dm * (float)(s >> 4));
-        }
         const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * half));
         return _mm256_and_si256(_mm256_srli_epi16(q, 2 * u), three);
     }
     case BP_TYPE_Q3_K: {
         const struct bp_block_q3_k *x = (const struct bp_block_q3_k *)row + t / 8;
-        const float dd = bp_cpu_half_to_float(x->d);
-        for (int h = 0; h < 2 && d; h++) {
-            const int k = half * 8 + 2 * u + h; /* scale k of 16 */
-            const int low = k < 8 ? (x->scales[k] & 0xf) : (x->scales[k - 8] >> 4);
-            const int high = (x->scales[8 + k % 4] >> (2 * (k / 4))) & 3;
-            d[h] = dd * (float)((low | (high << 4)) - 32);
-            m[h] = -4.0f * d[h];
-        }
         const __m256i q = _mm256_and_si256(
             _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * half)), 2 * u),
             three);
@@ -201,11 +192,6 @@ BP_CPU_INLINE __m256i bp_cpu_unpack_q16(enum bp_type type, const void *row, int6
     }
     default: { /* Q6_K */
         const struct bp_block_q6_k *x = (const struct bp_block_q6_k *)row + t / 8;
-        const float dd = bp_cpu_half_to_float(x->d);
-        for (int h = 0; h < 2 && d; h++) {
-            d[h] = dd * (float)x->scales[half * 8 + 2 * u + h];
-            m[h] = -32.0f * d[h];
-        }
         const __m256i l =
             _mm256_loadu_si256((const __m256i *)(x->ql + 64 * half + 32 * (u % 2)));
         const __m256i nib = _mm256_and_si256(u >= 2 ? _mm256_srli_epi16(l, 4) : l,
@@ -236,20 +222,9 @@ BP_CPU_INLINE void bp_cpu_superblock_scales(enum bp_type type, const void *row, 
         return;
     }
     case BP_TYPE_Q3_K: {
-        /* Scale k: the low 4 bits a nibble of byte k % 8 (low for k < 8), the high 2 bits
-         * 2 (k / 4) of byte 8 + k % 4; offset 32. */
         const struct bp_block_q3_k *x = (const struct bp_block_q3_k *)row + i;
-        uint32_t a, b, c, w[4];
-        memcpy(&a, x->scales, 4);
-        memcpy(&b, x->scales + 4, 4);
-        memcpy(&c, x->scales + 8, 4);
-        w[0] = (a & 0x0f0f0f0fu) | ((c & 0x03030303u) << 4);
-        w[1] = (b & 0x0f0f0f0fu) | (((c >> 2) & 0x03030303u) << 4);
-        w[2] = ((a >> 4) & 0x0f0f0f0fu) | (((c >> 4) & 0x03030303u) << 4);
-        w[3] = ((b >> 4) & 0x0f0f0f0fu) | (((c >> 6) & 0x03030303u) << 4);
-        const __m512i s = _mm512_sub_epi32(
-            _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)w)), _mm512_set1_epi32(32));
-        *d = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(bp_cpu_half_to_float(x->d)));
+        const __m512i sc = _mm512_cvtepi8_epi32(q3_k_scales_v(x->scales));
+        *d = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), _mm512_set1_ps(bp_cpu_half_to_float(x->d)));
         *m = _mm512_mul_ps(*d, _mm512_set1_ps(-4.0f));
         return;
     }
@@ -262,21 +237,12 @@ BP_CPU_INLINE void bp_cpu_superblock_scales(enum bp_type type, const void *row, 
     }
     case BP_TYPE_Q4_K:
     case BP_TYPE_Q5_K: {
-        /* The 12 bytes as 8 scales then 8 minimums (k4_scale_min, all at once). */
+        /* The 12 bytes as 8 scales then 8 minimums. */
         const bool q5 = type == BP_TYPE_Q5_K;
         const struct bp_block_q4_k *x4 = (const struct bp_block_q4_k *)row + i;
         const struct bp_block_q5_k *x5 = (const struct bp_block_q5_k *)row + i;
-        const uint8_t *packed = q5 ? x5->scales : x4->scales;
-        uint32_t a, b, c, w[4];
-        memcpy(&a, packed, 4);
-        memcpy(&b, packed + 4, 4);
-        memcpy(&c, packed + 8, 4);
-        w[0] = a & 0x3f3f3f3fu;
-        w[1] = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
-        w[2] = b & 0x3f3f3f3fu;
-        w[3] = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
         const __m512 s =
-            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)w)));
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(k4_scales_v(q5 ? x5->scales : x4->scales)));
         const float dd = bp_cpu_half_to_float(q5 ? x5->d : x4->d);
         const float dm = bp_cpu_half_to_float(q5 ? x5->dmin : x4->dmin);
         *d = _mm512_maskz_mul_ps(0x00ff, s, _mm512_set1_ps(dd));
@@ -286,18 +252,9 @@ BP_CPU_INLINE void bp_cpu_superblock_scales(enum bp_type type, const void *row, 
     }
     default: { /* IQ4_XS */
         const struct bp_block_iq4_xs *x = (const struct bp_block_iq4_xs *)row + i;
-        uint32_t l32;
-        memcpy(&l32, x->scales_l, 4);
-        uint64_t l = l32, h = x->scales_h;
-        l = (l | l << 16) & 0x0000ffff0000ffffull;
-        l = (l | l << 8) & 0x00ff00ff00ff00ffull;
-        l = (l | l << 4) & 0x0f0f0f0f0f0f0f0full;
-        h = (h | h << 24) & 0x000000ff000000ffull;
-        h = (h | h << 12) & 0x000f000f000f000full;
-        h = (h | h << 6) & 0x0303030303030303ull;
-        const __m512i s =
-            _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(l | h << 4))),
-                             _mm512_set1_epi32(32));
+        const __m512i s = _mm512_sub_epi32(
+            _mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bp_cpu_iq4_xs_scales(x))),
+            _mm512_set1_epi32(32));
         *d = _mm512_maskz_mul_ps(0x00ff, _mm512_cvtepi32_ps(s),
                                  _mm512_set1_ps(bp_cpu_half_to_float(x->d)));
         *m = _mm512_setzero_ps();
