@@ -15,8 +15,8 @@ for it and the CPU has it, then CPU_REPACK) whose device says it takes the produ
 test llama.cpp makes; on x86 with AVX2 this ggml repacks Q4_0, Q4_K, IQ4_NL and, with AVX-512,
 Q2_K; its AMX buffer takes Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS), else in the plain
 CPU buffer; ours are repacked for Q4_0, Q8_0,
-IQ4_NL, Q5_0, Q4_1 and Q5_1 (q4_0_repack, ...) and used as they are for the other types. --types all: every type
-below but f32. ggml's F16/BF16
+IQ4_NL, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K and IQ4_XS (q4_0_repack, ...) and used as they are for the
+other types. --types all: every type below but f32. ggml's F16/BF16
 products convert the activations to the weights' 16-bit type (its vec_dot_type), ours keep them
 in f32 (docs/decisions.md), so equal speed means more work done here; --half gives ours the
 same permission (BP_MM_PRECISION_HALF: bench-matmul's bf16_half and f16_half).
@@ -192,9 +192,10 @@ def time_ggml(wtype, M, K, N, threads, min_time, use_repack):
 
 
 def time_ours(tool, wtype, M, K, N, threads, min_time, half, disable=None):
-    """bench-matmul's GFLOP/s for the same case (repacked types for Q8_0/Q4_0; with half,
+    """bench-matmul's GFLOP/s for the same case (the types CPU_REPACK stores, repacked; with half,
     BF16/F16 products under BP_MM_PRECISION_HALF, ggml's precision)."""
-    t = wtype + "_repack" if wtype in ("q8_0", "q4_0", "iq4_nl", "q5_0", "q4_1", "q5_1") else wtype
+    t = wtype + "_repack" if wtype in ("q8_0", "q4_0", "iq4_nl", "q5_0", "q4_1", "q5_1", "q4_k",
+                                       "q5_k", "iq4_xs") else wtype
     if half and wtype in ("bf16", "f16"):
         t += "_half"
     out = subprocess.run([tool, "--types", t, "--M", str(M), "--K", str(K), "--N", str(N),

@@ -844,6 +844,131 @@ START_TEST(test_repack_mul_mat)
 }
 END_TEST
 
+/* Valgrind's CPU has no AVX-512 (so the AVX-512 kernels do not run under it) and runs the
+ * products about fifty times slower: there, the small shapes only. */
+static bool under_valgrind(void)
+{
+    const char *preload = getenv("LD_PRELOAD");
+    return preload != NULL && strstr(preload, "vgpreload") != NULL;
+}
+
+/* Q4_K, Q5_K and IQ4_XS in CPU_REPACK (stored as sub-blocks of 32 with their super-block's
+ * scales beside, where the variant repacks them): every bit of random blocks comes back as it
+ * went in, through set and get, memset and clear; MUL_MAT against the runtime's dequantiser in
+ * double, at widths that take the layout's kernel (1-17 columns) and the 8-bit GEMMs or AMX
+ * reading the layout (130); GET_ROWS bit for bit. Under valgrind, the narrow products only. */
+static const enum bp_type repack_super_types[] = {BP_TYPE_Q4_K, BP_TYPE_Q5_K, BP_TYPE_IQ4_XS};
+
+START_TEST(test_repack_superblocks)
+{
+    const enum bp_type type = repack_super_types[_i / N_REPACK_CONFIGS];
+    const char *const *config = repack_configs[_i % N_REPACK_CONFIGS];
+    use_cpu_plugin();
+    if (config[0][0])
+        setenv(config[0], config[1], 1);
+    bp_backend *be = bp_backend_init_by_name("CPU", "threads=2");
+    ck_assert_plugins(be != NULL, "%s", bp_last_error());
+    bp_buffer_type *bt = repack_buft(be);
+    const struct bp_type_traits *tr = bp_type_get_traits(type);
+    const size_t bs = bp_type_size(type);
+    static const int64_t ks[] = {256, 768}, ms[] = {1, 7, 37}, ns[] = {1, 3, 17, 130};
+    const size_t n_ns = under_valgrind() ? 2u : sizeof(ns) / sizeof(ns[0]);
+    unsigned seed = 23;
+    for (size_t ki = 0; ki < 2; ki++)
+        for (size_t mi = 0; mi < 3; mi++)
+            for (size_t ni = 0; ni < n_ns; ni++) {
+                const int64_t K = ks[ki], M = ms[mi], N = ns[ni], nblk = K / 256;
+                bp_context *wctx = bp_context_new(2), *ctx = bp_context_new(8);
+                bp_tensor *a = bp_new_tensor_2d(wctx, type, K, M);
+                bp_tensor *b = bp_new_tensor_2d(ctx, BP_TYPE_F32, K, N);
+                bp_tensor *ids = bp_new_tensor_1d(ctx, BP_TYPE_I32, 2);
+                bp_tensor *c = bp_mul_mat(ctx, a, b), *rows = bp_get_rows(ctx, a, ids);
+                bp_buffer *wbuf = bp_alloc_ctx_tensors(wctx, bt);
+                bp_buffer *buf = bp_alloc_ctx_tensors(ctx, bp_backend_get_default_buffer_type(be));
+                ck_assert_ptr_nonnull(wbuf);
+                ck_assert_ptr_nonnull(buf);
+                const size_t wbytes = (size_t)(M * nblk) * bs;
+                uint8_t *w = malloc(wbytes), *back = malloc(wbytes);
+                for (size_t i = 0; i < wbytes; i++)
+                    w[i] = (uint8_t)(rand_r(&seed) & 0xff);
+                for (int64_t i = 0; i < M * nblk; i++) { /* finite d (and dmin) of both signs */
+                    for (int h = 0; h < (type == BP_TYPE_IQ4_XS ? 1 : 2); h++) {
+                        const uint16_t d = bp_fp32_to_fp16((float)(1 + rand_r(&seed) % 13) /
+                                                           512.0f * (rand_r(&seed) % 2 ? 1 : -1));
+                        memcpy(w + (size_t)i * bs + 2 * h, &d, 2);
+                    }
+                }
+                ck_assert_int_eq(bp_tensor_set(a, w, 0, wbytes), BP_OK);
+                ck_assert_int_eq(bp_tensor_get(a, back, 0, wbytes), BP_OK);
+                ck_assert(memcmp(w, back, wbytes) == 0);
+                float *wf = malloc((size_t)(K * M) * sizeof(float));
+                float *x = malloc((size_t)(K * N) * sizeof(float));
+                float *got = malloc((size_t)(M * N) * sizeof(float));
+                tr->to_float(w, wf, K * M);
+                for (int64_t i = 0; i < K * N; i++)
+                    x[i] = (float)(rand_r(&seed) % 2001 - 1000) / 1000.0f;
+                ck_assert_int_eq(bp_tensor_set(b, x, 0, bp_nbytes(b)), BP_OK);
+                const int32_t id[2] = {(int32_t)(M - 1), 0};
+                ck_assert_int_eq(bp_tensor_set(ids, id, 0, sizeof(id)), BP_OK);
+                for (int op = 0; op < 2; op++) {
+                    bp_tensor *t = op ? rows : c;
+                    ck_assert(bp_backend_supports_op(be, t));
+                    bp_graph *g = bp_graph_new(4);
+                    bp_graph_build_forward(g, t);
+                    ck_assert_msg(bp_backend_graph_compute(be, g) == BP_OK, "%s",
+                                  bp_last_error());
+                    bp_graph_free(g);
+                }
+                ck_assert_int_eq(bp_tensor_get(c, got, 0, bp_nbytes(c)), BP_OK);
+                double err = 0, ref2 = 0;
+                for (int64_t n = 0; n < N; n++)
+                    for (int64_t m = 0; m < M; m++) {
+                        double r = 0, mag = 0;
+                        for (int64_t k = 0; k < K; k++) {
+                            const double pr = (double)wf[m * K + k] * x[n * K + k];
+                            r += pr;
+                            mag += fabs(pr);
+                        }
+                        err += (got[n * M + m] - r) * (got[n * M + m] - r);
+                        /* as for Q4_1: the minimums' terms do not shrink when products cancel */
+                        ref2 += mag * mag / (double)K;
+                    }
+                ck_assert_msg(err <= 4e-4 * ref2, "%s K %lld M %lld N %lld: NMSE %g",
+                              bp_type_name(type), (long long)K, (long long)M, (long long)N,
+                              err / ref2);
+                float rv[2 * 768];
+                ck_assert_int_eq(bp_tensor_get(rows, rv, 0, bp_nbytes(rows)), BP_OK);
+                for (int i = 0; i < 2; i++)
+                    ck_assert(memcmp(rv + i * K, wf + id[i] * K, (size_t)K * sizeof(float)) == 0);
+                /* memset of the second row's blocks, then a clear of the whole buffer */
+                if (M > 1) {
+                    ck_assert_int_eq(bp_tensor_memset(a, 0x5a, (size_t)nblk * bs,
+                                                      (size_t)nblk * bs), BP_OK);
+                    ck_assert_int_eq(bp_tensor_get(a, back, 0, wbytes), BP_OK);
+                    for (size_t i = 0; i < wbytes; i++)
+                        ck_assert_uint_eq(back[i], i >= (size_t)nblk * bs &&
+                                                           i < 2 * (size_t)nblk * bs ? 0x5a : w[i]);
+                }
+                ck_assert_int_eq(bp_buffer_clear(wbuf, 0xc3), BP_OK);
+                ck_assert_int_eq(bp_tensor_get(a, back, 0, wbytes), BP_OK);
+                for (size_t i = 0; i < wbytes; i++)
+                    ck_assert_uint_eq(back[i], 0xc3);
+                free(w);
+                free(back);
+                free(wf);
+                free(x);
+                free(got);
+                bp_buffer_free(buf);
+                bp_buffer_free(wbuf);
+                bp_context_free(ctx);
+                bp_context_free(wctx);
+            }
+    bp_backend_free(be);
+    if (config[0][0])
+        unsetenv(config[0]);
+}
+END_TEST
+
 /* "bp_cpu_repack_type" answers, per variant, whether a type is stored row-interleaved: exactly
  * the tensors whose copy the CPU then refuses (nothing but MUL_MAT and GET_ROWS reads them). */
 START_TEST(test_repack_type)
@@ -1067,13 +1192,6 @@ END_TEST
  * multiple of it, more rows than a thread's block, more columns than one column block, and small
  * odd ones. Weights from the runtime's quantiser, the reference from the runtime's dequantiser
  * in double; the activations are quantised to 8 bits, hence the tolerance. */
-/* Valgrind's CPU has no AVX-512 (so neither kernel runs under it) and runs the products about
- * fifty times slower: there, the two small shapes only. */
-static bool under_valgrind(void)
-{
-    const char *preload = getenv("LD_PRELOAD");
-    return preload != NULL && strstr(preload, "vgpreload") != NULL;
-}
 
 /* Every third column, then the last one. */
 static int64_t next_column(int64_t n, int64_t N)
@@ -1235,6 +1353,9 @@ int main(void)
                         N_REPACK_CONFIGS * (int)(sizeof(repack_types) / sizeof(repack_types[0])));
     tcase_add_loop_test(tc, test_repack_mul_mat_id, 0,
                         N_REPACK_CONFIGS * (int)(sizeof(repack_types) / sizeof(repack_types[0])));
+    tcase_add_loop_test(tc, test_repack_superblocks, 0,
+                        N_REPACK_CONFIGS * (int)(sizeof(repack_super_types) /
+                                                 sizeof(repack_super_types[0])));
     suite_add_tcase(s, tc);
     TCase *tiles = tcase_create("test_int8_tiles_mul_mat");
     tcase_set_timeout(tiles, 120);

@@ -403,7 +403,8 @@ static void pack_a_half_q(const bp_tensor *a, bool repacked, const char *abase, 
         pack_a_half_repacked(a, m0, rows, b0, nbk, q, d);
         return;
     }
-    if (a->type == BP_TYPE_Q4_K || a->type == BP_TYPE_Q5_K || a->type == BP_TYPE_IQ4_XS) {
+    if (!repacked &&
+        (a->type == BP_TYPE_Q4_K || a->type == BP_TYPE_Q5_K || a->type == BP_TYPE_IQ4_XS)) {
         pack_a_half_superblocks(a, abase, m0, rows, b0, nbk, q, d, m);
         return;
     }
@@ -418,12 +419,11 @@ static void pack_a_half_q(const bp_tensor *a, bool repacked, const char *abase, 
                     m[t * 16 + r] = 0.0f;
             } else if (a->type != BP_TYPE_Q8_0 && a->type != BP_TYPE_Q4_0) {
                 float mm = 0.0f;
-                char plain[32]; /* a block out of the CPU_REPACK layout */
-                if (repacked)
-                    bp_cpu_repack_get_block(a, m0 + r, b0 + t, plain);
                 _mm256_storeu_si256((__m256i *)out,
-                                    bp_cpu_unpack_q(a->type, repacked ? plain : row,
-                                                    repacked ? 0 : b0 + t, &d[t * 16 + r], &mm));
+                                    repacked ? bp_cpu_repack_unpack_q(a, m0 + r, b0 + t,
+                                                                      &d[t * 16 + r], &mm)
+                                             : bp_cpu_unpack_q(a->type, row, b0 + t,
+                                                               &d[t * 16 + r], &mm));
                 if (m)
                     m[t * 16 + r] = mm;
             } else if (a->type == BP_TYPE_Q8_0) {

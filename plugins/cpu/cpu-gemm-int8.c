@@ -111,15 +111,16 @@ BP_CPU_INLINE void pack_strip_t(const enum bp_type type, const bp_tensor *a, con
                                 int64_t m0, int rows, int64_t nb, char *p)
 {
     const bool sgn = signed_q(type), sub16 = by16(type);
-    const bool superblk = type == BP_TYPE_Q2_K || type == BP_TYPE_Q3_K || type == BP_TYPE_Q4_K ||
-                          type == BP_TYPE_Q5_K || type == BP_TYPE_Q6_K || type == BP_TYPE_IQ4_XS;
+    const bool repacked = bp_cpu_repacked_base(a) != NULL;
+    /* Repacked weights come as blocks of 32, with their scales (bp_cpu_repack_unpack_q). */
+    const bool superblk = !repacked && (type == BP_TYPE_Q2_K || type == BP_TYPE_Q3_K ||
+                                        type == BP_TYPE_Q4_K || type == BP_TYPE_Q5_K ||
+                                        type == BP_TYPE_Q6_K || type == BP_TYPE_IQ4_XS);
     const int64_t bb = block_bytes(sub16);
     const __m256i flip = _mm256_set1_epi8((char)0x80);
-    const bool repacked = bp_cpu_repacked_base(a) != NULL;
     const char *rowp[16];
     for (int r = 0; r < 16; r++)
         rowp[r] = r < rows ? abase + (m0 + r) * (int64_t)a->nb[1] : NULL;
-    char plain[64]; /* one block out of the CPU_REPACK layout */
     for (int64_t t = 0; t < nb; t += 2) {
         /* Two blocks of each row (16 dwords) at once: after the transpose, vectors 0-7 are
          * block t's and 8-15 block t + 1's. The blocks of 32 take their d and m here; the
@@ -136,10 +137,9 @@ BP_CPU_INLINE void pack_strip_t(const enum bp_type type, const bp_tensor *a, con
                     q[h] = bp_cpu_unpack_q16(type, rowp[r], t + h);
                 else if (superblk)
                     q[h] = bp_cpu_unpack_q(type, rowp[r], t + h, NULL, NULL);
-                else if (repacked) {
-                    bp_cpu_repack_get_block(a, m0 + r, t + h, plain);
-                    q[h] = bp_cpu_unpack_q(type, plain, 0, &d[h][r], &m[h][r]);
-                } else
+                else if (repacked)
+                    q[h] = bp_cpu_repack_unpack_q(a, m0 + r, t + h, &d[h][r], &m[h][r]);
+                else
                     q[h] = bp_cpu_unpack_q(type, rowp[r], t + h, &d[h][r], &m[h][r]);
                 if (sgn) {
                     q[h] = _mm256_xor_si256(q[h], flip);

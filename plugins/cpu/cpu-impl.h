@@ -216,7 +216,7 @@ void bp_cpu_amx_work_size(const bp_tensor *dst, size_t *per_thread, size_t *shar
 void bp_cpu_amx_mul_mat(bp_tensor *dst, const char *abase, const char *bbase, char *cbase,
                         const struct bp_cpu_params *p);
 
-/* ---- Repacked Q4_0 weights (cpu-repack.c) -------------------------------------------------- */
+/* ---- Repacked weights (cpu-repack.c) ------------------------------------------------------- */
 
 /* A device's "CPU_REPACK" buffer type (freed with the device). */
 bp_buffer_type *bp_cpu_repack_buft_new(bp_device *dev);
@@ -230,12 +230,21 @@ bool bp_cpu_repack_supports_op(const bp_tensor *op);
 /* Whether this variant stores 2-D tensors of type row-interleaved in CPU_REPACK (the proc
  * address "bp_cpu_repack_type" answers with it). */
 bool bp_cpu_repack_stores(enum bp_type type);
-/* Row r, block kb of repacked t in its type's layout (one Q4_0, Q8_0, IQ4_NL or Q5_0 block). */
+/* Row r, block kb of repacked t in its type's own layout (a block of 32 values, or of 256 for
+ * Q4_K, Q5_K and IQ4_XS). */
 void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *out);
+#if defined(BP_CPU_HAVE_AVX512) && defined(BP_CPU_REPACK_KERNEL)
+/* Block (sub-block) kb of 32 values of row r of repacked t, not Q4_0 or Q8_0, as
+ * bp_cpu_unpack_q gives a block of 32 (cpu-unpack32.h): its values in element order, unsigned
+ * for the types with a minimum (Q4_1, Q5_1, Q4_K, Q5_K) and signed for the others, and *d, *m
+ * with value = d q + m (for the super-block types, their scales times the sub-block's). */
+__m256i bp_cpu_repack_unpack_q(const bp_tensor *t, int64_t r, int64_t kb, float *d, float *m);
+#endif
 /* What the kernels want each activation block's quant sum multiplied by, per lane (ycorr). */
 int32_t bp_cpu_repack_ycorr(enum bp_type type);
 /* Kernels for the repacked layout, where BP_CPU_REPACK_KERNEL (cpu-isa.h) says there are: AVX-512
- * VNNI (Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1, Q5_1), and AVX2 (Q4_0). Other builds repack nothing. */
+ * VNNI (Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, IQ4_XS), and AVX2 (Q4_0). Other builds
+ * repack nothing. */
 /* Groups of eight rows [g0, g1) of repacked a against N columns quantised to Q8_0 (bq; per
  * block: ycorr = bp_cpu_repack_ycorr(a->type) times the sum of its quants, yd = its scale as
  * float), into c (column n at

@@ -238,7 +238,7 @@ static void op_get_rows(bp_tensor *dst, const struct bp_cpu_params *p)
         if (repacked) { /* the row's blocks in their usual order first (wdata: 2 ne[0] floats) */
             char *blk = p->wdata;
             const size_t bs = bp_type_size(a->type);
-            for (int64_t kb = 0; kb < a->ne[0] / 32; kb++)
+            for (int64_t kb = 0; kb < a->ne[0] / bp_type_block_size(a->type); kb++)
                 bp_cpu_repack_get_block(a, id, kb, blk + (size_t)kb * bs);
             bp_cpu_to_float(a->type, blk, out, a->ne[0]);
             continue;

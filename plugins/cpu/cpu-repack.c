@@ -49,6 +49,7 @@
 #define ALIGNMENT 64
 #define PREFETCH 4096     /* bytes ahead of the quants being read, into L1 */
 #define PREFETCH_L2 16384 /* and further ahead into L2 */
+#define MAX_BLOCK 176     /* bytes of the largest block stored here (Q5_K's) */
 
 /* Identifies our buffer types: their context points here (compared, never read). */
 static const char repack_tag;
@@ -58,8 +59,17 @@ bool bp_cpu_is_repack_buft(bp_buffer_type *buft)
     return buft != NULL && bp_buffer_type_get_context(buft) == &repack_tag;
 }
 
-/* Quant bytes per row and block, bytes of fifth bits (Q5_0's and Q5_1's qh), bytes of scale
- * (and minimum: Q4_1, Q5_1), and bytes per block. */
+/* The super-block types stored here (Q4_K, Q5_K, IQ4_XS) are laid out as sub-blocks of 32, each
+ * like a block of 32 of Q4_1, Q5_1 or IQ4_NL, with their super-block's scales beside. */
+static bool superblock(enum bp_type type)
+{
+    return type == BP_TYPE_Q4_K || type == BP_TYPE_Q5_K || type == BP_TYPE_IQ4_XS;
+}
+
+/* Per row and block (sub-block) of 32: quant bytes, bytes of fifth bits (Q5_0's, Q5_1's and
+ * Q5_K's), and bytes of scale: f16 d (and m: Q4_1, Q5_1) for the blocks of 32, the 6-bit scale
+ * and minimum as two bytes (Q4_K, Q5_K), the 6-bit scale (offset 32) as a byte (IQ4_XS). A
+ * zero block is zero bytes in either layout. */
 static int64_t qbytes(enum bp_type type)
 {
     return type == BP_TYPE_Q8_0 ? 32 : 16;
@@ -67,22 +77,33 @@ static int64_t qbytes(enum bp_type type)
 
 static int64_t hbytes(enum bp_type type)
 {
-    return type == BP_TYPE_Q5_0 || type == BP_TYPE_Q5_1 ? 4 : 0;
+    return type == BP_TYPE_Q5_0 || type == BP_TYPE_Q5_1 || type == BP_TYPE_Q5_K ? 4 : 0;
 }
 
 static bool has_min(enum bp_type type)
 {
-    return type == BP_TYPE_Q4_1 || type == BP_TYPE_Q5_1;
+    return type == BP_TYPE_Q4_1 || type == BP_TYPE_Q5_1 || type == BP_TYPE_Q4_K ||
+           type == BP_TYPE_Q5_K;
 }
 
 static int64_t sbytes(enum bp_type type)
 {
+    if (superblock(type))
+        return type == BP_TYPE_IQ4_XS ? 1 : 2;
     return has_min(type) ? 4 : 2;
 }
 
-static int64_t block_bytes(enum bp_type type)
+/* Per row and super-block of 256: f16 d and dmin (Q4_K, Q5_K), d (IQ4_XS); none for the others. */
+static int64_t headbytes(enum bp_type type)
 {
-    return sbytes(type) + hbytes(type) + qbytes(type);
+    return !superblock(type) ? 0 : type == BP_TYPE_IQ4_XS ? 2 : 4;
+}
+
+/* Bytes of one row in the layout: the type's own for the blocks of 32; 4 (Q4_K, Q5_K) or 2
+ * (IQ4_XS) more per super-block, its twelve (six) bytes of packed scales being sixteen (eight). */
+static int64_t row_bytes(enum bp_type type, int64_t ne0)
+{
+    return ne0 / 32 * (qbytes(type) + hbytes(type) + sbytes(type)) + ne0 / 256 * headbytes(type);
 }
 
 /* The types this variant stores repacked: those it has a kernel for that reads them faster than
@@ -99,7 +120,8 @@ bool bp_cpu_repack_stores(enum bp_type type)
 {
 #if defined(BP_CPU_HAVE_AVX512_VNNI)
     return type == BP_TYPE_Q4_0 || type == BP_TYPE_Q8_0 || type == BP_TYPE_IQ4_NL ||
-           type == BP_TYPE_Q5_0 || type == BP_TYPE_Q4_1 || type == BP_TYPE_Q5_1;
+           type == BP_TYPE_Q5_0 || type == BP_TYPE_Q4_1 || type == BP_TYPE_Q5_1 ||
+           superblock(type);
 #elif defined(BP_CPU_REPACK_KERNEL)
     return type == BP_TYPE_Q4_0;
 #else
@@ -110,14 +132,17 @@ bool bp_cpu_repack_stores(enum bp_type type)
 
 /* A 2-D tensor, or stacked matrices [K, M, n, 1] (MUL_MAT_ID's experts) whose M is a multiple
  * of the group: their M * n rows are grouped as one matrix's, and no group spans two of them,
- * so matrix e starts e * nb[2] bytes in, as in the plain layout. Contiguous, whole blocks. */
+ * so matrix e starts e * nb[2] bytes in, as in the plain layout. The super-block types' rows
+ * are longer in the layout than in the file, so only their 2-D tensors are stored repacked.
+ * Contiguous, whole blocks. */
 static bool eligible(const bp_tensor *t)
 {
+    const size_t bs = bp_type_size(t->type);
+    const int64_t qk = bp_type_block_size(t->type);
     return bp_cpu_repack_stores(t->type) && t->view_src == NULL &&
-           (t->ne[2] == 1 || t->ne[1] % GROUP == 0) && t->ne[3] == 1 && t->ne[0] % 32 == 0 &&
-           t->nb[0] == (size_t)block_bytes(t->type) &&
-           t->nb[1] == (size_t)(t->ne[0] / 32 * block_bytes(t->type)) &&
-           t->nb[2] == t->nb[1] * (size_t)t->ne[1];
+           (t->ne[2] == 1 || (t->ne[1] % GROUP == 0 && !superblock(t->type))) &&
+           t->ne[3] == 1 && t->ne[0] % qk == 0 && t->nb[0] == bs &&
+           t->nb[1] == (size_t)(t->ne[0] / qk) * bs && t->nb[2] == t->nb[1] * (size_t)t->ne[1];
 }
 
 /* Rows of a repacked tensor, all its matrices'. */
@@ -157,56 +182,264 @@ bool bp_cpu_repack_supports_op(const bp_tensor *op)
 /* The first byte of group g (rows 8g..8g+7). */
 static char *group_of(const bp_tensor *t, int64_t g)
 {
-    return (char *)t->data + g * (t->ne[0] / 32) * GROUP * block_bytes(t->type);
+    return (char *)t->data + g * GROUP * row_bytes(t->type, t->ne[0]);
 }
 
-/* Row j of group grp, block kb, copied out of (or, with in, into) the layout: the scale (and
- * minimum), the fifth bits (Q5_0, Q5_1: byte t of row j at kb * 32 + 8t + j of the group's fifth
- * bits) and the quants. */
-BP_CPU_INLINE void block_out(const char *grp, int64_t nblk, enum bp_type type, int j, int64_t kb,
+/* Where the parts of a group of rows nsub blocks (sub-blocks) of 32 long lie. */
+struct parts {
+    char *q, *h, *s, *head; /* quants, fifth bits, scales per block of 32, per super-block */
+};
+
+static struct parts parts_of(const char *grp, int64_t nsub, enum bp_type type)
+{
+    struct parts p;
+    p.q = (char *)grp;
+    p.h = p.q + nsub * GROUP * qbytes(type);
+    p.s = p.h + nsub * GROUP * hbytes(type);
+    p.head = p.s + nsub * GROUP * sbytes(type);
+    return p;
+}
+
+/* Row j of a group, block kb (of 32), copied out of (or, with in, into) the layout: the scale
+ * (and minimum), the fifth bits (byte t of row j at kb * 32 + 8t + j of the group's fifth bits)
+ * and the quants. */
+BP_CPU_INLINE void block_out(const struct parts *p, enum bp_type type, int j, int64_t kb,
                              char *out)
 {
     const int64_t qb = qbytes(type), hb = hbytes(type), sb = sbytes(type);
-    const char *hbits = grp + nblk * GROUP * qb, *scales = hbits + nblk * GROUP * hb;
-    memcpy(out, scales + kb * GROUP * sb + sb * j, (size_t)sb);
+    memcpy(out, p->s + kb * GROUP * sb + sb * j, (size_t)sb);
     for (int64_t t = 0; t < hb; t++)
-        out[sb + t] = hbits[kb * GROUP * hb + GROUP * t + j];
+        out[sb + t] = p->h[kb * GROUP * hb + GROUP * t + j];
     for (int64_t u = 0; u < qb / 8; u++)
-        memcpy(out + sb + hb + 8 * u, grp + kb * GROUP * qb + 64 * u + 8 * j, 8);
+        memcpy(out + sb + hb + 8 * u, p->q + kb * GROUP * qb + 64 * u + 8 * j, 8);
 }
 
-BP_CPU_INLINE void block_in(char *grp, int64_t nblk, enum bp_type type, int j, int64_t kb,
+BP_CPU_INLINE void block_in(const struct parts *p, enum bp_type type, int j, int64_t kb,
                             const char *in)
 {
     const int64_t qb = qbytes(type), hb = hbytes(type), sb = sbytes(type);
-    char *hbits = grp + nblk * GROUP * qb, *scales = hbits + nblk * GROUP * hb;
-    memcpy(scales + kb * GROUP * sb + sb * j, in, (size_t)sb);
+    memcpy(p->s + kb * GROUP * sb + sb * j, in, (size_t)sb);
     for (int64_t t = 0; t < hb; t++)
-        hbits[kb * GROUP * hb + GROUP * t + j] = in[sb + t];
+        p->h[kb * GROUP * hb + GROUP * t + j] = in[sb + t];
     for (int64_t u = 0; u < qb / 8; u++)
-        memcpy(grp + kb * GROUP * qb + 64 * u + 8 * j, in + sb + hb + 8 * u, 8);
+        memcpy(p->q + kb * GROUP * qb + 64 * u + 8 * j, in + sb + hb + 8 * u, 8);
 }
 
+/* ---- Super-blocks --------------------------------------------------------------------------- */
+
+/* A super-block of Q4_K, Q5_K or IQ4_XS as the layout holds it: values (the fifth bit included),
+ * the eight sub-blocks' scales (and minimums), and the super-block's own (f16 bits). */
+struct superblock {
+    uint8_t v[256], sc[8], mn[8];
+    uint16_t d, dmin;
+};
+
+/* The twelve bytes of Q4_K's and Q5_K's 6-bit scales and minimums (ggml's packing: the first
+ * four of each in the low six bits of bytes 0-3 and 4-7; the last four in the nibbles of bytes
+ * 8-11 and the top two bits of bytes 0-7). Every bit is used, so the two are inverses. */
+static void k4_decode(const uint8_t q[12], uint8_t sc[8], uint8_t mn[8])
+{
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        mn[j] = q[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((q[j + 8] & 15) | (q[j] >> 6) << 4);
+        mn[j + 4] = (uint8_t)((q[j + 8] >> 4) | (q[j + 4] >> 6) << 4);
+    }
+}
+
+static void k4_encode(const uint8_t sc[8], const uint8_t mn[8], uint8_t q[12])
+{
+    for (int j = 0; j < 4; j++) {
+        q[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        q[j + 4] = (uint8_t)(mn[j] | (mn[j + 4] >> 4) << 6);
+        q[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+    }
+}
+
+/* A block of the type's own layout into values and scales, and back. Q4_K and Q5_K: byte l of
+ * the 32 quant bytes of chunk c holds value 64c + l in its low nibble and 64c + 32 + l in its
+ * high one, whose fifth bits are bits 2c and 2c + 1 of qh[l]; IQ4_XS: byte k of the 16 of
+ * sub-block s holds values 32s + k and 32s + 16 + k, and scale s is 6 bits, offset 32. */
+static void super_decode(enum bp_type type, const char *in, struct superblock *sb)
+{
+    if (type == BP_TYPE_IQ4_XS) {
+        struct bp_block_iq4_xs x;
+        memcpy(&x, in, sizeof(x));
+        sb->d = x.d;
+        sb->dmin = 0;
+        for (int s = 0; s < 8; s++) {
+            const int ls = (x.scales_l[s / 2] >> 4 * (s % 2) & 15) | (x.scales_h >> 2 * s & 3) << 4;
+            sb->sc[s] = (uint8_t)ls;
+            sb->mn[s] = 0;
+            for (int k = 0; k < 16; k++) {
+                sb->v[32 * s + k] = x.qs[16 * s + k] & 15;
+                sb->v[32 * s + 16 + k] = x.qs[16 * s + k] >> 4;
+            }
+        }
+        return;
+    }
+    struct bp_block_q5_k x; /* Q4_K: the same without qh */
+    const bool q5 = type == BP_TYPE_Q5_K;
+    memcpy(&x, in, 16);
+    memset(x.qh, 0, sizeof(x.qh));
+    if (q5)
+        memcpy(x.qh, in + 16, sizeof(x.qh));
+    memcpy(x.qs, in + 16 + (q5 ? sizeof(x.qh) : 0), sizeof(x.qs));
+    sb->d = x.d;
+    sb->dmin = x.dmin;
+    k4_decode(x.scales, sb->sc, sb->mn);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            sb->v[64 * c + l] = (uint8_t)((x.qs[32 * c + l] & 15) | (x.qh[l] >> 2 * c & 1) << 4);
+            sb->v[64 * c + 32 + l] =
+                (uint8_t)((x.qs[32 * c + l] >> 4) | (x.qh[l] >> (2 * c + 1) & 1) << 4);
+        }
+}
+
+static void super_encode(enum bp_type type, const struct superblock *sb, char *out)
+{
+    if (type == BP_TYPE_IQ4_XS) {
+        struct bp_block_iq4_xs x;
+        memset(&x, 0, sizeof(x));
+        x.d = sb->d;
+        for (int s = 0; s < 8; s++) {
+            const int ls = sb->sc[s];
+            x.scales_l[s / 2] |= (uint8_t)((ls & 15) << 4 * (s % 2));
+            x.scales_h |= (uint16_t)((ls >> 4 & 3) << 2 * s);
+            for (int k = 0; k < 16; k++)
+                x.qs[16 * s + k] =
+                    (uint8_t)((sb->v[32 * s + k] & 15) | (sb->v[32 * s + 16 + k] & 15) << 4);
+        }
+        memcpy(out, &x, sizeof(x));
+        return;
+    }
+    struct bp_block_q5_k x;
+    const bool q5 = type == BP_TYPE_Q5_K;
+    memset(&x, 0, sizeof(x));
+    x.d = sb->d;
+    x.dmin = sb->dmin;
+    k4_encode(sb->sc, sb->mn, x.scales);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t lo = sb->v[64 * c + l], hi = sb->v[64 * c + 32 + l];
+            x.qs[32 * c + l] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+            x.qh[l] |= (uint8_t)((lo >> 4 & 1) << 2 * c | (hi >> 4 & 1) << (2 * c + 1));
+        }
+    memcpy(out, &x, 16);
+    if (q5)
+        memcpy(out + 16, x.qh, sizeof(x.qh));
+    memcpy(out + 16 + (q5 ? sizeof(x.qh) : 0), x.qs, sizeof(x.qs));
+}
+
+/* Row j's super-block i out of the layout, or into it: sub-block kb = 8i + s as a block of 32
+ * of the repacked layout (16 quant bytes: value k in the low nibble of byte k, 16 + k in the
+ * high; Q5_K's fifth bits, byte t for values 8t..8t+7), then the super-block's scales. */
+static void super_out(const struct parts *p, enum bp_type type, int j, int64_t i,
+                      struct superblock *sb)
+{
+    const int64_t sbb = sbytes(type), hb = hbytes(type), headb = headbytes(type);
+    for (int s = 0; s < 8; s++) {
+        const int64_t kb = 8 * i + s;
+        uint8_t *v = sb->v + 32 * s, b[16];
+        for (int u = 0; u < 2; u++)
+            memcpy(b + 8 * u, p->q + kb * GROUP * 16 + 64 * u + 8 * j, 8);
+        for (int k = 0; k < 16; k++) {
+            v[k] = b[k] & 15;
+            v[16 + k] = b[k] >> 4;
+        }
+        for (int64_t t = 0; t < hb; t++) {
+            const uint8_t bits = (uint8_t)p->h[kb * GROUP * hb + GROUP * t + j];
+            for (int x = 0; x < 8; x++)
+                v[8 * t + x] |= (uint8_t)((bits >> x & 1) << 4);
+        }
+        const uint8_t *sc = (const uint8_t *)p->s + kb * GROUP * sbb + sbb * j;
+        sb->sc[s] = sc[0];
+        sb->mn[s] = sbb > 1 ? sc[1] : 0;
+    }
+    const uint16_t *head = (const uint16_t *)(p->head + i * GROUP * headb + headb * j);
+    sb->d = head[0];
+    sb->dmin = headb > 2 ? head[1] : 0;
+}
+
+static void super_in(const struct parts *p, enum bp_type type, int j, int64_t i,
+                     const struct superblock *sb)
+{
+    const int64_t sbb = sbytes(type), hb = hbytes(type), headb = headbytes(type);
+    for (int s = 0; s < 8; s++) {
+        const int64_t kb = 8 * i + s;
+        const uint8_t *v = sb->v + 32 * s;
+        uint8_t b[16];
+        for (int k = 0; k < 16; k++)
+            b[k] = (uint8_t)((v[k] & 15) | (v[16 + k] & 15) << 4);
+        for (int u = 0; u < 2; u++)
+            memcpy(p->q + kb * GROUP * 16 + 64 * u + 8 * j, b + 8 * u, 8);
+        for (int64_t t = 0; t < hb; t++) {
+            uint8_t bits = 0;
+            for (int x = 0; x < 8; x++)
+                bits |= (uint8_t)((v[8 * t + x] >> 4 & 1) << x);
+            p->h[kb * GROUP * hb + GROUP * t + j] = (char)bits;
+        }
+        uint8_t *sc = (uint8_t *)p->s + kb * GROUP * sbb + sbb * j;
+        sc[0] = sb->sc[s];
+        if (sbb > 1)
+            sc[1] = sb->mn[s];
+    }
+    uint16_t *head = (uint16_t *)(p->head + i * GROUP * headb + headb * j);
+    head[0] = sb->d;
+    if (headb > 2)
+        head[1] = sb->dmin;
+}
+
+/* Block kb of row r (of the type's own size: 32 values, or 256 for the super-block types). */
 void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *out)
 {
-    block_out(group_of(t, r / GROUP), t->ne[0] / 32, t->type, (int)(r % GROUP), kb, out);
+    const struct parts p = parts_of(group_of(t, r / GROUP), t->ne[0] / 32, t->type);
+    if (superblock(t->type)) {
+        struct superblock sb;
+        super_out(&p, t->type, (int)(r % GROUP), kb, &sb);
+        super_encode(t->type, &sb, out);
+    } else
+        block_out(&p, t->type, (int)(r % GROUP), kb, out);
+}
+
+/* Block kb of row r of a repacked tensor of type and row length ne0 whose data is at data. */
+static void put_block_at(char *data, enum bp_type type, int64_t ne0, int64_t r, int64_t kb,
+                         const void *in)
+{
+    const struct parts p = parts_of(data + r / GROUP * GROUP * row_bytes(type, ne0), ne0 / 32, type);
+    if (superblock(type)) {
+        struct superblock sb;
+        super_decode(type, in, &sb);
+        super_in(&p, type, (int)(r % GROUP), kb, &sb);
+    } else
+        block_in(&p, type, (int)(r % GROUP), kb, in);
 }
 
 static void put_block(const bp_tensor *t, int64_t r, int64_t kb, const void *in)
 {
-    block_in(group_of(t, r / GROUP), t->ne[0] / 32, t->type, (int)(r % GROUP), kb, in);
+    put_block_at(t->data, t->type, t->ne[0], r, kb, in);
 }
 
 static size_t repacked_size(const bp_tensor *t)
 {
     const int64_t rows = (n_rows(t) + GROUP - 1) / GROUP * GROUP;
-    return (size_t)rows * (size_t)(t->ne[0] / 32 * block_bytes(t->type));
+    return (size_t)rows * (size_t)row_bytes(t->type, t->ne[0]);
 }
 
 /* ---- Buffers ------------------------------------------------------------------------------ */
 
+/* A tensor of a super-block type stored in a buffer: clear fills its blocks, whose bytes in the
+ * layout are not the block's own. */
+struct super_tensor {
+    size_t offset; /* from the buffer's base */
+    enum bp_type type;
+    int64_t ne0, rows;
+};
+
 struct repack_buffer {
     void *mem;
+    struct super_tensor *supers;
+    size_t n_supers, cap_supers;
 };
 
 static void *rb_base(bp_buffer *buf)
@@ -219,16 +452,30 @@ static void rb_free(bp_buffer *buf)
 {
     struct repack_buffer *rb = bp_buffer_get_context(buf);
     free(rb->mem);
+    free(rb->supers);
     free(rb);
 }
 
 /* The padding rows of the last group are zero (scale 0), so the kernels may read them. */
 static enum bp_status rb_init_tensor(bp_buffer *buf, bp_tensor *t)
 {
-    (void)buf;
+    struct repack_buffer *rb = bp_buffer_get_context(buf);
+    if (eligible(t) && superblock(t->type)) {
+        if (rb->n_supers == rb->cap_supers) {
+            const size_t cap = rb->cap_supers ? 2 * rb->cap_supers : 16;
+            struct super_tensor *n = realloc(rb->supers, cap * sizeof(*n));
+            if (n == NULL)
+                return bp_set_error(BP_ERR_OUT_OF_MEMORY, "CPU_REPACK: out of memory "
+                                    "initialising tensor %s", t->name);
+            rb->supers = n;
+            rb->cap_supers = cap;
+        }
+        rb->supers[rb->n_supers++] = (struct super_tensor){
+            (size_t)((char *)t->data - (char *)rb->mem), t->type, t->ne[0], n_rows(t)};
+    }
     if (eligible(t)) {
-        const int64_t nblk = t->ne[0] / 32;
-        const char zero[34] = {0};
+        const int64_t nblk = t->ne[0] / bp_type_block_size(t->type);
+        const char zero[MAX_BLOCK] = {0};
         for (int64_t r = n_rows(t); r % GROUP != 0; r++)
             for (int64_t kb = 0; kb < nblk; kb++)
                 put_block(t, r, kb, zero);
@@ -240,7 +487,7 @@ static enum bp_status rb_init_tensor(bp_buffer *buf, bp_tensor *t)
  * (not a view of it), whole blocks. */
 static enum bp_status check_range(const char *fn, const bp_tensor *t, size_t offset, size_t size)
 {
-    const size_t bs = (size_t)block_bytes(t->type);
+    const size_t bs = bp_type_size(t->type);
     char desc[BP_TENSOR_DESC_SIZE], src_desc[BP_TENSOR_DESC_SIZE];
     if (t->view_src != NULL)
         return bp_set_error(BP_ERR_INVALID_ARG, "CPU_REPACK %s: %s is a view of a repacked "
@@ -265,7 +512,8 @@ static enum bp_status rb_set(bp_buffer *buf, bp_tensor *t, const void *data, siz
         return BP_OK;
     }
     enum bp_status st = check_range("set", t, offset, size);
-    const int64_t nblk = t->ne[0] / 32, bs = block_bytes(t->type), b0 = (int64_t)offset / bs;
+    const int64_t nblk = t->ne[0] / bp_type_block_size(t->type);
+    const int64_t bs = (int64_t)bp_type_size(t->type), b0 = (int64_t)offset / bs;
     for (int64_t i = 0; st == BP_OK && i < (int64_t)size / bs; i++)
         put_block(t, (b0 + i) / nblk, (b0 + i) % nblk, (const char *)data + i * bs);
     return st;
@@ -280,7 +528,8 @@ static enum bp_status rb_get(bp_buffer *buf, const bp_tensor *t, void *data, siz
         return BP_OK;
     }
     enum bp_status st = check_range("get", t, offset, size);
-    const int64_t nblk = t->ne[0] / 32, bs = block_bytes(t->type), b0 = (int64_t)offset / bs;
+    const int64_t nblk = t->ne[0] / bp_type_block_size(t->type);
+    const int64_t bs = (int64_t)bp_type_size(t->type), b0 = (int64_t)offset / bs;
     for (int64_t i = 0; st == BP_OK && i < (int64_t)size / bs; i++)
         bp_cpu_repack_get_block(t, (b0 + i) / nblk, (b0 + i) % nblk, (char *)data + i * bs);
     return st;
@@ -297,17 +546,29 @@ static enum bp_status rb_memset(bp_buffer *buf, bp_tensor *t, uint8_t value, siz
         return BP_OK;
     }
     enum bp_status st = check_range("memset", t, offset, size);
-    char blk[34];
+    char blk[MAX_BLOCK];
     memset(blk, value, sizeof(blk));
-    const int64_t nblk = t->ne[0] / 32, bs = block_bytes(t->type), b0 = (int64_t)offset / bs;
+    const int64_t nblk = t->ne[0] / bp_type_block_size(t->type);
+    const int64_t bs = (int64_t)bp_type_size(t->type), b0 = (int64_t)offset / bs;
     for (int64_t i = 0; st == BP_OK && i < (int64_t)size / bs; i++)
         put_block(t, (b0 + i) / nblk, (b0 + i) % nblk, blk);
     return st;
 }
 
+/* Every byte of the buffer, and so of every block of the tensors of 32 values; the super-block
+ * types' blocks are filled as memset fills them, so that they read back as value too. */
 static enum bp_status rb_clear(bp_buffer *buf, uint8_t value)
 {
-    memset(rb_base(buf), value, bp_buffer_get_size(buf));
+    const struct repack_buffer *rb = bp_buffer_get_context(buf);
+    memset(rb->mem, value, bp_buffer_get_size(buf));
+    char blk[MAX_BLOCK];
+    memset(blk, value, sizeof(blk));
+    for (size_t i = 0; value != 0 && i < rb->n_supers; i++) {
+        const struct super_tensor *st = &rb->supers[i];
+        for (int64_t r = 0; r < st->rows; r++)
+            for (int64_t kb = 0; kb < st->ne0 / 256; kb++)
+                put_block_at((char *)rb->mem + st->offset, st->type, st->ne0, r, kb, blk);
+    }
     return BP_OK;
 }
 
@@ -387,13 +648,49 @@ int32_t bp_cpu_repack_ycorr(enum bp_type type)
 {
     if (has_min(type)) /* Q4_1, Q5_1: no offset; the raw sums, for their minimums */
         return 1;
-    return type == BP_TYPE_Q4_0 ? -4 : type == BP_TYPE_Q5_0 ? -8 : -64;
+    return type == BP_TYPE_Q4_0 ? -4 : type == BP_TYPE_Q5_0 ? -8 : -64; /* -64: IQ4_XS too */
 }
 
 #ifdef BP_CPU_REPACK_KERNEL
 
 #if defined(BP_CPU_HAVE_AVX512)
 #include "cpu-unpack32.h" /* iq4nl_values */
+
+__m256i bp_cpu_repack_unpack_q(const bp_tensor *t, int64_t r, int64_t kb, float *d, float *m)
+{
+    const enum bp_type type = t->type;
+    if (!superblock(type)) {
+        char plain[MAX_BLOCK];
+        bp_cpu_repack_get_block(t, r, kb, plain);
+        return bp_cpu_unpack_q(type, plain, 0, d, m);
+    }
+    const int j = (int)(r % GROUP);
+    const struct parts p = parts_of(group_of(t, r / GROUP), t->ne[0] / 32, type);
+    uint8_t b[16];
+    for (int u = 0; u < 2; u++)
+        memcpy(b + 8 * u, p.q + kb * GROUP * 16 + 64 * u + 8 * j, 8);
+    __m256i q = nibbles32(b);
+    const int64_t sbb = sbytes(type), headb = headbytes(type);
+    const uint8_t *sc = (const uint8_t *)p.s + kb * GROUP * sbb + sbb * j;
+    uint16_t head[2];
+    memcpy(head, p.head + kb / 8 * GROUP * headb + headb * j, (size_t)headb);
+    if (type == BP_TYPE_IQ4_XS) {
+        const __m256i tbl =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
+        *d = bp_cpu_half_to_float(head[0]) * (float)(sc[0] - 32);
+        *m = 0.0f;
+        return _mm256_shuffle_epi8(tbl, q);
+    }
+    if (type == BP_TYPE_Q5_K) {
+        uint8_t h[4];
+        for (int u = 0; u < 4; u++)
+            h[u] = (uint8_t)p.h[kb * GROUP * 4 + GROUP * u + j];
+        q = _mm256_or_si256(q, _mm256_and_si256(bits32(h), _mm256_set1_epi8(16)));
+    }
+    *d = bp_cpu_half_to_float(head[0]) * (float)sc[0];
+    *m = -bp_cpu_half_to_float(head[1]) * (float)sc[1];
+    return q;
+}
 
 #define NC_MAX 4 /* columns per pass */
 #define BY_COLUMNS(nc, CALL) BP_CPU_BY_COLUMNS(nc, CALL)
@@ -415,7 +712,9 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
     const int64_t qs_bytes = GROUP * qbytes(type), hs_bytes = GROUP * hbytes(type);
     const int64_t sc_bytes = GROUP * sbytes(type);
     const bool mins = has_min(type);
+    const bool k4 = type == BP_TYPE_Q4_K || type == BP_TYPE_Q5_K;
     const char *hbits = grp + nblk * qs_bytes, *sc = hbits + nblk * hs_bytes;
+    const char *head = sc + nblk * sc_bytes; /* the super-blocks' scales */
     const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     /* Scales and minimums interleaved (Q4_1, Q5_1: d0 m0 d1 m1 ...): each row's d in both its
      * lanes, its m in the first only (the two lanes are added at the end). */
@@ -448,12 +747,12 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
             v[1] = _mm512_and_si512(q1, m);
             v[2] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m);
             v[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m);
-            if (type == BP_TYPE_IQ4_NL)
+            if (type == BP_TYPE_IQ4_NL || type == BP_TYPE_IQ4_XS)
                 for (int u = 0; u < 4; u++)
                     v[u] = _mm512_shuffle_epi8(iq4nl_u8, v[u]);
             /* Q5_0: the 8 bytes at 8u of the block's fifth bits are the eight rows' bits for
              * values 8u..8u+7, byte j row j's: a mask lined up with v[u]. */
-            if (type == BP_TYPE_Q5_0 || type == BP_TYPE_Q5_1)
+            if (hs_bytes != 0)
                 for (int u = 0; u < 4; u++) {
                     uint64_t bits;
                     memcpy(&bits, hbits + kb * hs_bytes + 8 * u, sizeof(bits));
@@ -465,7 +764,27 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
                 v[u] = _mm512_xor_si512(_mm512_loadu_si512(q + 64 * u), flip);
         }
         __m512 sw, mw = _mm512_setzero_ps();
-        if (mins) {
+        if (k4) {
+            /* The super-block's d and dmin times the sub-block's scale and minimum, interleaved
+             * as Q4_1's d and m; the minimum subtracts. */
+            const __m512 dd = _mm512_cvtph_ps(
+                _mm256_loadu_si256((const __m256i *)(head + kb / 8 * GROUP * 4)));
+            __m512 s = _mm512_cvtepi32_ps(
+                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + kb * sc_bytes))));
+            s = _mm512_mask_sub_ps(s, 0xaaaa, _mm512_setzero_ps(), s);
+            const __m512 dm = _mm512_mul_ps(dd, s);
+            sw = _mm512_permutexvar_ps(dup_d, dm);
+            mw = _mm512_maskz_permutexvar_ps(0x5555, at_m, dm);
+        } else if (type == BP_TYPE_IQ4_XS) {
+            /* d times the 6-bit scale less 32 */
+            const __m256 dd =
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + kb / 8 * GROUP * 2)));
+            const __m256 s = _mm256_sub_ps(
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(sc + kb * sc_bytes)))),
+                _mm256_set1_ps(32.0f));
+            sw = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_mul_ps(dd, s)));
+        } else if (mins) {
             const __m512 dm =
                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + kb * sc_bytes)));
             sw = _mm512_permutexvar_ps(dup_d, dm);
@@ -591,6 +910,9 @@ static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
 #define Q5(c) group_t(BP_TYPE_Q5_0, c, grp, nblk, y, ycorr, yd, out)
 #define Q41(c) group_t(BP_TYPE_Q4_1, c, grp, nblk, y, ycorr, yd, out)
 #define Q51(c) group_t(BP_TYPE_Q5_1, c, grp, nblk, y, ycorr, yd, out)
+#define Q4K(c) group_t(BP_TYPE_Q4_K, c, grp, nblk, y, ycorr, yd, out)
+#define Q5K(c) group_t(BP_TYPE_Q5_K, c, grp, nblk, y, ycorr, yd, out)
+#define XS(c) group_t(BP_TYPE_IQ4_XS, c, grp, nblk, y, ycorr, yd, out)
 #if defined(BP_CPU_HAVE_AVX512)
     if (type == BP_TYPE_Q4_0) {
         BY_COLUMNS(nc, Q4)
@@ -602,6 +924,12 @@ static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
         BY_COLUMNS(nc, Q41)
     } else if (type == BP_TYPE_Q5_1) {
         BY_COLUMNS(nc, Q51)
+    } else if (type == BP_TYPE_Q4_K) {
+        BY_COLUMNS(nc, Q4K)
+    } else if (type == BP_TYPE_Q5_K) {
+        BY_COLUMNS(nc, Q5K)
+    } else if (type == BP_TYPE_IQ4_XS) {
+        BY_COLUMNS(nc, XS)
     } else {
         BY_COLUMNS(nc, Q8)
     }
@@ -615,6 +943,9 @@ static void group(enum bp_type type, int nc, const char *grp, int64_t nblk,
 #undef Q5
 #undef Q41
 #undef Q51
+#undef Q4K
+#undef Q5K
+#undef XS
 }
 #undef BY_COLUMNS
 
