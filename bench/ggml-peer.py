@@ -194,7 +194,7 @@ def time_ggml(wtype, M, K, N, threads, min_time, use_repack):
 def time_ours(tool, wtype, M, K, N, threads, min_time, half, disable=None):
     """bench-matmul's GFLOP/s for the same case (the types CPU_REPACK stores, repacked; with half,
     BF16/F16 products under BP_MM_PRECISION_HALF, ggml's precision)."""
-    t = wtype + "_repack" if wtype in ("q8_0", "q4_0", "iq4_nl", "q5_0", "q4_1", "q5_1", "q4_k",
+    t = wtype + "_repack" if wtype.lower() in ("q8_0", "q4_0", "iq4_nl", "q5_0", "q4_1", "q5_1", "q4_k",
                                        "q5_k", "iq4_xs") else wtype
     if half and wtype in ("bf16", "f16"):
         t += "_half"

@@ -37,12 +37,13 @@
 
 /* Fewest columns worth unpacking a strip (below, cpu-qtypes.c's dot products). */
 #define INT8_MIN_N 16
-/* The same for Q4_1, Q5_0, Q5_1 and IQ4_NL in the CPU_REPACK layout, whose strips are unpacked
- * from that layout one block at a time (bp_cpu_repack_get_block): below this the layout's own
- * kernel is faster. GFLOP/s, M = K = 4096, 2 threads, no AMX, Q5_0 / IQ4_NL, this kernel
- * against the repacked one: N = 64 182 / 251 against about 300, N = 128 327 / 344 against
- * 261 / 296, N = 512 446 / 370 against 217 / 137-300. */
-#define INT8_MIN_N_REPACKED 128
+/* The same for the types in the CPU_REPACK layout other than Q4_0 and Q8_0, whose strips are
+ * unpacked from that layout eight rows at a time (bp_cpu_repack_unpack_group): below this the
+ * layout's own kernel is faster. GFLOP/s, M = K = 4096, 2 threads, no AMX, N = 32, this kernel
+ * against the layout's: Q4_K 296 / 359, Q5_K 308 / 246, IQ4_XS 325 / 320, Q4_1 343 / 388,
+ * IQ4_NL 342 / 351; at N = 64 this kernel wins for every type (Q4_K 388, IQ4_XS 401 against the
+ * layout's 340-390). */
+#define INT8_MIN_N_REPACKED 32
 
 bool bp_cpu_gemm_int8_use(const bp_tensor *dst)
 {
@@ -62,7 +63,8 @@ bool bp_cpu_gemm_int8_use(const bp_tensor *dst)
     default:
         return false;
     }
-    /* Of these types, Q4_1, Q5_0, Q5_1 and IQ4_NL may be in the CPU_REPACK layout. */
+    /* Of these types, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and IQ4_XS may be in the CPU_REPACK
+     * layout. */
     return dst->ne[1] >= (bp_cpu_repacked_base(a) != NULL ? INT8_MIN_N_REPACKED : INT8_MIN_N);
 }
 
@@ -112,7 +114,7 @@ BP_CPU_INLINE void pack_strip_t(const enum bp_type type, const bp_tensor *a, con
 {
     const bool sgn = signed_q(type), sub16 = by16(type);
     const bool repacked = bp_cpu_repacked_base(a) != NULL;
-    /* Repacked weights come as blocks of 32, with their scales (bp_cpu_repack_unpack_q). */
+    /* Repacked weights come as blocks of 32, with their scales (bp_cpu_repack_unpack_group). */
     const bool superblk = !repacked && (type == BP_TYPE_Q2_K || type == BP_TYPE_Q3_K ||
                                         type == BP_TYPE_Q4_K || type == BP_TYPE_Q5_K ||
                                         type == BP_TYPE_Q6_K || type == BP_TYPE_IQ4_XS);
@@ -127,7 +129,32 @@ BP_CPU_INLINE void pack_strip_t(const enum bp_type type, const bp_tensor *a, con
          * super-blocks', below. */
         __m512i v[16];
         float d[2][16], m[2][16]; /* [block][row] */
-        for (int r = 0; r < 16; r++) {
+        if (repacked) { /* eight rows of the layout at a time (m0 is a multiple of 16) */
+            int8_t qv[2][16][32];
+            for (int h = 0; h < 2; h++)
+                for (int gi = 0; gi < 2; gi++) {
+                    if (t + h < nb)
+                        bp_cpu_repack_unpack_group(a, m0 / 8 + gi, t + h, qv[h][8 * gi],
+                                                   d[h] + 8 * gi, m[h] + 8 * gi);
+                    else {
+                        memset(qv[h][8 * gi], 0, 8 * 32);
+                        memset(d[h] + 8 * gi, 0, 8 * sizeof(float));
+                        memset(m[h] + 8 * gi, 0, 8 * sizeof(float));
+                    }
+                }
+            for (int r = 0; r < 16; r++) {
+                __m256i q[2];
+                for (int h = 0; h < 2; h++) {
+                    q[h] = _mm256_loadu_si256((const __m256i *)qv[h][r]);
+                    if (sgn) {
+                        q[h] = _mm256_xor_si256(q[h], flip);
+                        m[h][r] -= 128.0f * d[h][r];
+                    }
+                }
+                v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
+            }
+        }
+        for (int r = 0; r < 16 && !repacked; r++) {
             __m256i q[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
             for (int h = 0; h < 2; h++) {
                 d[h][r] = m[h][r] = 0.0f;
@@ -137,8 +164,6 @@ BP_CPU_INLINE void pack_strip_t(const enum bp_type type, const bp_tensor *a, con
                     q[h] = bp_cpu_unpack_q16(type, rowp[r], t + h);
                 else if (superblk)
                     q[h] = bp_cpu_unpack_q(type, rowp[r], t + h, NULL, NULL);
-                else if (repacked)
-                    q[h] = bp_cpu_repack_unpack_q(a, m0 + r, t + h, &d[h][r], &m[h][r]);
                 else
                     q[h] = bp_cpu_unpack_q(type, rowp[r], t + h, &d[h][r], &m[h][r]);
                 if (sgn) {

@@ -234,11 +234,13 @@ bool bp_cpu_repack_stores(enum bp_type type);
  * Q4_K, Q5_K and IQ4_XS). */
 void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *out);
 #if defined(BP_CPU_HAVE_AVX512) && defined(BP_CPU_REPACK_KERNEL)
-/* Block (sub-block) kb of 32 values of row r of repacked t, not Q4_0 or Q8_0, as
- * bp_cpu_unpack_q gives a block of 32 (cpu-unpack32.h): its values in element order, unsigned
- * for the types with a minimum (Q4_1, Q5_1, Q4_K, Q5_K) and signed for the others, and *d, *m
- * with value = d q + m (for the super-block types, their scales times the sub-block's). */
-__m256i bp_cpu_repack_unpack_q(const bp_tensor *t, int64_t r, int64_t kb, float *d, float *m);
+/* Block (sub-block) kb of 32 values of the eight rows of group g (rows 8g..8g+7; past the
+ * tensor's last row, zero) of repacked t, not Q4_0 or Q8_0, as bp_cpu_unpack_q gives a block of
+ * 32 (cpu-unpack32.h): row j's values in element order at q + 32 j, unsigned for the types
+ * with a minimum (Q4_1, Q5_1, Q4_K, Q5_K) and signed for the others, and d[j], m[j] with
+ * value = d q + m (for the super-block types, their scales times the sub-block's). */
+void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int64_t kb, int8_t *q, float *d,
+                                float *m);
 #endif
 /* What the kernels want each activation block's quant sum multiplied by, per lane (ycorr). */
 int32_t bp_cpu_repack_ycorr(enum bp_type type);

@@ -656,40 +656,79 @@ int32_t bp_cpu_repack_ycorr(enum bp_type type)
 #if defined(BP_CPU_HAVE_AVX512)
 #include "cpu-unpack32.h" /* iq4nl_values */
 
-__m256i bp_cpu_repack_unpack_q(const bp_tensor *t, int64_t r, int64_t kb, float *d, float *m)
+void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int64_t kb, int8_t *q, float *d,
+                                float *m)
 {
     const enum bp_type type = t->type;
-    if (!superblock(type)) {
-        char plain[MAX_BLOCK];
-        bp_cpu_repack_get_block(t, r, kb, plain);
-        return bp_cpu_unpack_q(type, plain, 0, d, m);
+    if (g * GROUP >= n_rows(t)) { /* past the last group */
+        memset(q, 0, GROUP * 32);
+        memset(d, 0, GROUP * sizeof(float));
+        memset(m, 0, GROUP * sizeof(float));
+        return;
     }
-    const int j = (int)(r % GROUP);
-    const struct parts p = parts_of(group_of(t, r / GROUP), t->ne[0] / 32, type);
-    uint8_t b[16];
-    for (int u = 0; u < 2; u++)
-        memcpy(b + 8 * u, p.q + kb * GROUP * 16 + 64 * u + 8 * j, 8);
-    __m256i q = nibbles32(b);
-    const int64_t sbb = sbytes(type), headb = headbytes(type);
-    const uint8_t *sc = (const uint8_t *)p.s + kb * GROUP * sbb + sbb * j;
-    uint16_t head[2];
-    memcpy(head, p.head + kb / 8 * GROUP * headb + headb * j, (size_t)headb);
-    if (type == BP_TYPE_IQ4_XS) {
-        const __m256i tbl =
-            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
-        *d = bp_cpu_half_to_float(head[0]) * (float)(sc[0] - 32);
-        *m = 0.0f;
-        return _mm256_shuffle_epi8(tbl, q);
+    const struct parts p = parts_of(group_of(t, g), t->ne[0] / 32, type);
+    /* Lane l (128 bits) of each run holds rows 2l and 2l + 1, 8 bytes each: unpacking 64-bit
+     * halves gives each row its 16 bytes, whose low nibbles are values 0-15, high ones 16-31. */
+    const char *qp = p.q + kb * GROUP * 16;
+    const __m512i r0 = _mm512_loadu_si512(qp), r1 = _mm512_loadu_si512(qp + 64);
+    const __m512i m15 = _mm512_set1_epi8(15);
+    const __m512i ev = _mm512_unpacklo_epi64(r0, r1), od = _mm512_unpackhi_epi64(r0, r1);
+    uint8_t nib[4][64]; /* low and high nibbles of the even rows, then of the odd ones */
+    _mm512_storeu_si512(nib[0], _mm512_and_si512(ev, m15));
+    _mm512_storeu_si512(nib[1], _mm512_and_si512(_mm512_srli_epi16(ev, 4), m15));
+    _mm512_storeu_si512(nib[2], _mm512_and_si512(od, m15));
+    _mm512_storeu_si512(nib[3], _mm512_and_si512(_mm512_srli_epi16(od, 4), m15));
+    const int64_t hb = hbytes(type), sbb = sbytes(type), headb = headbytes(type);
+    const uint8_t *h = (const uint8_t *)p.h + kb * GROUP * hb;
+    const uint8_t *sc = (const uint8_t *)p.s + kb * GROUP * sbb;
+    const char *head = p.head + kb / 8 * GROUP * headb;
+    const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
+    for (int j = 0; j < GROUP; j++) {
+        const uint8_t *lo = nib[2 * (j % 2)] + 16 * (j / 2);
+        const uint8_t *hi = nib[2 * (j % 2) + 1] + 16 * (j / 2);
+        __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)hi),
+                                     _mm_loadu_si128((const __m128i *)lo));
+        if (hb != 0) { /* byte u of the fifth bits: values 8u..8u+7 of the eight rows */
+            const uint32_t bits = (uint32_t)h[j] | (uint32_t)h[GROUP + j] << 8 |
+                                  (uint32_t)h[2 * GROUP + j] << 16 |
+                                  (uint32_t)h[3 * GROUP + j] << 24;
+            v = _mm256_mask_mov_epi8(v, bits, _mm256_or_si256(v, _mm256_set1_epi8(16)));
+        }
+        uint16_t hd[2] = {0, 0}; /* fixed sizes: a copy of headb bytes stalls the loads */
+        if (headb == 4)
+            memcpy(hd, head + 4 * j, 4);
+        else if (headb == 2)
+            memcpy(hd, head + 2 * j, 2);
+        switch (type) {
+        case BP_TYPE_Q4_K:
+        case BP_TYPE_Q5_K:
+            d[j] = bp_cpu_half_to_float(hd[0]) * (float)sc[2 * j];
+            m[j] = -bp_cpu_half_to_float(hd[1]) * (float)sc[2 * j + 1];
+            break;
+        case BP_TYPE_IQ4_XS:
+            v = _mm256_shuffle_epi8(tbl, v);
+            d[j] = bp_cpu_half_to_float(hd[0]) * (float)(sc[j] - 32);
+            m[j] = 0.0f;
+            break;
+        case BP_TYPE_Q4_1:
+        case BP_TYPE_Q5_1: {
+            uint16_t dm[2];
+            memcpy(dm, sc + 4 * j, sizeof(dm));
+            d[j] = bp_cpu_half_to_float(dm[0]);
+            m[j] = bp_cpu_half_to_float(dm[1]);
+            break;
+        }
+        default: { /* Q5_0 (q - 16), IQ4_NL */
+            uint16_t dd;
+            memcpy(&dd, sc + 2 * j, sizeof(dd));
+            d[j] = bp_cpu_half_to_float(dd);
+            m[j] = 0.0f;
+            v = type == BP_TYPE_IQ4_NL ? _mm256_shuffle_epi8(tbl, v)
+                                       : _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+        }
+        }
+        _mm256_storeu_si256((__m256i *)(q + 32 * j), v);
     }
-    if (type == BP_TYPE_Q5_K) {
-        uint8_t h[4];
-        for (int u = 0; u < 4; u++)
-            h[u] = (uint8_t)p.h[kb * GROUP * 4 + GROUP * u + j];
-        q = _mm256_or_si256(q, _mm256_and_si256(bits32(h), _mm256_set1_epi8(16)));
-    }
-    *d = bp_cpu_half_to_float(head[0]) * (float)sc[0];
-    *m = -bp_cpu_half_to_float(head[1]) * (float)sc[1];
-    return q;
 }
 
 #define NC_MAX 4 /* columns per pass */
