@@ -682,51 +682,63 @@ void bp_cpu_repack_unpack_group(const bp_tensor *t, int64_t g, int64_t kb, int8_
     const uint8_t *h = (const uint8_t *)p.h + kb * GROUP * hb;
     const uint8_t *sc = (const uint8_t *)p.s + kb * GROUP * sbb;
     const char *head = p.head + kb / 8 * GROUP * headb;
+    /* The eight rows' scales (and minimums) at once: pairs (d, m) come interleaved. */
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 dm = _mm512_setzero_ps(); /* d0 m0 d1 m1 ... */
+    switch (type) {
+    case BP_TYPE_Q4_K:
+    case BP_TYPE_Q5_K: /* d s and -dmin m */
+        dm = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head)),
+                           _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                               _mm_loadu_si128((const __m128i *)sc))));
+        dm = _mm512_mask_sub_ps(dm, 0xaaaa, _mm512_setzero_ps(), dm);
+        break;
+    case BP_TYPE_Q4_1:
+    case BP_TYPE_Q5_1:
+        dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
+        break;
+    case BP_TYPE_IQ4_XS: { /* d (s - 32) */
+        const __m256 s8 = _mm256_cvtepi32_ps(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc)));
+        const __m256 d8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head)),
+                                        _mm256_sub_ps(s8, _mm256_set1_ps(32.0f)));
+        dm = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7, 8),
+                                   _mm512_castps256_ps512(d8));
+        dm = _mm512_maskz_mov_ps(0x5555, dm);
+        break;
+    }
+    default: /* Q5_0, IQ4_NL: d */
+        dm = _mm512_maskz_permutexvar_ps(
+            0x5555, _mm512_setr_epi32(0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7, 0),
+            _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc))));
+    }
+    _mm256_storeu_ps(d, _mm512_castps512_ps256(_mm512_permutexvar_ps(even, dm)));
+    _mm256_storeu_ps(m, _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, dm)));
+    /* The fifth bits: byte u of row j (values 8u..8u+7) is byte 8u + j; each row's four
+     * gathered into one 32-bit mask, bit k for value k. */
+    uint32_t bits[GROUP];
+    if (hb != 0) {
+        const __m256i pairs = _mm256_shuffle_epi8(
+            _mm256_loadu_si256((const __m256i *)h),
+            _mm256_broadcastsi128_si256(
+                _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15)));
+        const __m128i b01 = _mm256_castsi256_si128(pairs), b23 = _mm256_extracti128_si256(pairs, 1);
+        _mm_storeu_si128((__m128i *)bits, _mm_unpacklo_epi16(b01, b23));
+        _mm_storeu_si128((__m128i *)(bits + 4), _mm_unpackhi_epi16(b01, b23));
+    }
     const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
     for (int j = 0; j < GROUP; j++) {
         const uint8_t *lo = nib[2 * (j % 2)] + 16 * (j / 2);
         const uint8_t *hi = nib[2 * (j % 2) + 1] + 16 * (j / 2);
         __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)hi),
                                      _mm_loadu_si128((const __m128i *)lo));
-        if (hb != 0) { /* byte u of the fifth bits: values 8u..8u+7 of the eight rows */
-            const uint32_t bits = (uint32_t)h[j] | (uint32_t)h[GROUP + j] << 8 |
-                                  (uint32_t)h[2 * GROUP + j] << 16 |
-                                  (uint32_t)h[3 * GROUP + j] << 24;
-            v = _mm256_mask_mov_epi8(v, bits, _mm256_or_si256(v, _mm256_set1_epi8(16)));
-        }
-        uint16_t hd[2] = {0, 0}; /* fixed sizes: a copy of headb bytes stalls the loads */
-        if (headb == 4)
-            memcpy(hd, head + 4 * j, 4);
-        else if (headb == 2)
-            memcpy(hd, head + 2 * j, 2);
-        switch (type) {
-        case BP_TYPE_Q4_K:
-        case BP_TYPE_Q5_K:
-            d[j] = bp_cpu_half_to_float(hd[0]) * (float)sc[2 * j];
-            m[j] = -bp_cpu_half_to_float(hd[1]) * (float)sc[2 * j + 1];
-            break;
-        case BP_TYPE_IQ4_XS:
+        if (hb != 0)
+            v = _mm256_mask_mov_epi8(v, bits[j], _mm256_or_si256(v, _mm256_set1_epi8(16)));
+        if (type == BP_TYPE_IQ4_XS || type == BP_TYPE_IQ4_NL)
             v = _mm256_shuffle_epi8(tbl, v);
-            d[j] = bp_cpu_half_to_float(hd[0]) * (float)(sc[j] - 32);
-            m[j] = 0.0f;
-            break;
-        case BP_TYPE_Q4_1:
-        case BP_TYPE_Q5_1: {
-            uint16_t dm[2];
-            memcpy(dm, sc + 4 * j, sizeof(dm));
-            d[j] = bp_cpu_half_to_float(dm[0]);
-            m[j] = bp_cpu_half_to_float(dm[1]);
-            break;
-        }
-        default: { /* Q5_0 (q - 16), IQ4_NL */
-            uint16_t dd;
-            memcpy(&dd, sc + 2 * j, sizeof(dd));
-            d[j] = bp_cpu_half_to_float(dd);
-            m[j] = 0.0f;
-            v = type == BP_TYPE_IQ4_NL ? _mm256_shuffle_epi8(tbl, v)
-                                       : _mm256_sub_epi8(v, _mm256_set1_epi8(16));
-        }
-        }
+        else if (type == BP_TYPE_Q5_0)
+            v = _mm256_sub_epi8(v, _mm256_set1_epi8(16));
         _mm256_storeu_si256((__m256i *)(q + 32 * j), v);
     }
 }
