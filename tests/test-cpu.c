@@ -518,7 +518,7 @@ static void variant_done(bp_backend *be)
     unsetenv("BP_CPU_DISABLE");
 }
 
-/* ---- CPU_REPACK: Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1 and Q5_1 weights stored row-interleaved -----
+/* ---- CPU_REPACK: weights stored row-interleaved ---------------------------------------------
  * Run once per kernel and type: the best variant with AMX (where the machine has it), the avx512
  * variant without (its VNNI kernel, and from 128 columns the 8-bit GEMM for the types other than
  * Q4_0 and Q8_0), the avx2 variant (its own kernel for Q4_0; the other types stay plain) and the
@@ -736,8 +736,8 @@ START_TEST(test_repack_mul_mat)
     ck_assert(!bp_buffer_type_is_host(bt));
     ck_assert(bp_backend_supports_buft(be, bt));
 
-    /* N = 96 (past the broadcast kernel's columns) and 130 (where the repacked types other than
-     * Q4_0 and Q8_0 leave the repacked kernel for the 8-bit GEMMs) in a second pass, so the first
+    /* N = 96 (past the broadcast kernel's columns) and 130 (the repacked types other than Q4_0
+     * and Q8_0 leave the repacked kernel for AMX or the 8-bit GEMM from 32) in a second pass, so the first
      * draws the same data as before. */
     static const int64_t ks[] = {32, 96, 544}, ms[] = {1, 7, 8, 37, 64},
                          ns[] = {1, 3, 5, 8, 17, 64, 96, 130};
@@ -855,8 +855,8 @@ static bool under_valgrind(void)
 /* Q4_K, Q5_K and IQ4_XS in CPU_REPACK (stored as sub-blocks of 32 with their super-block's
  * scales beside, where the variant repacks them): every bit of random blocks comes back as it
  * went in, through set and get, memset and clear; MUL_MAT against the runtime's dequantiser in
- * double, at widths that take the layout's kernel (1-17 columns) and the 8-bit GEMMs or AMX
- * reading the layout (130); GET_ROWS bit for bit. Under valgrind, the narrow products only. */
+ * double, at widths that take the layout's kernel (1-17 columns) and the 8-bit GEMM or AMX
+ * reading the layout (40, 130); GET_ROWS bit for bit. Under valgrind, the narrow products only. */
 static const enum bp_type repack_super_types[] = {BP_TYPE_Q4_K, BP_TYPE_Q5_K, BP_TYPE_IQ4_XS};
 
 START_TEST(test_repack_superblocks)
@@ -871,7 +871,7 @@ START_TEST(test_repack_superblocks)
     bp_buffer_type *bt = repack_buft(be);
     const struct bp_type_traits *tr = bp_type_get_traits(type);
     const size_t bs = bp_type_size(type);
-    static const int64_t ks[] = {256, 768}, ms[] = {1, 7, 37}, ns[] = {1, 3, 17, 130};
+    static const int64_t ks[] = {256, 768}, ms[] = {1, 7, 37}, ns[] = {1, 3, 17, 40, 130};
     const size_t n_ns = under_valgrind() ? 2u : sizeof(ns) / sizeof(ns[0]);
     unsigned seed = 23;
     for (size_t ki = 0; ki < 2; ki++)

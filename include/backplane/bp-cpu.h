@@ -18,8 +18,8 @@ extern "C" {
 
 /* A CPU device's "CPU_REPACK" buffer type, for weights only the CPU multiplies: 2-D tensors of
  * the types the loaded CPU variant has a faster kernel for in that layout (Q4_0, Q8_0, IQ4_NL,
- * Q5_0, Q4_1 and Q5_1 with AVX-512 VNNI, Q4_0 with AVX2, none on the baseline:
- * bp_cpu_repack_type_fn says which)
+ * Q5_0, Q4_1, Q5_1, Q4_K, Q5_K and IQ4_XS with AVX-512 VNNI, Q4_0 with AVX2, none on the
+ * baseline: bp_cpu_repack_type_fn says which)
  * placed there are stored row-interleaved for faster MUL_MAT; other tensors are stored as they
  * are. Interleaved tensors are set and read in whole blocks, used directly only by MUL_MAT and
  * GET_ROWS, and copied (unpacked) for anything else. NULL for a device that is not a CPU device

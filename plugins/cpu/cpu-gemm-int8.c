@@ -106,6 +106,36 @@ void bp_cpu_gemm_int8_work_size(const bp_tensor *dst, size_t *per_thread, size_t
     *shared = blocks_bytes(N, nb) + 3 * (size_t)(N * nb) * sizeof(float);
 }
 
+/* Blocks t and t + 1 (if < nb) of the 16 rows from m0 (a multiple of 16) of repacked a, unpacked
+ * eight rows at a time: v[r] holds row r's two blocks, signed types made unsigned. */
+static void unpack_repacked(const bp_tensor *a, int64_t m0, int64_t t, int64_t nb, bool sgn,
+                            __m512i v[16], float d[2][16], float m[2][16])
+{
+    int8_t qv[2][16][32];
+    for (int h = 0; h < 2; h++)
+        for (int gi = 0; gi < 2; gi++) {
+            if (t + h < nb)
+                bp_cpu_repack_unpack_group(a, m0 / 8 + gi, t + h, qv[h][8 * gi], d[h] + 8 * gi,
+                                           m[h] + 8 * gi);
+            else {
+                memset(qv[h][8 * gi], 0, 8 * 32);
+                memset(d[h] + 8 * gi, 0, 8 * sizeof(float));
+                memset(m[h] + 8 * gi, 0, 8 * sizeof(float));
+            }
+        }
+    for (int r = 0; r < 16; r++) {
+        __m256i q[2];
+        for (int h = 0; h < 2; h++) {
+            q[h] = _mm256_loadu_si256((const __m256i *)qv[h][r]);
+            if (sgn) {
+                q[h] = _mm256_xor_si256(q[h], _mm256_set1_epi8((char)0x80));
+                m[h][r] -= 128.0f * d[h][r];
+            }
+        }
+        v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
+    }
+}
+
 /* Rows [m0, m0 + rows) of a (rows <= 16; the rest of the strip zero), all nb blocks, into the
  * panel p: block t at p + t * block_bytes, its eight vectors of quants, then the 16 rows' d and
  * their m (by 16: d of the first half, d of the second, m of the first, m of the second). */
@@ -129,31 +159,8 @@ BP_CPU_INLINE void pack_strip_t(const enum bp_type type, const bp_tensor *a, con
          * super-blocks', below. */
         __m512i v[16];
         float d[2][16], m[2][16]; /* [block][row] */
-        if (repacked) { /* eight rows of the layout at a time (m0 is a multiple of 16) */
-            int8_t qv[2][16][32];
-            for (int h = 0; h < 2; h++)
-                for (int gi = 0; gi < 2; gi++) {
-                    if (t + h < nb)
-                        bp_cpu_repack_unpack_group(a, m0 / 8 + gi, t + h, qv[h][8 * gi],
-                                                   d[h] + 8 * gi, m[h] + 8 * gi);
-                    else {
-                        memset(qv[h][8 * gi], 0, 8 * 32);
-                        memset(d[h] + 8 * gi, 0, 8 * sizeof(float));
-                        memset(m[h] + 8 * gi, 0, 8 * sizeof(float));
-                    }
-                }
-            for (int r = 0; r < 16; r++) {
-                __m256i q[2];
-                for (int h = 0; h < 2; h++) {
-                    q[h] = _mm256_loadu_si256((const __m256i *)qv[h][r]);
-                    if (sgn) {
-                        q[h] = _mm256_xor_si256(q[h], flip);
-                        m[h][r] -= 128.0f * d[h][r];
-                    }
-                }
-                v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
-            }
-        }
+        if (repacked)
+            unpack_repacked(a, m0, t, nb, sgn, v, d, m);
         for (int r = 0; r < 16 && !repacked; r++) {
             __m256i q[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
             for (int h = 0; h < 2; h++) {

@@ -1,10 +1,9 @@
-/* cpu-repack.c - the "CPU_REPACK" buffer type: Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1 and Q5_1 weights
- * stored row-interleaved for the CPU's kernels, converted when they are written and back when
- * they are read.
+/* cpu-repack.c - the "CPU_REPACK" buffer type: Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K
+ * and IQ4_XS weights stored row-interleaved for the CPU's kernels, converted when they are
+ * written and back when they are read.
  *
  * Which tensors: a 2-D (ne[2] = ne[3] = 1), contiguous, non-view tensor of a type this variant
- * repacks (bp_cpu_repack_stores: Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1 and Q5_1 on avx512, Q4_0 on
- * avx2, none on the baseline) placed in a CPU_REPACK buffer is stored repacked; every other
+ * repacks (bp_cpu_repack_stores: all nine on avx512, Q4_0 on avx2, none on the baseline) placed in a CPU_REPACK buffer is stored repacked; every other
  * tensor placed there is stored as it is, as in host memory. Applications reach the buffer type
  * through the CPU registry's proc address "bp_cpu_repack_buffer_type" and use it for weights
  * that the CPU multiplies.
@@ -23,6 +22,10 @@
  *                                      8t + j (bits of values 8t..8t+7)
  *   scales of block kb, after them at kb * 16: the eight rows' f16 scales (Q4_1, Q5_1: at
  *                                      kb * 32, d and m of row 0, of row 1, ...)
+ *   (Q4_K, Q5_K, IQ4_XS: their sub-blocks of 32 as the blocks kb above, laid out as Q4_1's,
+ *   Q5_1's and IQ4_NL's, with the scale and minimum of 6 bits as two bytes per row, row j at
+ *   kb * 16 + 2j (IQ4_XS: one byte, at kb * 8 + j), then per super-block i the rows' f16 d and
+ *   dmin, row j at i * 32 + 4j (IQ4_XS: d, at i * 16 + 2j).)
  *
  * so a 512-bit load of a run gives every row two 32-bit lanes, and an 8-byte broadcast of the
  * activation's quants matches them without any shuffle: for Q8_0, run u holds values 8u..8u+7;
@@ -107,9 +110,9 @@ static int64_t row_bytes(enum bp_type type, int64_t ne0)
 }
 
 /* The types this variant stores repacked: those it has a kernel for that reads them faster than
- * plain rows. Q4_0 with the AVX512-VNNI or the AVX2 kernel; Q8_0, IQ4_NL, Q5_0, Q4_1 and Q5_1
- * only with AVX512-VNNI (Q4_1 at N = 1, M = K = 4096, 2 threads: 132 GFLOP/s against 58 for its
- * dot products; Q5_1 96 against 35): IQ4_NL's values shifted to unsigned bytes (up to 240)
+ * plain rows. Q4_0 with the AVX512-VNNI or the AVX2 kernel; the others only with AVX512-VNNI
+ * (N = 1, M = K = 4096, 2 threads: Q4_1 132 GFLOP/s against 58 for its dot products, Q5_1 96
+ * against 35; M = 32000: Q4_K 172 against 99, IQ4_XS 131 against 85, Q5_K 88 against 74): IQ4_NL's values shifted to unsigned bytes (up to 240)
  * would saturate AVX2's 16-bit pair sums, the fifth bits come in through a mask register, and on
  * the avx2 variant
  * plain Q8_0 rows stream at 0.97 of the read bandwidth at N = 1 against 0.81 repacked (M 32000,
@@ -753,6 +756,46 @@ BP_CPU_INLINE __m512i bcast8(const int8_t *p)
     return _mm512_set1_epi64(v);
 }
 
+/* The scales of block kb of a group's eight rows for the kernel below, each row's in both its
+ * lanes (sw), and its minimum in the first (mw; zero for the types without one): sc points at
+ * the block's scales, head at its super-block's (Q4_K, Q5_K, IQ4_XS). */
+BP_CPU_INLINE void block_scales(const enum bp_type type, const char *sc, const char *head,
+                                __m512 *sw_out, __m512 *mw_out)
+{
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    /* Scales and minimums interleaved (Q4_1, Q5_1: d0 m0 d1 m1 ...): each row's d in both its
+     * lanes, its m in the first only (the two lanes are added at the end). */
+    const __m512i dup_d = _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
+    const __m512i at_m = _mm512_setr_epi32(1, 0, 3, 0, 5, 0, 7, 0, 9, 0, 11, 0, 13, 0, 15, 0);
+    __m512 sw, mw = _mm512_setzero_ps();
+    if (type == BP_TYPE_Q4_K || type == BP_TYPE_Q5_K) {
+        /* The super-block's d and dmin times the sub-block's scale and minimum, interleaved
+         * as Q4_1's d and m; the minimum subtracts. */
+        const __m512 dd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
+        __m512 s = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc)));
+        s = _mm512_mask_sub_ps(s, 0xaaaa, _mm512_setzero_ps(), s);
+        const __m512 dm = _mm512_mul_ps(dd, s);
+        sw = _mm512_permutexvar_ps(dup_d, dm);
+        mw = _mm512_maskz_permutexvar_ps(0x5555, at_m, dm);
+    } else if (type == BP_TYPE_IQ4_XS) {
+        /* d times the 6-bit scale less 32 */
+        const __m256 dd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head));
+        const __m256 s = _mm256_sub_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc))),
+            _mm256_set1_ps(32.0f));
+        sw = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_mul_ps(dd, s)));
+    } else if (has_min(type)) {
+        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
+        sw = _mm512_permutexvar_ps(dup_d, dm);
+        mw = _mm512_maskz_permutexvar_ps(0x5555, at_m, dm);
+    } else {
+        sw = _mm512_permutexvar_ps(
+            dup, _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc))));
+    }
+    *sw_out = sw;
+    *mw_out = mw;
+}
+
 /* One group of eight rows against nc (1-4) columns: out[c * 8 + j] = row j . column c. The
  * weights are used unsigned; ycorr (per lane, two lanes per row) removes the offset. v[u] holds
  * the values 8u..8u+7 of every row, matching the activation's bytes 8u..8u+7. */
@@ -763,14 +806,8 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
     const int64_t qs_bytes = GROUP * qbytes(type), hs_bytes = GROUP * hbytes(type);
     const int64_t sc_bytes = GROUP * sbytes(type);
     const bool mins = has_min(type);
-    const bool k4 = type == BP_TYPE_Q4_K || type == BP_TYPE_Q5_K;
     const char *hbits = grp + nblk * qs_bytes, *sc = hbits + nblk * hs_bytes;
     const char *head = sc + nblk * sc_bytes; /* the super-blocks' scales */
-    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    /* Scales and minimums interleaved (Q4_1, Q5_1: d0 m0 d1 m1 ...): each row's d in both its
-     * lanes, its m in the first only (the two lanes are added at the end). */
-    const __m512i dup_d = _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
-    const __m512i at_m = _mm512_setr_epi32(1, 0, 3, 0, 5, 0, 7, 0, 9, 0, 11, 0, 13, 0, 15, 0);
     const __m512i sixteen = _mm512_set1_epi8(16);
     /* IQ4_NL's values plus 128 (1..241), in every 128-bit lane for the byte shuffle. */
     const __m512i iq4nl_u8 = _mm512_broadcast_i32x4(_mm_xor_si128(
@@ -814,37 +851,8 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
             for (int u = 0; u < 4; u++)
                 v[u] = _mm512_xor_si512(_mm512_loadu_si512(q + 64 * u), flip);
         }
-        __m512 sw, mw = _mm512_setzero_ps();
-        if (k4) {
-            /* The super-block's d and dmin times the sub-block's scale and minimum, interleaved
-             * as Q4_1's d and m; the minimum subtracts. */
-            const __m512 dd = _mm512_cvtph_ps(
-                _mm256_loadu_si256((const __m256i *)(head + kb / 8 * GROUP * 4)));
-            __m512 s = _mm512_cvtepi32_ps(
-                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + kb * sc_bytes))));
-            s = _mm512_mask_sub_ps(s, 0xaaaa, _mm512_setzero_ps(), s);
-            const __m512 dm = _mm512_mul_ps(dd, s);
-            sw = _mm512_permutexvar_ps(dup_d, dm);
-            mw = _mm512_maskz_permutexvar_ps(0x5555, at_m, dm);
-        } else if (type == BP_TYPE_IQ4_XS) {
-            /* d times the 6-bit scale less 32 */
-            const __m256 dd =
-                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + kb / 8 * GROUP * 2)));
-            const __m256 s = _mm256_sub_ps(
-                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(sc + kb * sc_bytes)))),
-                _mm256_set1_ps(32.0f));
-            sw = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_mul_ps(dd, s)));
-        } else if (mins) {
-            const __m512 dm =
-                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + kb * sc_bytes)));
-            sw = _mm512_permutexvar_ps(dup_d, dm);
-            mw = _mm512_maskz_permutexvar_ps(0x5555, at_m, dm);
-        } else {
-            sw = _mm512_permutexvar_ps(
-                dup, _mm512_castps256_ps512(
-                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + kb * sc_bytes)))));
-        }
+        __m512 sw, mw;
+        block_scales(type, sc + kb * sc_bytes, head + kb / 8 * GROUP * headbytes(type), &sw, &mw);
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++) {
             const int8_t *qs = y[c][kb].qs;
