@@ -24,8 +24,12 @@
  * as a row ahead). Rows of small models are short (576 Q4_1 values are 360 bytes), and the
  * hardware prefetchers barely start on one before the next: generation on the SmolLM2 Q4_1 file
  * went from 75 to 200-220 tokens/s with it (2 threads, a 2-core Xeon VM with AMX; 1 and 2 KiB
- * ahead measured 200-214, 8 and 16 KiB no better). */
+ * ahead measured 200-214, 8 and 16 KiB no better). Rows longer than QT_PREFETCH_MAX_ROW bytes
+ * are left to the hardware: a burst of one prefetch per line of a 3 KiB row fills the line-fill
+ * buffers and stalls the core (Q6_K at N = 1, M = K = 4096, 2 threads: 84 GFLOP/s with the
+ * prefetches, a third of the time in them, 108 without). */
 #define QT_PREFETCH 4096
+#define QT_PREFETCH_MAX_ROW 1024
 
 const struct bp_cpu_qtype *bp_cpu_qtype(enum bp_type t)
 {
@@ -73,7 +77,7 @@ void bp_cpu_qtype_batch(bp_tensor *dst, const char *abase, const char *bbase, ch
         const int64_t r1 = r0 + QT_COLS < n1 ? r0 + QT_COLS : n1;
         for (int64_t m = m0; m < m1; m++) {
             const char *row = abase + m * lda;
-            for (int64_t off = 0; off < lda; off += 64)
+            for (int64_t off = 0; lda <= QT_PREFETCH_MAX_ROW && off < lda; off += 64)
                 __builtin_prefetch(row + QT_PREFETCH + off, 0, 3);
             for (int64_t n = r0; n < r1; n++)
                 c[n * ldc + m] = q->vec_dot(K, row, yq + (size_t)n * cb);
