@@ -835,12 +835,15 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
             v[1] = _mm512_and_si512(q1, m);
             v[2] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m);
             v[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m);
+            /* (unrolled, or v[] goes through the stack) */
             if (type == BP_TYPE_IQ4_NL || type == BP_TYPE_IQ4_XS)
+#pragma GCC unroll 4
                 for (int u = 0; u < 4; u++)
                     v[u] = _mm512_shuffle_epi8(iq4nl_u8, v[u]);
             /* Q5_0: the 8 bytes at 8u of the block's fifth bits are the eight rows' bits for
              * values 8u..8u+7, byte j row j's: a mask lined up with v[u]. */
             if (hs_bytes != 0)
+#pragma GCC unroll 4
                 for (int u = 0; u < 4; u++) {
                     uint64_t bits;
                     memcpy(&bits, hbits + kb * hs_bytes + 8 * u, sizeof(bits));
@@ -848,6 +851,7 @@ BP_CPU_INLINE void group_t(const enum bp_type type, const int nc, const char *gr
                 }
         } else {
             const __m512i flip = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 4
             for (int u = 0; u < 4; u++)
                 v[u] = _mm512_xor_si512(_mm512_loadu_si512(q + 64 * u), flip);
         }
