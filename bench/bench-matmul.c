@@ -11,7 +11,8 @@
  * With --quant the CUDA device runs one product per quantised weight type (Q4_0 first, then
  * Q8_0, Q4_1 ... IQ4_XS) and prints a Markdown table: time, the weights' read bandwidth, and
  * the time against Q4_0's.
- * A type name ending in _repack puts the weights in the CPU's CPU_REPACK buffer type (Q4_0, Q8_0);
+ * A type name ending in _repack puts the weights in the CPU's CPU_REPACK buffer type (the types
+ * it stores row-interleaved; the others stay plain there);
  * one ending in _half (bf16_half, f16_half) computes under BP_MM_PRECISION_HALF.
  * --no-limits skips the FMA peak, triad and read-bandwidth measurements (quick comparisons
  * only). For N = 1 the benchmark prints the weights' effective bandwidth and, measured right

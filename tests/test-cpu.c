@@ -520,7 +520,7 @@ static void variant_done(bp_backend *be)
 
 /* ---- CPU_REPACK: weights stored row-interleaved ---------------------------------------------
  * Run once per kernel and type: the best variant with AMX (where the machine has it), the avx512
- * variant without (its VNNI kernel, and from 128 columns the 8-bit GEMM for the types other than
+ * variant without (its VNNI kernel, and from 32 columns the 8-bit GEMM for the types other than
  * Q4_0 and Q8_0), the avx2 variant (its own kernel for Q4_0; the other types stay plain) and the
  * baseline (which repacks nothing: the buffer type holds plain rows). */
 static const char *const repack_configs[][2] = {
@@ -963,6 +963,22 @@ START_TEST(test_repack_superblocks)
                 bp_context_free(ctx);
                 bp_context_free(wctx);
             }
+    /* Memory that held a Q4_K tensor and then another one: a clear fills the new one's bytes,
+     * not the old one's blocks. */
+    bp_buffer *pb = bp_buffer_type_alloc(bt, 8 * 192); /* Q5_K: 180 bytes a row */
+    ck_assert_ptr_nonnull(pb);
+    bp_context *pctx = bp_context_new(2);
+    bp_tensor *old = bp_new_tensor_2d(pctx, type, 256, 8);
+    bp_tensor *now = bp_new_tensor_1d(pctx, BP_TYPE_F32, 256);
+    ck_assert_int_eq(bp_buffer_place_tensor(pb, old, bp_buffer_get_base(pb)), BP_OK);
+    ck_assert_int_eq(bp_buffer_place_tensor(pb, now, bp_buffer_get_base(pb)), BP_OK);
+    ck_assert_int_eq(bp_buffer_clear(pb, 0x3c), BP_OK);
+    uint8_t fb[256 * 4];
+    ck_assert_int_eq(bp_tensor_get(now, fb, 0, sizeof(fb)), BP_OK);
+    for (size_t i = 0; i < sizeof(fb); i++)
+        ck_assert_uint_eq(fb[i], 0x3c);
+    bp_context_free(pctx);
+    bp_buffer_free(pb);
     bp_backend_free(be);
     if (config[0][0])
         unsetenv(config[0]);

@@ -291,6 +291,25 @@ START_TEST(test_weights_stored_as_slices)
     bp_context_free(ctx);
     bp_buffer_free(qb);
     bp_context_free(qctx);
+
+    /* A Q4_K slice, whose repacked layout (where the variant has it) widens its scales: it
+     * reads back as written, and after a clear of its buffer as the value. */
+    bp_context *kctx = bp_context_new(1);
+    bp_tensor *kq = bp_set_name(bp_new_tensor_2d(kctx, BP_TYPE_Q4_K, 256, 48), "blk.0.wq");
+    bp_buffer *kb = bp_alloc_ctx_tensors(kctx, bp_backend_get_default_buffer_type(m));
+    bp_buffer_set_usage(kb, BP_BUFFER_USAGE_WEIGHTS);
+    static unsigned char kin[48 * 144], kout[48 * 144];
+    for (size_t i = 0; i < sizeof(kin); i++)
+        kin[i] = (unsigned char)(i * 37 % 251);
+    ck_assert_int_eq(bp_tensor_set(kq, kin, 0, sizeof(kin)), BP_OK);
+    ck_assert_int_eq(bp_tensor_get(kq, kout, 0, sizeof(kout)), BP_OK);
+    ck_assert_mem_eq(kin, kout, sizeof(kin));
+    ck_assert_int_eq(bp_buffer_clear(kb, 0xc3), BP_OK);
+    ck_assert_int_eq(bp_tensor_get(kq, kout, 0, sizeof(kout)), BP_OK);
+    for (size_t i = 0; i < sizeof(kout); i++)
+        ck_assert_uint_eq(kout[i], 0xc3);
+    bp_buffer_free(kb);
+    bp_context_free(kctx);
     bp_buffer_free(wb);
     bp_context_free(wctx);
     bp_backend_free(m);

@@ -6,7 +6,7 @@
  *   backplane bench [-d DEVICES] [--types f32,f16,bf16,q8_0,q4_0,q4_1,...] [--M 4096] [--K 4096]
  *                   [--N 1,32] [-t THREADS] [--min-time 0.5] [--no-limits]
  *
- * A type name ending in _repack (q4_0_repack, q8_0_repack) puts the weights in the device's
+ * A type name ending in _repack (q4_0_repack, q4_k_repack, ...) puts the weights in the device's
  * CPU_REPACK buffer type, where the device has one (the CPU's); elsewhere the line says it was
  * skipped. The timing and the limits come from common/bench-util.c. */
 #include "config.h"
@@ -129,8 +129,8 @@ static void bench_usage(FILE *f)
                "  --types LIST   weight types, each once: f32, f16, bf16, q8_0, q4_0, q4_1,\n"
                "                 q5_0, q5_1, q2_k..q6_k, iq4_nl, iq4_xs (any type the\n"
                "                 runtime can quantise to), and\n"
-               "                 q4_0_repack, q8_0_repack or iq4_nl_repack for the CPU's\n"
-               "                 CPU_REPACK buffer type\n"
+               "                 any of them with _repack (q4_0_repack, q4_k_repack) for\n"
+               "                 the CPU's CPU_REPACK buffer type\n"
                "                 (default: f32,f16,bf16,q8_0,q4_0)\n"
                "  --M N, --K N   weight rows and columns (default 4096; K a multiple of the\n"
                "                 types' blocks)\n"

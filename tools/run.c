@@ -721,7 +721,7 @@ static void close_run(struct run *run)
         bp_backend_free(run->be[i]);
 }
 
-/* Whether a run's Q4_0/Q8_0/IQ4_NL/Q5_0 weights in buffer type `buft` are in the CPU's repacked layout:
+/* Whether a run's repackable weights in buffer type `buft` are in the CPU's repacked layout:
  * CPU_REPACK itself, or a meta device over CPU devices only, whose parts store their slices
  * so unless BP_META_NO_REPACK=1 (a meta device with other parts is taken as plain). */
 static bool repacked_weights(const char *buft)
@@ -916,7 +916,7 @@ static int run_cmd_main(struct run_opts *o_)
     struct run_check c = {.agree = true, .pass = true};
     if (o.check) {
         /* The reference keeps the CPU_REPACK layout only when the run under test used it (a
-         * meta device's parts store Q4_0/Q8_0/IQ4_NL/Q5_0 slices in it unless --no-repack): the two
+         * meta device's parts store repackable slices in it unless --no-repack): the two
          * layouts quantise the activations at different points, which a mixture of experts'
          * router can turn into another expert on a near tie. */
         struct run_opts ro = o;

@@ -37,7 +37,7 @@ struct run_opts {
     int repeat; /* --repeat N: N timed passes after one warm-up pass, medians (0: one cold pass) */
     uint64_t seed;
     bool check, json;
-    bool no_repack; /* keep Q4_0/Q8_0/IQ4_NL weights on a CPU device in its default buffer type */
+    bool no_repack; /* keep weights on a CPU device in its default buffer type (no CPU_REPACK) */
     bool half;      /* --precision half: products may round activations to 16 bits */
     const char *experts_on; /* --experts-on DEVICE: the stacked experts' device (NULL: with the
                              * weights) */

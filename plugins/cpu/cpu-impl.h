@@ -235,7 +235,7 @@ bool bp_cpu_repack_stores(enum bp_type type);
 void bp_cpu_repack_get_block(const bp_tensor *t, int64_t r, int64_t kb, void *out);
 #if defined(BP_CPU_HAVE_AVX512) && defined(BP_CPU_REPACK_KERNEL)
 /* Block (sub-block) kb of 32 values of the eight rows of group g (rows 8g..8g+7; past the
- * tensor's last row, zero) of repacked t, not Q4_0 or Q8_0, as bp_cpu_unpack_q gives a block of
+ * tensor's last group, zero; its padding rows as the layout holds them) of repacked t, not Q4_0 or Q8_0, as bp_cpu_unpack_q gives a block of
  * 32 (cpu-unpack32.h): row j's values in element order at q + 32 j, unsigned for the types
  * with a minimum (Q4_1, Q5_1, Q4_K, Q5_K) and signed for the others, and d[j], m[j] with
  * value = d q + m (for the super-block types, their scales times the sub-block's). */

@@ -8,10 +8,9 @@
  *   AMX           tile kernels (cpu-amx.c), avx512 build, when the CPU and kernel allow and
  *                 the weights have enough columns for their type (bp_cpu_amx_use): F16, BF16,
  *                 and 8-bit tiles for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and
- *                 IQ4_XS (repacked Q4_1, Q5_0, Q5_1 and IQ4_NL from 128 columns)
- *   GEMM_INT8     N >= 16, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K to Q6_K or IQ4_XS weights (N >= 128
- *                 for Q4_1, Q5_0, Q5_1 and IQ4_NL in CPU_REPACK), avx512 build, those AMX does
- *                 not take:
+ *                 IQ4_XS (repacked ones, but Q8_0 and Q4_0, from 32 columns)
+ *   GEMM_INT8     N >= 16, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K to Q6_K or IQ4_XS weights (N >= 32
+ *                 for those in CPU_REPACK), avx512 build, those AMX does not take:
  *                 16-row strips unpacked to bytes, VNNI dot products against B quantised to
  *                 Q8_0 (cpu-gemm-int8.c)
  *   DOT_BF16      N <= 48, BF16 weights under BP_MM_PRECISION_HALF, avx512 build on a CPU
@@ -23,9 +22,9 @@
  *   GEMV_FLOAT    N < 16, F32/F16/BF16 weights: dot-product tiles (cpu-gemv.c)
  *   GEMV_QUANT    N < 16, Q8_0/Q4_0 weights: integer dot products against B quantised to Q8_0
  *   GEMV_REPACK   weights in the CPU_REPACK layout (cpu-repack.c: Q4_0, Q8_0, IQ4_NL, Q5_0, Q4_1,
- *                 Q5_1) where neither AMX nor GEMM_INT8 takes them (Q4_0/Q8_0: any N without
- *                 AMX; the others: below 128 columns): that file's kernel (only builds that
- *                 have one repack anything)
+ *                 Q5_1, Q4_K, Q5_K, IQ4_XS) where neither AMX nor GEMM_INT8 takes them
+ *                 (Q4_0/Q8_0: any N without AMX; the others: below 32 columns): that file's
+ *                 kernel (only builds that have one repack anything)
  *   QTYPE         the weight types of cpu-qtypes.h (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K to Q6_K,
  *                 IQ4_XS) below qtype_gemm_min_n columns: B quantised to the type's
  *                 activation type, then its dot product per (row, column) (cpu-qtypes.c);
@@ -377,7 +376,7 @@ void bp_cpu_mul_mat_id_work_size(const bp_tensor *node, int nth, size_t *per_thr
     const int64_t pairs = node->ne[1] * node->ne[2];
     /* The kernels' scratch: for one column, and the most a group of several can need: every
      * column count up to 160, past every point where the strategy changes (the broadcast
-     * kernel's 48, AMX's 4, 16 and 64, the 8-bit GEMMs' 16 and, for repacked weights, 128),
+     * kernel's 48, AMX's 4, 16 and 64, the 8-bit GEMMs' 16 and, for repacked weights, 32),
      * and the largest, since each strategy's scratch grows with the columns. */
     size_t pt = 0, sh = 0;
     if (pairs > 0)

@@ -8,9 +8,10 @@
  * through the CPU registry's proc address "bp_cpu_repack_buffer_type" and use it for weights
  * that the CPU multiplies.
  *
- * The layout: rows in groups of eight (the last group padded with zero rows), the same bytes per
- * row and block as the type itself (18 for Q4_0 and IQ4_NL, 20 for Q4_1, 22 for Q5_0, 24 for
- * Q5_1, 34 for Q8_0), so a group is nblk * 8 blocks (nblk = ne[0] / 32 blocks per row). A group
+ * The layout: rows in groups of eight (the last group padded with zero rows). For the blocks of
+ * 32, the same bytes per row and block as the type itself (18 for Q4_0 and IQ4_NL, 20 for Q4_1,
+ * 22 for Q5_0, 24 for Q5_1, 34 for Q8_0), so a group is nblk * 8 blocks (nblk = ne[0] / 32
+ * blocks per row); the super-block types take a little more (below). A group
  * holds first the quants of its blocks, qb * 8 bytes per block (qb = 16 quant bytes per row, 32
  * for Q8_0), then Q5_0's and Q5_1's fifth bits, 32 bytes per block, then the scales, 16 bytes per
  * block (Q4_1, Q5_1: 32, each row's scale and minimum side by side). The quants of a block come in
@@ -33,8 +34,9 @@
  * 16+8u..23+8u (IQ4_NL's nibbles index its table of 16 values, looked up with a byte shuffle;
  * the fifth bits for the same values are one 64-bit mask, 8 bytes of its fifth bits). One
  * vector of integer dot products then covers eight rows, and the eight scales are one 16-byte
- * load (Q4_1, Q5_1: a 32-byte load, the minimums taking the activations' block sums). The quants keep their values (Q8_0 stays signed), so every byte of a block stays a byte of
- * the same block: memset and clear mean the same in either layout.
+ * load (Q4_1, Q5_1: a 32-byte load, the minimums taking the activations' block sums). The quants keep their values (Q8_0 stays signed), so every byte of a block of 32 stays a byte
+ * of the same block: memset and clear mean the same in either layout. (Not so for the
+ * super-block types, whose scales are widened: memset converts, and clear refills their blocks.)
  *
  * Operations on repacked data: MUL_MAT (as src[0]) and GET_ROWS (as src[0]) of a 2-D tensor
  * itself, MUL_MAT_ID (as src[0]) of stacked ones; views of it and any other op are refused by
@@ -434,7 +436,7 @@ static size_t repacked_size(const bp_tensor *t)
 /* A tensor of a super-block type stored in a buffer: clear fills its blocks, whose bytes in the
  * layout are not the block's own. */
 struct super_tensor {
-    size_t offset; /* from the buffer's base */
+    size_t offset, bytes; /* from the buffer's base; its size in the layout */
     enum bp_type type;
     int64_t ne0, rows;
 };
@@ -463,19 +465,6 @@ static void rb_free(bp_buffer *buf)
 static enum bp_status rb_init_tensor(bp_buffer *buf, bp_tensor *t)
 {
     struct repack_buffer *rb = bp_buffer_get_context(buf);
-    if (eligible(t) && superblock(t->type)) {
-        if (rb->n_supers == rb->cap_supers) {
-            const size_t cap = rb->cap_supers ? 2 * rb->cap_supers : 16;
-            struct super_tensor *n = realloc(rb->supers, cap * sizeof(*n));
-            if (n == NULL)
-                return bp_set_error(BP_ERR_OUT_OF_MEMORY, "CPU_REPACK: out of memory "
-                                    "initialising tensor %s", t->name);
-            rb->supers = n;
-            rb->cap_supers = cap;
-        }
-        rb->supers[rb->n_supers++] = (struct super_tensor){
-            (size_t)((char *)t->data - (char *)rb->mem), t->type, t->ne[0], n_rows(t)};
-    }
     if (eligible(t)) {
         const int64_t nblk = t->ne[0] / bp_type_block_size(t->type);
         const char zero[MAX_BLOCK] = {0};
@@ -483,6 +472,31 @@ static enum bp_status rb_init_tensor(bp_buffer *buf, bp_tensor *t)
             for (int64_t kb = 0; kb < nblk; kb++)
                 put_block(t, r, kb, zero);
     }
+    if (t->view_src != NULL)
+        return BP_OK;
+    /* t's bytes are its own now: records of tensors placed there before go. */
+    const size_t off = (size_t)((char *)t->data - (char *)rb->mem);
+    const size_t end = off + (eligible(t) ? repacked_size(t) : bp_nbytes(t));
+    size_t kept = 0;
+    for (size_t i = 0; i < rb->n_supers; i++) {
+        const struct super_tensor *st = &rb->supers[i];
+        if (st->offset >= end || st->offset + st->bytes <= off)
+            rb->supers[kept++] = *st;
+    }
+    rb->n_supers = kept;
+    if (!eligible(t) || !superblock(t->type))
+        return BP_OK;
+    if (rb->n_supers == rb->cap_supers) {
+        const size_t cap = rb->cap_supers ? 2 * rb->cap_supers : 16;
+        struct super_tensor *n = realloc(rb->supers, cap * sizeof(*n));
+        if (n == NULL)
+            return bp_set_error(BP_ERR_OUT_OF_MEMORY,
+                                "CPU_REPACK: out of memory initialising tensor %s", t->name);
+        rb->supers = n;
+        rb->cap_supers = cap;
+    }
+    rb->supers[rb->n_supers++] =
+        (struct super_tensor){off, repacked_size(t), t->type, t->ne[0], n_rows(t)};
     return BP_OK;
 }
 
@@ -649,7 +663,7 @@ bp_buffer_type *bp_cpu_repack_buft_new(bp_device *dev)
  * IQ4_NL, the same: its table values plus 128; Q5_0: q + 16 with the fifth bit, so -8). */
 int32_t bp_cpu_repack_ycorr(enum bp_type type)
 {
-    if (has_min(type)) /* Q4_1, Q5_1: no offset; the raw sums, for their minimums */
+    if (has_min(type)) /* Q4_1, Q5_1, Q4_K, Q5_K: no offset; the raw sums, for the minimums */
         return 1;
     return type == BP_TYPE_Q4_0 ? -4 : type == BP_TYPE_Q5_0 ? -8 : -64; /* -64: IQ4_XS too */
 }

@@ -296,6 +296,8 @@ static enum bp_status slot_for(struct meta_buf *mb, const bp_tensor *t, struct m
     memset(&n, 0, sizeof(n));
     n.data = w->data;
     n.nbytes = bp_nbytes(w);
+    n.type = w->type;
+    memcpy(n.ne, w->ne, sizeof(n.ne));
     enum bp_status st = sliced_split(mb->md, w, &n.sliced, &n.s);
     for (int p = 0; p < mb->md->n && st == BP_OK; p++) {
         const size_t bytes = n.sliced ? slice_bytes(w, &n.s, p) : n.nbytes;
@@ -664,6 +666,26 @@ static enum bp_status mbuf_get(bp_buffer *buf, const bp_tensor *t, void *d, size
     return st == BP_OK ? read_tensor(mb->md, t, d, off, n) : st;
 }
 
+/* Part p of slot sl set to v. A slice in a buffer with a layout of its own (CPU_REPACK) may keep
+ * its blocks in other bytes than a plain copy would (the super-block types' widened scales):
+ * memset through the slice's description makes them read back as v too. */
+static enum bp_status clear_slot(const struct meta_slot *sl, int p, uint8_t v)
+{
+    if (sl->part[p] == NULL)
+        return BP_OK;
+    enum bp_status st = bp_buffer_clear(sl->part[p], v);
+    if (st != BP_OK || !sl->sliced || v == 0)
+        return st;
+    bp_tensor w;
+    memset(&w, 0, sizeof(w));
+    w.type = sl->type;
+    memcpy(w.ne, sl->ne, sizeof(w.ne));
+    bp_tensor dst = packed_desc(&w, &sl->s, p);
+    dst.buffer = sl->part[p];
+    dst.data = bp_buffer_get_base(sl->part[p]);
+    return bp_tensor_memset(&dst, v, 0, bp_nbytes(&dst));
+}
+
 static enum bp_status mbuf_clear(bp_buffer *buf, uint8_t v)
 {
     struct meta_buf *mb = bp_buffer_get_context(buf);
@@ -675,7 +697,7 @@ static enum bp_status mbuf_clear(bp_buffer *buf, uint8_t v)
     for (int p = 0; p < mb->md->n; p++) {
         enum bp_status st = mb->parts[p] ? bp_buffer_clear(mb->parts[p], v) : BP_OK;
         for (size_t i = 0; i < mb->n_slots && st == BP_OK; i++)
-            st = mb->slots[i].part[p] ? bp_buffer_clear(mb->slots[i].part[p], v) : BP_OK;
+            st = clear_slot(&mb->slots[i], p, v);
         if (st != BP_OK)
             return st;
     }

@@ -35,6 +35,8 @@ struct meta_slot {
     size_t nbytes;
     bool sliced;
     struct bp_meta_split s; /* sliced: the split it is stored in */
+    enum bp_type type;      /* the weight's type and shape, for its slices' descriptions */
+    int64_t ne[BP_MAX_DIMS];
     bp_buffer *part[BP_META_MAX_DEVICES]; /* NULL for parts on another process */
     size_t part_bytes[BP_META_MAX_DEVICES]; /* what each part holds (also those elsewhere) */
 };
